@@ -1,0 +1,35 @@
+# Every target bootstraps .venv itself: a fresh clone needs only python3 (3.11+).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint bench chaos clean venv
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev,gpu]"
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/celeryops demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check tui tests bench tools
+	$(BIN)/mypy
+	$(BIN)/python tools/check_layers.py
+
+test: $(STAMP)
+	@bash tools/ensure-redis-server.sh
+	$(MAKE) --no-print-directory lint
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	@bash tools/ensure-redis-server.sh
+	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) dist build .pytest_cache .mypy_cache .ruff_cache

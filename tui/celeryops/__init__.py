@@ -1,0 +1,3 @@
+"""celeryops: drain, deploy and recover Celery fleets safely."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from celeryops.cli import main
+
+main()

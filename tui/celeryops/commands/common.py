@@ -1,0 +1,81 @@
+"""Options every fleet command shares (``-A MODULE | --broker URL``) and how the fleet is resolved."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import click
+from celery import Celery
+
+from celeryops.errors import EXIT_USAGE, UserError
+from celeryops.masking import mask_url
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass
+class FleetSpec:
+    """Which fleet a command talks to: a Celery app (``-A``) or a bare broker URL."""
+
+    app_path: str | None = None
+    broker: str | None = None
+
+    def resolve_broker_url(self) -> str:
+        return str(self.celery_app().connection_for_write().as_uri(include_password=True))
+
+    def celery_app(self) -> Celery:
+        if self.app_path:
+            return load_celery_app(self.app_path, self.broker)
+        broker = self.broker or os.environ.get("CELERY_BROKER_URL")
+        if not broker:
+            raise UserError(
+                "No fleet given: nothing was contacted; pass --broker URL or -A MODULE, "
+                "or set CELERY_BROKER_URL.", EXIT_USAGE)
+        app = Celery("celeryops", broker=broker, set_as_current=False)
+        app.conf.broker_connection_retry_on_startup = False
+        return app
+
+    @property
+    def display(self) -> str:
+        if self.broker:
+            return mask_url(self.broker)
+        if self.app_path:
+            return self.app_path
+        return mask_url(os.environ.get("CELERY_BROKER_URL", "?"))
+
+
+def load_celery_app(path: str, broker: str | None = None) -> Celery:
+    """Import the app the way ``celery -A`` does (the current directory is importable)."""
+    from celery.app.utils import find_app
+
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        app = find_app(path)
+    except Exception as exc:  # the user's module may raise anything on import
+        raise UserError(
+            f"Could not load the Celery app {path!r} ({type(exc).__name__}: {exc}): nothing was contacted; "
+            "check -A (e.g. proj.celery:app) and that the module imports.", EXIT_USAGE) from None
+    if not isinstance(app, Celery):
+        raise UserError(f"{path!r} is not a Celery app: nothing was contacted; point -A at the app instance.",
+                        EXIT_USAGE)
+    if broker:
+        app.conf.broker_url = broker
+    return app
+
+
+def fleet_options(func: F) -> F:
+    """Adds ``-A/--app`` and ``--broker`` and passes a ``fleet: FleetSpec`` keyword to the command."""
+
+    @click.option("-A", "--app", "app_path", metavar="MODULE", help="Celery app to load, as for `celery -A`.")
+    @click.option("--broker", metavar="URL", help="Broker URL (else -A's, else $CELERY_BROKER_URL).")
+    @functools.wraps(func)
+    def wrapper(*args: Any, app_path: str | None, broker: str | None, **kwargs: Any) -> Any:
+        return func(*args, fleet=FleetSpec(app_path=app_path, broker=broker), **kwargs)
+
+    return wrapper  # type: ignore[return-value]

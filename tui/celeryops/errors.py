@@ -1,0 +1,26 @@
+"""Exit codes (a contract: users script against them) and the one-sentence user error."""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_TIMEOUT = 3
+EXIT_BROKER = 4
+EXIT_PREFLIGHT = 5
+EXIT_DEPLOY = 6
+EXIT_INTERRUPTED = 130
+
+
+class UserError(Exception):
+    """A problem the operator can fix. ``str(err)`` is one sentence: what failed, what was left unchanged,
+    what to do next. The CLI prints it without a traceback and exits with ``exit_code``."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_FAILURE) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class BrokerUnreachable(UserError):
+    def __init__(self, message: str) -> None:
+        super().__init__(message, EXIT_BROKER)

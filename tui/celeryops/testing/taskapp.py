@@ -1,0 +1,91 @@
+"""The Celery app the tests, benchmarks and chaos runs start real workers from.
+
+Configured from the environment so that one module serves every broker:
+  CELERYOPS_TEST_BROKER            broker URL (redis://... or amqp://...)
+  CELERYOPS_TEST_RECORD            Redis URL where tasks record their start/finish (default: the broker if Redis)
+  CELERYOPS_TEST_CONTROL_EXCHANGE  remote-control exchange name (isolates test sessions sharing one RabbitMQ)
+  CELERYOPS_TEST_PREFETCH          worker_prefetch_multiplier (default 1)
+
+Every task run records, in the record Redis:
+  ct:run:<id>      hash: name, worker, started, finished (Redis TIME, seconds as float)
+  ct:runs:<id>     counter of starts (a task that ran twice shows 2)
+  ct:starts        list of ids in start order;  ct:finishes  list of ids in finish order
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import redis
+from celery import Celery, Task
+
+BROKER = os.environ.get("CELERYOPS_TEST_BROKER", "redis://127.0.0.1:6379/0")
+RECORD = os.environ.get("CELERYOPS_TEST_RECORD") or (BROKER if BROKER.startswith("redis") else "")
+
+app = Celery("celeryops_testing", broker=BROKER)
+app.conf.update(
+    task_acks_late=False,
+    worker_prefetch_multiplier=int(os.environ.get("CELERYOPS_TEST_PREFETCH", "1")),
+    broker_connection_retry_on_startup=True,
+    worker_hijack_root_logger=False,
+    task_ignore_result=True,
+    result_backend=None,
+    worker_send_task_events=os.environ.get("CELERYOPS_TEST_EVENTS", "") == "1",
+    task_send_sent_event=False,
+    broker_transport_options={"visibility_timeout": 3600},
+)
+if os.environ.get("CELERYOPS_TEST_CONTROL_EXCHANGE"):
+    app.conf.control_exchange = os.environ["CELERYOPS_TEST_CONTROL_EXCHANGE"]
+
+_record: redis.Redis | None = None
+
+
+def record() -> redis.Redis:
+    global _record
+    if _record is None:
+        _record = redis.Redis.from_url(RECORD)
+    return _record
+
+
+def _now(r: redis.Redis) -> float:
+    sec, usec = r.time()
+    return float(sec) + float(usec) / 1e6
+
+
+def mark_start(task: Task[Any, Any]) -> None:
+    r = record()
+    tid = task.request.id
+    pipe = r.pipeline()
+    pipe.hset(f"ct:run:{tid}", mapping={"name": task.name, "worker": task.request.hostname or "",
+                                         "started": _now(r)})
+    pipe.incr(f"ct:runs:{tid}")
+    pipe.rpush("ct:starts", tid)
+    pipe.execute()
+
+
+def mark_finish(task: Task[Any, Any]) -> None:
+    r = record()
+    tid = task.request.id
+    pipe = r.pipeline()
+    pipe.hset(f"ct:run:{tid}", "finished", _now(r))
+    pipe.rpush("ct:finishes", tid)
+    pipe.execute()
+
+
+@app.task(bind=True, name="celeryops.testing.sleep")
+def sleep(self: Task[Any, Any], seconds: float = 1.0, tag: str = "") -> str:
+    """Run for ``seconds`` (in small steps, so a warm shutdown still waits for it), recording start/finish."""
+    mark_start(self)
+    deadline = time.monotonic() + float(seconds)
+    while time.monotonic() < deadline:
+        time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+    mark_finish(self)
+    return tag
+
+
+@app.task(bind=True, name="celeryops.testing.noop")
+def noop(self: Task[Any, Any]) -> None:
+    mark_start(self)
+    mark_finish(self)
