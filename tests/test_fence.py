@@ -1,0 +1,400 @@
+"""Drain fence: the record's compare-and-set semantics (real Redis) and the worker plugin (real Celery workers).
+
+Worker tests prove "never fetched while fenced" from the tasks' own start records (Redis TIME) against the moment
+the fence went away, after a window in which an unfenced worker would certainly have fetched (several plugin
+heartbeats, or a task on an unfenced queue finishing).
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from kombu.exceptions import OperationalError
+
+from celeryops.fence import (
+    FenceConflict,
+    FenceRecord,
+    FenceStore,
+    PluginWorkerInfo,
+    fence_status,
+    plugin_workers,
+    registry,
+    registry_key,
+)
+from celeryops.testing.redis_server import RedisServer
+from celeryops.testing.taskapp import noop, sleep
+from celeryops.testing.workers import WorkerProcess, wait_for
+
+FENCE_APP = "celeryops.testing.fenceapp"
+FAST = {"CELERYOPS_FENCE_INTERVAL": "0.2"}
+WAIT = 60.0  # generous: the machine is shared
+
+
+def control_app(broker: str) -> Celery:
+    app = Celery("celeryops_test_fence_control", broker=broker)
+    app.conf.broker_connection_retry_on_startup = True
+    app.conf.broker_connection_timeout = 2
+    return app
+
+
+def answers_ping(app: Celery, worker: WorkerProcess) -> bool:
+    """Like WorkerProcess.wait_ready's check, but a stale pooled connection (kombu keeps a process-global pool per
+    broker URL, so the first call after a broker restart fails) only means "not yet"."""
+    try:
+        replies = app.control.ping(destination=[worker.nodename], timeout=0.5, limit=1)
+    except (OSError, OperationalError, redis.RedisError):
+        return False
+    return any(worker.nodename in r for r in replies or [])
+
+
+def redis_time(client: redis.Redis) -> float:
+    sec, usec = client.time()
+    return float(sec) + float(usec) / 1e6
+
+
+def publish(broker: str, queue: str, n: int, *, seconds: float | None = None) -> list[str]:
+    with noop.app.connection_for_write(broker) as conn:
+        if seconds is None:
+            return [noop.apply_async(queue=queue, connection=conn).id for _ in range(n)]
+        return [sleep.apply_async(args=(seconds,), queue=queue, connection=conn).id for _ in range(n)]
+
+
+def runs(client: redis.Redis, ids: list[str]) -> list[dict[str, Any]]:
+    return [client.hgetall(f"ct:run:{i}") for i in ids]
+
+
+def all_finished(client: redis.Redis, ids: list[str]) -> bool:
+    return all(r.get("finished") for r in runs(client, ids))
+
+
+def entry(client: redis.Redis, worker: WorkerProcess) -> PluginWorkerInfo | None:
+    return plugin_workers(client).get(worker.nodename)
+
+
+def wait_entry(client: redis.Redis, worker: WorkerProcess, what: str,
+               cond: Callable[[PluginWorkerInfo], bool]) -> PluginWorkerInfo:
+    def check() -> PluginWorkerInfo | None:
+        info = entry(client, worker)
+        return info if info is not None and cond(info) else None
+
+    found = wait_for(check, WAIT, f"{worker.nodename}: {what}")
+    assert isinstance(found, PluginWorkerInfo)
+    return found
+
+
+def hold_window(client: redis.Redis, worker: WorkerProcess) -> PluginWorkerInfo:
+    """Wait until the worker reports itself held, then for three more heartbeats (a window to fetch in)."""
+    held = wait_entry(client, worker, "held", lambda i: i.state == "held")
+    return wait_entry(client, worker, "three more heartbeats", lambda i: i.beats >= held.beats + 3)
+
+
+# --- the record: pure decision ---
+
+
+def test_hold_decision_follows_scope_and_exemptions() -> None:
+    rec = FenceRecord(run_id="r1", queues=("a", "b"), exempt_revisions=("rev-new",), exempt_versions=("2.0",))
+    hold = rec.hold_for("rev-old", "1.0")
+    assert hold is not None and hold.run_id == "r1"
+    assert hold.selects(["a", "c"]) == {"a"}
+    assert rec.hold_for("rev-new", "1.0") is None
+    assert rec.hold_for("", "2.0") is None
+    assert rec.hold_for("", "") is not None  # no identity is never exempt
+    for everything in (FenceRecord(run_id="r"), FenceRecord(run_id="r", queues=("*",))):
+        all_hold = everything.hold_for(None, None)
+        assert everything.holds_all and all_hold is not None
+        assert all_hold.selects(["x", "y"]) == {"x", "y"}
+
+
+# --- the record in Redis: compare-and-set ---
+
+
+def test_raise_read_renew_rescope_lift_are_owner_checked(redis_client: redis.Redis) -> None:
+    store = FenceStore(redis_client, "f1")
+    assert store.read() is None
+    store.raise_fence("run-1", ["q1", "q2"], "alice@laptop", ttl=30, exempt_revisions=["rev-9"])
+    rec = store.read()
+    assert rec is not None
+    assert (rec.run_id, rec.queues, rec.exempt_revisions, rec.owner) == ("run-1", ("q1", "q2"), ("rev-9",),
+                                                                          "alice@laptop")
+    assert rec.created > 0 and rec.renewed >= rec.created
+    assert rec.ttl is not None and 0 < rec.ttl <= 30
+    assert redis_client.exists("celeryops:{f1}:fence")
+
+    # A second run cannot take, renew, rescope or lift it; nothing changes.
+    with pytest.raises(FenceConflict, match="run-1"):
+        store.raise_fence("run-2", ["*"], "bob@ci", ttl=30)
+    assert not store.renew("run-2", 60)
+    assert not store.rescope("run-2", exempt_versions=["9.9"])
+    assert not store.lift("run-2")
+    unchanged = store.read()
+    assert unchanged is not None and replace(unchanged, ttl=None) == replace(rec, ttl=None)
+
+    # The owner renews (TTL extended, created kept) and rescopes only what it names.
+    assert store.renew("run-1", 120)
+    renewed = store.read()
+    assert renewed is not None and renewed.ttl is not None and renewed.ttl > 30
+    assert renewed.created == rec.created and renewed.renewed >= rec.renewed
+    assert store.rescope("run-1", exempt_versions=["2.0"])
+    rescoped = store.read()
+    assert rescoped is not None
+    assert (rescoped.queues, rescoped.exempt_revisions, rescoped.exempt_versions) == (("q1", "q2"), ("rev-9",),
+                                                                                      ("2.0",))
+    assert store.rescope("run-1", queues=["*"])
+    assert store.read().holds_all  # type: ignore[union-attr]
+
+    # Re-raising by the same run (recovery) is allowed and keeps created.
+    store.raise_fence("run-1", ["q3"], "alice@laptop", ttl=30)
+    again = store.read()
+    assert again is not None and again.queues == ("q3",) and again.created == rec.created
+
+    assert store.lift("run-1")
+    assert store.read() is None
+    assert not store.lift("run-1")
+    assert not store.renew("run-1", 30)  # a lost fence is not silently re-created
+    assert store.read() is None
+
+
+def test_fence_expires_without_renewal(redis_client: redis.Redis) -> None:
+    store = FenceStore(redis_client, "f2")
+    store.raise_fence("run-1", [], "alice", ttl=0.3)
+    assert store.read() is not None
+    wait_for(lambda: store.read() is None, WAIT, "the fence to expire")
+    store.raise_fence("run-2", ["q"], "bob", ttl=30)  # an expired fence no longer blocks another run
+    assert store.read().run_id == "run-2"  # type: ignore[union-attr]
+
+
+# --- the worker plugin ---
+
+
+@pytest.mark.slow
+def test_worker_started_under_fence_fetches_nothing_until_lift(
+    broker_url: str, redis_url: str, redis_client: redis.Redis, start_workers: Any, queue_name: str
+) -> None:
+    """Prefork pool, on both brokers (the fence itself always lives in Redis)."""
+    store = FenceStore(redis_client)
+    free_queue = queue_name + "-free"
+    store.raise_fence("run-a", [queue_name], "test", ttl=60)
+    fenced = publish(broker_url, queue_name, 4)
+    (worker,) = start_workers(broker_url, app=FENCE_APP, pool="prefork", queues=[queue_name, free_queue],
+                              env={**FAST, "CELERYOPS_FENCE_REDIS_URL": redis_url})
+
+    info = hold_window(redis_client, worker)
+    assert info.held_queues == (queue_name,) and info.fence_run_id == "run-a"
+    assert set(info.queues) == {queue_name, free_queue}
+    free = publish(broker_url, free_queue, 1)  # the unfenced queue is still consumed meanwhile
+    wait_for(lambda: all_finished(redis_client, free), WAIT, "the task on the unfenced queue")
+    assert not any(runs(redis_client, fenced)), "a fenced task started while the fence was up"
+
+    lifted_at = redis_time(redis_client)
+    assert store.lift("run-a")
+    wait_for(lambda: all_finished(redis_client, fenced), WAIT, "the fenced tasks after the lift")
+    assert all(float(r["started"]) >= lifted_at for r in runs(redis_client, fenced))
+    assert {r["worker"] for r in runs(redis_client, fenced)} == {worker.nodename}
+    wait_entry(redis_client, worker, "consuming again", lambda i: i.state == "consuming" and not i.held_queues)
+
+
+@pytest.mark.slow
+def test_reconnect_during_fence_still_fetches_nothing(
+    redis_url: str, redis_client: redis.Redis, own_redis: RedisServer, start_workers: Any, queue_name: str
+) -> None:
+    """Only the broker restarts (own_redis); the fence, registry and task records live in the session Redis."""
+    store = FenceStore(redis_client)
+    store.raise_fence("run-b", ["*"], "test", ttl=60)
+    (worker,) = start_workers(own_redis.url, app=FENCE_APP, queues=[queue_name],
+                              env={**FAST, "CELERYOPS_FENCE_REDIS_URL": redis_url})
+    first = hold_window(redis_client, worker)
+    assert first.consumer_starts == 1
+
+    own_redis.restart()  # connection lost; the restarted broker is empty
+    app = control_app(own_redis.url)
+    try:
+        wait_for(lambda: answers_ping(app, worker), WAIT, "the worker to answer ping after the broker restart")
+    finally:
+        app.close()
+    wait_entry(redis_client, worker, "the plugin to start again after the reconnect", lambda i: i.consumer_starts >= 2)
+    ids = publish(own_redis.url, queue_name, 3)
+    info = hold_window(redis_client, worker)
+    assert info.held_queues == (queue_name,)
+    assert not any(runs(redis_client, ids)), "a task started during the fence after the reconnect"
+
+    lifted_at = redis_time(redis_client)
+    assert store.lift("run-b")
+    wait_for(lambda: all_finished(redis_client, ids), WAIT, "the tasks after the lift")
+    assert all(float(r["started"]) >= lifted_at for r in runs(redis_client, ids))
+
+    # The restored queue survives the next reconnect too (Celery's add_task_queue alone would not reselect it).
+    own_redis.restart()
+    wait_entry(redis_client, worker, "the plugin to start a third time", lambda i: i.consumer_starts >= 3)
+    app = control_app(own_redis.url)
+    try:
+        wait_for(lambda: answers_ping(app, worker), WAIT, "the worker to answer ping after the second restart")
+    finally:
+        app.close()
+    later = publish(own_redis.url, queue_name, 2)
+    wait_for(lambda: all_finished(redis_client, later), WAIT, "tasks after the second reconnect")
+
+
+@pytest.mark.slow
+def test_expired_fence_releases_workers_by_themselves(
+    redis_url: str, redis_client: redis.Redis, start_workers: Any, queue_name: str
+) -> None:
+    store = FenceStore(redis_client)
+    store.raise_fence("run-c", [queue_name], "test", ttl=60)
+    (worker,) = start_workers(redis_url, app=FENCE_APP, queues=[queue_name], env=FAST)
+    ids = publish(redis_url, queue_name, 3)
+    hold_window(redis_client, worker)
+    assert not any(runs(redis_client, ids))
+
+    # The run "dies": its last heartbeat gives the fence one more second, then nobody renews or lifts it.
+    renewed_at = redis_time(redis_client)
+    assert store.renew("run-c", 1.0)
+    wait_for(lambda: all_finished(redis_client, ids), WAIT, "the tasks after the fence expired")
+    assert store.read() is None
+    assert all(float(r["started"]) >= renewed_at + 1.0 for r in runs(redis_client, ids))
+
+
+@pytest.mark.slow
+def test_exempt_revision_consumes_while_old_revision_is_held(
+    redis_url: str, redis_client: redis.Redis, start_workers: Any, queue_name: str
+) -> None:
+    store = FenceStore(redis_client)
+    store.raise_fence("run-d", [queue_name], "test", ttl=60, exempt_revisions=["svc-00002-new"])
+    (old,) = start_workers(redis_url, app=FENCE_APP, queues=[queue_name], wait=False,
+                           env={**FAST, "K_REVISION": "svc-00001-old", "CELERYOPS_VERSION": "1.0"})
+    (new,) = start_workers(redis_url, app=FENCE_APP, queues=[queue_name],
+                           env={**FAST, "K_REVISION": "svc-00002-new", "CELERYOPS_VERSION": "2.0"})
+    app = control_app(redis_url)
+    try:
+        old.wait_ready(app)
+    finally:
+        app.close()
+    hold_window(redis_client, old)
+    new_info = wait_entry(redis_client, new, "consuming", lambda i: i.state == "consuming")
+    assert new_info.revision == "svc-00002-new" and new_info.fence_run_id == "run-d" and not new_info.held_queues
+
+    ids = publish(redis_url, queue_name, 6)
+    wait_for(lambda: all_finished(redis_client, ids), WAIT, "the tasks on the exempt worker")
+    assert {r["worker"] for r in runs(redis_client, ids)} == {new.nodename}
+    assert entry(redis_client, old).state == "held"  # type: ignore[union-attr]
+
+    # Rescoping the exemptions to the old worker's version releases it too, without lifting the fence.
+    assert store.rescope("run-d", exempt_versions=["1.0"])
+    wait_entry(redis_client, old, "released by the rescope", lambda i: i.state == "consuming")
+    assert store.read() is not None
+
+
+@pytest.mark.slow
+def test_remote_control_and_registry_tell_plugin_workers_apart(
+    redis_url: str, redis_client: redis.Redis, start_workers: Any, queue_name: str
+) -> None:
+    store = FenceStore(redis_client)
+    store.raise_fence("run-e", [], "test", ttl=60)
+    (plugin,) = start_workers(redis_url, app=FENCE_APP, queues=[queue_name], wait=False,
+                              env={**FAST, "CELERYOPS_VERSION": "3.1"})
+    (plain,) = start_workers(redis_url, queues=[queue_name])
+    app = control_app(redis_url)
+    try:
+        plugin.wait_ready(app)
+        wait_entry(redis_client, plugin, "held", lambda i: i.state == "held")
+        replies = fence_status(app, destination=[plugin.nodename, plain.nodename], timeout=5.0)
+        everyone = fence_status(app, timeout=2.0)
+    finally:
+        app.close()
+
+    assert set(replies) == {plugin.nodename, plain.nodename}
+    mine = replies[plugin.nodename]
+    assert mine.plugin and mine.version == "3.1" and mine.state == "held"
+    assert mine.held_queues == (queue_name,) and mine.fence_run_id == "run-e"
+    assert not replies[plain.nodename].plugin
+    assert {w for w, r in everyone.items() if r.plugin} == {plugin.nodename}
+
+    members = plugin_workers(redis_client)
+    assert set(members) == {plugin.nodename}
+    info = members[plugin.nodename]
+    assert info.version == "3.1" and info.queues == (queue_name,) and info.held
+    assert info.pid == plugin.pid
+    assert plugin_workers(redis_client, "another-fleet") == {}
+
+    plugin.signal(signal.SIGTERM)  # a warm shutdown takes the worker out of the registry at once
+    wait_for(lambda: entry(redis_client, plugin) is None, WAIT, "the stopped worker to leave the registry")
+
+
+@pytest.mark.slow
+def test_busy_solo_worker_keeps_its_registry_entry_alive(
+    redis_url: str, redis_client: redis.Redis, start_workers: Any, queue_name: str
+) -> None:
+    (worker,) = start_workers(redis_url, app=FENCE_APP, pool="solo", concurrency=1, queues=[queue_name],
+                              env={**FAST, "CELERYOPS_FENCE_REGISTRY_TTL": "2"})
+    (task_id,) = publish(redis_url, queue_name, 1, seconds=30)
+    wait_for(lambda: redis_client.hget(f"ct:run:{task_id}", "started"), WAIT, "the long task to start")
+    busy = entry(redis_client, worker)
+    assert busy is not None
+    app = control_app(redis_url)
+    try:  # the event loop is blocked by the task: the worker answers no control command...
+        assert worker.nodename not in fence_status(app, destination=[worker.nodename], timeout=0.5)
+    finally:
+        app.close()
+    # ...but its plugin thread keeps beating.
+    wait_entry(redis_client, worker, "heartbeats while busy", lambda i: i.beats >= busy.beats + 3)
+    assert not redis_client.hget(f"ct:run:{task_id}", "finished")
+
+    worker.kill()  # no goodbye: the entry stops counting when its TTL runs out
+    wait_for(lambda: entry(redis_client, worker) is None, WAIT, "the killed worker's entry to expire")
+    assert redis_client.hexists(registry_key("default"), worker.nodename)  # readers never delete anything
+
+
+def test_registry_prune_drops_only_long_expired_entries(redis_client: redis.Redis) -> None:
+    registry.write_heartbeat(redis_client, "f3", "celery@gone", {"state": "consuming"}, ttl=0.001)
+    registry.write_heartbeat(redis_client, "f3", "celery@alive", {"state": "held", "held_queues": ["q"]}, ttl=60)
+    wait_for(lambda: "celery@gone" not in plugin_workers(redis_client, "f3"), WAIT, "the short entry to expire")
+    assert registry.prune(redis_client, "f3", grace=3600) == 0  # expired, but not long ago: kept
+    assert registry.prune(redis_client, "f3", grace=0) == 1
+    assert set(redis_client.hkeys(registry_key("f3"))) == {"celery@alive"}
+    alive = plugin_workers(redis_client, "f3")["celery@alive"]
+    assert alive.held and alive.held_queues == ("q",)
+
+
+@pytest.mark.slow
+def test_unreadable_fence_at_start_holds_until_redis_answers(
+    redis_url: str, redis_client: redis.Redis, own_redis: RedisServer, start_workers: Any, queue_name: str
+) -> None:
+    """The fence Redis (own_redis) is down when the worker starts: it holds everything ("unknown")."""
+    own_redis.stop()
+    ids = publish(redis_url, queue_name, 2)
+    (worker,) = start_workers(redis_url, app=FENCE_APP, queues=[queue_name],
+                              env={**FAST, "CELERYOPS_FENCE_REDIS_URL": own_redis.url})
+    app = control_app(redis_url)
+    try:
+        def status() -> Any:
+            reply = fence_status(app, destination=[worker.nodename], timeout=2.0).get(worker.nodename)
+            return reply if reply is not None and reply.beats >= 3 else None
+
+        reply = wait_for(status, WAIT, "three plugin heartbeats")
+    finally:
+        app.close()
+    assert reply.state == "unknown" and not reply.fence_readable and reply.held_queues == (queue_name,)
+    assert not any(runs(redis_client, ids)), "a task started although the fence could not be read"
+    assert "cannot read the drain fence" in worker.log()
+
+    own_redis.start()  # empty: no fence, so the worker consumes
+    wait_for(lambda: all_finished(redis_client, ids), WAIT, "the tasks once the fence Redis answers")
+
+
+def test_fence_redis_defaults_to_a_redis_broker_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from celeryops.fence.plugin import resolve_redis_url
+
+    monkeypatch.delenv("CELERYOPS_FENCE_REDIS_URL", raising=False)
+    redis_app = Celery("r", broker="redis://:pw@10.0.0.1:6379/2;redis://10.0.0.2:6379/2")
+    amqp_app = Celery("a", broker="amqp://guest:guest@localhost//")
+    assert resolve_redis_url(redis_app, None) == "redis://:pw@10.0.0.1:6379/2"
+    assert resolve_redis_url(amqp_app, None) is None
+    assert resolve_redis_url(amqp_app, "redis://fence:6379/0") == "redis://fence:6379/0"
+    monkeypatch.setenv("CELERYOPS_FENCE_REDIS_URL", "redis://env:6379/1")
+    assert resolve_redis_url(amqp_app, None) == "redis://env:6379/1"
+    assert resolve_redis_url(redis_app, "redis://arg:6379/0") == "redis://arg:6379/0"

@@ -1,0 +1,244 @@
+"""``celeryops status`` (the fleet's current run, from Redis or the local journal, and what recovery would do)
+and ``celeryops runs`` (the run history of the local journal). Both only read: no key, no journal is written."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import click
+import humanize
+import redis
+
+from celeryops.commands.common import FleetSpec, fleet_options
+from celeryops.errors import UserError
+from celeryops.journal import TERMINAL_PHASES, Journal, Run, journal_path
+from celeryops.masking import mask_text, mask_url
+from celeryops.namespace import fleet_name
+from celeryops.publish import PublishedStatus, read_status
+from celeryops.recovery import RecoveryPlan, plan
+from celeryops.runlease import LeaseInfo, read_lease
+
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+state_dir_option = click.option("--state-dir", type=click.Path(file_okay=False), default=None,
+                                help="Where the run journal lives (default: the user state dir).")
+
+
+def _ago(seconds: float) -> str:
+    return "just now" if seconds < 1 else f"{humanize.naturaldelta(seconds)} ago"
+
+
+def _duration(seconds: float) -> str:
+    return humanize.naturaldelta(seconds) if seconds >= 1 else "under a second"
+
+
+def open_journal_if_any(state_dir: str | None) -> Journal | None:
+    """The journal if its file exists (reading never creates the state dir); UserError if it is unusable."""
+    path = journal_path(state_dir)
+    return Journal(path, read_only=True) if path.exists() else None
+
+
+def coordination_url(fleet: FleetSpec) -> tuple[str | None, str | None]:
+    """(Redis URL holding the lease/status, or None; a note on why not). ``$CELERYOPS_REDIS_URL`` wins, else the
+    broker when it is Redis."""
+    env = os.environ.get("CELERYOPS_REDIS_URL")
+    if env:
+        return env, None
+    try:
+        broker = fleet.resolve_broker_url()
+    except UserError:
+        if fleet.app_path:  # a broken -A is the operator's mistake: say it
+            raise
+        return None, "no fleet given (--broker, -A or $CELERY_BROKER_URL), so only the local journal was read"
+    if broker.startswith(REDIS_SCHEMES):
+        return broker, None
+    return None, "the broker is not Redis and $CELERYOPS_REDIS_URL is not set, so only the local journal was read"
+
+
+@dataclass
+class StatusReport:
+    """Everything ``celeryops status`` knows, before it is printed."""
+
+    fleet: str
+    source: str | None = None  # "redis" | "journal" | None (no current run)
+    published: PublishedStatus | None = None
+    run: Run | None = None  # from the local journal
+    lease: LeaseInfo | None = None
+    recovery: RecoveryPlan | None = None
+    notes: list[str] = field(default_factory=list)
+    redis_read: bool = False  # Redis answered (so "no lease" means no lease)
+    last: PublishedStatus | None = None  # a finished run still published, when nothing is current
+
+    @property
+    def current(self) -> bool:
+        return self.source is not None
+
+    @property
+    def run_id(self) -> str | None:
+        return self.published.run_id if self.published else self.run.id if self.run else None
+
+    @property
+    def phase(self) -> str | None:
+        if self.run is not None:
+            return self.run.phase
+        return self.published.phase if self.published else None
+
+    def as_dict(self) -> dict[str, Any]:
+        run: dict[str, Any] | None = None
+        if self.current:
+            started = self.run.created if self.run else self.published.started_at if self.published else None
+            run = {
+                "id": self.run_id, "phase": self.phase,
+                "owner": self.run.user if self.run else self.published.owner if self.published else None,
+                "host": self.run.host if self.run else self.published.host if self.published else None,
+                "release": self.run.release if self.run else self.published.release if self.published else None,
+                "started_at": started, "age": time.time() - started if started else None,
+                "progress": self.published.progress if self.published else None,
+                "updated_at": self.published.updated_at if self.published else self.run.updated if self.run else None,
+                "in_local_journal": self.run is not None,
+            }
+        recovery = None
+        if self.recovery is not None:
+            recovery = {"action": self.recovery.action, "restore": self.recovery.restore,
+                        "explanation": self.recovery.explanation, "next": self.recovery.next_commands,
+                        "depends_on_rollout": self.recovery.action == "ask"}
+        return {"fleet": self.fleet, "source": self.source, "run": run,
+                "lease": self.lease.as_dict() if self.lease else None, "recovery": recovery, "notes": self.notes,
+                "last": self.last.as_dict() if self.last else None}
+
+
+def gather_status(fleet_spec: FleetSpec, state_dir: str | None, fleet: str | None = None) -> StatusReport:
+    """Read the published status and lease (if Redis answers) and the local journal; decide nothing, write nothing."""
+    name = fleet_name(fleet)
+    report = StatusReport(fleet=name)
+    journal = open_journal_if_any(state_dir)
+    try:
+        local = journal.unfinished_runs(name) if journal else []
+    finally:
+        if journal is not None:
+            journal.close()
+
+    published: PublishedStatus | None = None
+    redis_ok = False
+    url, why_not = coordination_url(fleet_spec)
+    if url is None:
+        if why_not:
+            report.notes.append(why_not)
+    else:
+        client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=3)
+        try:
+            published = read_status(client, name)
+            report.lease = read_lease(client, name)
+            redis_ok = report.redis_read = True
+        except redis.RedisError as exc:
+            report.notes.append(f"Redis at {mask_url(url)} is unreachable ({mask_text(str(exc)).rstrip('.')}), "
+                                "so this is the local journal only")
+        finally:
+            client.close()
+
+    if published is not None and published.phase not in TERMINAL_PHASES:
+        report.source = "redis"
+        report.published = published
+        report.run = next((r for r in local if r.id == published.run_id), None)
+    elif local:
+        report.source = "journal"
+        report.run = local[-1]
+        if published is not None and published.run_id == local[-1].id:
+            report.published = published
+        if redis_ok and published is None:
+            report.notes.append("the run is not published in Redis (its status expired or Redis was down)")
+    elif published is not None:
+        report.last = published
+    if report.current and len(local) > 1:
+        others = ", ".join(r.id for r in local if report.run is None or r.id != report.run.id)
+        report.notes.append(f"other unfinished runs in the local journal: {others}")
+
+    if report.run is not None:
+        report.recovery = plan(report.run, None)
+    return report
+
+
+def _status_lines(report: StatusReport) -> list[str]:
+    if not report.current:
+        line = f"No run in progress on fleet {report.fleet}."
+        if report.last is not None:
+            line += (f" The last published run {report.last.run_id} ended {report.last.phase} "
+                     f"{_ago(time.time() - report.last.updated_at)}.")
+        return [line, *(f"Note: {n}." for n in report.notes)]
+    data = report.as_dict()["run"]
+    release = f", release {data['release']}" if data["release"] else ""
+    lines = [f"Fleet {report.fleet}: run {data['id']} is in phase {data['phase']}, started {_ago(data['age'] or 0)} "
+             f"by {data['owner']}@{data['host']}{release}."]
+    lines.append("Source: " + ("the status published in Redis" if report.source == "redis" else "the local journal"))
+    if report.published is not None and report.published.progress:
+        progress = "  ".join(f"{k} {v}" for k, v in report.published.progress.items()
+                             if not isinstance(v, (dict, list)))
+        lines.append(f"Progress ({_ago(time.time() - report.published.updated_at)}): {progress}")
+    if report.lease is not None:
+        lines.append(f"Lease: {report.lease.describe()}.")
+    elif report.redis_read:
+        lines.append("Lease: not held (the run's process has exited; the run stays open until abort or resume).")
+    if report.recovery is not None:
+        rec = report.recovery
+        label = {"nothing": "nothing to undo", "restore": "restore the stopped consumers",
+                 "leave": "leave the consumers alone", "ask": "depends on the rollout"}[rec.action]
+        lines.append(f"Recovery: {label}: {rec.explanation}")
+        if rec.next_commands:
+            lines.append("Next: " + " | ".join(rec.next_commands))
+    elif report.published is not None:
+        lines.append(f"Recovery: decided from the journal on {report.published.host}: run `celeryops status` there.")
+    lines.extend(f"Note: {n}." for n in report.notes)
+    return lines
+
+
+@click.command()
+@fleet_options
+@click.option("--json", "as_json", is_flag=True, help="One JSON object.")
+@state_dir_option
+def status(fleet: FleetSpec, as_json: bool, state_dir: str | None) -> None:
+    """Show the fleet's current run (phase, age, owner) and what recovery would do. Reads only."""
+    report = gather_status(fleet, state_dir)
+    if as_json:
+        click.echo(mask_text(json.dumps(report.as_dict(), default=str)))
+    else:
+        for line in _status_lines(report):
+            click.echo(mask_text(line))
+
+
+@click.command()
+@click.option("--limit", "-n", type=click.IntRange(min=1), default=20, show_default=True, help="How many runs.")
+@click.option("--json", "as_json", is_flag=True, help="A JSON array, newest first.")
+@state_dir_option
+def runs(limit: int, as_json: bool, state_dir: str | None) -> None:
+    """List the runs recorded in the local journal, newest first. Reads only."""
+    journal = open_journal_if_any(state_dir)
+    if journal is None:
+        rows = []
+    else:
+        try:
+            rows = journal.history(limit)
+        finally:
+            journal.close()
+    if as_json:
+        click.echo(json.dumps([{"id": r.id, "fleet": r.fleet, "release": r.release, "phase": r.phase,
+                                "outcome": r.outcome, "created": r.created, "duration": r.duration}
+                               for r in rows]))
+        return
+    if not rows:
+        click.echo(f"No runs recorded in {journal_path(state_dir)}.")
+        return
+    table = [("RUN", "FLEET", "RELEASE", "OUTCOME", "DURATION", "STARTED")]
+    now = time.time()
+    for r in rows:
+        outcome = r.outcome or f"open ({r.phase})"
+        table.append((r.id, r.fleet, r.release or "-", outcome, _duration(r.duration), _ago(now - r.created)))
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+COMMANDS = [status, runs]

@@ -1,0 +1,102 @@
+"""The ``celeryops_fence`` remote-control command (worker side) and ``fence_status`` (operator side).
+
+Plugin workers answer ``{"plugin": True, version, revision, state, queues, held_queues, fence_run_id, ...}``;
+workers without the plugin answer Celery's unknown-command error (or nothing), so preflight and the console can
+tell which workers run the plugin. Only celery/kombu are used here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from celery import Celery
+from celery.worker.control import Panel, inspect_command
+from kombu.exceptions import OperationalError
+
+from celeryops.errors import BrokerUnreachable
+from celeryops.masking import mask_url
+
+COMMAND = "celeryops_fence"
+# The attribute of the Celery consumer where the plugin keeps its guard (see celeryops.fence.plugin).
+CONSUMER_ATTR = "celeryops_fence"
+
+
+class StatusSource(Protocol):
+    def status(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class FenceReply:
+    """One worker's answer. ``plugin`` False: it answered, but does not run the plugin (``error`` says why)."""
+
+    worker: str
+    plugin: bool
+    version: str = ""
+    revision: str = ""
+    state: str = ""
+    queues: tuple[str, ...] = ()
+    held_queues: tuple[str, ...] = ()
+    fence_run_id: str = ""
+    fence_readable: bool = True
+    beats: int = 0
+    consumer_starts: int = 0
+    error: str = ""
+
+    @classmethod
+    def parse(cls, worker: str, reply: object) -> FenceReply:
+        if not isinstance(reply, Mapping) or reply.get("plugin") is not True:
+            error = str(reply.get("error", "")) if isinstance(reply, Mapping) else repr(reply)
+            return cls(worker=worker, plugin=False, error=error)
+        return cls(
+            worker=worker,
+            plugin=True,
+            version=str(reply.get("version") or ""),
+            revision=str(reply.get("revision") or ""),
+            state=str(reply.get("state") or ""),
+            queues=tuple(str(q) for q in reply.get("queues") or ()),
+            held_queues=tuple(str(q) for q in reply.get("held_queues") or ()),
+            fence_run_id=str(reply.get("fence_run_id") or ""),
+            fence_readable=bool(reply.get("fence_readable", True)),
+            beats=int(reply.get("beats") or 0),
+            consumer_starts=int(reply.get("consumer_starts") or 0),
+        )
+
+
+def _celeryops_fence(state: Any, **_: Any) -> dict[str, Any]:
+    """Drain fence plugin status of this worker (celeryops)."""
+    guard: StatusSource | None = getattr(state.consumer, CONSUMER_ATTR, None)
+    if guard is None:
+        return {"plugin": False, "error": "the celeryops fence plugin is installed but its consumer step has not run"}
+    return guard.status()
+
+
+def register_command() -> None:
+    """Add the command to Celery's (process-global) control panel; idempotent."""
+    if COMMAND not in Panel.data:
+        decorate: Callable[[Callable[..., dict[str, Any]]], object] = inspect_command(name=COMMAND)
+        decorate(_celeryops_fence)
+
+
+def fence_status(app: Celery, destination: Sequence[str] | None = None, timeout: float = 1.0) -> dict[str, FenceReply]:
+    """Ask workers (all, or ``destination``) for their fence plugin status; every worker that answered is in the
+    result, with ``plugin`` False when it runs without the plugin. Returns as soon as every addressed worker replied.
+    Raises BrokerUnreachable (nothing changed) when the broker cannot be reached."""
+    dest = list(destination) if destination else None
+    try:
+        replies = app.control.broadcast(
+            COMMAND, destination=dest, reply=True, timeout=timeout, limit=len(dest) if dest else None,
+        )
+    except (OSError, OperationalError) as exc:
+        url = mask_url(str(app.conf.broker_url or ""))
+        raise BrokerUnreachable(
+            f"could not reach the broker {url} to ask workers for their fence status ({exc.__class__.__name__}); "
+            "nothing was changed; check that the broker is running and the URL is right"
+        ) from exc
+    out: dict[str, FenceReply] = {}
+    for item in replies or []:
+        if isinstance(item, Mapping):
+            for worker, reply in item.items():
+                out[str(worker)] = FenceReply.parse(str(worker), reply)
+    return out

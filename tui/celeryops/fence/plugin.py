@@ -1,0 +1,289 @@
+"""The fence worker plugin: a consumer bootstep that keeps fenced queues unconsumed while a drain runs.
+
+How it hooks into Celery (checked against celery/worker/consumer): the step ``requires`` the Tasks step, so its
+``start`` runs after the task consumer is created but before the event loop calls ``consume()``, and again after
+every broker reconnect. There it reads the fence and cancels the held queues (``c.cancel_task_queue``) before any
+fetch. Then:
+
+- a daemon thread reads the fence and writes the registry heartbeat every ``interval`` (a thread, not the consumer
+  timer, because a solo-pool worker runs its task inside the event loop and its timer stalls meanwhile);
+- the consumer timer (``c.timer.call_repeatedly``) applies the latest decision in the consumer's own thread:
+  fence holds -> keep the held queues cancelled; fence gone/expired/lifted or this worker exempt -> restore
+  (``c.add_task_queue``) exactly the queues the plugin itself stopped, nothing else.
+
+Redis unreachable (safe behaviour): the plugin keeps the last decision it could read and logs an error (again every
+30 s) until Redis answers. If it has never been able to read the fence (Redis down at worker start), it holds every
+queue ("unknown" state) unless ``hold_if_unknown=False``: a worker that cannot tell whether a deploy is draining must
+not start long tasks that a deploy would kill. Losing the fence Redis therefore never releases a held worker, and a
+worker that started while Redis was down consumes as soon as it reads that there is no fence.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import redis
+from celery import Celery, bootsteps
+from celery.exceptions import ImproperlyConfigured
+from celery.utils.log import get_logger
+from kombu.entity import Queue
+
+from celeryops.fence import registry
+from celeryops.fence.control import CONSUMER_ATTR, register_command
+from celeryops.fence.record import UNKNOWN_HOLD, Hold
+from celeryops.fence.store import FenceStore
+from celeryops.masking import mask_text, mask_url
+from celeryops.namespace import fleet_name
+
+logger: logging.Logger = get_logger(__name__)
+
+ENV_REDIS_URL = "CELERYOPS_FENCE_REDIS_URL"
+ENV_VERSION = "CELERYOPS_VERSION"
+ENV_REVISION = "K_REVISION"  # set by Cloud Run on every instance
+ERROR_LOG_EVERY = 30.0
+PRUNE_EVERY_BEATS = 100
+
+
+@dataclass(frozen=True)
+class FenceConfig:
+    """``install()`` arguments, resolved against the environment when the worker starts."""
+
+    redis_url: str | None = None
+    interval: float = 2.0
+    version: str | None = None
+    fleet: str | None = None
+    registry_ttl: float | None = None
+    hold_if_unknown: bool = True
+    redis_timeout: float = 2.0
+
+
+def resolve_redis_url(app: Celery, explicit: str | None) -> str | None:
+    """The fence Redis: ``explicit``, else $CELERYOPS_FENCE_REDIS_URL, else the broker URL when it is Redis."""
+    if explicit:
+        return explicit
+    if os.environ.get(ENV_REDIS_URL):
+        return os.environ[ENV_REDIS_URL]
+    broker = app.conf.broker_url
+    if isinstance(broker, list | tuple):
+        broker = broker[0] if broker else None
+    first = str(broker or "").split(";")[0].strip()
+    if first.startswith(("redis://", "rediss://")):
+        return first
+    return None
+
+
+class FenceGuard:
+    """The plugin's state for one worker: the last decision read from the fence, the queues it stopped, and the
+    thread that reads the fence and heartbeats the registry. Queue changes happen only in the consumer's thread."""
+
+    def __init__(self, consumer: Any, config: FenceConfig, redis_url: str) -> None:
+        self.c = consumer
+        self.config = config
+        self.interval = float(config.interval)
+        self.hostname = str(consumer.hostname)
+        self.version = config.version or os.environ.get(ENV_VERSION) or ""
+        self.revision = os.environ.get(ENV_REVISION) or ""
+        self.fleet = fleet_name(config.fleet)
+        self.registry_ttl = config.registry_ttl or max(30.0, 5 * self.interval)
+        self.redis_url = redis_url
+        timeout = min(config.redis_timeout, max(1.0, self.interval))  # a slow reply is not a lost fence
+        self.client = redis.Redis.from_url(redis_url, socket_connect_timeout=timeout, socket_timeout=timeout)
+        self.store = FenceStore(self.client, self.fleet)
+        self._hold: Hold | None = None
+        self._known = False  # the fence has been read at least once
+        self._fence_run_id = ""
+        self._readable = True
+        self._last_error_log = 0.0
+        self._stopped: dict[str, Queue] = {}
+        self._queues: tuple[str, ...] = ()
+        self._held: tuple[str, ...] = ()
+        self._beats = 0
+        self._consumer_starts = 0
+        self._tref: Any = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # --- consumer bootstep hooks (consumer thread) ---
+
+    def on_consumer_start(self) -> None:
+        self._consumer_starts += 1
+        self.refresh()
+        if not self._known and self.config.hold_if_unknown:
+            self._hold = UNKNOWN_HOLD
+        self.apply()
+        self._tref = self.c.timer.call_repeatedly(self.interval, self._tick)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="celeryops-fence", daemon=True)
+            self._thread.start()
+
+    def on_consumer_stop(self) -> None:
+        tref, self._tref = self._tref, None
+        if tref is not None:
+            tref.cancel()
+
+    def shutdown(self) -> None:
+        self.on_consumer_stop()
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=max(2.0, self.interval + self.config.redis_timeout))
+        try:
+            registry.remove(self.client, self.fleet, self.hostname)
+        except redis.RedisError:
+            pass
+        self.client.close()
+
+    def _tick(self) -> None:
+        if self.c.hub is not None:  # the hub's timer runs in the consumer thread
+            self.apply()
+        else:  # timer thread: hand the change to the consumer loop
+            self.c.call_soon(self.apply)
+
+    def apply(self) -> None:
+        """Make the consumer follow the latest decision. Only the queues the plugin stopped are ever restored."""
+        try:
+            self._apply()
+        except Exception:  # never let the fence take the consumer down
+            logger.exception("celeryops fence: could not apply the fence decision on %s", self.hostname)
+
+    def _apply(self) -> None:
+        cset = self.c.task_consumer
+        if cset is None:
+            return
+        hold = self._hold
+        consuming = {q.name: q for q in cset.queues}
+        if hold is None:
+            to_stop: set[str] = set()
+            to_restore = set(self._stopped)
+        else:
+            to_stop = hold.selects(consuming)
+            to_restore = {n for n in self._stopped if hold.queues is not None and n not in hold.queues}
+        for name in sorted(to_stop):
+            self.c.cancel_task_queue(name)
+            self._stopped[name] = consuming[name]
+            why = f"fence of run {hold.run_id}" if hold is not None and hold.run_id else "unreadable fence"
+            logger.warning("celeryops fence: %s holds queue %s: stopped consuming it", why, name)
+        for name in sorted(to_restore):
+            queue = self._stopped.pop(name)
+            # add_task_queue() alone leaves the queue deselected, so a later reconnect would drop it again.
+            self.c.app.amqp.queues.select_add(queue)
+            self.c.add_task_queue(name)
+            logger.warning("celeryops fence: fence released queue %s: consuming it again", name)
+        now = {q.name for q in cset.queues}
+        self._queues = tuple(sorted(now | set(self._stopped)))
+        self._held = tuple(sorted(self._stopped))
+
+    # --- fence reading and heartbeat (daemon thread, and once at consumer start) ---
+
+    def refresh(self) -> None:
+        """Read the fence and update the decision; on a Redis error keep the last decision and log loudly."""
+        try:
+            record = self.store.read()
+        except redis.RedisError as exc:
+            self._readable = False
+            now = time.monotonic()
+            if not self._last_error_log or now - self._last_error_log >= ERROR_LOG_EVERY:
+                self._last_error_log = now
+                kept = ("holding every queue until it can" if not self._known and self.config.hold_if_unknown
+                        else "keeping the last decision (" + ("held" if self._hold else "consuming") + ")")
+                logger.error("celeryops fence: cannot read the drain fence from %s (%s); %s; check that Redis is "
+                             "reachable from this worker", mask_url(self.redis_url), mask_text(str(exc)), kept)
+            return
+        if not self._readable:
+            logger.warning("celeryops fence: the drain fence is readable again")
+        self._readable = True
+        self._last_error_log = 0.0
+        self._known = True
+        self._fence_run_id = record.run_id if record else ""
+        self._hold = record.hold_for(self.revision, self.version) if record else None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.refresh()
+            self.beat()
+            if self._stop.wait(self.interval):
+                break
+
+    def state(self) -> registry.PluginState:
+        if self._hold is UNKNOWN_HOLD:
+            return "unknown"
+        return "held" if self._held else "consuming"
+
+    def status(self) -> dict[str, Any]:
+        """The control command's reply and the registry entry."""
+        return {
+            "plugin": True, "version": self.version, "revision": self.revision, "state": self.state(),
+            "queues": list(self._queues), "held_queues": list(self._held), "fence_run_id": self._fence_run_id,
+            "fence_readable": self._readable, "interval": self.interval, "beats": self._beats,
+            "consumer_starts": self._consumer_starts,
+        }
+
+    def beat(self) -> None:
+        self._beats += 1
+        info = {**self.status(), "pid": os.getpid()}
+        try:
+            registry.write_heartbeat(self.client, self.fleet, self.hostname, info, self.registry_ttl)
+            if self._beats % PRUNE_EVERY_BEATS == 1:
+                registry.prune(self.client, self.fleet, grace=max(3600.0, 10 * self.registry_ttl))
+        except redis.RedisError:
+            pass  # refresh() already reports an unreachable Redis
+
+
+class FenceStep(bootsteps.StartStopStep):  # type: ignore[misc]
+    """Consumer bootstep; ``install()`` makes a subclass carrying the configuration."""
+
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+    config: ClassVar[FenceConfig] = FenceConfig()
+
+    def __init__(self, c: Any, **kwargs: Any) -> None:
+        super().__init__(c, **kwargs)
+        url = resolve_redis_url(c.app, self.config.redis_url)
+        if not url:
+            raise ImproperlyConfigured(
+                "celeryops fence: no Redis to read the drain fence from; pass install(app, redis_url=...) or set "
+                f"${ENV_REDIS_URL} (the broker is not Redis)"
+            )
+        self.guard = FenceGuard(c, self.config, url)
+        setattr(c, CONSUMER_ATTR, self.guard)
+
+    def start(self, c: Any) -> None:
+        self.guard.on_consumer_start()
+
+    def stop(self, c: Any) -> None:
+        self.guard.on_consumer_stop()
+
+    def shutdown(self, c: Any) -> None:
+        self.guard.shutdown()
+
+
+def install(
+    app: Celery,
+    *,
+    redis_url: str | None = None,
+    interval: float = 2.0,
+    version: str | None = None,
+    fleet: str | None = None,
+    registry_ttl: float | None = None,
+    hold_if_unknown: bool = True,
+) -> type[FenceStep]:
+    """Install the drain fence plugin into ``app``'s workers (call it where the app is defined).
+
+    ``redis_url``: where the fence lives (default $CELERYOPS_FENCE_REDIS_URL, else the broker when it is Redis);
+    ``interval``: seconds between fence checks and registry heartbeats; ``version``: this build's version for
+    exemptions (default $CELERYOPS_VERSION; Cloud Run's $K_REVISION is always used too); ``fleet``: default
+    $CELERYOPS_FLEET; ``registry_ttl``: how long a silent worker stays listed (default max(30 s, 5 intervals)).
+    """
+    if interval <= 0:
+        raise ValueError(f"fence interval must be positive, got {interval}")
+    if any(isinstance(s, type) and issubclass(s, FenceStep) for s in app.steps["consumer"]):
+        raise RuntimeError("the celeryops fence plugin is already installed in this Celery app")
+    register_command()
+    config = FenceConfig(redis_url=redis_url, interval=interval, version=version, fleet=fleet,
+                         registry_ttl=registry_ttl, hold_if_unknown=hold_if_unknown)
+    step: type[FenceStep] = type("InstalledFenceStep", (FenceStep,), {"config": config, "__module__": __name__})
+    app.steps["consumer"].add(step)
+    return step

@@ -1,0 +1,106 @@
+"""The fence record (what the operator's run wrote) and the pure decision a worker takes from it.
+
+A fence holds a set of queues (``()`` or ``("*",)`` = every queue a worker consumes) for every worker that is not
+exempt by its Cloud Run revision (``K_REVISION``) or its configured version. No I/O here: the decision is a function
+of the record and the worker's identity, so it is tested without Redis.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+ALL_QUEUES = "*"
+
+
+@dataclass(frozen=True)
+class FenceRecord:
+    """One fence as stored in Redis. Timestamps are Redis TIME (seconds); ``ttl`` is the remaining life in seconds
+    when it was read (None: unknown or no expiry)."""
+
+    run_id: str
+    queues: tuple[str, ...] = ()
+    exempt_revisions: tuple[str, ...] = ()
+    exempt_versions: tuple[str, ...] = ()
+    owner: str = ""
+    created: float = 0.0
+    renewed: float = 0.0
+    ttl: float | None = None
+
+    @property
+    def holds_all(self) -> bool:
+        return not self.queues or ALL_QUEUES in self.queues
+
+    def exempts(self, revision: str | None, version: str | None) -> bool:
+        return bool((revision and revision in self.exempt_revisions) or (version and version in self.exempt_versions))
+
+    def hold_for(self, revision: str | None, version: str | None) -> Hold | None:
+        """What a worker with this identity must hold (None: it consumes normally)."""
+        if self.exempts(revision, version):
+            return None
+        return Hold(run_id=self.run_id, queues=None if self.holds_all else frozenset(self.queues))
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "run_id": self.run_id, "queues": list(self.queues), "exempt_revisions": list(self.exempt_revisions),
+            "exempt_versions": list(self.exempt_versions), "owner": self.owner, "created": self.created,
+            "renewed": self.renewed, "ttl": self.ttl,
+        }
+
+    @classmethod
+    def from_hash(cls, fields: Mapping[str, str], pttl_ms: int | None) -> FenceRecord:
+        """Build from the Redis hash (values already decoded to ``str``) and its PTTL."""
+        return cls(
+            run_id=fields.get("run_id", ""),
+            queues=_str_tuple(fields.get("queues")),
+            exempt_revisions=_str_tuple(fields.get("exempt_revisions")),
+            exempt_versions=_str_tuple(fields.get("exempt_versions")),
+            owner=fields.get("owner", ""),
+            created=_float(fields.get("created")),
+            renewed=_float(fields.get("renewed")),
+            ttl=pttl_ms / 1000.0 if pttl_ms is not None and pttl_ms >= 0 else None,
+        )
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A worker's duty under a fence: stop ``queues`` (None: every queue it consumes). ``run_id`` is empty when the
+    hold comes from not being able to read the fence at all (fail closed)."""
+
+    run_id: str
+    queues: frozenset[str] | None
+
+    def selects(self, consumed: Iterable[str]) -> set[str]:
+        """The queues, among those the worker consumes now, that this hold stops."""
+        names = set(consumed)
+        return names if self.queues is None else names & self.queues
+
+
+UNKNOWN_HOLD = Hold(run_id="", queues=None)
+
+
+def _str_tuple(raw: str | None) -> tuple[str, ...]:
+    if not raw:
+        return ()
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return ()
+    if isinstance(value, list):
+        return tuple(str(v) for v in value)
+    return ()
+
+
+def _float(raw: str | None) -> float:
+    try:
+        return float(raw) if raw else 0.0
+    except ValueError:
+        return 0.0
+
+
+def decode(value: bytes | str | None) -> str | None:
+    """Redis replies as text whatever ``decode_responses`` the caller's client uses."""
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)

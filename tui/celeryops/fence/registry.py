@@ -1,0 +1,129 @@
+"""Registry of workers that run the fence plugin: an extra membership source for the drain.
+
+Each plugin worker writes one field of the hash ``celeryops:{<fleet>}:fence:workers`` (hostname -> JSON) from a
+daemon thread, so it keeps beating while a solo-pool worker is busy with a task and answers no control command.
+An entry counts while ``expires_at`` (Redis TIME) is in the future; readers only read (watch mode writes nothing),
+workers prune entries that expired long ago.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import redis
+
+from celeryops.fence.record import decode
+from celeryops.namespace import fleet_key, fleet_name
+
+PluginState = Literal["consuming", "held", "unknown"]
+
+
+def registry_key(fleet: str) -> str:
+    return fleet_key(fleet, "fence", "workers")
+
+
+@dataclass(frozen=True)
+class PluginWorkerInfo:
+    """What a plugin worker last reported about itself. ``state``: ``held`` (a fence stops some of its queues),
+    ``unknown`` (it could never read the fence, so it holds every queue), ``consuming``."""
+
+    hostname: str
+    version: str = ""
+    revision: str = ""
+    queues: tuple[str, ...] = ()
+    held_queues: tuple[str, ...] = ()
+    state: PluginState = "consuming"
+    fence_run_id: str = ""
+    fence_readable: bool = True
+    pid: int = 0
+    last_seen: float = 0.0
+    expires_at: float = 0.0
+    beats: int = 0
+    consumer_starts: int = 0
+
+    @property
+    def held(self) -> bool:
+        return self.state != "consuming"
+
+    @classmethod
+    def from_json(cls, hostname: str, raw: str) -> PluginWorkerInfo | None:
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            return None
+        if not isinstance(data, dict):
+            return None
+        state = data.get("state")
+        return cls(
+            hostname=hostname,
+            version=str(data.get("version") or ""),
+            revision=str(data.get("revision") or ""),
+            queues=tuple(str(q) for q in data.get("queues") or ()),
+            held_queues=tuple(str(q) for q in data.get("held_queues") or ()),
+            state=state if state in ("consuming", "held", "unknown") else "unknown",
+            fence_run_id=str(data.get("fence_run_id") or ""),
+            fence_readable=bool(data.get("fence_readable", True)),
+            pid=int(data.get("pid") or 0),
+            last_seen=float(data.get("last_seen") or 0.0),
+            expires_at=float(data.get("expires_at") or 0.0),
+            beats=int(data.get("beats") or 0),
+            consumer_starts=int(data.get("consumer_starts") or 0),
+        )
+
+
+def redis_now(client: redis.Redis) -> float:
+    sec, usec = client.time()
+    return float(sec) + float(usec) / 1e6
+
+
+def write_heartbeat(client: redis.Redis, fleet: str, hostname: str, info: Mapping[str, Any], ttl: float) -> float:
+    """Record ``hostname`` as a live plugin worker for ``ttl`` seconds from now (Redis TIME); returns that now."""
+    now = redis_now(client)
+    entry = {**info, "last_seen": now, "expires_at": now + ttl}
+    client.hset(registry_key(fleet), hostname, json.dumps(entry))
+    return now
+
+
+def remove(client: redis.Redis, fleet: str, hostname: str) -> None:
+    client.hdel(registry_key(fleet), hostname)
+
+
+def prune(client: redis.Redis, fleet: str, grace: float) -> int:
+    """Delete entries that expired more than ``grace`` seconds ago; returns how many."""
+    now = redis_now(client)
+    stale = [
+        host for host, info in _entries(client, fleet).items()
+        if info is None or info.expires_at + grace < now
+    ]
+    if stale:
+        client.hdel(registry_key(fleet), *stale)
+    return len(stale)
+
+
+def _entries(client: redis.Redis, fleet: str) -> dict[str, PluginWorkerInfo | None]:
+    raw = client.hgetall(registry_key(fleet))
+    out: dict[str, PluginWorkerInfo | None] = {}
+    for k, v in raw.items():
+        host = decode(k) or ""
+        out[host] = PluginWorkerInfo.from_json(host, decode(v) or "")
+    return out
+
+
+def plugin_workers(client: redis.Redis, fleet: str | None = None) -> dict[str, PluginWorkerInfo]:
+    """Live plugin workers of the fleet (entry not expired by Redis TIME), by hostname. Read-only."""
+    name = fleet_name(fleet)
+    pipe = client.pipeline(transaction=True)
+    pipe.time()
+    pipe.hgetall(registry_key(name))
+    (sec, usec), raw = pipe.execute()
+    now = float(sec) + float(usec) / 1e6
+    live: dict[str, PluginWorkerInfo] = {}
+    for k, v in raw.items():
+        host = decode(k) or ""
+        info = PluginWorkerInfo.from_json(host, decode(v) or "")
+        if info is not None and info.expires_at > now:
+            live[host] = info
+    return live
