@@ -95,7 +95,10 @@ class WorkerProcess:
         def answered() -> bool:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"worker {self.nodename} exited with {self.proc.returncode}:\n{self.log()[-2000:]}")
-            replies = control_app.control.ping(destination=[self.nodename], timeout=0.3, limit=1)
+            try:
+                replies = control_app.control.ping(destination=[self.nodename], timeout=0.3, limit=1)
+            except Exception:  # the broker is (re)starting: not yet
+                return False
             return any(self.nodename in r for r in replies or [])
 
         wait_for(answered, timeout, f"worker {self.nodename} to answer ping")

@@ -1,0 +1,157 @@
+"""The drain against real Celery workers (issue 2 acceptance), over Redis and RabbitMQ."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+import redis
+from celery import Celery
+
+from celeryops.testing.workers import WorkerProcess, wait_for
+from clihelp import CliProcess, cli_env, run_cli
+from drainhelp import enqueue, finished, runs, started
+
+pytestmark = pytest.mark.slow
+
+FAST = ["--interval", "0.4", "--streak", "2"]
+
+
+def consuming(app: Celery, worker: WorkerProcess) -> set[str]:
+    replies = app.control.inspect(destination=[worker.nodename], timeout=2, limit=1).active_queues() or {}
+    return {q["name"] for q in replies.get(worker.nodename, [])}
+
+
+@pytest.fixture
+def env(tmp_path: Path, redis_url: str) -> dict[str, str]:
+    # The coordination Redis (lease, status) is the private server for every broker.
+    return cli_env(tmp_path / "state", CELERYOPS_REDIS_URL=redis_url)
+
+
+def test_long_tasks_finish_before_drained_and_none_lost(broker_url: str, celery_app: Celery, start_workers,
+                                                        redis_client: redis.Redis, queue_name: str,
+                                                        env: dict[str, str]) -> None:
+    workers = start_workers(broker_url, n=2, queues=[queue_name], concurrency=2)
+    ids = enqueue(broker_url, queue_name, 2.0, n=8)
+    wait_for(lambda: len(started(redis_client, ids)) >= 4, 30, "4 tasks running")
+    drain = CliProcess(["drain", "--broker", broker_url, "-Q", queue_name, *FAST, "--json"], env)
+    cancelled = drain.wait_event("cancelled", 30)
+    drained = drain.wait_event("drained", 60)
+    assert drain.finish() == 0
+    # Every task that started has finished before the drained verdict, and nothing ran unseen: a task that
+    # started after the consumers were stopped was one a worker had already prefetched (seen as reserved).
+    seen = {t["id"] for e in drain.events if e["event"] == "poll" for t in e["tasks"]}
+    for tid in started(redis_client, ids):
+        rec = runs(redis_client, tid)
+        assert rec["finished"] <= drained["_at"], f"{tid} still ran after the drained verdict"
+        assert rec["started"] <= cancelled["_at"] or tid in seen, f"{tid} started after the stop, unseen"
+    assert all(consuming(celery_app, w) == set() for w in workers)
+    # Undo from a fresh process: consumers back exactly as before, then every task runs exactly once.
+    abort = run_cli(["abort", "--broker", broker_url], env)
+    assert abort.returncode == 0, abort.stderr
+    assert all(consuming(celery_app, w) == {queue_name} for w in workers)
+    wait_for(lambda: len(finished(redis_client, ids)) == len(ids), 60, "every task to finish after abort")
+    assert all(runs(redis_client, t)["runs"] == 1 for t in ids)
+
+
+def test_scale_out_mid_drain_is_stopped_within_one_poll(redis_url: str, celery_app: Celery, start_workers,
+                                                        redis_client: redis.Redis, queue_name: str,
+                                                        env: dict[str, str]) -> None:
+    start_workers(redis_url, n=1, queues=[queue_name], concurrency=1)
+    ids = enqueue(redis_url, queue_name, 1.5, n=12)
+    wait_for(lambda: started(redis_client, ids), 30, "a task running")
+    drain = CliProcess(["drain", "--broker", redis_url, "-Q", queue_name, "--interval", "1.0", "--streak", "2",
+                        "--json"], env)
+    drain.wait_event("poll", 30)
+    (late,) = start_workers(redis_url, n=1, queues=[queue_name], concurrency=1)
+    joined = drain.wait_event("poll", 60, where=lambda e: late.nodename in e["workers"])
+    # Within one poll of being seen, the new worker consumes nothing any more.
+    after = drain.wait_event("poll", 30)
+    assert after["workers"][late.nodename]["state"] == "stopped", after["workers"][late.nodename]
+    drained = drain.wait_event("drained", 60)
+    assert drain.finish() == 0
+    # Whatever the late worker took before its first cancel was waited for too.
+    for tid in started(redis_client, ids):
+        assert runs(redis_client, tid)["finished"] <= drained["_at"]
+    assert consuming(celery_app, late) == set()
+    assert joined["workers"][late.nodename]["replied"] is True
+
+
+def test_busy_solo_worker_is_unknown_not_zero(redis_url: str, start_workers, redis_client: redis.Redis,
+                                              queue_name: str, env: dict[str, str]) -> None:
+    solo_q = queue_name + "-solo"
+    (solo,) = start_workers(redis_url, pool="solo", queues=[solo_q])
+    start_workers(redis_url, n=1, queues=[queue_name])
+    (tid,) = enqueue(redis_url, solo_q, 8.0)
+    wait_for(lambda: started(redis_client, [tid]), 30, "the solo task to start")
+    drain = CliProcess(["drain", "--broker", redis_url, "-Q", queue_name, "-Q", solo_q, *FAST, "--json"], env)
+    poll = drain.wait_event("poll", 30)
+    assert solo.nodename in poll["unknown"], poll
+    drained = drain.wait_event("drained", 60)
+    assert drain.finish() == 0
+    assert runs(redis_client, tid)["finished"] <= drained["_at"]
+
+
+def test_reserved_tasks_are_counted_and_waited_for(redis_url: str, start_workers, redis_client: redis.Redis,
+                                                   queue_name: str, env: dict[str, str]) -> None:
+    start_workers(redis_url, queues=[queue_name], concurrency=1, prefetch=4)
+    ids = enqueue(redis_url, queue_name, 1.0, n=4)
+    wait_for(lambda: started(redis_client, ids), 30, "the first task to start")
+    drain = CliProcess(["drain", "--broker", redis_url, "-Q", queue_name, *FAST, "--json"], env)
+    with_reserved = drain.wait_event("poll", 30, where=lambda e: e["reserved"] > 0)
+    assert with_reserved["streak"] == 0
+    drained = drain.wait_event("drained", 60)
+    assert drain.finish() == 0
+    assert sorted(finished(redis_client, ids)) == sorted(ids)  # the prefetched ones ran: none lost
+    assert all(runs(redis_client, t)["finished"] <= drained["_at"] for t in ids)
+
+
+def test_timeout_kills_nothing_and_restores(broker_url: str, celery_app: Celery, start_workers,
+                                            redis_client: redis.Redis, queue_name: str, env: dict[str, str]) -> None:
+    (worker,) = start_workers(broker_url, queues=[queue_name])
+    (tid,) = enqueue(broker_url, queue_name, 10.0)
+    wait_for(lambda: started(redis_client, [tid]), 30, "the long task to start")
+    drain = CliProcess(["drain", "--broker", broker_url, "-Q", queue_name, "--interval", "0.3", "--max-wait", "1",
+                        "--json"], env)
+    timeout = drain.wait_event("timeout", 60)
+    assert drain.finish() == 3
+    assert not redis_client.hget(f"ct:run:{tid}", "finished"), "the task must still be running at the timeout"
+    assert any(e["event"] == "restored" and e["verified"] for e in drain.events)
+    assert consuming(celery_app, worker) == {queue_name}
+    wait_for(lambda: finished(redis_client, [tid]), 30, "the long task to run to its end")
+    assert runs(redis_client, tid)["runs"] == 1
+    assert timeout["message"]
+
+
+def test_sigint_restores_consumers_and_exits_130(broker_url: str, celery_app: Celery, start_workers,
+                                                 redis_client: redis.Redis, queue_name: str,
+                                                 env: dict[str, str]) -> None:
+    (worker,) = start_workers(broker_url, queues=[queue_name])
+    (tid,) = enqueue(broker_url, queue_name, 30.0)
+    wait_for(lambda: started(redis_client, [tid]), 30, "the task to start")
+    drain = CliProcess(["drain", "--broker", broker_url, "-Q", queue_name, *FAST, "--json"], env)
+    drain.wait_event("poll", 30)
+    assert consuming(celery_app, worker) == set()
+    drain.signal(signal.SIGINT)
+    drain.wait_event("interrupted", 30)
+    assert drain.finish() == 130
+    assert consuming(celery_app, worker) == {queue_name}
+    assert not redis_client.hget(f"ct:run:{tid}", "finished")  # nothing was killed: still running
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:1/0", "redis://:hunter2@127.0.0.1:1/0",
+                                 "amqp://guest:hunter2@127.0.0.1:1//"])
+def test_unreachable_broker_is_one_sentence_exit_4(url: str, tmp_path: Path) -> None:
+    result = run_cli(["drain", "--broker", url, "--interval", "1"], cli_env(tmp_path))
+    assert result.returncode == 4, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("celeryops: Cannot reach the broker")
+    assert "hunter2" not in result.stderr + result.stdout
+    assert "nothing was changed" in result.stderr
+
+
+def test_no_worker_answers_is_exit_4(redis_url: str, tmp_path: Path) -> None:
+    result = run_cli(["drain", "--broker", redis_url], cli_env(tmp_path))
+    assert result.returncode == 4
+    assert "No worker answered" in result.stderr and "Traceback" not in result.stderr

@@ -1,0 +1,150 @@
+"""``celeryops drain`` and ``celeryops abort`` (headless; the console opens on top of them in a terminal)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import click
+
+from celeryops.commands.common import FleetSpec, fleet_options
+from celeryops.drain import DrainSettings
+from celeryops.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE, UserError
+from celeryops.fleet import Fleet
+from celeryops.journal import Journal
+from celeryops.namespace import fleet_name
+from celeryops.output import Printer
+from celeryops.runner import Runner
+
+T = TypeVar("T")
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def run_interruptibly(main: Callable[[], Awaitable[T]]) -> tuple[T | None, bool]:
+    """Run ``main`` in a fresh loop; SIGINT/SIGTERM/SIGHUP cancel it (so it can restore consumers before it ends).
+    Returns (result, interrupted)."""
+    interrupted = False
+
+    async def runner() -> T | None:
+        nonlocal interrupted
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(main())
+
+        def on_signal(signum: int) -> None:
+            nonlocal interrupted
+            if not interrupted:
+                interrupted = True
+                sys.stderr.write(f"\n{signal.Signals(signum).name}: restoring consumers before exiting...\n")
+                task.cancel()
+
+        for sig in SIGNALS:
+            loop.add_signal_handler(sig, on_signal, sig)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if interrupted:
+                return None
+            raise
+        finally:
+            for sig in SIGNALS:
+                loop.remove_signal_handler(sig)
+
+    result = asyncio.run(runner())
+    return result, interrupted
+
+
+def open_runner(fleet_spec: FleetSpec, state_dir: str | None, printer: Printer, **kw: Any) -> Runner:
+    """Journal first (a bad state dir stops us before the fleet is touched), then the fleet."""
+    journal = Journal(state_dir=state_dir)
+    app = fleet_spec.celery_app()
+    fleet = Fleet(app)
+    return Runner(fleet=fleet, journal=journal, fleet_name=fleet_name(), on_event=printer,
+                  coord=Runner.coordination_redis(fleet), **kw)
+
+
+def _positive(name: str) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    def check(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value is not None and value <= 0:
+            raise click.BadParameter(f"{name} must be greater than 0")
+        return value
+
+    return check
+
+
+state_dir_option = click.option("--state-dir", type=click.Path(file_okay=False), default=None,
+                                help="Where the run journal lives (default: the user state dir).")
+
+
+@click.command()
+@fleet_options
+@click.option("--queue", "-Q", "queues", multiple=True, metavar="Q",
+              help="Queue to drain (repeatable; default: every queue the workers consume).")
+@click.option("--interval", type=float, default=15.0, show_default=True, callback=_positive("--interval"),
+              help="Seconds between polls.")
+@click.option("--streak", type=int, default=2, show_default=True, callback=_positive("--streak"),
+              help="Empty polls in a row that mean drained.")
+@click.option("--max-wait", type=float, default=1200.0, show_default=True, callback=_positive("--max-wait"),
+              help="Give up (restore consumers, kill nothing) after this many seconds.")
+@click.option("--forget", multiple=True, metavar="WORKER",
+              help="Treat this registered worker as gone (known dead; recorded with the run).")
+@click.option("--take-over", is_flag=True, help="Take over an orphaned run of this fleet (recovers it first).")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask before forgetting workers.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@state_dir_option
+def drain(fleet: FleetSpec, queues: tuple[str, ...], interval: float, streak: int, max_wait: float,
+          forget: tuple[str, ...], take_over: bool, yes: bool, as_json: bool, state_dir: str | None) -> None:
+    """Stop consumers and wait until no task runs (exit 0: drained, consumers stay stopped)."""
+    printer = Printer(as_json)
+    if forget and not yes and not as_json:
+        if not sys.stdin.isatty():
+            raise UserError("--forget needs a confirmation: nothing was changed; add --yes to confirm that "
+                            f"{', '.join(forget)} is gone.", EXIT_USAGE)
+        click.confirm(f"Treat {', '.join(forget)} as gone (its tasks will not be waited for)?", abort=True)
+    runner = open_runner(fleet, state_dir, printer)
+    settings = DrainSettings(interval=interval, streak=streak, max_wait=max_wait)
+    try:
+        result, interrupted = run_interruptibly(
+            lambda: runner.drain(queues=queues, settings=settings, forget=forget, take_over=take_over))
+    except UserError as err:
+        if as_json and not printer.finished:
+            printer.json({"event": "error", "message": str(err), "exit_code": err.exit_code})
+        raise
+    finally:
+        runner.fleet.close()
+    if interrupted or result is None:
+        if as_json and not printer.finished:
+            printer.json({"event": "interrupted", "message": "Interrupted: consumers restored, nothing was killed."})
+        sys.exit(EXIT_INTERRUPTED)
+    outcome, _run = result
+    sys.exit(EXIT_OK if outcome == "drained" else EXIT_TIMEOUT)
+
+
+@click.command()
+@fleet_options
+@click.option("--restore", "force_restore", is_flag=True,
+              help="The deploy's outcome is unknown but the old revision still serves: restore the consumers.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@state_dir_option
+def abort(fleet: FleetSpec, force_restore: bool, as_json: bool, state_dir: str | None) -> None:
+    """Restore the consumers stopped by the current run (recovery rules), and end it."""
+    printer = Printer(as_json)
+    runner = open_runner(fleet, state_dir, printer)
+    try:
+        result, _ = run_interruptibly(lambda: runner.abort(force_restore=force_restore))
+    finally:
+        runner.fleet.close()
+    if result is None:
+        sys.exit(EXIT_INTERRUPTED)
+    decided, _restored = result
+    if as_json:
+        printer.json({"event": "abort", "action": decided.action, "message": decided.explanation,
+                      "next": decided.next_commands})
+    else:
+        click.echo(decided.explanation)
+    sys.exit(decided.exit_code)
+
+
+COMMANDS = [drain, abort]

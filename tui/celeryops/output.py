@@ -1,0 +1,76 @@
+"""Headless output: one JSON object per line (``--json``) or readable lines. No Textual."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, TextIO
+
+import humanize
+
+from celeryops.events import (
+    ConsumersCancelled,
+    ConsumersRestored,
+    DrainFinished,
+    DrainProgress,
+    DrainStarted,
+    Event,
+    Notice,
+)
+from celeryops.masking import mask_text
+
+
+def duration(seconds: float) -> str:
+    return humanize.precisedelta(seconds, minimum_unit="seconds", format="%0.0f") if seconds >= 1 else "0 seconds"
+
+
+class Printer:
+    """Prints ops events to a stream. JSON mode: ``{"event": ...}`` per line, flushed at once (scripts tail it)."""
+
+    def __init__(self, as_json: bool, stream: TextIO | None = None) -> None:
+        self.as_json = as_json
+        self.stream = stream or sys.stdout
+        self.finished = False  # a final event (drained/timeout/interrupted/error) was printed
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, DrainFinished):
+            self.finished = True
+        if self.as_json:
+            self.json(event.to_json())
+        else:
+            line = self.text(event)
+            if line:
+                self.stream.write(mask_text(line) + "\n")
+                self.stream.flush()
+
+    def json(self, data: dict[str, Any]) -> None:
+        if data.get("event") in ("drained", "timeout", "interrupted", "error"):
+            self.finished = True
+        self.stream.write(mask_text(json.dumps(data, default=str, sort_keys=False)) + "\n")
+        self.stream.flush()
+
+    def text(self, event: Event) -> str:
+        if isinstance(event, DrainStarted):
+            return (f"Draining {', '.join(event.queues)} on {len(event.workers)} worker(s): poll every "
+                    f"{event.interval:g}s, drained after {event.streak} empty polls in a row, give up after "
+                    f"{duration(event.max_wait)}.")
+        if isinstance(event, ConsumersCancelled):
+            return f"Consumers stopped ({len(event.acknowledged)} worker(s) confirmed)."
+        if isinstance(event, DrainProgress):
+            unknown = f"  unknown: {', '.join(event.unknown)}" if event.unknown else ""
+            line = (f"[{duration(event.elapsed)}] streak {event.streak}/{event.required}  active {event.active}  "
+                    f"reserved {event.reserved}  scheduled {event.scheduled}  left {duration(event.remaining)}"
+                    f"{unknown}")
+            for warning in event.warnings:
+                line += f"\n  warning: {warning}"
+            return line
+        if isinstance(event, ConsumersRestored):
+            if not event.restored:
+                return "Consumers: nothing needed restoring." if event.verified else ""
+            what = "; ".join(f"{w}: {', '.join(q)}" for w, q in sorted(event.restored.items()))
+            return f"Consumers restored ({what})" + (" and verified." if event.verified else ", not all confirmed.")
+        if isinstance(event, DrainFinished):
+            return event.message
+        if isinstance(event, Notice):
+            return f"{event.level}: {event.message}" if event.level != "info" else event.message
+        return ""

@@ -1,0 +1,280 @@
+"""A run of celeryops against one fleet: the drain (and, later, the deploy) with every side effect written ahead
+in the journal, one run at a time per fleet (Redis lease), and the live status mirrored to Redis for watchers.
+
+Used by the headless CLI and by the console alike (no Textual here). Interruptions (task cancellation from a
+signal handler or the console) restore the consumers before the run ends: no path leaves workers stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import getpass
+import logging
+import os
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import redis
+
+from celeryops.drain import BROADCAST, Drain, DrainResult, DrainSettings
+from celeryops.errors import EXIT_FAILURE, UserError
+from celeryops.events import ConsumersRestored, DrainFinished, DrainProgress, Event, Notice
+from celeryops.fleet import Fleet
+from celeryops.journal import Journal, Run
+from celeryops.publish import Publisher
+from celeryops.recovery import RecoveryPlan, Rollout, plan
+from celeryops.runlease import LeaseHeld, RunLease, read_lease
+
+log = logging.getLogger(__name__)
+
+Outcome = Literal["drained", "timeout", "interrupted", "error"]
+
+
+class ReadOnlyRefused(UserError):
+    def __init__(self, what: str) -> None:
+        super().__init__(f"Refused to {what}: this console is read-only (watch mode); nothing was changed; "
+                         "run celeryops without `watch` to operate the fleet.")
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):
+        return "unknown"
+
+
+@dataclass
+class JournalHooks:
+    """Write-ahead records of a drain's side effects in the run journal."""
+
+    journal: Journal
+    run_id: str
+    _restore_intent: int | None = None
+
+    async def before_stop(self, stops: dict[str, tuple[str, ...]], before: dict[str, tuple[str, ...]]) -> None:
+        await self.journal.aio.intend_cancel_consumers(self.run_id, stops, before)
+
+    async def before_restore(self, restore: dict[str, tuple[str, ...]]) -> None:
+        self._restore_intent = await self.journal.aio.intend_add_consumers(self.run_id, restore)
+
+    async def after_restore(self, event: ConsumersRestored) -> None:
+        if self._restore_intent is not None:
+            await self.journal.aio.settle(self._restore_intent, {
+                "ok": event.verified, "restored": {w: list(q) for w, q in event.restored.items()},
+                "missing": {w: list(q) for w, q in event.missing.items()}})
+
+
+@dataclass
+class Runner:
+    """One operator session on one fleet."""
+
+    fleet: Fleet
+    journal: Journal
+    fleet_name: str = "default"
+    on_event: Callable[[Event], None] = lambda e: None
+    read_only: bool = False
+    coord: redis.Redis | None = None  # Redis for the lease and the published status (None: not available)
+    lease_ttl: float = 30.0
+
+    @classmethod
+    def coordination_redis(cls, fleet: Fleet) -> redis.Redis | None:
+        url = os.environ.get("CELERYOPS_REDIS_URL")
+        if url:
+            return redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=5, decode_responses=True)
+        return fleet.redis()
+
+    def _refuse_if_read_only(self, what: str) -> None:
+        if self.read_only:
+            raise ReadOnlyRefused(what)
+
+    def emit(self, event: Event) -> None:
+        self.on_event(event)
+
+    # -- the current run ---------------------------------------------------------------------------------------
+
+    def unfinished(self) -> Run | None:
+        runs = self.journal.unfinished_runs(self.fleet_name)
+        return runs[-1] if runs else None
+
+    @contextlib.asynccontextmanager
+    async def _lease(self, run_id: str, take_over: bool) -> AsyncIterator[RunLease | None]:
+        if self.coord is None:
+            self.emit(Notice(level="warning", message="No Redis for the run lease: another operator could start "
+                                                      "a run on this fleet at the same time."))
+            yield None
+            return
+        lease = RunLease(self.coord, self.fleet_name, run_id, ttl=self.lease_ttl)
+        expected = ""
+        if take_over:
+            holder = await asyncio.to_thread(read_lease, self.coord, self.fleet_name)
+            expected = holder.run_id if holder is not None else ""
+        try:
+            if expected:
+                await asyncio.to_thread(lease.take_over, expected)
+            else:
+                await asyncio.to_thread(lease.acquire)
+        except redis.RedisError as exc:
+            raise UserError(f"Cannot take the run lease in Redis ({exc}): nothing was changed; check Redis.",
+                            EXIT_FAILURE) from None
+        lease.start_heartbeat()
+        try:
+            yield lease
+        finally:
+            await lease.stop_heartbeat()
+            with contextlib.suppress(redis.RedisError):
+                await asyncio.to_thread(lease.release)
+
+    def _publisher(self, run: Run) -> Publisher | None:
+        if self.coord is None:
+            return None
+        pub = Publisher(self.coord, self.fleet_name, run_id=run.id, owner=run.user, host=run.host,
+                        release=run.release, started_at=run.created, phase=run.phase)
+        pub.start()
+        return pub
+
+    # -- drain -------------------------------------------------------------------------------------------------
+
+    async def drain(self, *, queues: tuple[str, ...] = (), settings: DrainSettings = DrainSettings(),
+                    forget: tuple[str, ...] = (), take_over: bool = False,
+                    release: str | None = None) -> tuple[Outcome, Run]:
+        """Stop consumers and wait until drained. ``drained``: consumers stay stopped (the run stays open in
+        phase ``drained`` until a deploy or ``abort``); ``timeout``/``interrupted``: consumers restored, aborted."""
+        self._refuse_if_read_only("stop consumers")
+        settings.validate()
+        await self.fleet.check_broker()
+        open_run = self.unfinished()
+        if open_run is not None and open_run.stopped_consumers() and not take_over:
+            raise UserError(
+                f"Run {open_run.id} ({open_run.phase}, started by {open_run.user}@{open_run.host}) is unfinished "
+                "and still holds stopped consumers: nothing was changed; run `celeryops abort` to restore them, "
+                "or `celeryops resume` to continue it.", EXIT_FAILURE)
+        if take_over and self.coord is not None:
+            holder = await asyncio.to_thread(read_lease, self.coord, self.fleet_name)
+            if holder is not None and not holder.orphaned:
+                raise LeaseHeld(self.fleet_name, holder, taking_over=holder.run_id)
+            if open_run is not None:
+                await self.abort(run=open_run)
+        run = await self.journal.aio.create_run(
+            fleet=self.fleet_name, broker=self.fleet.broker_url, release=release,
+            settings={"queues": list(queues), "interval": settings.interval, "streak": settings.streak,
+                      "max_wait": settings.max_wait, "forget": list(forget)})
+        async with self._lease(run.id, take_over):
+            publisher = self._publisher(run)
+            try:
+                outcome = await self._drain_run(run, queues, settings, forget, publisher)
+            finally:
+                if publisher is not None:
+                    await publisher.close()
+        return outcome, await self.journal.aio.get(run.id)
+
+    async def _drain_run(self, run: Run, queues: tuple[str, ...], settings: DrainSettings,
+                         forget: tuple[str, ...], publisher: Publisher | None) -> Outcome:
+        hooks = JournalHooks(self.journal, run.id)
+
+        def on_event(event: Event) -> None:
+            if publisher is not None:
+                if isinstance(event, DrainProgress):
+                    publisher.progress(event.to_json())
+                else:
+                    publisher.event(event.kind, event.to_json())
+            self.emit(event)
+
+        drain = Drain(self.fleet, settings, queues=queues, forget=forget, on_event=on_event, hooks=hooks)
+        for name in forget:
+            await self.journal.aio.note(run.id, {"forget": name, "by": _user()})
+
+        async def phase(to: Any, reason: str | None = None) -> None:
+            await self.journal.aio.advance(run.id, to, reason=reason)
+            if publisher is not None:
+                publisher.phase(to)
+
+        await phase("stopping")
+        try:
+            await drain.start()
+            await phase("draining")
+            result: DrainResult = await drain.run()
+        except asyncio.CancelledError:
+            await self._restore_after(drain, run, "interrupted", publisher)
+            self.emit(DrainFinished(outcome="interrupted", elapsed=drain.last.elapsed if drain.last else 0.0,
+                                    message="Interrupted: consumers restored, nothing was killed."))
+            raise
+        except BaseException as exc:
+            if drain.stopped:
+                await self._restore_after(drain, run, "error", publisher)
+            else:
+                await self.journal.aio.advance(run.id, "aborted", reason=f"error: {exc}")
+            raise
+        if result.outcome == "drained":
+            await phase("drained")
+            self.emit(DrainFinished(outcome="drained", elapsed=result.elapsed,
+                                    message="Drained: no task is running and the consumers stay stopped, ready for a "
+                                            "deploy. To undo: celeryops abort"))
+            return "drained"
+        await self._restore_after(drain, run, "timeout", publisher)
+        self.emit(DrainFinished(
+            outcome="timeout", elapsed=result.elapsed,
+            message=f"Timed out after {settings.max_wait:g}s with tasks still running: nothing was killed, "
+                    "the consumers were restored and the run aborted; try again when the long tasks are done."))
+        return "timeout"
+
+    async def _restore_after(self, drain: Drain, run: Run, why: str, publisher: Publisher | None) -> None:
+        task = asyncio.ensure_future(drain.restore())
+        # A second interrupt must not cut the restore short.
+        while not task.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(task)
+        event = task.result()
+        await self.journal.aio.advance(run.id, "aborted", reason=why)
+        if publisher is not None:
+            publisher.phase("aborted", reason=why)
+        if not event.verified:
+            self.emit(Notice(level="warning", message=_unverified(event)))
+
+    # -- abort / recovery --------------------------------------------------------------------------------------
+
+    def recovery_plan(self, run: Run, rollout: Rollout | None = None) -> RecoveryPlan:
+        return plan(run, rollout)
+
+    async def abort(self, *, run: Run | None = None, rollout: Rollout | None = None,
+                    force_restore: bool = False) -> tuple[RecoveryPlan, ConsumersRestored | None]:
+        """Apply the recovery rules to the fleet's unfinished run (restore what it stopped, mark it aborted)."""
+        self._refuse_if_read_only("abort the run")
+        run = run or self.unfinished()
+        if run is None:
+            raise UserError("There is no unfinished run for this fleet in the journal: nothing was changed.",
+                            EXIT_FAILURE)
+        decided = self.recovery_plan(run, rollout)
+        if decided.action == "ask" and force_restore:
+            decided = RecoveryPlan("restore", {w: sorted(q) for w, q in run.stopped_consumers().items()},
+                                   "The operator says the old revision still serves: restoring the consumers.",
+                                   mark_as="aborted")
+        restored: ConsumersRestored | None = None
+        if decided.action == "restore":
+            from celeryops.drain import restore_consumers
+
+            record = {w: tuple(qs) for w, qs in decided.restore.items()}
+            intent = await self.journal.aio.intend_add_consumers(run.id, record)
+            forgotten = set(run.settings.get("forget", []))
+            members = await self.fleet.members()
+            restored = await restore_consumers(self.fleet, record, known=members - forgotten)
+            await self.journal.aio.settle(intent, {"ok": restored.verified,
+                                                   "missing": {w: list(q) for w, q in restored.missing.items()}})
+            self.emit(restored)
+            if not restored.verified:
+                self.emit(Notice(level="warning", message=_unverified(restored)))
+        if decided.mark_as is not None and decided.action != "ask":
+            await self.journal.aio.advance(run.id, decided.mark_as, reason="abort")
+            if self.coord is not None:
+                pub = Publisher(self.coord, self.fleet_name, run_id=run.id, owner=run.user, host=run.host,
+                                release=run.release, started_at=run.created, phase=decided.mark_as)
+                pub.phase(decided.mark_as, reason="abort")
+                await asyncio.to_thread(pub.flush, True)
+        return decided, restored
+
+
+def _unverified(event: ConsumersRestored) -> str:
+    who = ", ".join(f"{w} ({', '.join(q)})" for w, q in sorted(event.missing.items()) if w != BROADCAST)
+    return (f"Could not confirm that these consumers are back: {who}; they may be busy (a solo-pool worker "
+            "answers when its task ends) — check with `celeryops status` and run `celeryops abort` again if needed.")
