@@ -23,12 +23,12 @@ lint: $(STAMP)
 	$(BIN)/python tools/check_layers.py
 
 test: $(STAMP)
-	@bash tools/ensure-redis-server.sh
+	@bash tools/ensure-test-services.sh
 	$(MAKE) --no-print-directory lint
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
-	@bash tools/ensure-redis-server.sh
+	@bash tools/ensure-test-services.sh
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:

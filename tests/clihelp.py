@@ -22,17 +22,18 @@ def cli_env(state_dir: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def run_cli(args: list[str], env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run_cli(args: list[str], env: dict[str, str], timeout: float = 120,
+            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+                          stdin=subprocess.DEVNULL, cwd=cwd)
 
 
 class CliProcess:
     """A ``celeryops ... --json`` process whose stdout lines are parsed as they arrive (with arrival time)."""
 
-    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+    def __init__(self, args: list[str], env: dict[str, str], cwd: Path | None = None) -> None:
         self.proc = subprocess.Popen([*CLI, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, stdin=subprocess.DEVNULL)
+                                     text=True, stdin=subprocess.DEVNULL, cwd=cwd)
         self.events: list[dict[str, Any]] = []
         self._q: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self._reader = threading.Thread(target=self._read, daemon=True)

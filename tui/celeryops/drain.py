@@ -132,6 +132,7 @@ class Drain:
     hooks: DrainHooks = field(default_factory=NoHooks)
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    prior_stopped: dict[str, tuple[str, ...]] = field(default_factory=dict)  # from an interrupted run (resume)
     # state
     known: set[str] = field(default_factory=set)
     stopped: dict[str, tuple[str, ...]] = field(default_factory=dict)
@@ -160,13 +161,16 @@ class Drain:
         self.known = members - forgotten
         self.baseline = await self.fleet.active_queues(sorted(answered))
         if not self.queues:
-            self.queues = tuple(sorted({q for qs in self.baseline.values() for q in qs}))
+            self.queues = tuple(sorted({q for qs in (*self.baseline.values(), *self.prior_stopped.values())
+                                        for q in qs}))
         if not self.queues:
             raise NoWorkers("The workers that answered consume no queue: nothing was stopped; pass --queue.")
         drained = set(self.queues)
         stops = {w: tuple(q for q in qs if q in drained) for w, qs in self.baseline.items()}
         stops[BROADCAST] = self.queues
         await self.hooks.before_stop(stops, dict(self.baseline))
+        for worker, qs in self.prior_stopped.items():
+            stops[worker] = tuple(sorted(set(stops.get(worker, ())) | set(qs)))
         self.stopped = stops
         event = DrainStarted(queues=self.queues, workers=dict(self.baseline), interval=self.settings.interval,
                              streak=self.settings.streak, max_wait=self.settings.max_wait,

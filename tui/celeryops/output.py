@@ -24,6 +24,9 @@ def duration(seconds: float) -> str:
     return humanize.precisedelta(seconds, minimum_unit="seconds", format="%0.0f") if seconds >= 1 else "0 seconds"
 
 
+FINAL_EVENTS = ("timeout", "interrupted", "error", "deployed", "preflight_failed", "declined", "deploy_failed")
+
+
 class Printer:
     """Prints ops events to a stream. JSON mode: ``{"event": ...}`` per line, flushed at once (scripts tail it)."""
 
@@ -33,7 +36,7 @@ class Printer:
         self.finished = False  # a final event (drained/timeout/interrupted/error) was printed
 
     def __call__(self, event: Event) -> None:
-        if isinstance(event, DrainFinished):
+        if isinstance(event, DrainFinished) and event.outcome != "drained":
             self.finished = True
         if self.as_json:
             self.json(event.to_json())
@@ -44,7 +47,7 @@ class Printer:
                 self.stream.flush()
 
     def json(self, data: dict[str, Any]) -> None:
-        if data.get("event") in ("drained", "timeout", "interrupted", "error"):
+        if data.get("event") in FINAL_EVENTS:
             self.finished = True
         self.stream.write(mask_text(json.dumps(data, default=str, sort_keys=False)) + "\n")
         self.stream.flush()
@@ -73,4 +76,24 @@ class Printer:
             return event.message
         if isinstance(event, Notice):
             return f"{event.level}: {event.message}" if event.level != "info" else event.message
+        return self.release_text(event)
+
+    def release_text(self, event: Event) -> str:
+        from celeryops.release import CheckEvent, DeployProgressEvent, FleetBack, ReleaseFinished, StageEvent
+
+        if isinstance(event, StageEvent):
+            return f"== {event.stage}" + (f": {event.detail}" if event.detail else "")
+        if isinstance(event, CheckEvent):
+            if event.status == "running":
+                return ""
+            mark = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}.get(event.status, event.status)
+            line = f"  [{mark}] {event.title}: {event.detail}"
+            return line + (f"\n         -> {event.remedy}" if event.remedy and event.status != "ok" else "")
+        if isinstance(event, DeployProgressEvent):
+            return f"  {event.target}: {event.text}"
+        if isinstance(event, FleetBack):
+            return "\n".join(f"  {w}: {', '.join(q)}" for w, q in sorted(event.workers.items()))
+        if isinstance(event, ReleaseFinished):
+            self.finished = True
+            return event.message
         return ""

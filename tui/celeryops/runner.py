@@ -12,8 +12,8 @@ import contextlib
 import getpass
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import redis
@@ -21,8 +21,9 @@ import redis
 from celeryops.drain import BROADCAST, Drain, DrainResult, DrainSettings
 from celeryops.errors import EXIT_FAILURE, UserError
 from celeryops.events import ConsumersRestored, DrainFinished, DrainProgress, Event, Notice
+from celeryops.fence import FenceStore
 from celeryops.fleet import Fleet
-from celeryops.journal import Journal, Run
+from celeryops.journal import PHASES, Journal, Phase, Run
 from celeryops.publish import Publisher
 from celeryops.recovery import RecoveryPlan, Rollout, plan
 from celeryops.runlease import LeaseHeld, RunLease, read_lease
@@ -51,10 +52,14 @@ class JournalHooks:
 
     journal: Journal
     run_id: str
+    on_first_stop: Callable[[tuple[str, ...]], Awaitable[None]] | None = None
     _restore_intent: int | None = None
 
     async def before_stop(self, stops: dict[str, tuple[str, ...]], before: dict[str, tuple[str, ...]]) -> None:
         await self.journal.aio.intend_cancel_consumers(self.run_id, stops, before)
+        if self.on_first_stop is not None:
+            first, self.on_first_stop = self.on_first_stop, None
+            await first(tuple(sorted({q for qs in stops.values() for q in qs})))
 
     async def before_restore(self, restore: dict[str, tuple[str, ...]]) -> None:
         self._restore_intent = await self.journal.aio.intend_add_consumers(self.run_id, restore)
@@ -76,7 +81,13 @@ class Runner:
     on_event: Callable[[Event], None] = lambda e: None
     read_only: bool = False
     coord: redis.Redis | None = None  # Redis for the lease and the published status (None: not available)
-    lease_ttl: float = 30.0
+    lease_ttl: float = field(default_factory=lambda: float(os.environ.get("CELERYOPS_LEASE_TTL", "30")))
+    fence_ttl: float = field(default_factory=lambda: float(os.environ.get("CELERYOPS_FENCE_TTL", "30")))
+    _held: RunLease | None = field(default=None, init=False)
+    _pub: Publisher | None = field(default=None, init=False)
+    _fence: FenceStore | None = field(default=None, init=False)
+    _fence_run: str | None = field(default=None, init=False)
+    _fence_keeper: asyncio.Future[None] | None = field(default=None, init=False)
 
     @classmethod
     def coordination_redis(cls, fleet: Fleet) -> redis.Redis | None:
@@ -98,19 +109,20 @@ class Runner:
         runs = self.journal.unfinished_runs(self.fleet_name)
         return runs[-1] if runs else None
 
-    @contextlib.asynccontextmanager
-    async def _lease(self, run_id: str, take_over: bool) -> AsyncIterator[RunLease | None]:
+    async def _acquire(self, run: Run, take_over: bool, own_run: str | None = None) -> None:
+        """Take the fleet's run lease (one run at a time), start the status mirror and the fence keeper."""
         if self.coord is None:
             self.emit(Notice(level="warning", message="No Redis for the run lease: another operator could start "
                                                       "a run on this fleet at the same time."))
-            yield None
             return
-        lease = RunLease(self.coord, self.fleet_name, run_id, ttl=self.lease_ttl)
+        lease = RunLease(self.coord, self.fleet_name, run.id, ttl=self.lease_ttl)
         expected = ""
-        if take_over:
-            holder = await asyncio.to_thread(read_lease, self.coord, self.fleet_name)
-            expected = holder.run_id if holder is not None else ""
         try:
+            if take_over:
+                holder = await asyncio.to_thread(read_lease, self.coord, self.fleet_name)
+                expected = holder.run_id if holder is not None else ""
+                if holder is not None and own_run is not None and holder.run_id != own_run:
+                    raise LeaseHeld(self.fleet_name, holder, taking_over=own_run)
             if expected:
                 await asyncio.to_thread(lease.take_over, expected)
             else:
@@ -119,28 +131,87 @@ class Runner:
             raise UserError(f"Cannot take the run lease in Redis ({exc}): nothing was changed; check Redis.",
                             EXIT_FAILURE) from None
         lease.start_heartbeat()
-        try:
-            yield lease
-        finally:
+        self._held = lease
+        self._pub = Publisher(self.coord, self.fleet_name, run_id=run.id, owner=run.user, host=run.host,
+                              release=run.release, started_at=run.created, phase=run.phase)
+        self._pub.start()
+        self._fence = FenceStore(self.coord, self.fleet_name)
+        self._fence_run = run.id
+
+    async def release_lease(self) -> None:
+        """Stop the heartbeats and give the lease back (the fence, if any, is left to expire unless lifted)."""
+        lease, self._held = self._held, None
+        pub, self._pub = self._pub, None
+        keeper, self._fence_keeper = self._fence_keeper, None
+        if keeper is not None:
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper
+        if pub is not None:
+            await pub.close()
+        if lease is not None:
             await lease.stop_heartbeat()
             with contextlib.suppress(redis.RedisError):
                 await asyncio.to_thread(lease.release)
 
-    def _publisher(self, run: Run) -> Publisher | None:
-        if self.coord is None:
-            return None
-        pub = Publisher(self.coord, self.fleet_name, run_id=run.id, owner=run.user, host=run.host,
-                        release=run.release, started_at=run.created, phase=run.phase)
-        pub.start()
-        return pub
+    def publish_phase(self, phase: str, **data: Any) -> None:
+        if self._pub is not None:
+            self._pub.phase(phase, **data)
+
+    # -- fence -------------------------------------------------------------------------------------------------
+
+    async def raise_fence(self, queues: tuple[str, ...]) -> None:
+        """Before the first cancel broadcast: plugin workers (also ones that start later) hold these queues."""
+        if self._fence is None or self._fence_run is None:
+            return
+        try:
+            await asyncio.to_thread(self._fence.raise_fence, self._fence_run, list(queues), _user(), self.fence_ttl)
+        except redis.RedisError as exc:
+            self.emit(Notice(level="warning", message=f"Could not raise the drain fence ({exc}); the re-broadcast "
+                                                      "still stops workers."))
+            return
+        if self._fence_keeper is None:
+            self._fence_keeper = asyncio.ensure_future(self._keep_fence())
+
+    async def _keep_fence(self) -> None:
+        assert self._fence is not None and self._fence_run is not None
+        while True:
+            await asyncio.sleep(self.fence_ttl / 3)
+            with contextlib.suppress(redis.RedisError):
+                await asyncio.to_thread(self._fence.renew, self._fence_run, self.fence_ttl)
+
+    async def exempt_from_fence(self, versions: list[str], revisions: list[str] | None = None) -> None:
+        """During a deploy: workers of the new release consume while the old ones stay held."""
+        if self._fence is None or self._fence_run is None:
+            return
+        with contextlib.suppress(redis.RedisError):
+            record = await asyncio.to_thread(self._fence.read)
+            old_versions = list(getattr(record, "exempt_versions", ()) or ())
+            old_revisions = list(getattr(record, "exempt_revisions", ()) or ())
+            await asyncio.to_thread(
+                lambda: self._fence.rescope(  # type: ignore[union-attr]
+                    self._fence_run or "", exempt_versions=sorted(set(old_versions) | {v for v in versions if v}),
+                    exempt_revisions=sorted(set(old_revisions) | set(revisions or []))))
+
+    async def lift_fence(self, run_id: str | None = None) -> None:
+        fence = self._fence or (FenceStore(self.coord, self.fleet_name) if self.coord is not None else None)
+        rid = run_id or self._fence_run
+        if fence is None or rid is None:
+            return
+        keeper, self._fence_keeper = self._fence_keeper, None
+        if keeper is not None:
+            keeper.cancel()
+        with contextlib.suppress(redis.RedisError):
+            await asyncio.to_thread(fence.lift, rid)
 
     # -- drain -------------------------------------------------------------------------------------------------
 
     async def drain(self, *, queues: tuple[str, ...] = (), settings: DrainSettings = DrainSettings(),
-                    forget: tuple[str, ...] = (), take_over: bool = False,
-                    release: str | None = None) -> tuple[Outcome, Run]:
+                    forget: tuple[str, ...] = (), take_over: bool = False, release: str | None = None,
+                    keep_lease: bool = False, extra_settings: dict[str, Any] | None = None) -> tuple[Outcome, Run]:
         """Stop consumers and wait until drained. ``drained``: consumers stay stopped (the run stays open in
-        phase ``drained`` until a deploy or ``abort``); ``timeout``/``interrupted``: consumers restored, aborted."""
+        phase ``drained`` until a deploy or ``abort``); ``timeout``/``interrupted``: consumers restored, aborted.
+        ``keep_lease``: a drained run keeps the lease (the deploy follows; call ``release_lease`` after)."""
         self._refuse_if_read_only("stop consumers")
         settings.validate()
         await self.fleet.check_broker()
@@ -159,19 +230,23 @@ class Runner:
         run = await self.journal.aio.create_run(
             fleet=self.fleet_name, broker=self.fleet.broker_url, release=release,
             settings={"queues": list(queues), "interval": settings.interval, "streak": settings.streak,
-                      "max_wait": settings.max_wait, "forget": list(forget)})
-        async with self._lease(run.id, take_over):
-            publisher = self._publisher(run)
-            try:
-                outcome = await self._drain_run(run, queues, settings, forget, publisher)
-            finally:
-                if publisher is not None:
-                    await publisher.close()
+                      "max_wait": settings.max_wait, "forget": list(forget), **(extra_settings or {})})
+        try:
+            await self._acquire(run, take_over)
+        except BaseException as exc:
+            await self.journal.aio.advance(run.id, "aborted", reason=f"not started: {exc}")
+            raise
+        outcome: Outcome = "error"
+        try:
+            outcome = await self._drain_run(run, queues, settings, forget, self._pub)
+        finally:
+            if not (keep_lease and outcome == "drained"):
+                await self.release_lease()
         return outcome, await self.journal.aio.get(run.id)
 
     async def _drain_run(self, run: Run, queues: tuple[str, ...], settings: DrainSettings,
                          forget: tuple[str, ...], publisher: Publisher | None) -> Outcome:
-        hooks = JournalHooks(self.journal, run.id)
+        hooks = JournalHooks(self.journal, run.id, on_first_stop=self.raise_fence)
 
         def on_event(event: Event) -> None:
             if publisher is not None:
@@ -181,12 +256,21 @@ class Runner:
                     publisher.event(event.kind, event.to_json())
             self.emit(event)
 
-        drain = Drain(self.fleet, settings, queues=queues, forget=forget, on_event=on_event, hooks=hooks)
-        for name in forget:
-            await self.journal.aio.note(run.id, {"forget": name, "by": _user()})
+        prior = {w: tuple(sorted(q)) for w, q in run.stopped_consumers().items()}
+        drain = Drain(self.fleet, settings, queues=queues, forget=forget, on_event=on_event, hooks=hooks,
+                      prior_stopped=prior)
+        if run.phase == "preflight":
+            for name in forget:
+                await self.journal.aio.note(run.id, {"forget": name, "by": _user()})
 
-        async def phase(to: Any, reason: str | None = None) -> None:
+        current = run.phase
+
+        async def phase(to: Phase, reason: str | None = None) -> None:
+            nonlocal current
+            if PHASES.index(current) >= PHASES.index(to):
+                return  # resumed past it already
             await self.journal.aio.advance(run.id, to, reason=reason)
+            current = to
             if publisher is not None:
                 publisher.phase(to)
 
@@ -219,6 +303,35 @@ class Runner:
                     "the consumers were restored and the run aborted; try again when the long tasks are done."))
         return "timeout"
 
+    async def resume(self, *, run: Run | None = None) -> tuple[Outcome, Run]:
+        """Continue the fleet's interrupted run from its phase: a run interrupted while stopping or draining
+        re-enters the drain with the same settings (the consumers it stopped stay recorded for a restore)."""
+        self._refuse_if_read_only("resume the run")
+        run = run or self.unfinished()
+        if run is None:
+            raise UserError("There is no unfinished run for this fleet in the journal: nothing to resume; start one "
+                            "with `celeryops drain` or `celeryops deploy`.", EXIT_FAILURE)
+        if run.phase == "drained" and not run.release:
+            self.emit(Notice(level="info", message=f"Run {run.id} is already drained; its consumers stay stopped. "
+                                                   "Deploy now, or undo with `celeryops abort`."))
+            return "drained", run
+        if run.phase not in ("preflight", "stopping", "draining"):
+            raise UserError(f"Run {run.id} is in phase {run.phase}, which `celeryops resume` cannot continue yet: "
+                            "nothing was changed; use `celeryops abort` to apply the recovery rules.", EXIT_FAILURE)
+        await self.fleet.check_broker()
+        st = run.settings
+        settings = DrainSettings(interval=float(st.get("interval", 15.0)), streak=int(st.get("streak", 2)),
+                                 max_wait=float(st.get("max_wait", 1200.0)))
+        queues = tuple(st.get("queues") or ())
+        forget = tuple(st.get("forget") or ())
+        await self.journal.aio.note(run.id, {"resumed_by": _user(), "pid": os.getpid()})
+        await self._acquire(run, take_over=True, own_run=run.id)
+        try:
+            outcome = await self._drain_run(run, queues, settings, forget, self._pub)
+        finally:
+            await self.release_lease()
+        return outcome, await self.journal.aio.get(run.id)
+
     async def _restore_after(self, drain: Drain, run: Run, why: str, publisher: Publisher | None) -> None:
         task = asyncio.ensure_future(drain.restore())
         # A second interrupt must not cut the restore short.
@@ -226,6 +339,7 @@ class Runner:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.shield(task)
         event = task.result()
+        await self.lift_fence(run.id)
         await self.journal.aio.advance(run.id, "aborted", reason=why)
         if publisher is not None:
             publisher.phase("aborted", reason=why)
@@ -264,6 +378,8 @@ class Runner:
             self.emit(restored)
             if not restored.verified:
                 self.emit(Notice(level="warning", message=_unverified(restored)))
+        if decided.action in ("restore", "nothing"):
+            await self.lift_fence(run.id)
         if decided.mark_as is not None and decided.action != "ask":
             await self.journal.aio.advance(run.id, decided.mark_as, reason="abort")
             if self.coord is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -56,9 +57,23 @@ def run_interruptibly(main: Callable[[], Awaitable[T]]) -> tuple[T | None, bool]
     return result, interrupted
 
 
+def _kill_hook() -> Callable[[str], None] | None:
+    """Test hook: ``CELERYOPS_TEST_KILL_AFTER=<record kind>`` SIGKILLs this process right after that journal
+    record is durable (e.g. ``intent:cancel_consumers``: between the record and the broadcast)."""
+    target = os.environ.get("CELERYOPS_TEST_KILL_AFTER")
+    if not target:
+        return None
+
+    def hook(kind: str) -> None:
+        if kind == target:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return hook
+
+
 def open_runner(fleet_spec: FleetSpec, state_dir: str | None, printer: Printer, **kw: Any) -> Runner:
     """Journal first (a bad state dir stops us before the fleet is touched), then the fleet."""
-    journal = Journal(state_dir=state_dir)
+    journal = Journal(state_dir=state_dir, after_write=_kill_hook())
     app = fleet_spec.celery_app()
     fleet = Fleet(app)
     return Runner(fleet=fleet, journal=journal, fleet_name=fleet_name(), on_event=printer,
@@ -147,4 +162,28 @@ def abort(fleet: FleetSpec, force_restore: bool, as_json: bool, state_dir: str |
     sys.exit(decided.exit_code)
 
 
-COMMANDS = [drain, abort]
+@click.command()
+@fleet_options
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@state_dir_option
+def resume(fleet: FleetSpec, as_json: bool, state_dir: str | None) -> None:
+    """Continue the fleet's interrupted run from its phase (same settings)."""
+    printer = Printer(as_json)
+    runner = open_runner(fleet, state_dir, printer)
+    try:
+        result, interrupted = run_interruptibly(lambda: runner.resume())
+    except UserError as err:
+        if as_json and not printer.finished:
+            printer.json({"event": "error", "message": str(err), "exit_code": err.exit_code})
+        raise
+    finally:
+        runner.fleet.close()
+    if interrupted or result is None:
+        if as_json and not printer.finished:
+            printer.json({"event": "interrupted", "message": "Interrupted: consumers restored, nothing was killed."})
+        sys.exit(EXIT_INTERRUPTED)
+    outcome, _run = result
+    sys.exit(EXIT_OK if outcome == "drained" else EXIT_TIMEOUT)
+
+
+COMMANDS = [drain, abort, resume]

@@ -1,0 +1,146 @@
+"""``celeryops deploy`` end to end: real git remote, registry stand-in, the real google-cloud-run client against
+the local Cloud Run stand-in, real Celery workers that the stand-in restarts as the new revision (issue 5)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import redis
+from celery import Celery
+
+from celeryops.testing.cloudrun import CloudRunStandIn
+from celeryops.testing.gitfixture import GitFixture
+from celeryops.testing.registry import RegistryStandIn
+from celeryops.testing.workers import WorkerProcess, wait_for
+from clihelp import CliProcess, cli_env, run_cli
+from drainhelp import enqueue, finished, runs, started
+
+pytestmark = pytest.mark.slow
+
+
+class Fleet:
+    """Workers of one 'revision'; the stand-in's update hook replaces them with workers of the new one."""
+
+    def __init__(self, broker: str, record: str, queue: str, tmp: Path) -> None:
+        self.broker, self.record, self.queue, self.tmp = broker, record, queue, tmp
+        self.workers: list[WorkerProcess] = []
+        self.replaced = threading.Event()
+
+    def start(self, n: int, revision: str) -> list[WorkerProcess]:
+        batch = [WorkerProcess(self.broker, queues=[self.queue], log_dir=self.tmp,
+                               env={"CELERYOPS_TEST_RECORD": self.record, "K_REVISION": revision}).start()
+                 for _ in range(n)]
+        app = Celery("t", broker=self.broker)
+        for w in batch:
+            w.wait_ready(app)
+        self.workers.extend(batch)
+        return batch
+
+    def on_update(self, resource: str, revision: str, image: str) -> None:
+        old = list(self.workers)
+        for w in old:  # Cloud Run sends SIGTERM: warm shutdown (the drain made sure nothing runs)
+            w.signal(signal.SIGTERM)
+        for w in old:
+            assert w.proc is not None
+            w.proc.wait(30)
+        self.start(1, revision)
+        self.replaced.set()
+
+    def stop(self) -> None:
+        for w in self.workers:
+            w.stop()
+
+
+@pytest.fixture
+def setup(tmp_path: Path, redis_url: str, queue_name: str):
+    git = GitFixture(tmp_path / "git", branch="demo-2").create(commits=2, age=timedelta(days=1))
+    registry = RegistryStandIn().start()
+    fleet = Fleet(redis_url, redis_url, queue_name, tmp_path)
+    standin = CloudRunStandIn(rollout_seconds=0.3, on_update=fleet.on_update)
+    endpoint = standin.start()
+    sha = git.tip(git.remote)
+    registry.seed("proj/worker", sha)
+    standin.add_service("proj", "europe-west1", "worker", f"{registry.host}/proj/worker:old")
+    (tmp_path / "celeryops.toml").write_text(f"""
+broker = "{redis_url}"
+[drain]
+interval = 0.4
+streak = 2
+max_wait = 60
+[release]
+remote = "origin"
+max_age_days = 14
+[[targets]]
+name = "worker"
+kind = "cloudrun-service"
+project = "proj"
+region = "europe-west1"
+resource = "worker"
+image = "{registry.host}/proj/worker:{{sha}}"
+api_endpoint = "{endpoint}"
+insecure = true
+""")
+    yield {"git": git, "registry": registry, "fleet": fleet, "standin": standin, "dir": tmp_path, "sha": sha}
+    fleet.stop()
+    standin.stop()
+    registry.stop()
+
+
+def test_deploy_drains_deploys_and_every_task_runs_once(setup, redis_url: str, redis_client: redis.Redis,
+                                                        queue_name: str) -> None:
+    fleet: Fleet = setup["fleet"]
+    fleet.start(2, "worker-00001-old")
+    ids = enqueue(redis_url, queue_name, 1.5, n=6)
+    wait_for(lambda: started(redis_client, ids), 30, "tasks to start")
+    env = cli_env(setup["dir"] / "state")
+    proc = CliProcess(["deploy", "demo-2", "--yes", "--accept-warnings", "--json", "--repo", str(setup["git"].work)],
+                      env, cwd=setup["dir"])
+    drained = proc.wait_event("drained", 90)
+    done = proc.wait_event("deployed", 90)
+    assert proc.finish() == 0, proc.read_stderr()
+    assert fleet.replaced.is_set()
+    # Nothing ran on the old revision after the drained verdict; every task ran exactly once in the end.
+    for tid in started(redis_client, ids):
+        rec = runs(redis_client, tid)
+        if rec["worker"] in {w.nodename for w in fleet.workers[:2]}:
+            assert rec["finished"] <= drained["_at"]
+    wait_for(lambda: len(finished(redis_client, ids)) == len(ids), 60, "every task to finish on the new revision")
+    assert all(runs(redis_client, t)["runs"] == 1 for t in ids)
+    checks = {e["id"]: e["status"] for e in proc.events if e["event"] == "check" and e["status"] != "running"}
+    assert checks["branch"] in ("ok", "warn") and checks["image"] == "ok" and checks["permissions"] == "ok"
+    assert "deployed" in done["message"] or done["exit_code"] == 0
+    history = run_cli(["runs", "--json"], env)
+    assert '"done"' in history.stdout or '"succeeded"' in history.stdout
+
+
+def test_preflight_failure_touches_nothing_exit_5(setup, redis_url: str, redis_client: redis.Redis) -> None:
+    fleet: Fleet = setup["fleet"]
+    (worker,) = fleet.start(1, "worker-00001-old")
+    setup["standin"].grant(["run.services.get"])  # update permission missing
+    env = cli_env(setup["dir"] / "state")
+    result = run_cli(["deploy", "demo-2", "--yes", "--accept-warnings", "--json", "--repo",
+                      str(setup["git"].work)], env, cwd=setup["dir"])
+    assert result.returncode == 5, result.stdout + result.stderr
+    assert "run.services.update" in result.stdout
+    app = Celery("t", broker=redis_url)
+    replies = app.control.inspect(destination=[worker.nodename], timeout=2, limit=1).active_queues() or {}
+    assert [q["name"] for q in replies[worker.nodename]] == [fleet.queue]  # consumers untouched
+
+
+def test_failed_rollout_restores_consumers_exit_6(setup, redis_url: str) -> None:
+    fleet: Fleet = setup["fleet"]
+    (worker,) = fleet.start(1, "worker-00001-old")
+    setup["standin"].fail_next_rollout("worker", "container failed to start: exec format error")
+    env = cli_env(setup["dir"] / "state")
+    result = run_cli(["deploy", "demo-2", "--yes", "--accept-warnings", "--json", "--repo",
+                      str(setup["git"].work)], env, cwd=setup["dir"])
+    assert result.returncode == 6, result.stdout + result.stderr
+    assert "exec format error" in result.stdout
+    app = Celery("t", broker=redis_url)
+    replies = app.control.inspect(destination=[worker.nodename], timeout=2, limit=1).active_queues() or {}
+    assert [q["name"] for q in replies[worker.nodename]] == [fleet.queue]  # old workers consume again
+    assert not fleet.replaced.is_set()
