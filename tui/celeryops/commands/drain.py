@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import click
+import redis
 
 from celeryops.commands.common import FleetSpec, fleet_options
 from celeryops.drain import DrainSettings
@@ -76,8 +77,18 @@ def open_runner(fleet_spec: FleetSpec, state_dir: str | None, printer: Printer, 
     journal = Journal(state_dir=state_dir, after_write=_kill_hook())
     app = fleet_spec.celery_app()
     fleet = Fleet(app)
-    return Runner(fleet=fleet, journal=journal, fleet_name=fleet_name(), on_event=printer,
-                  coord=Runner.coordination_redis(fleet), **kw)
+    coord = Runner.coordination_redis(fleet)
+    name = fleet_name()
+    if coord is not None:
+        # The fence plugin's registry is a membership source: it lists plugin workers even while they are busy.
+        fleet.extra_members.append(lambda: plugin_members(coord, name))
+    return Runner(fleet=fleet, journal=journal, fleet_name=name, on_event=printer, coord=coord, **kw)
+
+
+async def plugin_members(coord: redis.Redis, name: str) -> set[str]:
+    from celeryops.fence import plugin_workers
+
+    return set(await asyncio.to_thread(plugin_workers, coord, name))
 
 
 def _positive(name: str) -> Callable[[click.Context, click.Parameter, Any], Any]:

@@ -112,7 +112,7 @@ class WorkerProcess:
             assert self.proc is not None
             os.killpg(self.proc.pid, sig)
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 3.0) -> None:
         """Cold shutdown, then SIGKILL of the whole process group. Used at teardown: never waits for tasks."""
         if self.proc is None:
             return
