@@ -24,6 +24,8 @@ from celeryops.events import Observation, TaskInfo, WorkerObs
 from celeryops.masking import mask_text, mask_url
 
 PIDBOX_SEP = "\x06\x16"
+# Answered by workers running the celeryops worker plugin (celeryops.fence): a whole observation in one reply.
+OBSERVE_COMMAND = "celeryops_observe"
 MemberSource = Callable[[], Awaitable[set[str]]]
 
 
@@ -57,6 +59,7 @@ class Fleet:
         self.extra_members = list(extra_members)
         self.broker_url: str = app.connection_for_write().as_uri(include_password=True)
         self._redis: redis.Redis | None = None
+        self._plain: set[str] = set()  # workers known to answer without the celeryops plugin
 
     # -- connection ---------------------------------------------------------------------------------------------
 
@@ -195,13 +198,7 @@ class Fleet:
         included (they join the known set)."""
         known_list = sorted(set(known))
         drained = set(queues)
-        dest: list[str] | None = known_list or None
-        active, reserved, scheduled, consuming = await asyncio.gather(
-            self._broadcast("active", destination=dest),
-            self._broadcast("reserved", destination=dest),
-            self._broadcast("scheduled", destination=dest),
-            self._broadcast("active_queues", destination=dest),
-        )
+        active, reserved, scheduled, consuming = await self._observe_round(known_list)
         names = set(known_list) | set(active) | set(reserved) | set(scheduled) | set(consuming)
         clock = now()
         tasks: list[TaskInfo] = []
@@ -232,8 +229,47 @@ class Fleet:
             else:
                 state = "consuming"
             workers[name] = WorkerObs(name=name, replied=replied, active=len(acts), reserved=len(ress),
-                                      scheduled=len(schs), queues=qs, state=state)  # type: ignore[arg-type]
+                                      scheduled=len(schs), queues=qs, state=state,  # type: ignore[arg-type]
+                                      plugin=replied and name not in self._plain)
         return Observation(workers=workers, tasks=tuple(tasks))
+
+    async def _observe_round(self, known: list[str]) -> tuple[dict[str, Any], ...]:
+        """Plugin workers answer one ``celeryops_observe``; the others (learned from their "unknown command"
+        reply) get the four standard inspect commands, in parallel with the first group."""
+        plain = [w for w in known if w in self._plain]
+        rich = [w for w in known if w not in self._plain]
+        out: tuple[dict[str, Any], ...] = ({}, {}, {}, {})
+
+        async def four(dest: list[str] | None) -> tuple[dict[str, Any], ...]:
+            return tuple(await asyncio.gather(*(self._broadcast(c, destination=dest)
+                                                for c in ("active", "reserved", "scheduled", "active_queues"))))
+
+        async def one(dest: list[str]) -> tuple[dict[str, Any], ...]:
+            replies = await self._broadcast(OBSERVE_COMMAND, destination=dest)
+            parts: tuple[dict[str, Any], ...] = ({}, {}, {}, {})
+            fallback: list[str] = []
+            for worker, reply in replies.items():
+                if isinstance(reply, dict) and "active_queues" in reply:
+                    for part, key in zip(parts, ("active", "reserved", "scheduled", "active_queues"), strict=True):
+                        part[worker] = reply.get(key)
+                else:  # answered, but without the plugin: remember, and ask it the standard way now
+                    self._plain.add(worker)
+                    fallback.append(worker)
+            if fallback:
+                extra = await four(fallback)
+                for part, more in zip(parts, extra, strict=True):
+                    part.update(more)
+            return parts
+
+        jobs = []
+        if rich:
+            jobs.append(one(rich))
+        if plain or not known:
+            jobs.append(four(plain or None))
+        for result in await asyncio.gather(*jobs):
+            for part, more in zip(out, result, strict=True):
+                part.update(more)
+        return out
 
     # -- plumbing -----------------------------------------------------------------------------------------------
 

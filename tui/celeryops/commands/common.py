@@ -6,12 +6,14 @@ import functools
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 from celery import Celery
 
+from celeryops.config import Config, load_config
 from celeryops.errors import EXIT_USAGE, UserError
 from celeryops.masking import mask_url
 
@@ -20,18 +22,30 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 @dataclass
 class FleetSpec:
-    """Which fleet a command talks to: a Celery app (``-A``) or a bare broker URL."""
+    """Which fleet a command talks to: a Celery app (``-A``) or a bare broker URL; flags win over
+    ``CELERYOPS_*`` env vars, which win over the config file (``--config``, ./celeryops.toml, pyproject.toml)."""
 
     app_path: str | None = None
     broker: str | None = None
+    config_path: str | None = None
+    _config: Config | None = field(default=None, init=False, repr=False)
+
+    def config(self, overrides: dict[str, Any] | None = None) -> Config:
+        """The validated configuration with this command's flags applied (None values: flag not given)."""
+        if self._config is None or overrides:
+            merged = {"broker": self.broker, "app": self.app_path, **(overrides or {})}
+            self._config = load_config(self.config_path, Path.cwd(), os.environ, merged)
+        return self._config
 
     def resolve_broker_url(self) -> str:
         return str(self.celery_app().connection_for_write().as_uri(include_password=True))
 
     def celery_app(self) -> Celery:
-        if self.app_path:
-            return load_celery_app(self.app_path, self.broker)
-        broker = self.broker or os.environ.get("CELERY_BROKER_URL")
+        cfg = self.config()
+        app_path = self.app_path or (None if self.broker else cfg.app)
+        if app_path:
+            return load_celery_app(app_path, self.broker)
+        broker = self.broker or cfg.broker or os.environ.get("CELERY_BROKER_URL")
         if not broker:
             raise UserError(
                 "No fleet given: nothing was contacted; pass --broker URL or -A MODULE, "
@@ -73,9 +87,11 @@ def fleet_options(func: F) -> F:
     """Adds ``-A/--app`` and ``--broker`` and passes a ``fleet: FleetSpec`` keyword to the command."""
 
     @click.option("-A", "--app", "app_path", metavar="MODULE", help="Celery app to load, as for `celery -A`.")
-    @click.option("--broker", metavar="URL", help="Broker URL (else -A's, else $CELERY_BROKER_URL).")
+    @click.option("--broker", metavar="URL", help="Broker URL (else -A's, else the config's, else $CELERY_BROKER_URL).")
+    @click.option("--config", "config_path", metavar="PATH",
+                  help="celeryops.toml to use (default: ./celeryops.toml or [tool.celeryops] in ./pyproject.toml).")
     @functools.wraps(func)
-    def wrapper(*args: Any, app_path: str | None, broker: str | None, **kwargs: Any) -> Any:
-        return func(*args, fleet=FleetSpec(app_path=app_path, broker=broker), **kwargs)
+    def wrapper(*args: Any, app_path: str | None, broker: str | None, config_path: str | None, **kwargs: Any) -> Any:
+        return func(*args, fleet=FleetSpec(app_path=app_path, broker=broker, config_path=config_path), **kwargs)
 
     return wrapper  # type: ignore[return-value]

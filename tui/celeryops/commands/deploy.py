@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 from pathlib import Path
 
@@ -11,7 +10,6 @@ import click
 
 from celeryops.commands.common import FleetSpec, fleet_options
 from celeryops.commands.drain import open_runner, run_interruptibly, state_dir_option
-from celeryops.config import load_config
 from celeryops.errors import EXIT_INTERRUPTED, EXIT_USAGE, UserError
 from celeryops.output import Printer
 from celeryops.release import ReleaseFlow
@@ -20,8 +18,6 @@ from celeryops.release import ReleaseFlow
 @click.command()
 @click.argument("release")
 @fleet_options
-@click.option("--config", "config_path", metavar="PATH", help="celeryops.toml to use (default: ./celeryops.toml "
-                                                               "or [tool.celeryops] in ./pyproject.toml).")
 @click.option("--target", "targets", multiple=True, metavar="NAME", help="Deploy only this target (repeatable).")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before stopping consumers and before deploying.")
 @click.option("--accept-warnings", is_flag=True, help="Go ahead although preflight checks warned.")
@@ -29,11 +25,10 @@ from celeryops.release import ReleaseFlow
               help="The git checkout of the release (default: the current directory).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @state_dir_option
-def deploy(release: str, fleet: FleetSpec, config_path: str | None, targets: tuple[str, ...], yes: bool,
+def deploy(release: str, fleet: FleetSpec, targets: tuple[str, ...], yes: bool,
            accept_warnings: bool, repo: str, as_json: bool, state_dir: str | None) -> None:
     """Deploy RELEASE (a branch pushed to the release remote): preflight, drain, deploy, verify."""
-    config = load_config(config_path, Path.cwd(), os.environ,
-                         {"broker": fleet.broker, "app": fleet.app_path, "state_dir": state_dir})
+    config = fleet.config({"state_dir": state_dir})
     if not config.targets:
         raise UserError("No deploy target is configured: nothing was changed; add a [[targets]] table to "
                         "celeryops.toml (see the README).", EXIT_USAGE)
@@ -41,9 +36,8 @@ def deploy(release: str, fleet: FleetSpec, config_path: str | None, targets: tup
     if not yes and not sys.stdin.isatty():
         raise UserError("celeryops deploy asks before stopping consumers and before deploying, but there is no "
                         "terminal to ask on: nothing was changed; add --yes to run it unattended.", EXIT_USAGE)
-    spec = FleetSpec(app_path=config.app, broker=config.broker)
     printer = Printer(as_json)
-    runner = open_runner(spec, config.state_dir, printer)
+    runner = open_runner(fleet, config.state_dir, printer)
 
     async def confirm(question: str) -> bool:
         return await asyncio.to_thread(click.confirm, question, default=False)

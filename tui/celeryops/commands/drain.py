@@ -108,19 +108,20 @@ state_dir_option = click.option("--state-dir", type=click.Path(file_okay=False),
 @fleet_options
 @click.option("--queue", "-Q", "queues", multiple=True, metavar="Q",
               help="Queue to drain (repeatable; default: every queue the workers consume).")
-@click.option("--interval", type=float, default=15.0, show_default=True, callback=_positive("--interval"),
-              help="Seconds between polls.")
-@click.option("--streak", type=int, default=2, show_default=True, callback=_positive("--streak"),
-              help="Empty polls in a row that mean drained.")
-@click.option("--max-wait", type=float, default=1200.0, show_default=True, callback=_positive("--max-wait"),
-              help="Give up (restore consumers, kill nothing) after this many seconds.")
+@click.option("--interval", type=float, default=None, callback=_positive("--interval"),
+              help="Seconds between polls (default 15, or the config's drain.interval).")
+@click.option("--streak", type=int, default=None, callback=_positive("--streak"),
+              help="Empty polls in a row that mean drained (default 2).")
+@click.option("--max-wait", type=float, default=None, callback=_positive("--max-wait"),
+              help="Give up (restore consumers, kill nothing) after this many seconds (default 1200).")
 @click.option("--forget", multiple=True, metavar="WORKER",
               help="Treat this registered worker as gone (known dead; recorded with the run).")
 @click.option("--take-over", is_flag=True, help="Take over an orphaned run of this fleet (recovers it first).")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before forgetting workers.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @state_dir_option
-def drain(fleet: FleetSpec, queues: tuple[str, ...], interval: float, streak: int, max_wait: float,
+def drain(fleet: FleetSpec, queues: tuple[str, ...], interval: float | None, streak: int | None,
+          max_wait: float | None,
           forget: tuple[str, ...], take_over: bool, yes: bool, as_json: bool, state_dir: str | None) -> None:
     """Stop consumers and wait until no task runs (exit 0: drained, consumers stay stopped)."""
     printer = Printer(as_json)
@@ -129,8 +130,10 @@ def drain(fleet: FleetSpec, queues: tuple[str, ...], interval: float, streak: in
             raise UserError("--forget needs a confirmation: nothing was changed; add --yes to confirm that "
                             f"{', '.join(forget)} is gone.", EXIT_USAGE)
         click.confirm(f"Treat {', '.join(forget)} as gone (its tasks will not be waited for)?", abort=True)
-    runner = open_runner(fleet, state_dir, printer)
-    settings = DrainSettings(interval=interval, streak=streak, max_wait=max_wait)
+    cfg = fleet.config({"state_dir": state_dir, "drain.interval": interval, "drain.streak": streak,
+                        "drain.max_wait": max_wait})
+    runner = open_runner(fleet, cfg.state_dir, printer)
+    settings = DrainSettings(interval=cfg.drain.interval, streak=cfg.drain.streak, max_wait=cfg.drain.max_wait)
     try:
         result, interrupted = run_interruptibly(
             lambda: runner.drain(queues=queues, settings=settings, forget=forget, take_over=take_over))

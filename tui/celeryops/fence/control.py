@@ -19,6 +19,7 @@ from celeryops.errors import BrokerUnreachable
 from celeryops.masking import mask_url
 
 COMMAND = "celeryops_fence"
+OBSERVE_COMMAND = "celeryops_observe"  # keep in sync with celeryops.fleet.OBSERVE_COMMAND
 # The attribute of the Celery consumer where the plugin keeps its guard (see celeryops.fence.plugin).
 CONSUMER_ATTR = "celeryops_fence"
 
@@ -72,11 +73,21 @@ def _celeryops_fence(state: Any, **_: Any) -> dict[str, Any]:
     return guard.status()
 
 
+def _celeryops_observe(state: Any, **_: Any) -> dict[str, Any]:
+    """Active, reserved and scheduled tasks and the consumed queues of this worker in one reply (celeryops): one
+    drain observation costs one round trip instead of four."""
+    from celery.worker import control
+
+    return {"active": control.active(state), "reserved": control.reserved(state),
+            "scheduled": control.scheduled(state), "active_queues": control.active_queues(state)}
+
+
 def register_command() -> None:
-    """Add the command to Celery's (process-global) control panel; idempotent."""
-    if COMMAND not in Panel.data:
-        decorate: Callable[[Callable[..., dict[str, Any]]], object] = inspect_command(name=COMMAND)
-        decorate(_celeryops_fence)
+    """Add the commands to Celery's (process-global) control panel; idempotent."""
+    for name, handler in ((COMMAND, _celeryops_fence), (OBSERVE_COMMAND, _celeryops_observe)):
+        if name not in Panel.data:
+            decorate: Callable[[Callable[..., dict[str, Any]]], object] = inspect_command(name=name)
+            decorate(handler)
 
 
 def fence_status(app: Celery, destination: Sequence[str] | None = None, timeout: float = 1.0) -> dict[str, FenceReply]:

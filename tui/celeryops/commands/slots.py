@@ -1,0 +1,92 @@
+"""``celeryops slots``: show every slot pool (totals, used, free, holders with their leases, waiting requests).
+
+Redis: ``--redis URL``, else ``$CELERYOPS_SLOTS_REDIS_URL``, else the fleet's broker. Read-only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import click
+import humanize
+import redis
+
+from celeryops.commands.common import FleetSpec, fleet_options
+from celeryops.errors import EXIT_BROKER, UserError
+from celeryops.masking import mask_url
+from celeryops.slots.snapshot import Snapshot
+from celeryops.slots.store import connect, read_all
+
+
+def _redis_url(fleet: FleetSpec, explicit: str | None) -> str:
+    url = explicit or os.environ.get("CELERYOPS_SLOTS_REDIS_URL")
+    if url:
+        return url
+    url = fleet.resolve_broker_url()
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        raise UserError(f"The broker {mask_url(url)} is not Redis, so it holds no slot pools: nothing was read; "
+                        "pass --redis URL or set CELERYOPS_SLOTS_REDIS_URL.", EXIT_BROKER)
+    return url
+
+
+def load_snapshot(url: str) -> Snapshot:
+    try:
+        client = connect(url, timeout=3.0)
+    except ValueError as exc:
+        raise UserError(f"Bad Redis URL {mask_url(url)} ({exc}): nothing was read; "
+                        "pass a redis:// URL with --redis.", EXIT_BROKER) from None
+    try:
+        return read_all(client)
+    except redis.RedisError as exc:
+        raise UserError(f"Could not read slot pools from {mask_url(url)} ({type(exc).__name__}): nothing was "
+                        "changed; check that Redis is up and the URL is right.", EXIT_BROKER) from None
+    finally:
+        client.close()
+
+
+def _dur(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return humanize.naturaldelta(seconds, minimum_unit="seconds") if seconds >= 1 else f"{seconds:.1f}s"
+
+
+def render(snapshot: Snapshot) -> str:
+    if not snapshot.pools:
+        return "No slot pools found."
+    lines: list[str] = []
+    for p in snapshot.pools:
+        title = f"pool {p.pool} ({p.scope}" + (f", host {p.host}" if p.host else "") + ")"
+        lines.append(title)
+        lines.append(f"  {'TYPE':<12}{'TOTAL':>7}{'USED':>7}{'FREE':>7}")
+        for t in p.types:
+            lines.append(f"  {t.type:<12}{t.total:>7}{t.used:>7}{t.free:>7}")
+        if p.holders:
+            lines.append(f"  {'TASK':<38}{'NAME':<28}{'WORKER':<22}{'SLOTS':<14}{'AGE':<12}{'LEASE':<12}TOKEN")
+            for h in p.holders:
+                slots = ",".join(f"{k}={v}" for k, v in sorted(h.slots.items()))
+                lease = "EXPIRED" if h.expired else _dur(h.lease_remaining)
+                lines.append(f"  {h.task_id:<38}{h.task_name[:27]:<28}{h.worker[:21]:<22}{slots:<14}"
+                             f"{_dur(h.age):<12}{lease:<12}{'-' if h.token is None else h.token}")
+        for w in p.waiting:
+            slots = ",".join(f"{k}={v}" for k, v in sorted(w.slots.items()))
+            lines.append(f"  waiting {w.task_id} {w.task_name} {slots} for {_dur(w.waited)}"
+                         + (" (reserved)" if w.reserved else ""))
+    return "\n".join(lines)
+
+
+@click.command("slots")
+@fleet_options
+@click.option("--redis", "redis_url", metavar="URL", help="Redis holding the pools (else $CELERYOPS_SLOTS_REDIS_URL, "
+              "else the broker).")
+@click.option("--json", "as_json", is_flag=True, help="Print the snapshot as one JSON object.")
+def slots_command(fleet: FleetSpec, redis_url: str | None, as_json: bool) -> None:
+    """Show CPU/GPU slot pools: totals, used, free, holders and their leases, waiting requests."""
+    snapshot = load_snapshot(_redis_url(fleet, redis_url))
+    if as_json:
+        click.echo(json.dumps(snapshot.to_dict(), sort_keys=True))
+    else:
+        click.echo(render(snapshot))
+
+
+COMMANDS = [slots_command]
