@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent / "tui" / "celeryops"
 WORKER_SIDE = ("celeryops.slots", "celeryops.fence")
 # Modules allowed to import the console (the entry points).
-CONSOLE_IMPORTERS = ("celeryops.cli", "celeryops.console", "celeryops.demo")
+CONSOLE_IMPORTERS = ("celeryops.cli", "celeryops.console", "celeryops.demo", "celeryops.commands")
 
 
 def module_name(path: Path) -> str:

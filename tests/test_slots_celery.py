@@ -1,0 +1,107 @@
+"""Slot-gated tasks on real Celery worker processes (celeryops.testing.slotapp) with a real redis-server."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from celeryops.slots import SlotStore, read_all
+from celeryops.testing.slotapp import slot_kw, slot_sleep
+from celeryops.testing.workers import WorkerProcess, wait_for
+
+pytestmark = pytest.mark.slow
+
+BASE_ENV = {"CELERYOPS_SLOTS_CPU": "4", "CELERYOPS_SLOTS_DETECT": "0", "CELERYOPS_TEST_SLOT_COUNTDOWN": "0.3"}
+
+
+def send(task: Any, broker: str, queue: str, *args: Any, **kwargs: Any) -> str:
+    with task.app.connection_for_write(broker) as conn:
+        return str(task.apply_async(args=args, kwargs=kwargs, queue=queue, connection=conn).id)
+
+
+def test_four_slots_run_two_tasks_of_two_at_a_time(
+        redis_url: str, redis_client: redis.Redis, start_workers: Callable[..., list[WorkerProcess]],
+        queue_name: str) -> None:
+    env = {**BASE_ENV, "CELERYOPS_SLOTS_LEASE_TTL": "3", "CELERYOPS_SLOTS_SCOPE": "host",
+           "CELERYOPS_SLOTS_HOST": "host-a"}
+    (worker,) = start_workers(redis_url, app="celeryops.testing.slotapp", concurrency=4, queues=[queue_name],
+                              env=env)
+    ids = [send(slot_sleep, redis_url, queue_name, 0.4, f"t{i}") for i in range(12)]
+    wait_for(lambda: redis_client.llen("ct:finishes") >= 12, 120, "all 12 tasks to finish")
+    assert sorted(redis_client.lrange("ct:finishes", 0, -1)) == sorted(ids)
+    assert all(redis_client.get(f"ct:runs:{i}") == "1" for i in ids)  # each ran once, inside its slots
+    assert 1 <= int(redis_client.get("ct:slots:max") or 0) <= 2
+    store = SlotStore(redis_client, "host:host-a")
+    wait_for(lambda: store.snapshot().usage("cpu").used == 0, 30, "used to come back to 0")
+    snap = read_all(redis_client)
+    assert [p.pool for p in snap.pools] == ["host:host-a"]  # a per-host pool, no global one was written
+    assert snap.pools[0].usage("cpu").total == 4 and snap.pools[0].holders == []
+    assert "retry" in worker.log().lower()  # some tasks were refused and tried again, none blocked the worker
+
+
+def test_slots_of_a_killed_worker_go_to_another_worker_after_the_ttl(
+        redis_url: str, redis_client: redis.Redis, start_workers: Callable[..., list[WorkerProcess]],
+        queue_name: str) -> None:
+    env = {**BASE_ENV, "CELERYOPS_SLOTS_LEASE_TTL": "2"}
+    q_a, q_b = f"{queue_name}-a", f"{queue_name}-b"
+    (worker_a,) = start_workers(redis_url, app="celeryops.testing.slotapp", concurrency=2, queues=[q_a], env=env,
+                                wait=False)
+    (worker_b,) = start_workers(redis_url, app="celeryops.testing.slotapp", concurrency=2, queues=[q_b], env=env,
+                                wait=False)
+    control = Celery("slots_test_control", broker=redis_url)
+    try:
+        worker_a.wait_ready(control, timeout=60)
+        worker_b.wait_ready(control, timeout=60)
+    finally:
+        control.close()
+    store = SlotStore(redis_client)
+    for i in range(2):
+        send(slot_sleep, redis_url, q_a, 120, f"long{i}")
+    wait_for(lambda: store.snapshot().usage("cpu").used == 4 and redis_client.get("ct:slots:running") == "2", 60,
+             "worker A to hold all 4 slots")
+    t = send(slot_sleep, redis_url, q_b, 0.2, "after-kill")
+    # B is refused again and again (more often than Celery's default max_retries=3) and never gives up
+    wait_for(lambda: worker_b.log().count(f"[{t}] retry") >= 4, 60, "worker B to retry the task 4 times")
+    assert not redis_client.hget(f"ct:run:{t}", "started")
+    worker_a.kill()
+    wait_for(lambda: redis_client.hget(f"ct:run:{t}", "finished"), 60, "worker B to run the task after the TTL")
+    assert redis_client.hget(f"ct:run:{t}", "worker") == worker_b.nodename
+    wait_for(lambda: store.reap() >= 0 and store.snapshot().usage("cpu").used == 0, 30, "all slots to be free")
+    assert store.snapshot().holders == []
+
+    # the seed's way: needs from the kwargs resource_type / resource_slots
+    k = send(slot_kw, redis_url, q_b, 2.0, "kw", resource_type="cpu", resource_slots=3)
+    wait_for(lambda: any(h.task_id == k for h in store.snapshot().holders), 60, "the kwargs task to hold slots")
+    (holder,) = store.snapshot().holders
+    assert holder.slots == {"cpu": 3} and holder.worker == worker_b.nodename
+    assert holder.task_name == "celeryops.testing.slot_kw" and holder.token is not None
+    wait_for(lambda: redis_client.hget(f"ct:run:{k}", "finished"), 60, "the kwargs task to finish")
+    wait_for(lambda: store.snapshot().usage("cpu").used == 0, 30, "its slots to be released")
+
+
+def test_an_eight_slot_task_among_a_stream_of_one_slot_tasks_gets_to_run(
+        redis_url: str, redis_client: redis.Redis, start_workers: Callable[..., list[WorkerProcess]],
+        queue_name: str) -> None:
+    env = {**BASE_ENV, "CELERYOPS_SLOTS_CPU": "8", "CELERYOPS_SLOTS_LEASE_TTL": "5",
+           "CELERYOPS_SLOTS_STARVATION_AFTER": "1"}
+    start_workers(redis_url, app="celeryops.testing.slotapp", concurrency=6, queues=[queue_name], env=env)
+    smalls = [send(slot_kw, redis_url, queue_name, 0.3, f"s{i}", resource_type="cpu", resource_slots=1)
+              for i in range(20)]
+    wait_for(lambda: redis_client.llen("ct:slots:order") >= 3, 60, "the stream to be running")
+    big = send(slot_kw, redis_url, queue_name, 0.1, "big", resource_type="cpu", resource_slots=8)
+    smalls += [send(slot_kw, redis_url, queue_name, 0.3, f"s{i}", resource_type="cpu", resource_slots=1)
+               for i in range(20, 80)]
+    wait_for(lambda: redis_client.hget(f"ct:run:{big}", "finished"), 120, "the 8-slot task to run")
+    wait_for(lambda: redis_client.llen("ct:finishes") >= 81, 120, "the stream to finish")
+    order = redis_client.lrange("ct:slots:order", 0, -1)
+    assert sorted(order) == sorted(["big", *[f"s{i}" for i in range(80)]])
+    # it ran in the middle of the stream (the guard reserved the 8 slots), not after the stream had dried up
+    # (with CELERYOPS_SLOTS_STARVATION_AFTER=3600 it starts last)
+    assert order.index("big") < len(order) - 20, order
+    assert all(redis_client.get(f"ct:runs:{i}") == "1" for i in [big, *smalls])
+    store = SlotStore(redis_client)
+    wait_for(lambda: store.snapshot().usage("cpu").used == 0, 30, "all slots to be free")

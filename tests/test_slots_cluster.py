@@ -1,0 +1,76 @@
+"""Redis Cluster readiness, on a real single-node cluster (all 16384 hash slots on one redis-server):
+every script runs through redis-py's RedisCluster client because all keys of a pool share one hash tag; without the
+tag the same scripts are refused (CROSSSLOT), which shows that the scripts declare their keys."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from redis.cluster import RedisCluster
+
+from celeryops.slots import SlotStore, read_all
+from celeryops.testing.redis_server import free_port
+from celeryops.testing.workers import wait_for
+
+
+@pytest.fixture
+def cluster() -> Iterator[RedisCluster]:
+    port = free_port()
+    while port > 55000:  # the cluster bus listens on port + 10000
+        port = free_port()
+    workdir = Path(tempfile.mkdtemp(prefix="celeryops-cluster-"))
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+         "--cluster-config-file", str(workdir / "nodes.conf"), "--dir", str(workdir), "--save", "",
+         "--appendonly", "no", "--logfile", str(workdir / "redis.log")],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        node = redis.Redis(port=port, socket_connect_timeout=0.5)
+
+        def up() -> bool:
+            try:
+                return bool(node.ping())
+            except redis.ConnectionError:
+                return False
+
+        wait_for(up, 30, "the cluster node to answer PING")
+        node.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+        wait_for(lambda: node.cluster("INFO")["cluster_state"] == "ok", 30, "the cluster state to be ok")
+        node.close()
+        client = RedisCluster(host="127.0.0.1", port=port, decode_responses=True)
+        yield client
+        client.close()
+    finally:
+        proc.kill()
+        proc.wait(10)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_pool_works_on_redis_cluster(cluster: RedisCluster) -> None:
+    store = SlotStore(cluster)
+    store.set_totals({"cpu": 4, "gpu": 1})
+    a = store.acquire("a", {"cpu": 2, "gpu": 1}, ttl=30, name="infer")
+    assert a.ok and not store.acquire("b", {"cpu": 3}, ttl=30).ok
+    assert store.renew("a", a.token, 30, {"cpu": 2, "gpu": 1}).status == "renewed"
+    assert store.adopt("c", {"cpu": 1}, ttl=30) > a.token
+    snap = store.snapshot()
+    assert {h.task_id for h in snap.holders} == {"a", "c"} and [w.task_id for w in snap.waiting] == ["b"]
+    assert snap.usage("cpu").used == 3
+    cluster.script_flush()
+    assert store.release("a", a.token) and store.release("c")  # NOSCRIPT healed on the cluster client too
+    store.acquire("short", {"cpu": 1}, ttl=0.05)
+    wait_for(lambda: store.reap() == 1, 10, "the short lease to expire (by Redis TIME) and be reaped")
+    full = read_all(cluster)
+    assert [p.pool for p in full.pools] == ["global"] and full.pools[0].usage("cpu").used == 0
+
+
+def test_without_the_hash_tag_cluster_refuses_the_scripts(cluster: RedisCluster) -> None:
+    untagged = SlotStore(cluster, hash_tag=False)
+    with pytest.raises(redis.RedisClusterException, match="same key slot"):
+        untagged.acquire("x", {"cpu": 1}, ttl=30)

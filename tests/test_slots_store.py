@@ -1,0 +1,235 @@
+"""SlotStore against a real redis-server: leases, multi-type atomic acquire, fencing tokens, expiry by Redis TIME,
+reaping, totals that never wipe live leases, the starvation guard, NOSCRIPT healing, hash tags, seed-schema reads."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+from redis.crc import key_slot
+
+from celeryops.slots import SlotStore, read_all
+from celeryops.testing.workers import wait_for
+
+
+@pytest.fixture
+def store(redis_client: redis.Redis) -> SlotStore:
+    s = SlotStore(redis_client)
+    s.set_totals({"cpu": 4, "gpu": 1})
+    return s
+
+
+def used(store: SlotStore) -> dict[str, int]:
+    return {t.type: t.used for t in store.snapshot().types}
+
+
+def test_acquire_release_and_monotonic_tokens(store: SlotStore) -> None:
+    a = store.acquire("a", {"cpu": 3}, ttl=30)
+    b = store.acquire("b", {"cpu": 1}, ttl=30)
+    assert a.ok and b.ok and b.token > a.token
+    assert not store.acquire("c", {"cpu": 1}, ttl=30).ok
+    assert used(store) == {"cpu": 4, "gpu": 0}
+    assert store.release("a", a.token)
+    assert not store.release("a", a.token)  # a second release is a no-op
+    c = store.acquire("c", {"cpu": 2}, ttl=30)
+    assert c.ok and c.token > b.token
+    assert used(store)["cpu"] == 3
+
+
+def test_reacquire_of_a_held_id_returns_its_token(store: SlotStore) -> None:
+    a = store.acquire("a", {"cpu": 2}, ttl=30)
+    again = store.acquire("a", {"cpu": 2}, ttl=30)
+    assert again.ok and again.status == "held" and again.token == a.token
+    assert used(store)["cpu"] == 2
+
+
+def test_multi_type_acquire_is_all_or_nothing(store: SlotStore) -> None:
+    assert store.acquire("g", {"gpu": 1}, ttl=30).ok
+    res = store.acquire("both", {"cpu": 2, "gpu": 1}, ttl=30)
+    assert not res.ok and res.blocked_type == "gpu"
+    assert used(store) == {"cpu": 0, "gpu": 1}  # nothing of the cpu part was taken
+    store.release("g")
+    assert store.acquire("both", {"cpu": 2, "gpu": 1}, ttl=30).ok
+    assert used(store) == {"cpu": 2, "gpu": 1}
+
+
+def test_request_larger_than_total_is_impossible_and_not_reserved(store: SlotStore) -> None:
+    res = store.acquire("big", {"cpu": 5}, ttl=30)
+    assert (res.ok, res.status, res.blocked_type) == (False, "impossible", "cpu")
+    assert store.acquire("x", {"tpu": 1}, ttl=30).status == "impossible"  # an unknown type has total 0
+    assert store.snapshot().waiting == []
+
+
+def test_release_never_drives_used_below_zero(store: SlotStore, redis_client: redis.Redis) -> None:
+    a = store.acquire("a", {"cpu": 3}, ttl=30)
+    redis_client.hset(store.keys[1], "cpu", 1)  # a counter damaged by hand (e.g. the seed's global reset)
+    assert store.release("a", a.token)
+    assert used(store)["cpu"] == 0
+
+
+def test_release_with_a_stale_token_leaves_the_new_holder_alone(store: SlotStore) -> None:
+    old = store.acquire("t", {"cpu": 2}, ttl=0.1)
+    wait_for(lambda: store.snapshot().holders[0].expired, 10, "the lease to expire")
+    new = store.acquire("t", {"cpu": 2}, ttl=30)  # reaps the expired lease, same id gets a new token
+    assert new.ok and new.token > old.token
+    assert store.renew("t", old.token, 30, {"cpu": 2}).status == "taken"
+    assert not store.release("t", old.token)
+    assert used(store)["cpu"] == 2
+    assert store.renew("t", new.token, 30, {"cpu": 2}).status == "renewed"
+
+
+def test_expired_leases_are_reaped_by_redis_time(store: SlotStore) -> None:
+    a = store.acquire("a", {"cpu": 4}, ttl=0.2)
+    assert not store.acquire("b", {"cpu": 1}, ttl=30).ok
+    wait_for(lambda: store.acquire("b", {"cpu": 1}, ttl=30).ok, 10, "the expired lease to be reaped by acquire")
+    assert store.renew("a", a.token, 30, {"cpu": 4}).status == "lost"
+    assert [h.task_id for h in store.snapshot().holders] == ["b"]
+    assert used(store)["cpu"] == 1
+
+
+def test_reap_call_returns_expired_slots(store: SlotStore) -> None:
+    store.acquire("a", {"cpu": 2, "gpu": 1}, ttl=0.1)
+    wait_for(lambda: store.reap() == 1, 10, "reap to return the expired lease")
+    assert used(store) == {"cpu": 0, "gpu": 0}
+    assert store.snapshot().holders == []
+
+
+def test_renew_keeps_a_lease_alive_past_its_ttl(store: SlotStore) -> None:
+    a = store.acquire("a", {"cpu": 4}, ttl=0.5)
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        assert store.renew("a", a.token, 0.5, {"cpu": 4}).status == "renewed"
+        assert not store.acquire("b", {"cpu": 1}, ttl=30).ok
+        time.sleep(0.1)
+
+
+def test_worker_start_writes_totals_without_wiping_live_leases(store: SlotStore) -> None:
+    store.acquire("a", {"cpu": 2}, ttl=30, worker="celery@w1")
+    store.acquire("b", {"cpu": 1}, ttl=30, worker="celery@w2")
+    assert store.set_totals({"cpu": 8, "gpu": 1}, reap_worker="celery@w3") == 0
+    snap = store.snapshot()
+    assert snap.usage("cpu").total == 8 and snap.usage("cpu").used == 3
+    assert {h.task_id for h in snap.holders} == {"a", "b"}
+    # a worker restarting under w1's node name: w1's old leases are dead, w2's stay
+    assert store.set_totals({"cpu": 8}, reap_worker="celery@w1") == 1
+    snap = store.snapshot()
+    assert [h.task_id for h in snap.holders] == ["b"] and snap.usage("cpu").used == 1
+    # only_missing never overwrites an existing total
+    store.set_totals({"cpu": 2, "disk": 3}, only_missing=True)
+    assert store.snapshot().usage("cpu").total == 8 and store.snapshot().usage("disk").total == 3
+
+
+def test_starvation_guard_reserves_for_a_large_request(redis_client: redis.Redis) -> None:
+    """On 8 slots, a stream of 1-slot requests keeps all 8 busy; an 8-slot request gets in once it has waited
+    longer than starvation_after (and never without the guard)."""
+
+    def run(starvation_after: float, pool: str, budget: float) -> bool:
+        s = SlotStore(redis_client, pool)
+        s.set_totals({"cpu": 8})
+        holders = [f"first-{i}" for i in range(8)]
+        assert all(s.acquire(h, {"cpu": 1}, ttl=30).ok for h in holders)
+        n = 0
+        deadline = time.monotonic() + budget
+        while time.monotonic() < deadline:
+            if s.acquire("big", {"cpu": 8}, ttl=30, starvation_after=starvation_after).ok:
+                return True
+            if holders:  # the stream: the oldest small one finishes, new ones arrive
+                s.release(holders.pop(0))
+            for _ in range(8 - len(holders)):
+                n += 1
+                if s.acquire(f"small-{n}", {"cpu": 1}, ttl=30, starvation_after=starvation_after).ok:
+                    holders.append(f"small-{n}")
+            time.sleep(0.01)
+        return False
+
+    assert not run(starvation_after=3600, pool="no-guard", budget=1.0)
+    assert run(starvation_after=0.3, pool="guard", budget=30.0)
+
+
+def test_reservations_expire_when_the_waiter_goes_away(store: SlotStore) -> None:
+    store.acquire("a", {"cpu": 4}, ttl=30)
+    store.acquire("big", {"cpu": 4}, ttl=30, starvation_after=0, wait_ttl=3)
+    store.release("a")
+    # the reservation of "big" holds the 4 cpu back from others...
+    assert not store.acquire("small", {"cpu": 1}, ttl=30, starvation_after=0).ok
+    # ...until it expires because big never came back
+    wait_for(lambda: store.acquire("small2", {"cpu": 1}, ttl=30, starvation_after=3600).ok, 10,
+             "the abandoned reservation to expire")
+
+
+def test_scripts_reload_after_script_flush(store: SlotStore, redis_client: redis.Redis) -> None:
+    assert store.acquire("a", {"cpu": 1}, ttl=30).ok
+    redis_client.script_flush()
+    assert store.acquire("b", {"cpu": 1}, ttl=30).ok
+    assert store.release("a") and store.reap() == 0
+
+
+def test_all_keys_of_a_pool_share_one_cluster_slot(store: SlotStore, redis_client: redis.Redis) -> None:
+    store.acquire("a", {"cpu": 4}, ttl=30)
+    store.acquire("b", {"cpu": 1}, ttl=30)  # refused: writes a waiting entry
+    keys = set(redis_client.keys("*"))
+    assert keys <= {*store.keys, store.registry_key}
+    assert len({key_slot(k.encode()) for k in store.keys}) == 1
+    untagged = SlotStore(redis_client, "p", hash_tag=False)
+    assert all("{" not in k for k in untagged.keys)
+
+
+def test_adopt_registers_an_ungated_run_even_beyond_the_total(store: SlotStore) -> None:
+    store.acquire("a", {"cpu": 4}, ttl=30)
+    token = store.adopt("ungated", {"cpu": 2}, ttl=30, name="t", worker="celery@w")
+    assert token > 0 and store.adopt("ungated", {"cpu": 2}, ttl=30) == token
+    snap = store.snapshot()
+    assert snap.usage("cpu").used == 6 and snap.usage("cpu").free == 0
+    assert any(h.adopted for h in snap.holders)
+    assert not store.acquire("c", {"cpu": 1}, ttl=30).ok
+
+
+def test_renew_restores_a_lease_after_redis_lost_its_data(store: SlotStore, redis_client: redis.Redis) -> None:
+    store.acquire("x", {"cpu": 1}, ttl=30)
+    a = store.acquire("a", {"cpu": 2}, ttl=30, name="job", worker="celery@w")
+    redis_client.flushall()
+    r = store.renew("a", a.token, 30, {"cpu": 2}, name="job", worker="celery@w")
+    assert r.status == "restored" and r.token == a.token
+    assert store.snapshot().usage("cpu").used == 2
+    assert store.acquire("b", {"gpu": 0, "cpu": 0}, ttl=30).token > a.token  # the counter never goes back
+
+
+def test_snapshot_holders_and_waiting(store: SlotStore) -> None:
+    a = store.acquire("a", {"cpu": 3, "gpu": 1}, ttl=30, name="infer", worker="celery@w1", host="h1")
+    store.acquire("b", {"cpu": 2}, ttl=30, name="small", worker="celery@w2")
+    snap = store.snapshot(starvation_after=0)
+    (h,) = snap.holders
+    assert (h.task_id, h.task_name, h.worker, h.host, h.slots, h.token) == (
+        "a", "infer", "celery@w1", "h1", {"cpu": 3, "gpu": 1}, a.token)
+    assert h.age is not None and h.age >= 0 and h.lease_remaining is not None and 0 < h.lease_remaining <= 30
+    assert not h.expired
+    (w,) = snap.waiting
+    assert (w.task_id, w.task_name, w.slots, w.reserved) == ("b", "small", {"cpu": 2}, True)
+    assert snap.usage("cpu").free == 1 and snap.usage("gpu").free == 0
+
+
+def test_read_all_lists_pools_and_reads_the_seed_schema(redis_client: redis.Redis) -> None:
+    SlotStore(redis_client).set_totals({"cpu": 4})
+    SlotStore(redis_client, "host:h1").set_totals({"gpu": 2})
+    # a pool written by the seed's code
+    redis_client.set("resource:cpu:total", 48)
+    redis_client.set("resource:cpu:used", 8)
+    redis_client.set("resource:gpu:total", 2)
+    redis_client.hset("resource:task:t1", mapping={"type": "cpu", "slots": 4, "plugin_name": "align",
+                                                   "started_at": time.time() - 60})
+    redis_client.hset("resource:task:t2", mapping={"type": "cpu", "slots": 4, "plugin_name": "call",
+                                                   "started_at": "not-a-time"})
+    snap = read_all(redis_client)
+    assert [p.pool for p in snap.pools] == ["global", "host:h1", "legacy"]
+    host = snap.pool("host:h1")
+    assert host is not None and host.scope == "host" and host.host == "h1"
+    legacy = snap.pool("legacy")
+    assert legacy is not None
+    assert [(t.type, t.total, t.used, t.free) for t in legacy.types] == [("cpu", 48, 8, 40), ("gpu", 2, 0, 2)]
+    t1, t2 = legacy.holders
+    assert (t1.task_id, t1.task_name, t1.slots, t1.lease_remaining) == ("t1", "align", {"cpu": 4}, None)
+    assert t1.age is not None and 50 < t1.age < 3600
+    assert t2.age is None
+    d = snap.to_dict()
+    assert d["pools"][2]["types"][0] == {"type": "cpu", "total": 48, "used": 8, "free": 40}

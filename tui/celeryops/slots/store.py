@@ -1,0 +1,257 @@
+"""SlotStore: the Redis side of slot leases (acquire, renew, adopt, release, reap, totals, snapshot).
+
+One store = one pool. Pool keys are ``<prefix>:{<pool>}:total|used|leases|lease|token|waiting|waitq|waitx``
+(hash tag on by default, so one pool lives in one Redis Cluster slot); the set ``<prefix>:pools`` lists the pools
+for readers.
+Scripts are redis-py ``Script`` objects: after a Redis restart or ``SCRIPT FLUSH`` the NOSCRIPT error is healed by
+reloading the script. A pool written by the seed's schema (``resource:<type>:total|used`` strings and
+``resource:task:<id>`` hashes) is read by ``read_all`` as a ``legacy`` pool.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.cluster import RedisCluster
+from redis.retry import Retry
+
+from celeryops.slots import scripts
+from celeryops.slots.snapshot import Holder, PoolSnapshot, Snapshot, TypeUsage, Waiting
+
+Scope = Literal["global", "host"]
+Client = redis.Redis | RedisCluster  # a pool's keys share one hash tag, so a cluster client works too
+DEFAULT_PREFIX = "resource"
+GLOBAL_POOL = "global"
+
+
+def host_pool(host: str) -> str:
+    return f"host:{host}"
+
+
+@dataclass(frozen=True)
+class AcquireResult:
+    """``ok``: the lease is held under ``token``. ``impossible``: a type asks more than its total (or has none)."""
+
+    ok: bool
+    token: int
+    status: str  # "ok" | "held" | "busy" | "impossible"
+    blocked_type: str | None = None
+
+
+@dataclass(frozen=True)
+class RenewResult:
+    status: Literal["renewed", "restored", "lost", "taken"]
+    token: int
+
+    @property
+    def alive(self) -> bool:
+        return self.status in ("renewed", "restored")
+
+
+def connect(url: str, *, timeout: float = 2.0) -> redis.Redis:
+    """A client that fails fast when Redis is unreachable (the fail-open/closed policy decides what happens)."""
+    return redis.Redis.from_url(
+        url, decode_responses=True, socket_connect_timeout=timeout, socket_timeout=timeout,
+        retry=Retry(ExponentialBackoff(cap=0.2, base=0.02), 2), health_check_interval=10,
+    )
+
+
+class SlotStore:
+    def __init__(self, client: Client, pool: str = GLOBAL_POOL, *, prefix: str = DEFAULT_PREFIX,
+                 hash_tag: bool = True) -> None:
+        self.client = client
+        self.pool = pool
+        self.prefix = prefix
+        base = f"{prefix}:{{{pool}}}" if hash_tag else f"{prefix}:{pool}"
+        self.keys = [f"{base}:{part}" for part in ("total", "used", "leases", "lease", "token",
+                                                          "waiting", "waitq", "waitx")]
+        self.registry_key = f"{prefix}:pools"
+        self._scripts = {name: client.register_script(src) for name, src in scripts.ALL.items()}
+
+    @classmethod
+    def from_url(cls, url: str, pool: str = GLOBAL_POOL, **kw: Any) -> SlotStore:
+        return cls(connect(url), pool, **kw)
+
+    @property
+    def scope(self) -> Scope:
+        return "host" if self.pool.startswith("host:") else "global"
+
+    def _run(self, name: str, *args: Any) -> Any:
+        return self._scripts[name](keys=self.keys, args=list(args))
+
+    # -- writes -----------------------------------------------------------------------------------------------
+    def set_totals(self, totals: Mapping[str, int], *, only_missing: bool = False, reap_worker: str = "") -> int:
+        """Write totals (never touching live leases) and register the pool; returns how many leases were reaped
+        (expired ones, plus those of ``reap_worker``, a node name that is starting and so holds nothing yet)."""
+        flat: list[str | int] = []
+        for typ, n in sorted(totals.items()):
+            flat += [_type_name(typ), int(n)]
+        reaped = int(self._run("set_totals", "nx" if only_missing else "set", _field(reap_worker), *flat))
+        self.client.sadd(self.registry_key, self.pool)
+        return reaped
+
+    def acquire(self, lease_id: str, needs: Mapping[str, int], *, ttl: float, name: str = "", worker: str = "",
+                host: str = "", starvation_after: float = 60.0, wait_ttl: float | None = None) -> AcquireResult:
+        """All-or-nothing acquire of every type in ``needs``. A refused request is remembered as waiting for
+        ``wait_ttl`` seconds (default: 3 x ttl); after ``starvation_after`` seconds of waiting it reserves its needs."""
+        code, token, info = self._run(
+            "acquire", lease_id, needs_text(needs), _ms(ttl), max(0, round(starvation_after * 1000)),
+            _ms(wait_ttl if wait_ttl is not None else 3 * ttl), _field(worker), _field(host), name)
+        if int(code) == 1:
+            return AcquireResult(True, int(token), str(info))
+        if int(code) == -1:
+            return AcquireResult(False, 0, "impossible", str(info))
+        return AcquireResult(False, 0, "busy", str(info))
+
+    def renew(self, lease_id: str, token: int, ttl: float, needs: Mapping[str, int], *, name: str = "",
+              worker: str = "", host: str = "") -> RenewResult:
+        """Extend the lease. ``lost``: it expired and was reaped; ``taken``: the id is held under another token;
+        ``restored``: Redis had lost its data, the lease was registered again under the same token."""
+        code, tok = self._run("renew", lease_id, int(token), _ms(ttl), needs_text(needs), _field(worker),
+                              _field(host), name)
+        status = {1: "renewed", 2: "restored", 0: "lost", -1: "taken"}[int(code)]
+        return RenewResult(status, int(tok))  # type: ignore[arg-type]
+
+    def adopt(self, lease_id: str, needs: Mapping[str, int], *, ttl: float, name: str = "", worker: str = "",
+              host: str = "") -> int:
+        """Register a holding that ran ungated during an outage (may exceed the total: the counters tell the truth)."""
+        token, _new = self._run("adopt", lease_id, needs_text(needs), _ms(ttl), _field(worker), _field(host), name)
+        return int(token)
+
+    def release(self, lease_id: str, token: int | None = None) -> bool:
+        """Return the lease's slots (as recorded, never the caller's numbers); False if nothing was held."""
+        return bool(int(self._run("release", lease_id, "" if token is None else int(token))))
+
+    def reap(self) -> int:
+        return int(self._run("reap"))
+
+    # -- reads ------------------------------------------------------------------------------------------------
+    def snapshot(self, *, starvation_after: float | None = None) -> PoolSnapshot:
+        """One round trip: a read-only script returning Redis TIME and the pool's keys, consistent with each other."""
+        now_raw, totals, used, leases, expiries, waits = self._run("snapshot")
+        exp = [(str(expiries[i]), float(expiries[i + 1])) for i in range(0, len(expiries), 2)]
+        return self._build(now_raw, _pairs(totals), _pairs(used), _pairs(leases), exp, _pairs(waits),
+                           starvation_after)
+
+    def _build(self, now_raw: Any, totals: dict[str, str], used: dict[str, str], leases: dict[str, str],
+               expiries: list[tuple[str, float]], waits: dict[str, str],
+               starvation_after: float | None) -> PoolSnapshot:
+        now_ms = int(now_raw[0]) * 1000 + int(now_raw[1]) // 1000
+        exp = dict(expiries)
+        types = sorted(set(totals) | set(used))
+        holders = []
+        for lid, raw in sorted(leases.items()):
+            ns, token, started, _ttl, adopted, worker, host, name = raw.split("|", 7)
+            remaining = (exp.get(lid, now_ms) - now_ms) / 1000
+            holders.append(Holder(
+                task_id=lid, task_name=name, worker=worker, host=host, slots=parse_needs(ns), token=int(token),
+                age=(now_ms - int(started)) / 1000, lease_remaining=max(0.0, remaining),
+                expired=remaining <= 0, adopted=adopted == "1"))
+        waiting = []
+        for wid, raw in sorted(waits.items()):
+            w = json.loads(raw)
+            if int(w["exp"]) <= now_ms:
+                continue
+            waited = (now_ms - int(w["since"])) / 1000
+            waiting.append(Waiting(
+                task_id=wid, task_name=w.get("name", ""), worker=w.get("w", ""),
+                slots=parse_needs(w.get("ns", "")), waited=waited,
+                reserved=starvation_after is not None and waited >= starvation_after))
+        return PoolSnapshot(
+            pool=self.pool, scope=self.scope, host=self.pool[len("host:"):] if self.scope == "host" else None,
+            types=[TypeUsage(t, int(totals.get(t, 0)), int(used.get(t, 0))) for t in types],
+            holders=holders, waiting=waiting)
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+def _pairs(flat: list[Any]) -> dict[str, str]:
+    return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+
+_TYPE = re.compile(r"^[A-Za-z0-9_.:-]+$")
+
+
+def _type_name(typ: str) -> str:
+    if not _TYPE.match(typ):
+        raise ValueError(f"bad resource type {typ!r}: use letters, digits, '_', '.', ':' or '-'")
+    return typ
+
+
+def _field(text: str) -> str:
+    """Worker and host names are stored between '|' separators."""
+    return text.replace("|", "/")
+
+
+def needs_text(needs: Mapping[str, int]) -> str:
+    """``{"gpu": 1, "cpu": 4}`` -> ``"cpu=4,gpu=1"`` (zero needs dropped; negative ones and odd names refused)."""
+    return _needs_text(tuple(sorted((str(k), int(v)) for k, v in needs.items())))
+
+
+@functools.lru_cache(maxsize=1024)
+def _needs_text(items: tuple[tuple[str, int], ...]) -> str:
+    if any(v < 0 for _, v in items):
+        raise ValueError(f"slot needs must not be negative: {dict(items)}")
+    return ",".join(f"{_type_name(k)}={v}" for k, v in items if v > 0)
+
+
+def parse_needs(text: str) -> dict[str, int]:
+    return {k: int(v) for k, v in (part.split("=", 1) for part in text.split(",") if part)}
+
+
+def pools(client: Client, prefix: str = DEFAULT_PREFIX) -> list[str]:
+    return sorted(str(p) for p in client.smembers(f"{prefix}:pools"))  # type: ignore[union-attr]
+
+
+def read_legacy(client: Client, prefix: str = DEFAULT_PREFIX) -> PoolSnapshot | None:
+    """The seed's schema: ``<prefix>:<type>:total|used`` strings and ``<prefix>:task:<id>`` hashes
+    (type, slots, plugin_name, started_at). Returns None when no such keys exist."""
+    types: dict[str, TypeUsage] = {}
+    for key in client.scan_iter(match=f"{prefix}:*:total", count=500):
+        typ = str(key)[len(prefix) + 1:-len(":total")]
+        if "{" in typ or ":" in typ or client.type(key) != "string":
+            continue
+        total = int(client.get(key) or 0)  # type: ignore[arg-type]
+        used = int(client.get(f"{prefix}:{typ}:used") or 0)  # type: ignore[arg-type]
+        types[typ] = TypeUsage(typ, total, max(0, used))
+    holders = []
+    sec, usec = client.time()  # type: ignore[misc]
+    now = float(sec) + float(usec) / 1e6
+    for key in client.scan_iter(match=f"{prefix}:task:*", count=500):
+        if client.type(key) != "hash":
+            continue
+        h: dict[str, str] = client.hgetall(key)  # type: ignore[assignment]
+        task_id = str(key)[len(f"{prefix}:task:"):]
+        try:
+            started = float(h.get("started_at", "") or "nan")
+        except ValueError:
+            started = float("nan")
+        holders.append(Holder(
+            task_id=task_id, task_name=h.get("plugin_name", ""), worker="", host="",
+            slots={h.get("type", "?"): int(h.get("slots", 0) or 0)}, token=None,
+            age=None if started != started else max(0.0, now - started), lease_remaining=None))
+    if not types and not holders:
+        return None
+    return PoolSnapshot(pool="legacy", scope="legacy", host=None, types=sorted(types.values(), key=lambda t: t.type),
+                        holders=sorted(holders, key=lambda x: x.task_id))
+
+
+def read_all(client: Client, prefix: str = DEFAULT_PREFIX, *, hash_tag: bool = True,
+             starvation_after: float | None = None) -> Snapshot:
+    """Every registered pool (one round trip each) plus a seed-schema pool if present."""
+    sec, usec = client.time()  # type: ignore[misc]
+    out = [SlotStore(client, p, prefix=prefix, hash_tag=hash_tag).snapshot(starvation_after=starvation_after)
+           for p in pools(client, prefix)]
+    legacy = read_legacy(client, prefix)
+    if legacy is not None:
+        out.append(legacy)
+    return Snapshot(taken_at=float(sec) + float(usec) / 1e6, pools=out)
