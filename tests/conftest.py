@@ -18,7 +18,7 @@ import redis
 from celery import Celery
 
 from celeryops.testing.redis_server import RedisServer
-from celeryops.testing.workers import WorkerProcess, wait_for
+from celeryops.testing.workers import WorkerProcess, control_app, wait_for
 
 AMQP_HOST = "127.0.0.1:5672"
 
@@ -84,13 +84,6 @@ def broker_url(request: pytest.FixtureRequest) -> str:
     # Record store stays Redis.
     request.getfixturevalue("redis_url")
     return f"amqp://guest:guest@{AMQP_HOST}/{vhost}"
-
-
-def control_app(broker: str) -> Celery:
-    app = Celery("celeryops_test_control", broker=broker)
-    app.conf.broker_connection_retry_on_startup = True
-    app.conf.broker_connection_timeout = 2
-    return app
 
 
 @pytest.fixture

@@ -155,3 +155,21 @@ def test_no_worker_answers_is_exit_4(redis_url: str, tmp_path: Path) -> None:
     result = run_cli(["drain", "--broker", redis_url], cli_env(tmp_path))
     assert result.returncode == 4
     assert "No worker answered" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_task_events_trigger_an_early_poll(redis_url: str, start_workers, redis_client: redis.Redis,
+                                           queue_name: str, env: dict[str, str]) -> None:
+    """With workers sending task events (-E), the drain polls again as soon as the in-flight tasks end instead of
+    waiting out the interval; the verdict still needs the full streak of empty polls."""
+    start_workers(redis_url, queues=[queue_name], env={"CELERYOPS_TEST_EVENTS": "1"})
+    (tid,) = enqueue(redis_url, queue_name, 6.0)
+    wait_for(lambda: started(redis_client, [tid]), 30, "the task to start")
+    drain = CliProcess(["drain", "--broker", redis_url, "-Q", queue_name, "--interval", "30", "--streak", "2",
+                        "--max-wait", "300", "--json"], env)
+    drain.wait_event("poll", 30, where=lambda e: e["active"] == 1)
+    woke = drain.wait_event("notice", 60, where=lambda e: "polling again now" in e["message"])
+    after = drain.wait_event("poll", 30)
+    assert after["streak"] == 1 and after["active"] == 0
+    drain.signal(signal.SIGINT)
+    assert drain.finish() == 130
+    assert runs(redis_client, tid)["finished"] <= woke["_at"]

@@ -133,7 +133,8 @@ def test_after_write_hook_sees_every_durable_write(tmp_path: Path) -> None:
     journal.advance(run.id, "stopping")
     journal.settle(journal.intend_cancel_consumers(run.id, {"*": ["q"]}))
     journal.note(run.id, {"text": "hello"})
-    assert seen == ["created", "phase", "intent:cancel_consumers", "settle:cancel_consumers", "note"]
+    assert seen == ["created", "phase", "phase:stopping", "intent:cancel_consumers", "settle:cancel_consumers",
+                    "note"]
 
 
 def test_unknown_ids_are_clear_errors(journal: Journal) -> None:

@@ -215,13 +215,17 @@ class Drain:
             await self.start()
         assert self.policy is not None
         while True:
+            began = self.clock()
+            self.wake.clear()  # a task that ends while we poll still shortens the next pause
             progress = await self.poll()
             assert self.policy is not None
             if progress.streak >= self.settings.streak:
                 return DrainResult("drained", progress.elapsed, self.policy.polls, progress)
             if progress.remaining <= 0:
                 return DrainResult("timeout", progress.elapsed, self.policy.polls, progress)
-            await self._pause(min(self.settings.interval, progress.remaining))
+            # Polls start ``interval`` apart (not interval + poll time); ``wake`` may end the pause early, and the
+            # verdict still needs ``streak`` empty observations in a row.
+            await self._pause(min(self.settings.interval - (self.clock() - began), progress.remaining))
 
     async def restore(self) -> ConsumersRestored:
         """Put back exactly the consumers this drain stopped, then verify with active_queues."""
@@ -235,14 +239,19 @@ class Drain:
     # -- helpers -----------------------------------------------------------------------------------------------
 
     async def _pause(self, seconds: float) -> None:
-        self.wake.clear()
-        sleeper = asyncio.ensure_future(self.sleep(seconds))
-        waker = asyncio.ensure_future(self.wake.wait())
-        try:
-            await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            sleeper.cancel()
-            waker.cancel()
+        if seconds <= 0:
+            return
+        if not self.wake.is_set():
+            sleeper = asyncio.ensure_future(self.sleep(seconds))
+            waker = asyncio.ensure_future(self.wake.wait())
+            try:
+                await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                sleeper.cancel()
+                waker.cancel()
+        if self.wake.is_set():
+            self.on_event(Notice(level="info", message="The tasks in flight have finished (task events): "
+                                                       "polling again now."))
 
     async def _update_membership(self, obs: Observation, bindings: set[str] | None) -> tuple[set[str], set[str]]:
         joined = {n for n, w in obs.workers.items() if n not in self.known and n not in self.forget}

@@ -244,7 +244,7 @@ class Journal:
 
     ``after_write(kind)`` is called after each durable write with the record kind (``"created"``, ``"phase"``,
     ``"intent:<kind>"``, ``"settle:<kind>"``, ``"note"``): a test hook to die right between a record and its
-    side effect."""
+    side effect. A phase record is then also reported as ``"phase:<new phase>"`` (to die in one precise phase)."""
 
     def __init__(
         self,
@@ -436,6 +436,8 @@ class Journal:
             self._append(conn, run_id, "phase", {"from": current, "to": phase, "reason": reason, "outcome": final})
 
         self._write("phase", work)
+        if self._after_write is not None:
+            self._after_write(f"phase:{phase}")
         return self.get(run_id)
 
     def intend(self, run_id: str, kind: str, payload: Mapping[str, Any]) -> int:

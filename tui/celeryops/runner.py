@@ -27,6 +27,7 @@ from celeryops.journal import PHASES, Journal, Phase, Run
 from celeryops.publish import Publisher
 from celeryops.recovery import RecoveryPlan, Rollout, plan
 from celeryops.runlease import LeaseHeld, RunLease, read_lease
+from celeryops.taskevents import TaskWatch, start_watch
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,11 @@ class Runner:
     coord: redis.Redis | None = None  # Redis for the lease and the published status (None: not available)
     lease_ttl: float = field(default_factory=lambda: float(os.environ.get("CELERYOPS_LEASE_TTL", "30")))
     fence_ttl: float = field(default_factory=lambda: float(os.environ.get("CELERYOPS_FENCE_TTL", "30")))
+    # A drained run outlives its process (consumers stay stopped until a deploy or abort): so does its fence.
+    fence_parked_ttl: float = field(
+        default_factory=lambda: float(os.environ.get("CELERYOPS_FENCE_PARKED_TTL", str(7 * 24 * 3600))))
+    # Re-poll as soon as task events say the in-flight tasks ended (workers with -E); off: CELERYOPS_TASK_EVENTS=0.
+    task_events: bool = field(default_factory=lambda: os.environ.get("CELERYOPS_TASK_EVENTS", "1") != "0")
     _held: RunLease | None = field(default=None, init=False)
     _pub: Publisher | None = field(default=None, init=False)
     _fence: FenceStore | None = field(default=None, init=False)
@@ -193,6 +199,23 @@ class Runner:
                     self._fence_run or "", exempt_versions=sorted(set(old_versions) | {v for v in versions if v}),
                     exempt_revisions=sorted(set(old_revisions) | set(revisions or []))))
 
+    async def park_fence(self) -> None:
+        """The run ends drained and stays open after this process: stop renewing the fence every ttl/3 and give
+        it ``fence_parked_ttl`` instead, so plugin workers stay held until a deploy or ``abort`` lifts it."""
+        keeper, self._fence_keeper = self._fence_keeper, None
+        if keeper is not None:
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper
+        if self._fence is None or self._fence_run is None:
+            return
+        try:
+            await asyncio.to_thread(self._fence.renew, self._fence_run, self.fence_parked_ttl)
+        except redis.RedisError as exc:
+            self.emit(Notice(level="warning", message=f"Could not keep the drain fence up after the drain ({exc}): "
+                                                      f"plugin workers resume within {self.fence_ttl:g}s although "
+                                                      "the run stays drained; run `celeryops abort` to end it."))
+
     async def lift_fence(self, run_id: str | None = None) -> None:
         fence = self._fence or (FenceStore(self.coord, self.fleet_name) if self.coord is not None else None)
         rid = run_id or self._fence_run
@@ -216,6 +239,10 @@ class Runner:
         settings.validate()
         await self.fleet.check_broker()
         open_run = self.unfinished()
+        if self.coord is not None and not take_over:
+            holder = await asyncio.to_thread(read_lease, self.coord, self.fleet_name)
+            if holder is not None:
+                raise LeaseHeld(self.fleet_name, holder)
         if open_run is not None and open_run.stopped_consumers() and not take_over:
             raise UserError(
                 f"Run {open_run.id} ({open_run.phase}, started by {open_run.user}@{open_run.host}) is unfinished "
@@ -241,11 +268,24 @@ class Runner:
             outcome = await self._drain_run(run, queues, settings, forget, self._pub)
         finally:
             if not (keep_lease and outcome == "drained"):
+                if outcome == "drained":
+                    await self.park_fence()
                 await self.release_lease()
         return outcome, await self.journal.aio.get(run.id)
 
     async def _drain_run(self, run: Run, queues: tuple[str, ...], settings: DrainSettings,
                          forget: tuple[str, ...], publisher: Publisher | None) -> Outcome:
+        wake = asyncio.Event()
+        watch = await start_watch(self.fleet.app, wake) if self.task_events else None
+        try:
+            return await self._drain_phases(run, queues, settings, forget, publisher, wake, watch)
+        finally:
+            if watch is not None:
+                await asyncio.to_thread(watch.stop)
+
+    async def _drain_phases(self, run: Run, queues: tuple[str, ...], settings: DrainSettings,
+                            forget: tuple[str, ...], publisher: Publisher | None, wake: asyncio.Event,
+                            watch: TaskWatch | None) -> Outcome:
         hooks = JournalHooks(self.journal, run.id, on_first_stop=self.raise_fence)
 
         def on_event(event: Event) -> None:
@@ -257,8 +297,13 @@ class Runner:
             self.emit(event)
 
         prior = {w: tuple(sorted(q)) for w, q in run.stopped_consumers().items()}
-        drain = Drain(self.fleet, settings, queues=queues, forget=forget, on_event=on_event, hooks=hooks,
-                      prior_stopped=prior)
+        def chained(event: Event) -> None:
+            if watch is not None:
+                watch.on_event(event)
+            on_event(event)
+
+        drain = Drain(self.fleet, settings, queues=queues, forget=forget, on_event=chained, hooks=hooks,
+                      prior_stopped=prior, wake=wake)
         if run.phase == "preflight":
             for name in forget:
                 await self.journal.aio.note(run.id, {"forget": name, "by": _user()})
@@ -326,9 +371,12 @@ class Runner:
         forget = tuple(st.get("forget") or ())
         await self.journal.aio.note(run.id, {"resumed_by": _user(), "pid": os.getpid()})
         await self._acquire(run, take_over=True, own_run=run.id)
+        outcome: Outcome = "error"
         try:
             outcome = await self._drain_run(run, queues, settings, forget, self._pub)
         finally:
+            if outcome == "drained":
+                await self.park_fence()
             await self.release_lease()
         return outcome, await self.journal.aio.get(run.id)
 
@@ -359,6 +407,7 @@ class Runner:
         if run is None:
             raise UserError("There is no unfinished run for this fleet in the journal: nothing was changed.",
                             EXIT_FAILURE)
+        await self._refuse_if_live(run, "abort it")
         decided = self.recovery_plan(run, rollout)
         if decided.action == "ask" and force_restore:
             decided = RecoveryPlan("restore", {w: sorted(q) for w, q in run.stopped_consumers().items()},
@@ -387,7 +436,29 @@ class Runner:
                                 release=run.release, started_at=run.created, phase=decided.mark_as)
                 pub.phase(decided.mark_as, reason="abort")
                 await asyncio.to_thread(pub.flush, True)
+                await self._drop_dead_lease(run.id)
         return decided, restored
+
+    async def _drop_dead_lease(self, run_id: str) -> None:
+        """The run is over: free the fleet from its lease if its owner is gone (a live owner keeps it)."""
+        assert self.coord is not None
+        lease = RunLease(self.coord, self.fleet_name, run_id, ttl=self.lease_ttl)
+        with contextlib.suppress(LeaseHeld, redis.RedisError):
+            await asyncio.to_thread(lease.take_over, run_id)  # atomic: only this run's lease, only once expired
+            await asyncio.to_thread(lease.release)
+
+    async def _refuse_if_live(self, run: Run, doing: str) -> None:
+        """Another process still runs ``run`` (its lease is alive): acting on it would fight that process."""
+        if self.coord is None or self._held is not None:
+            return
+        try:
+            holder = await asyncio.to_thread(read_lease, self.coord, self.fleet_name)
+        except redis.RedisError:
+            return
+        if holder is not None and holder.run_id == run.id and not holder.orphaned:
+            raise UserError(f"Run {run.id} is still running ({holder.describe()}): nothing was changed; stop it with "
+                            f"Ctrl-C where it runs (it restores the consumers itself), or wait until its lease "
+                            f"expires before you {doing}.", EXIT_FAILURE)
 
 
 def _unverified(event: ConsumersRestored) -> str:

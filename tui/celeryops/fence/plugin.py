@@ -100,6 +100,7 @@ class FenceGuard:
         self._readable = True
         self._last_error_log = 0.0
         self._stopped: dict[str, Queue] = {}
+        self._free: dict[str, Queue] = {}  # what the worker consumed at the last check without a fence
         self._queues: tuple[str, ...] = ()
         self._held: tuple[str, ...] = ()
         self._beats = 0
@@ -156,12 +157,25 @@ class FenceGuard:
             return
         hold = self._hold
         consuming = {q.name: q for q in cset.queues}
+        if hold is None and self._known and set(self._free) - set(consuming):
+            # A queue just stopped: the drain raises its fence before its cancel broadcast, so read it now (the
+            # reader thread may not have seen it yet) to know whether the fence owns this stop.
+            self.refresh()
+            hold = self._hold
         if hold is None:
+            self._free = dict(consuming)
             to_stop: set[str] = set()
             to_restore = set(self._stopped)
         else:
             to_stop = hold.selects(consuming)
             to_restore = {n for n in self._stopped if hold.queues is not None and n not in hold.queues}
+            # The drain's cancel broadcast (sent right after it raised the fence) usually stops a held queue
+            # before this check does: the fence owns that stop too, so the queue comes back when the fence goes
+            # (lifted, or expired because the operator's run died).
+            for name in sorted(hold.selects(self._free) - set(consuming) - set(self._stopped)):
+                self._stopped[name] = self._free[name]
+                logger.warning("celeryops fence: queue %s was stopped while the fence of run %s holds it: it will "
+                               "be consumed again when the fence goes", name, hold.run_id or "?")
         for name in sorted(to_stop):
             self.c.cancel_task_queue(name)
             self._stopped[name] = consuming[name]

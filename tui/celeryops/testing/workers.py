@@ -19,6 +19,14 @@ from pathlib import Path
 from celery import Celery
 
 
+def control_app(broker: str) -> Celery:
+    """A Celery app for sending control commands to a test fleet (no tasks of its own)."""
+    app = Celery("celeryops_test_control", broker=broker)
+    app.conf.broker_connection_retry_on_startup = True
+    app.conf.broker_connection_timeout = 2
+    return app
+
+
 def wait_for(cond: Callable[[], object], timeout: float, what: str, step: float = 0.05) -> object:
     """Poll ``cond`` until it returns something truthy; raise TimeoutError naming ``what`` at the deadline."""
     deadline = time.monotonic() + timeout
