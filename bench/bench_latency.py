@@ -1,0 +1,256 @@
+"""Drain detection latency (printed table, not a test).
+
+Time from the last in-flight task finishing to the drained verdict, with interval I and streak S:
+
+  seed loop   today's ``Drain.run``: poll, sleep I, poll ... (the seed's loop): up to S x I;
+  task events the same loop plus ``TaskWatch`` (prototype below, proposed as ``celeryops.taskevents``): it listens
+              to Celery task events on the broker and sets ``Drain.wake`` as soon as every task the last poll saw
+              in flight (active or reserved) has finished, so the first empty observation comes at once; the
+              S-in-a-row rule is untouched (the next S-1 polls still come I apart). Target: <= (S-1) x I + 1 s.
+
+Fleets: simulated workers (``celeryops.testing.simfleet``, ``events=True``: they send ``task-succeeded`` at each
+task's end) with tasks ending at random times, and one real Celery worker started with task events
+(``CELERYOPS_TEST_EVENTS=1`` -> ``worker_send_task_events``) running a sleep task, whose finish time is read from
+the task's own record (ct:run:<id>, Redis TIME).
+
+Usage: .venv/bin/python bench/bench_latency.py [--trials 3] [--interval 1.5] [--streaks 2,3] [--no-real]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import threading
+import time
+import uuid
+from typing import Any
+
+import redis
+from celery import Celery
+
+from celeryops.drain import Drain, DrainResult, DrainSettings
+from celeryops.events import DrainProgress, Event
+from celeryops.fleet import Fleet
+from celeryops.testing.redis_server import RedisServer
+from celeryops.testing.simfleet import SimSpec, SimTask, sim_fleet
+from common import bench_fleet, control_app, table
+
+QUEUE = "celery"
+END_EVENTS = ("task-succeeded", "task-failed", "task-revoked", "task-rejected", "task-retried")
+
+
+# -- the prototype (proposed as celeryops.taskevents) -----------------------------------------------------------
+
+
+class TaskWatch:
+    """Wake a drain early when the fleet reports that every task the last poll saw in flight has finished.
+
+    Listens to Celery task events (``task-succeeded`` / ``-failed`` / ``-revoked`` / ``-rejected`` / ``-retried``)
+    with an event receiver on the broker, in a thread. ``on_event`` is chained into ``Drain.on_event``: each
+    ``DrainProgress`` arms the watch with the ids of its active + reserved tasks; once all of them have an end
+    event, ``wake`` is set (once per poll) from the loop's thread. Workers without task events never wake it:
+    the drain then keeps its interval, so correctness never depends on events."""
+
+    def __init__(self, app: Celery, wake: asyncio.Event, loop: asyncio.AbstractEventLoop) -> None:
+        self.app = app
+        self.wake = wake
+        self.loop = loop
+        self.lock = threading.Lock()
+        self.pending: set[str] = set()
+        self.armed = False
+        self.finished: dict[str, float] = {}  # recent end events (an event may beat the poll's report)
+        self.ready = threading.Event()
+        self.receiver: Any = None
+        self.thread = threading.Thread(target=self._run, name="taskwatch", daemon=True)
+        self.wakes = 0
+
+    def start(self, timeout: float = 30.0) -> TaskWatch:
+        self.thread.start()
+        if not self.ready.wait(timeout):
+            raise TimeoutError("task event receiver not consuming")
+        return self
+
+    def stop(self) -> None:
+        if self.receiver is not None:
+            self.receiver.should_stop = True
+        self.thread.join(10)
+
+    def on_event(self, event: Event) -> None:
+        if not isinstance(event, DrainProgress):
+            return
+        ids = {t.id for t in event.tasks if t.state in ("active", "reserved")}
+        with self.lock:
+            cutoff = time.monotonic() - 60
+            self.finished = {k: v for k, v in self.finished.items() if v > cutoff}
+            self.pending = ids - set(self.finished)
+            self.armed = bool(ids) and event.streak == 0 and not event.unknown
+            if self.armed and not self.pending:
+                self._fire()
+
+    def _on_end(self, event: dict[str, Any]) -> None:
+        task_id = str(event.get("uuid"))
+        with self.lock:
+            self.finished[task_id] = time.monotonic()
+            self.pending.discard(task_id)
+            if self.armed and not self.pending:
+                self._fire()
+
+    def _fire(self) -> None:
+        self.armed = False
+        self.wakes += 1
+        self.loop.call_soon_threadsafe(self.wake.set)
+
+    def _run(self) -> None:
+        with self.app.connection_for_read() as conn:
+            receiver = self.app.events.Receiver(conn, handlers={name: self._on_end for name in END_EVENTS})
+            receiver.on_consume_ready = lambda *a, **kw: self.ready.set()
+            self.receiver = receiver
+            receiver.capture(limit=None, timeout=None, wakeup=False)
+
+
+class ProposedDrain(Drain):
+    """``Drain`` with the two loop changes proposed with ``taskevents`` (see the report's diff for drain.py):
+    the wake is cleared when a poll starts, not when the pause starts (a task that ends during a poll still wakes
+    the next pause), and the interval runs from poll start to poll start (a slow poll does not stretch it)."""
+
+    async def run(self) -> DrainResult:
+        if self.policy is None:
+            await self.start()
+        assert self.policy is not None
+        while True:
+            began = self.clock()
+            self.wake.clear()
+            progress = await self.poll()
+            if progress.streak >= self.settings.streak:
+                return DrainResult("drained", progress.elapsed, self.policy.polls, progress)
+            if progress.remaining <= 0:
+                return DrainResult("timeout", progress.elapsed, self.policy.polls, progress)
+            pause = min(self.settings.interval - (self.clock() - began), progress.remaining)
+            if pause > 0 and not self.wake.is_set():
+                sleeper = asyncio.ensure_future(self.sleep(pause))
+                waker = asyncio.ensure_future(self.wake.wait())
+                try:
+                    await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    sleeper.cancel()
+                    waker.cancel()
+
+
+# -- one trial --------------------------------------------------------------------------------------------------
+
+
+async def drain_once(app: Celery, settings: DrainSettings, events: bool) -> tuple[float, int, int]:
+    """Run one drain to its verdict; returns (epoch time of the verdict, polls, early wakes). With ``events`` the
+    proposed loop (ProposedDrain + TaskWatch), else today's Drain (the seed's loop)."""
+    fleet = Fleet(app, timeout=1.0)
+    drain = (ProposedDrain if events else Drain)(fleet, settings, queues=(QUEUE,))
+    watch: TaskWatch | None = None
+    if events:
+        watch = TaskWatch(app, drain.wake, asyncio.get_running_loop())
+        await asyncio.to_thread(watch.start)
+        drain.on_event = watch.on_event
+    try:
+        result = await drain.run()
+        verdict = time.time()
+        await drain.restore()
+    finally:
+        if watch is not None:
+            await asyncio.to_thread(watch.stop)
+        fleet.close()
+    if result.outcome != "drained":
+        raise RuntimeError(f"drain ended {result.outcome}")
+    return verdict, result.polls, watch.wakes if watch else 0
+
+
+def sim_trial(broker: str, sim: Any, settings: DrainSettings, events: bool, rng_seed: int) -> tuple[float, int, int]:
+    """Every sim worker gets one task ending 1..1+I s from now; latency = verdict - the last end."""
+    import random
+
+    rng = random.Random(rng_seed)
+    now = time.time()
+    plan = {n: [SimTask(id=str(uuid.uuid4()), start=now - 5, end=now + 1 + rng.uniform(0, settings.interval))]
+            for n in sim.names}
+    sim.set_tasks(plan)
+    app = control_app(broker)
+    try:
+        verdict, polls, wakes = asyncio.run(drain_once(app, settings, events))
+    finally:
+        app.close()
+    return verdict - float(sim.last_finish()), polls, wakes
+
+
+def real_trial(broker: str, settings: DrainSettings, events: bool, seconds: float) -> tuple[float, int, int]:
+    app = control_app(broker)
+    record = redis.Redis.from_url(broker, decode_responses=True)
+    try:
+        task_id = str(uuid.uuid4())
+        app.send_task("celeryops.testing.sleep", args=(seconds, "latency"), queue=QUEUE, task_id=task_id)
+        deadline = time.monotonic() + 60
+        while not record.hget(f"ct:run:{task_id}", "started"):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the real worker did not start the task")
+            time.sleep(0.05)
+        verdict, polls, wakes = asyncio.run(drain_once(app, settings, events))
+        finished = float(record.hget(f"ct:run:{task_id}", "finished") or "nan")
+    finally:
+        record.close()
+        app.close()
+    return verdict - finished, polls, wakes
+
+
+# -- run --------------------------------------------------------------------------------------------------------
+
+
+def summarize(label: str, settings: DrainSettings, results: list[tuple[float, int, int]]) -> list[object]:
+    lat = [r[0] for r in results]
+    target = (settings.streak - 1) * settings.interval + 1.0
+    seed_bound = settings.streak * settings.interval
+    return [label, f"I={settings.interval:g} S={settings.streak}", len(lat), f"{statistics.median(lat):.2f}",
+            f"{max(lat):.2f}", f"{statistics.mean(r[1] for r in results):.1f}", sum(r[2] for r in results),
+            f"{target:.1f}", f"{seed_bound:.1f}", "met" if max(lat) <= target else "MISSED"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--interval", type=float, default=1.5)
+    parser.add_argument("--streaks", default="2,3")
+    parser.add_argument("--workers", type=int, default=20)
+    parser.add_argument("--no-real", action="store_true", help="skip the real-worker rows")
+    args = parser.parse_args()
+    t0 = time.monotonic()
+    rows: list[list[object]] = []
+    server = RedisServer().start()
+    try:
+        spec = SimSpec(n=args.workers, processes=2, queues=(QUEUE,), events=True, prefix="lat")
+        with sim_fleet(server.url, spec) as sim:
+            for streak in (int(s) for s in args.streaks.split(",")):
+                settings = DrainSettings(interval=args.interval, streak=streak, max_wait=120.0)
+                for label, events in (("sim: seed loop", False), ("sim: proposed (task events)", True)):
+                    results = [sim_trial(server.url, sim, settings, events, seed) for seed in range(args.trials)]
+                    rows.append(summarize(label, settings, results))
+                    print(f"  {label} S={streak}: done ({time.monotonic() - t0:.0f} s)", flush=True)
+    finally:
+        server.close()
+    if not args.no_real:
+        with bench_fleet() as bench:
+            bench.add(1, env={"CELERYOPS_TEST_EVENTS": "1", "CELERYOPS_TEST_RECORD": bench.broker},
+                      queues=[QUEUE])
+            settings = DrainSettings(interval=args.interval, streak=2, max_wait=120.0)
+            for label, events in (("real worker -E: seed loop", False), ("real worker -E: proposed", True)):
+                results = [real_trial(bench.broker, settings, events, 1.0 + i * settings.interval / args.trials)
+                           for i in range(args.trials)]
+                rows.append(summarize(label, settings, results))
+                print(f"  {label}: done ({time.monotonic() - t0:.0f} s)", flush=True)
+    print()
+    print(table(["fleet / loop", "settings", "trials", "latency s med", "max", "polls", "early wakes",
+                 "target (S-1)I+1", "seed bound S*I", "target"], rows,
+                title="Drain detection latency: last in-flight task finished -> drained verdict"))
+    print(f"\ntotal {time.monotonic() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
