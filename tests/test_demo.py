@@ -1,0 +1,250 @@
+"""``celeryops demo``: the sandbox and the headless demo (issue 8).
+
+The headless demo runs as a real CLI process against real parts (redis-server or the fakeredis fallback, Celery
+worker processes, the Cloud Run and registry stand-ins, a git remote). Every sandbox process inherits a unique
+marker variable from the CLI, so the process table tells whether anything was left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+
+from celeryops.demo.sandbox import RELEASE, Sandbox
+from celeryops.demo.timing import Timing
+from celeryops.errors import EXIT_INTERRUPTED, EXIT_USAGE, UserError
+from celeryops.slots import read_all
+from celeryops.testing.workers import wait_for
+from clihelp import CliProcess, cli_env, run_cli
+
+MARK = "DEMO_TEST_MARK"
+
+
+def marked_processes(mark: str) -> list[tuple[int, str]]:
+    """(pid, command line) of every live, non-zombie process whose environment holds ``DEMO_TEST_MARK=mark``."""
+    needle = f"{MARK}={mark}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            if stat.rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                found.append((int(entry.name), cmd))
+        except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
+            continue
+    return found
+
+
+def demo_env(tmp_path: Path, *, hide_redis_server: bool = False) -> tuple[dict[str, str], str]:
+    mark = uuid.uuid4().hex
+    env = cli_env(tmp_path / "unused-state", **{MARK: mark})
+    env["TMPDIR"] = str(tmp_path)  # the sandbox directory is created here: the test can see it go away
+    if hide_redis_server:
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        git = shutil.which("git")
+        assert git is not None
+        (bin_dir / "git").symlink_to(git)
+        env["PATH"] = str(bin_dir)
+    return env, mark
+
+
+def assert_nothing_left(mark: str, tmp_path: Path, timeout: float = 30) -> None:
+    try:
+        wait_for(lambda: not marked_processes(mark), timeout, "every sandbox process to be gone", step=0.2)
+    except TimeoutError:
+        raise AssertionError(f"processes left behind: {marked_processes(mark)}") from None
+    assert not list(tmp_path.glob("celeryops-demo-*")), "the sandbox directory was not removed"
+
+
+def sandbox_parts(events: list[dict[str, object]]) -> str:
+    return " ".join(str(e.get("message", "")) for e in events if e["event"] == "notice")
+
+
+# -- fast checks ---------------------------------------------------------------------------------------------------
+
+
+def test_speed_scales_every_duration() -> None:
+    normal, fast = Timing(1.0), Timing(10.0)
+    assert fast.long_task == (normal.long_task[0] / 10, normal.long_task[1] / 10)
+    assert fast.cpu_task[1] == pytest.approx(normal.cpu_task[1] / 10)
+    assert fast.drain_interval < normal.drain_interval
+    assert fast.rollout < normal.rollout
+    assert normal.long_task[0] >= 20  # long tasks are what a drain must wait for
+
+
+@pytest.mark.parametrize("speed", [0.0, -1.0, 1000.0])
+def test_nonsense_speed_is_a_usage_error(speed: float) -> None:
+    with pytest.raises(UserError) as err:
+        Timing(speed)
+    assert err.value.exit_code == EXIT_USAGE
+    assert "--speed" in str(err.value)
+
+
+def test_json_without_headless_starts_nothing(tmp_path: Path) -> None:
+    env, _ = demo_env(tmp_path)
+    result = run_cli(["demo", "--json"], env)
+    assert result.returncode == EXIT_USAGE, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    assert [line for line in result.stderr.splitlines() if line.strip()] == [
+        "celeryops: --json only applies to celeryops demo --headless: nothing was started; add --headless."]
+    assert not list(tmp_path.glob("celeryops-demo-*"))
+
+
+def test_console_demo_without_a_terminal_starts_nothing(tmp_path: Path) -> None:
+    env, mark = demo_env(tmp_path)
+    result = run_cli(["demo", "--speed", "5"], env)
+    assert result.returncode == EXIT_USAGE, result.stdout + result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("celeryops: ") and "no terminal: nothing was started" in lines[0]
+    assert not list(tmp_path.glob("celeryops-demo-*"))
+    assert not marked_processes(mark)
+
+
+def test_demo_without_git_starts_nothing(tmp_path: Path) -> None:
+    env, mark = demo_env(tmp_path)
+    env["PATH"] = str(tmp_path / "empty-bin")  # neither git nor redis-server
+    result = run_cli(["demo", "--headless"], env)
+    assert result.returncode == EXIT_USAGE, result.stdout + result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines == ["celeryops: git is not on PATH, and the demo's release checks need a git repository: nothing "
+                     "was started; install git and run the demo again."]
+    assert not list(tmp_path.glob("celeryops-demo-*"))
+    assert not marked_processes(mark)
+
+
+# -- the headless demo, end to end -------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_headless_demo_deploys_on_fakeredis_when_redis_server_is_missing(tmp_path: Path) -> None:
+    env, mark = demo_env(tmp_path, hide_redis_server=True)
+    proc = CliProcess(["demo", "--headless", "--json", "--speed", "10"], env, cwd=tmp_path)
+    try:
+        fallback = proc.wait_event("notice", 60, where=lambda e: e["level"] == "warning")
+        assert "fakeredis" in fallback["message"]
+        assert marked_processes(mark), "the sandbox processes carry the marker"
+        drained = proc.wait_event("drained", 120)
+        deployed = proc.wait_event("deployed", 120)
+        assert proc.finish(60) == 0, proc.read_stderr()
+    finally:
+        proc.kill()
+    assert deployed["exit_code"] == 0
+    events = proc.events
+    assert "fakeredis on redis://127.0.0.1:" in sandbox_parts(events)
+    # Every preflight check really ran: the git remote, the registry, Cloud Run IAM, the fleet, the fence plugin.
+    checks = {e["id"]: e["status"] for e in events if e["event"] == "check" and e["status"] != "running"}
+    assert checks == {"branch": "ok", "image": "ok", "freshness": "ok", "permissions": "ok", "fleet": "ok",
+                      "fence": "warn"}
+    # The drain stopped the old revision's workers, one with the fence plugin and one without.
+    started = next(e for e in events if e["event"] == "started")
+    old = set(started["workers"])
+    assert len(old) == 2 and all(".rev00001" in w for w in old)
+    polls = [e for e in events if e["event"] == "poll" and e["_at"] <= drained["_at"]]
+    plugins = {w: info["plugin"] for w, info in polls[-1]["workers"].items() if w in old}
+    assert sorted(plugins.values()) == [False, True]
+    # The stand-in's update replaced them with workers of the new revision, which consume again.
+    fleet = next(e for e in events if e["event"] == "fleet")
+    assert fleet["workers"] and not set(fleet["workers"]) & old
+    assert all(".rev00002" in w for w in fleet["workers"])
+    assert any("revision worker-00002" in e["text"] for e in events if e["event"] == "deploy")
+    assert_nothing_left(mark, tmp_path)
+
+
+@pytest.mark.slow
+def test_ctrl_c_mid_drain_restores_consumers_and_leaves_no_process(tmp_path: Path) -> None:
+    env, mark = demo_env(tmp_path)
+    proc = CliProcess(["demo", "--headless", "--json", "--speed", "3"], env, cwd=tmp_path)
+    try:
+        proc.wait_event("cancelled", 120)
+        assert len(marked_processes(mark)) >= 4  # the CLI, the reaper, redis-server, workers
+        proc.signal(signal.SIGINT)
+        restored = proc.wait_event("restored", 60)
+        assert proc.finish(60) == EXIT_INTERRUPTED, proc.read_stderr()
+    finally:
+        proc.kill()
+    assert restored["restored"] and restored["verified"] and not restored["missing"]
+    assert proc.events[-1]["event"] == "interrupted"
+    assert not any(e["event"] == "deployed" for e in proc.events)
+    assert "Traceback" not in proc.read_stderr()
+    assert_nothing_left(mark, tmp_path)
+
+
+@pytest.mark.slow
+def test_killed_demo_leaves_no_process_behind(tmp_path: Path) -> None:
+    """SIGKILL gives the demo no chance to clean up: the reaper process kills every part it was told about."""
+    env, mark = demo_env(tmp_path)
+    proc = CliProcess(["demo", "--headless", "--json", "--speed", "3"], env, cwd=tmp_path)
+    try:
+        proc.wait_event("stage", 120, where=lambda e: e["stage"] == "drain")
+        assert len(marked_processes(mark)) >= 4
+        proc.signal(signal.SIGKILL)
+        proc.proc.wait(30)
+    finally:
+        proc.kill()
+    try:
+        wait_for(lambda: not marked_processes(mark), 30, "the reaper to kill every sandbox process", step=0.2)
+    except TimeoutError:
+        raise AssertionError(f"processes left behind: {marked_processes(mark)}") from None
+    for leftover in tmp_path.glob("celeryops-demo-*"):  # no chance to remove it: tidy up for the next run
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    pairs = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(p.decode(errors="replace").split("=", 1) for p in pairs if b"=" in p)
+
+
+@pytest.mark.slow
+def test_sandbox_parts_scale_out_capped_replace_on_update_and_stop(tmp_path: Path) -> None:
+    """The sandbox in this process: what it starts, the autoscaler's cap, the stand-in's update hook, the teardown."""
+    before = dict(os.environ)
+    sandbox = Sandbox(Timing(10), workers=2, cap=3, root=tmp_path / "sandbox")
+    pids: list[int] = []
+    with sandbox:
+        assert sandbox.notice == ""  # redis-server is on PATH here
+        assert os.environ["CELERYOPS_FLEET"] == "demo"
+        assert os.environ["CELERYOPS_STATE_DIR"] == str(tmp_path / "sandbox" / "state")
+        config = sandbox.config
+        assert config.broker == sandbox.url and config.state_dir == str(tmp_path / "sandbox" / "state")
+        (target,) = config.targets
+        assert target.insecure and sandbox.standin is not None and target.api_endpoint == sandbox.standin.address
+        assert sandbox.registry is not None and sandbox.registry.has_tag("demo/worker", sandbox.sha)
+        assert sandbox.handoff().release == RELEASE and sandbox.handoff().repo == sandbox.repo
+        fleet = sandbox.fleet
+        assert fleet is not None
+        first = fleet.live()
+        assert sorted(w.app.rsplit("_", 1)[-1] for w in first) == ["fenced", "plain"]
+        assert sandbox.wait_busy(tasks=2, timeout=60)
+        client = redis.Redis.from_url(sandbox.url, decode_responses=True)
+        wait_for(lambda: any(p.usage("cpu").total == 4 and p.usage("gpu").total == 1 for p in read_all(client).pools),
+                 30, "the workers to register the cpu/gpu slot totals")
+        while fleet.scale_out() is not None:  # the autoscaler may have added one already: never past the cap
+            pass
+        assert len(fleet.live()) == 3
+        fleet.on_update("projects/demo-project/locations/europe-west1/services/worker",
+                        "projects/demo-project/locations/europe-west1/services/worker/revisions/worker-00002-abc",
+                        f"{sandbox.registry.host}/demo/worker:{sandbox.sha}")
+        assert all(not w.alive() for w in first)
+        new = fleet.live()  # the new revision's two, and maybe one the autoscaler added since (same revision)
+        assert 2 <= len(new) <= 3 and all(".rev00002" in w.nodename for w in new)
+        assert {environ_of(w.pid)["K_REVISION"] for w in new} == {"worker-00002-abc"}
+        runs = [int(v) for v in client.mget(list(client.scan_iter("demo:runs:*")))]
+        assert runs and max(runs) == 1  # the replacement (SIGTERM: warm shutdown) ran no task twice
+        pids = [w.pid for w in fleet.workers + fleet.retired]
+        for pid in (sandbox.redis.pid, sandbox.reaper.pid):
+            assert pid is not None
+            pids.append(pid)
+        client.close()
+    assert not [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+    assert dict(os.environ) == before

@@ -1,0 +1,314 @@
+"""The demo sandbox: every part ``celeryops demo`` needs, on loopback, started in order and torn down on exit.
+
+Parts: a private Redis (:class:`~celeryops.demo.broker.DemoRedis`: ``redis-server`` or the fakeredis fallback, whose
+:attr:`Sandbox.notice` the console shows), real Celery workers (:class:`~celeryops.demo.fleet.DemoFleet`, the fence
+plugin on some of them), a :class:`~celeryops.demo.producer.Producer` and an
+:class:`~celeryops.demo.autoscaler.Autoscaler`, the Cloud Run stand-in as the ``worker`` target (its update replaces
+the workers with the new revision), the registry stand-in holding the release's image, and a git repository whose
+remote has the release branch ``demo-2`` (fresh) and ``demo-1`` (40 days old: the freshness warning).
+
+A ``celeryops.toml`` in the sandbox directory points at all of it (:attr:`Sandbox.config`), and the process
+environment is narrowed to the sandbox (``CELERYOPS_STATE_DIR``, ``CELERYOPS_FLEET``; every other ``CELERYOPS_*`` /
+``CELERY_*`` variable is removed while the sandbox runs), so nothing touches the user's real fleet or state.
+
+Teardown (:meth:`Sandbox.stop`, idempotent; also registered with ``atexit``) kills every child process group; a
+:class:`~celeryops.demo.reaper.Reaper` process kills them if this process dies before it could.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from types import TracebackType
+
+import redis
+
+from celeryops.config import Config, load_config
+from celeryops.demo.autoscaler import Autoscaler
+from celeryops.demo.broker import DemoRedis
+from celeryops.demo.fleet import DemoFleet
+from celeryops.demo.producer import Producer
+from celeryops.demo.reaper import Reaper
+from celeryops.demo.timing import Timing
+from celeryops.errors import EXIT_USAGE, UserError
+from celeryops.testing.cloudrun import CloudRunStandIn
+from celeryops.testing.gitfixture import GitFixture
+from celeryops.testing.registry import RegistryStandIn
+
+log = logging.getLogger("celeryops.demo")
+
+RELEASE = "demo-2"
+STALE_RELEASE = "demo-1"
+FLEET = "demo"
+PROJECT = "demo-project"
+REGION = "europe-west1"
+SERVICE = "worker"
+IMAGE_NAME = "demo/worker"
+HINT = f"Press D to deploy release {RELEASE}, W to open the watch view, S for slots."
+SLOT_TOTALS = {"CPU": 4, "GPU": 1}
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class DemoHandoff:
+    """What the console needs to open on the sandbox (see ``celeryops.commands.demo.open_console``)."""
+
+    config: Config  # broker, state_dir, drain settings and the ``worker`` target, all pointing at the sandbox
+    config_path: Path  # the sandbox's celeryops.toml
+    repo: Path  # the git checkout of the release (``--repo`` of ``celeryops deploy``)
+    release: str  # what D deploys
+    broker_url: str
+    state_dir: Path
+    notice: str  # for the header: "" unless the Redis is the fakeredis fallback
+    hint: str  # the home view's hint line
+
+
+class Sandbox:
+    """Start with ``start()`` (or ``with Sandbox(...) as sb``); stop with ``stop()``. ``progress`` receives one
+    line per part started (for a readable startup); ``root`` defaults to a fresh temporary directory."""
+
+    def __init__(self, timing: Timing | None = None, *, workers: int = 2, cap: int = 3, root: Path | None = None,
+                 keep: bool = False, progress: Progress | None = None) -> None:
+        self.timing = timing or Timing()
+        self.initial_workers = workers
+        self.cap = max(cap, workers)
+        self._root = Path(root) if root is not None else None  # None: a temporary directory, made by start()
+        self._own_root = root is None
+        self.keep = keep
+        self.progress = progress or (lambda line: None)
+        self.reaper = Reaper()
+        self.redis = DemoRedis()
+        self.git: GitFixture | None = None
+        self.registry: RegistryStandIn | None = None
+        self.standin: CloudRunStandIn | None = None
+        self.fleet: DemoFleet | None = None
+        self.producer: Producer | None = None
+        self.autoscaler: Autoscaler | None = None
+        self.sha = ""
+        self._config: Config | None = None
+        self._saved_env: dict[str, str] | None = None
+        self._started = False
+        self._stopped = False
+
+    # -- facts the CLI and the console read ----------------------------------------------------------------------
+
+    @property
+    def root(self) -> Path:
+        """The sandbox directory (config, state dir, worker logs, git repositories)."""
+        assert self._root is not None, "the sandbox is not started"
+        return self._root
+
+    @property
+    def directory(self) -> Path | None:
+        """The sandbox directory, or None before ``start()`` made it."""
+        return self._root
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / "state"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def config_path(self) -> Path:
+        return self.root / "celeryops.toml"
+
+    @property
+    def notice(self) -> str:
+        """One sentence for the console's header when the demo runs on the fakeredis fallback, else ""."""
+        return self.redis.notice
+
+    @property
+    def url(self) -> str:
+        return self.redis.url
+
+    @property
+    def repo(self) -> Path:
+        assert self.git is not None, "the sandbox is not started"
+        return self.git.work
+
+    @property
+    def config(self) -> Config:
+        assert self._config is not None, "the sandbox is not started"
+        return self._config
+
+    def handoff(self) -> DemoHandoff:
+        return DemoHandoff(config=self.config, config_path=self.config_path, repo=self.repo, release=RELEASE,
+                           broker_url=self.url, state_dir=self.state_dir, notice=self.notice, hint=HINT)
+
+    def env(self) -> dict[str, str]:
+        """The variables the sandbox sets in this process (children inherit them)."""
+        return {"CELERYOPS_STATE_DIR": str(self.state_dir), "CELERYOPS_FLEET": FLEET,
+                "CELERYOPS_DEMO_SANDBOX": str(self.root)}
+
+    def worker_env(self) -> dict[str, str]:
+        env = {f"CELERYOPS_SLOTS_{kind}": str(n) for kind, n in SLOT_TOTALS.items()}
+        env.update({
+            "CELERYOPS_SLOTS_DETECT": "0",
+            "CELERYOPS_SLOTS_RETRY_COUNTDOWN": f"{self.timing.slot_retry:g}",
+            "CELERYOPS_SLOTS_STARVATION_AFTER": f"{self.timing.scaled(60.0, floor=5.0):g}",
+            "CELERYOPS_DEMO_FENCE_INTERVAL": f"{self.timing.fence_interval:g}",
+        })
+        return env
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------
+
+    def __enter__(self) -> Sandbox:
+        return self.start()
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+    def start(self) -> Sandbox:
+        """Start every part, in order; on any failure, stop what was started and re-raise."""
+        if self._started:
+            return self
+        if shutil.which("git") is None:
+            raise UserError("git is not on PATH, and the demo's release checks need a git repository: nothing was "
+                            "started; install git and run the demo again.", EXIT_USAGE)
+        self._started = True
+        atexit.register(self.stop)
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _narrow_env(self) -> None:
+        self._saved_env = dict(os.environ)
+        for key in list(os.environ):
+            if key.startswith(("CELERYOPS_", "CELERY_")):
+                del os.environ[key]
+        os.environ.update(self.env())
+
+    def _start(self) -> None:
+        if self._root is None:
+            self._root = Path(tempfile.mkdtemp(prefix="celeryops-demo-"))
+        self.redis.log_dir = self.log_dir
+        for folder in (self.root, self.state_dir, self.log_dir):
+            folder.mkdir(parents=True, exist_ok=True)
+        self._narrow_env()
+        self.reaper.start()
+        self.redis.start()
+        if self.redis.pid is not None:
+            self.reaper.track(self.redis.pid)
+        self.progress(f"{self.redis.kind} on {self.url}")
+
+        self.git = self._make_git()
+        self.progress(f"git remote with {RELEASE} (fresh) and {STALE_RELEASE} (40 days old): {self.git.remote}")
+        self.registry = RegistryStandIn().start()
+        self.registry.seed(IMAGE_NAME, self.sha)
+        self.progress(f"registry stand-in on {self.registry.host} holding {IMAGE_NAME}:{self.sha[:7]}")
+
+        self.fleet = DemoFleet(self.url, log_dir=self.log_dir, env=self.worker_env(), reaper=self.reaper,
+                               initial=self.initial_workers, cap=self.cap)
+        self.standin = CloudRunStandIn(rollout_seconds=self.timing.rollout, on_update=self.fleet.on_update)
+        endpoint = self.standin.start()
+        self.standin.add_service(PROJECT, REGION, SERVICE, f"{self.registry.host}/{IMAGE_NAME}:old")
+        self.progress(f"Cloud Run stand-in on {endpoint} serving {PROJECT}/{REGION}/{SERVICE}")
+        self._write_config(endpoint)
+        self._config = load_config(str(self.config_path), self.root, {})
+
+        self.fleet.start()
+        self.progress(f"{len(self.fleet.names())} Celery workers: {', '.join(self.fleet.names())}")
+        self.producer = Producer(self.url, self.timing).start()
+        self.autoscaler = Autoscaler(self.fleet, self.url, every=self.timing.autoscale_every,
+                                     on_scale=lambda name, depth: self.progress(
+                                         f"autoscaler: {depth} messages waiting, started {name}")).start()
+        self.progress(f"producer and autoscaler running (at most {self.cap} workers)")
+
+    def _make_git(self) -> GitFixture:
+        """``demo-1``: two commits 40 days old; ``demo-2``: two more, a day old; both pushed; work is on demo-2."""
+        git = GitFixture(self.root / "git", branch=STALE_RELEASE).create(commits=2, age=timedelta(days=40))
+        git.git(git.work, "checkout", "--quiet", "-b", RELEASE)
+        git.commit(git.work, "faster exports", age=timedelta(days=1, hours=2))
+        self.sha = git.commit(git.work, "retry GPU jobs on OOM", age=timedelta(days=1))
+        git.push(git.work, RELEASE)
+        git.git(git.work, "branch", "--quiet", f"--set-upstream-to=origin/{RELEASE}")
+        return git
+
+    def _write_config(self, endpoint: str) -> None:
+        assert self.registry is not None
+        t = self.timing
+        self.config_path.write_text(f"""# Written by `celeryops demo`: everything points at the sandbox in {self.root}.
+broker = "{self.url}"
+state_dir = "state"
+
+[drain]
+interval = {t.drain_interval:g}
+streak = 2
+max_wait = {t.drain_max_wait:g}
+
+[release]
+remote = "origin"
+max_age_days = 14
+
+[[targets]]
+name = "{SERVICE}"
+kind = "cloudrun-service"
+project = "{PROJECT}"
+region = "{REGION}"
+resource = "{SERVICE}"
+image = "{self.registry.host}/{IMAGE_NAME}:{{sha}}"
+api_endpoint = "{endpoint}"
+insecure = true
+""", encoding="utf-8")
+
+    def wait_busy(self, tasks: int = 2, timeout: float = 60.0) -> bool:
+        """Wait until ``tasks`` demo tasks have started (so a drain has something to wait for)."""
+        client = redis.Redis.from_url(self.url, socket_timeout=5)
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                if int(client.get("demo:started") or 0) >= tasks:
+                    return True
+                time.sleep(0.1)
+            return False
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        """Tear everything down (idempotent). Never raises: each part is stopped even if another failed."""
+        if self._stopped or not self._started:
+            return
+        self._stopped = True
+        steps: list[tuple[str, Callable[[], None]]] = []
+        if self.autoscaler is not None:
+            steps.append(("autoscaler", self.autoscaler.request_stop))
+        if self.producer is not None:
+            steps.append(("producer", self.producer.stop))
+        if self.fleet is not None:
+            steps.append(("workers", self.fleet.stop))
+        if self.autoscaler is not None:
+            steps.append(("autoscaler", self.autoscaler.stop))
+        if self.standin is not None:
+            steps.append(("Cloud Run stand-in", self.standin.stop))
+        if self.registry is not None:
+            steps.append(("registry stand-in", self.registry.stop))
+        steps.append(("redis", self.redis.stop))
+        steps.append(("reaper", self.reaper.close))
+        for what, step in steps:
+            try:
+                step()
+            except Exception as exc:  # keep tearing down the rest
+                log.warning("demo teardown: stopping the %s failed: %s", what, exc)
+        if self._saved_env is not None:
+            os.environ.clear()
+            os.environ.update(self._saved_env)
+        if self._own_root and not self.keep and self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)
+        with contextlib.suppress(Exception):
+            atexit.unregister(self.stop)
