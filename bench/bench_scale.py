@@ -182,10 +182,11 @@ def main() -> int:
     server = RedisServer().start()
     client = redis.Redis.from_url(server.url)
     try:
-        for n in sizes:
+        for n, plugin in [(n, p) for n in sizes for p in (False, True)]:
             spec = SimSpec(n=n, processes=min(args.processes, max(1, n // 25)), queues=(QUEUE,),
                            tasks_per_worker=2, reserved_per_worker=1, scheduled_per_worker=1,
-                           task_duration=(3600.0, 7200.0), prefix=f"scale{n}", seed=n)
+                           task_duration=(3600.0, 7200.0), prefix=f"scale{n}{'p' if plugin else ''}", seed=n,
+                           plugin=plugin)
             client.flushall()
             with sim_fleet(server.url, spec, timeout=120.0) as sim:
                 wait_answering(server.url, sim.answering)
@@ -196,13 +197,15 @@ def main() -> int:
             cmds = result["commands"]
             top = ", ".join(f"{k} {v:.0f}" for k, v in sorted(cmds.items(), key=lambda kv: -kv[1])[:4])
             growth = result["rss_after"] - result["rss_base"]
-            mem.append((n, result["rss_peak"]))
+            if not plugin:
+                mem.append((n, result["rss_peak"]))
             ok = t.median < TARGET_WALL and result["rss_peak"] < TARGET_RSS_MB and not result["unknown"]
-            rows.append([n, f"{ms(t.median)} / {ms(t.p95)}", ms(t_cli.median), f"{t.median / t_cli.median:.2f}x",
+            label = f"{n} {'plugin' if plugin else 'plain'}"
+            rows.append([label, f"{ms(t.median)} / {ms(t.p95)}", ms(t_cli.median), f"{t.median / t_cli.median:.2f}x",
                          f"{sum(cmds.values()):.0f}", f"{cli[0][1]}", f"{result['cpu'] * 1000:.0f}",
                          result["unknown"], f"{result['rss_base']:.0f}", f"{result['rss_peak']:.0f}", f"{growth:+.1f}",
                          "met" if ok else "MISSED"])
-            cmd_rows.append([n, top])
+            cmd_rows.append([f"{n} {'plugin' if plugin else 'plain'}", top])
             print(f"  N={n}: done ({time.monotonic() - t_start:.0f} s)", flush=True)
     finally:
         client.close()

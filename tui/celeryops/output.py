@@ -34,6 +34,7 @@ class Printer:
         self.as_json = as_json
         self.stream = stream or sys.stdout
         self.finished = False  # a final event (drained/timeout/interrupted/error) was printed
+        self._warned: tuple[str, ...] = ()  # text mode repeats a warning only when it changes
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, DrainFinished) and event.outcome != "drained":
@@ -64,8 +65,10 @@ class Printer:
             line = (f"[{duration(event.elapsed)}] streak {event.streak}/{event.required}  active {event.active}  "
                     f"reserved {event.reserved}  scheduled {event.scheduled}  left {duration(event.remaining)}"
                     f"{unknown}")
-            for warning in event.warnings:
-                line += f"\n  warning: {warning}"
+            if event.warnings != self._warned:
+                for warning in event.warnings:
+                    line += f"\n  warning: {warning}"
+                self._warned = event.warnings
             return line
         if isinstance(event, ConsumersRestored):
             if not event.restored:
@@ -90,7 +93,7 @@ class Printer:
             line = f"  [{mark}] {event.title}: {event.detail}"
             return line + (f"\n         -> {event.remedy}" if event.remedy and event.status != "ok" else "")
         if isinstance(event, DeployProgressEvent):
-            return f"  {event.target}: {event.text}"
+            return f"  {event.text}"
         if isinstance(event, FleetBack):
             return "\n".join(f"  {w}: {', '.join(q)}" for w, q in sorted(event.workers.items()))
         if isinstance(event, ReleaseFinished):

@@ -90,6 +90,7 @@ class Runner:
     # Re-poll as soon as task events say the in-flight tasks ended (workers with -E); off: CELERYOPS_TASK_EVENTS=0.
     task_events: bool = field(default_factory=lambda: os.environ.get("CELERYOPS_TASK_EVENTS", "1") != "0")
     _held: RunLease | None = field(default=None, init=False)
+    _deploy_follows: bool = field(default=False, init=False)
     _pub: Publisher | None = field(default=None, init=False)
     _fence: FenceStore | None = field(default=None, init=False)
     _fence_run: str | None = field(default=None, init=False)
@@ -236,6 +237,7 @@ class Runner:
         phase ``drained`` until a deploy or ``abort``); ``timeout``/``interrupted``: consumers restored, aborted.
         ``keep_lease``: a drained run keeps the lease (the deploy follows; call ``release_lease`` after)."""
         self._refuse_if_read_only("stop consumers")
+        self._deploy_follows = keep_lease
         settings.validate()
         await self.fleet.check_broker()
         open_run = self.unfinished()
@@ -337,9 +339,10 @@ class Runner:
             raise
         if result.outcome == "drained":
             await phase("drained")
-            self.emit(DrainFinished(outcome="drained", elapsed=result.elapsed,
-                                    message="Drained: no task is running and the consumers stay stopped, ready for a "
-                                            "deploy. To undo: celeryops abort"))
+            message = ("Drained: no task is running; deploying next." if self._deploy_follows else
+                       "Drained: no task is running and the consumers stay stopped, ready for a deploy. "
+                       "To undo: celeryops abort")
+            self.emit(DrainFinished(outcome="drained", elapsed=result.elapsed, message=message))
             return "drained"
         await self._restore_after(drain, run, "timeout", publisher)
         self.emit(DrainFinished(

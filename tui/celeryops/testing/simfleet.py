@@ -90,6 +90,7 @@ class SimSpec:
     seed: int = 0
     prefix: str = ""
     control_exchange: str = "celery"
+    plugin: bool = False  # answer ``celeryops_observe`` like workers running the celeryops plugin
 
     def names(self) -> list[str]:
         prefix = self.prefix or "sim"
@@ -211,11 +212,18 @@ def _add_consumer(state: _Worker, queue: str, **_: Any) -> dict[str, Any]:
     return {"ok": f"add consumer {queue}"}
 
 
+def _observe(state: _Worker, **_: Any) -> dict[str, Any]:
+    """``celeryops_observe``, as workers running the celeryops plugin answer it (one round per observation)."""
+    return {"active": _active(state), "reserved": _reserved(state), "scheduled": _scheduled(state),
+            "active_queues": _active_queues(state)}
+
+
 HANDLERS: dict[str, Callable[..., Any]] = {
     "ping": _ping, "active": _active, "dump_active": _active, "reserved": _reserved, "dump_reserved": _reserved,
     "scheduled": _scheduled, "dump_schedule": _scheduled, "active_queues": _active_queues,
     "cancel_consumer": _cancel_consumer, "add_consumer": _add_consumer,
 }
+PLUGIN_HANDLERS: dict[str, Callable[..., Any]] = {**HANDLERS, "celeryops_observe": _observe}
 
 
 @dataclass(frozen=True)
@@ -229,6 +237,7 @@ class _ProcSpec:
     drop_rate: float
     events: bool
     seed: int
+    plugin: bool = False
 
 
 class _Server:
@@ -262,7 +271,8 @@ class _Server:
             mailbox = self.app.control.mailbox(conn)
             self.mailbox = mailbox
             self.producer = kombu.Producer(channel, auto_declare=False)
-            self.nodes = {n: mailbox.Node(n, state=w, channel=channel, handlers=HANDLERS)
+            handlers = PLUGIN_HANDLERS if self.spec.plugin else HANDLERS
+            self.nodes = {n: mailbox.Node(n, state=w, channel=channel, handlers=handlers)
                           for n, w in self.workers.items()}
             queues = [mailbox.get_queue(n) for n in self.spec.names]
             for queue in queues:  # binds it: the entry in _kombu.binding.<exchange>.pidbox a real worker creates
@@ -428,7 +438,8 @@ class SimFleet:
             proc_spec = _ProcSpec(broker=self.broker, exchange=self.spec.control_exchange, names=tuple(names),
                                   silent=frozenset(self.silent & set(names)), queues=self.spec.queues,
                                   reply_delay=self.spec.reply_delay, drop_rate=self.spec.drop_rate,
-                                  events=self.spec.events, seed=self.spec.seed * 1000 + i)
+                                  events=self.spec.events, seed=self.spec.seed * 1000 + i,
+                                  plugin=self.spec.plugin)
             proc = ctx.Process(target=_serve, args=(proc_spec, child), name=f"simfleet-{i}", daemon=True)
             proc.start()
             child.close()
