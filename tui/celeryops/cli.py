@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from celeryops import __version__, commands
+from celeryops.commands.common import FleetSpec, fleet_options
 from celeryops.errors import UserError
 from celeryops.masking import mask_text
 
@@ -23,10 +24,18 @@ class _Main(click.Group):
             sys.exit(err.exit_code)
 
 
-@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Main, invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="celeryops")
-def main() -> None:
-    """Drain, deploy and recover Celery fleets safely."""
+@fleet_options
+@click.option("--state-dir", type=click.Path(file_okay=False), default=None,
+              help="Where the run journal lives (default: the user state dir).")
+@click.pass_context
+def main(ctx: click.Context, fleet: FleetSpec, state_dir: str | None) -> None:
+    """Drain, deploy and recover Celery fleets safely. Without a command: the console's home view."""
+    if ctx.invoked_subcommand is None:
+        from celeryops.commands.console import open_console
+
+        open_console(fleet, start="home", state_dir=state_dir)
 
 
 def _register() -> None:

@@ -89,6 +89,9 @@ class Runner:
         default_factory=lambda: float(os.environ.get("CELERYOPS_FENCE_PARKED_TTL", str(7 * 24 * 3600))))
     # Re-poll as soon as task events say the in-flight tasks ended (workers with -E); off: CELERYOPS_TASK_EVENTS=0.
     task_events: bool = field(default_factory=lambda: os.environ.get("CELERYOPS_TASK_EVENTS", "1") != "0")
+    # The console's "detach": an interruption then leaves the consumers stopped and the run open for `resume`.
+    detached: bool = False
+    _drain: Drain | None = field(default=None, init=False)
     _held: RunLease | None = field(default=None, init=False)
     _deploy_follows: bool = field(default=False, init=False)
     _pub: Publisher | None = field(default=None, init=False)
@@ -306,6 +309,7 @@ class Runner:
 
         drain = Drain(self.fleet, settings, queues=queues, forget=forget, on_event=chained, hooks=hooks,
                       prior_stopped=prior, wake=wake)
+        self._drain = drain
         if run.phase == "preflight":
             for name in forget:
                 await self.journal.aio.note(run.id, {"forget": name, "by": _user()})
@@ -351,6 +355,20 @@ class Runner:
                     "the consumers were restored and the run aborted; try again when the long tasks are done."))
         return "timeout"
 
+    async def forget(self, name: str) -> None:
+        """Treat ``name`` as gone in the running drain (known dead: it will not be waited for); recorded."""
+        self._refuse_if_read_only("forget a worker")
+        drain = self._drain
+        if drain is None or drain.policy is None:
+            raise UserError(f"No drain is running, so {name} was not forgotten: nothing was changed.", EXIT_FAILURE)
+        drain.forget = tuple(sorted({*drain.forget, name}))
+        drain.known.discard(name)
+        open_run = self.unfinished()
+        run_id = self._fence_run or (open_run.id if open_run is not None else None)
+        if run_id is not None:
+            await self.journal.aio.note(run_id, {"forget": name, "by": _user()})
+        self.emit(Notice(level="warning", message=f"{name} is treated as gone from now on (recorded)."))
+
     async def resume(self, *, run: Run | None = None) -> tuple[Outcome, Run]:
         """Continue the fleet's interrupted run from its phase: a run interrupted while stopping or draining
         re-enters the drain with the same settings (the consumers it stopped stay recorded for a restore)."""
@@ -384,6 +402,10 @@ class Runner:
         return outcome, await self.journal.aio.get(run.id)
 
     async def _restore_after(self, drain: Drain, run: Run, why: str, publisher: Publisher | None) -> None:
+        if self.detached and why == "interrupted":
+            if publisher is not None:
+                publisher.event("notice", {"level": "warning", "message": "the operator detached from the run"})
+            return
         task = asyncio.ensure_future(drain.restore())
         # A second interrupt must not cut the restore short.
         while not task.done():

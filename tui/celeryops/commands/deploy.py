@@ -12,7 +12,6 @@ from celeryops.commands.common import FleetSpec, fleet_options
 from celeryops.commands.drain import open_runner, run_interruptibly, state_dir_option
 from celeryops.errors import EXIT_INTERRUPTED, EXIT_USAGE, UserError
 from celeryops.output import Printer
-from celeryops.release import ReleaseFlow
 
 
 @click.command()
@@ -24,15 +23,23 @@ from celeryops.release import ReleaseFlow
 @click.option("--repo", type=click.Path(file_okay=False, exists=True), default=".",
               help="The git checkout of the release (default: the current directory).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.option("--headless", is_flag=True, help="Plain output even in a terminal (no console).")
 @state_dir_option
 def deploy(release: str, fleet: FleetSpec, targets: tuple[str, ...], yes: bool,
-           accept_warnings: bool, repo: str, as_json: bool, state_dir: str | None) -> None:
-    """Deploy RELEASE (a branch pushed to the release remote): preflight, drain, deploy, verify."""
+           accept_warnings: bool, repo: str, as_json: bool, headless: bool, state_dir: str | None) -> None:
+    """Deploy RELEASE (a branch pushed to the release remote): preflight, drain, deploy, verify.
+    In a terminal (without --json or --headless) it opens the console on the deploy's preflight."""
+    from celeryops.release import ReleaseFlow  # the Cloud Run client is heavy: load it only when deploying
+
     config = fleet.config({"state_dir": state_dir})
     if not config.targets:
         raise UserError("No deploy target is configured: nothing was changed; add a [[targets]] table to "
                         "celeryops.toml (see the README).", EXIT_USAGE)
     chosen = tuple(config.target(name) for name in targets) if targets else config.targets
+    from celeryops.commands.console import open_console, wants_console
+
+    if wants_console(as_json, headless):
+        open_console(fleet, start="deploy", config=config, release=release, targets=chosen, repo=repo)
     if not yes and not sys.stdin.isatty():
         raise UserError("celeryops deploy asks before stopping consumers and before deploying, but there is no "
                         "terminal to ask on: nothing was changed; add --yes to run it unattended.", EXIT_USAGE)

@@ -119,11 +119,13 @@ state_dir_option = click.option("--state-dir", type=click.Path(file_okay=False),
 @click.option("--take-over", is_flag=True, help="Take over an orphaned run of this fleet (recovers it first).")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before forgetting workers.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.option("--headless", is_flag=True, help="Plain output even in a terminal (no console).")
 @state_dir_option
 def drain(fleet: FleetSpec, queues: tuple[str, ...], interval: float | None, streak: int | None,
-          max_wait: float | None,
-          forget: tuple[str, ...], take_over: bool, yes: bool, as_json: bool, state_dir: str | None) -> None:
-    """Stop consumers and wait until no task runs (exit 0: drained, consumers stay stopped)."""
+          max_wait: float | None, forget: tuple[str, ...], take_over: bool, yes: bool, as_json: bool,
+          headless: bool, state_dir: str | None) -> None:
+    """Stop consumers and wait until no task runs (exit 0: drained, consumers stay stopped).
+    In a terminal (without --json or --headless) it opens the console on the drain's preflight."""
     printer = Printer(as_json)
     if forget and not yes and not as_json:
         if not sys.stdin.isatty():
@@ -132,8 +134,14 @@ def drain(fleet: FleetSpec, queues: tuple[str, ...], interval: float | None, str
         click.confirm(f"Treat {', '.join(forget)} as gone (its tasks will not be waited for)?", abort=True)
     cfg = fleet.config({"state_dir": state_dir, "drain.interval": interval, "drain.streak": streak,
                         "drain.max_wait": max_wait})
-    runner = open_runner(fleet, cfg.state_dir, printer)
     settings = DrainSettings(interval=cfg.drain.interval, streak=cfg.drain.streak, max_wait=cfg.drain.max_wait)
+    from celeryops.commands.console import open_console, wants_console
+
+    if wants_console(as_json, headless):
+        from celeryops.backend import DrainRequest
+
+        open_console(fleet, start="drain", config=cfg, drain=DrainRequest(queues, settings, forget, take_over))
+    runner = open_runner(fleet, cfg.state_dir, printer)
     try:
         result, interrupted = run_interruptibly(
             lambda: runner.drain(queues=queues, settings=settings, forget=forget, take_over=take_over))

@@ -53,7 +53,7 @@ PROJECT = "demo-project"
 REGION = "europe-west1"
 SERVICE = "worker"
 IMAGE_NAME = "demo/worker"
-HINT = f"Press D to deploy release {RELEASE}, W to open the watch view, S for slots."
+HINT = f"Press D to deploy release {RELEASE} · w to watch the run · s for slots · ? for every action."
 SLOT_TOTALS = {"CPU": 4, "GPU": 1}
 
 Progress = Callable[[str], None]

@@ -1,0 +1,287 @@
+"""The console over the real ops layer (``celeryops.backend.OpsBackend``), driven by Pilot against a real
+redis-server, real Celery workers and the local Cloud Run stand-in: preflight -> drain -> deploy -> done;
+timeout -> consumers restored; quit mid-drain -> abort restores; detach leaves the run, and a restarted console
+opens the resume/abort panel whose abort restores the consumers."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from celeryops.backend import DrainRequest, OpsBackend, open_backend
+from celeryops.config import Config, load_config
+from celeryops.console.app import ConsoleApp, make_app
+from celeryops.console.screens.confirm import ConfirmScreen
+from celeryops.console.screens.deploy import DeployScreen
+from celeryops.console.screens.quit import QuitScreen
+from celeryops.console.screens.resume import ResumeScreen
+from celeryops.drain import DrainSettings
+from celeryops.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT
+from celeryops.journal import Journal
+from celeryops.testing.cloudrun import CloudRunStandIn
+from celeryops.testing.gitfixture import GitFixture
+from celeryops.testing.registry import RegistryStandIn
+from celeryops.testing.workers import WorkerProcess, wait_for
+from drainhelp import enqueue, started
+
+SIZE = (120, 40)
+FAST = DrainSettings(interval=0.3, streak=2, max_wait=60.0)
+
+
+def backend_for(broker: str, state: Path, **kw: Any) -> OpsBackend:
+    app = Celery("celeryops-console-test", broker=broker, set_as_current=False)
+    app.conf.broker_connection_retry_on_startup = False
+    config = kw.pop("config", None) or Config(broker=broker)
+    return open_backend(app, config, read_only=kw.pop("read_only", False), fleet_display="test fleet",
+                        state_dir=str(state), env={}, **kw)
+
+
+def console(backend: OpsBackend, **kw: Any) -> ConsoleApp:
+    return make_app(backend, animate=False, poll_interval=3600.0, clock=time.time, **kw)
+
+
+async def until(pilot: Any, cond: Callable[[], object], timeout: float, what: str) -> None:
+    """Let the app run until ``cond()`` holds (the flows run in the app's loop)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            app = pilot.app
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}; phase {app.model.phase}, "
+                                 f"screen {type(app.screen).__name__}, log {[line.text for line in app.model.log]}")
+        await pilot.pause(0.05)
+
+
+async def press(pilot: Any, *keys: str) -> None:
+    for key in keys:
+        await pilot.press(key)
+        await pilot.pause()
+
+
+async def proceed(pilot: Any) -> None:
+    """Preflight passed (maybe with warnings): G, then confirm."""
+    app = pilot.app
+    await until(pilot, lambda: app.model.may_proceed, 60, "the preflight to finish")
+    await press(pilot, "G")
+    await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 10, "the confirmation")
+    await press(pilot, "y")
+
+
+def consumed(broker: str, worker: WorkerProcess) -> list[str]:
+    app = Celery("celeryops-check", broker=broker, set_as_current=False)
+    try:
+        replies = app.control.inspect(destination=[worker.nodename], timeout=3, limit=1).active_queues() or {}
+    finally:
+        app.close()
+    return sorted(q["name"] for q in replies.get(worker.nodename, []))
+
+
+async def consumed_async(broker: str, worker: WorkerProcess) -> list[str]:
+    return await asyncio.to_thread(consumed, broker, worker)
+
+
+@pytest.fixture
+def busy_worker(redis_url: str, redis_client: redis.Redis, start_workers: Any, queue_name: str
+                ) -> Callable[[float], WorkerProcess]:
+    """One real worker on ``queue_name`` running a recorded task of the given length."""
+
+    def make(seconds: float) -> WorkerProcess:
+        (worker,) = start_workers(redis_url, queues=[queue_name])
+        ids = enqueue(redis_url, queue_name, seconds)
+        wait_for(lambda: started(redis_client, ids), 30, "the task to start")
+        return worker
+
+    return make
+
+
+async def test_drain_timeout_restores_consumers(redis_url: str, busy_worker: Any, queue_name: str,
+                                                tmp_path: Path) -> None:
+    worker = busy_worker(20.0)
+    settings = DrainSettings(interval=0.3, streak=2, max_wait=1.5)
+    backend = backend_for(redis_url, tmp_path, drain=DrainRequest(queues=(queue_name,), settings=settings))
+    app = console(backend, start="drain")
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await proceed(pilot)
+            await until(pilot, lambda: app.model.phase == "aborted", 60, "the drain to time out")
+            assert app.model.finished is not None and app.model.finished.outcome == "timeout"
+            assert any("restored" in line.text for line in app.model.log)
+            await press(pilot, "q")
+        assert app.return_value == EXIT_TIMEOUT
+        assert await consumed_async(redis_url, worker) == [queue_name]
+    finally:
+        await backend.close()
+        backend.close_sync()
+
+
+async def test_quit_mid_drain_abort_restores_consumers(redis_url: str, busy_worker: Any, queue_name: str,
+                                                      tmp_path: Path) -> None:
+    worker = busy_worker(20.0)
+    backend = backend_for(redis_url, tmp_path, drain=DrainRequest(queues=(queue_name,), settings=FAST))
+    app = console(backend, start="drain")
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await proceed(pilot)
+            await until(pilot, lambda: app.model.progress is not None, 60, "the first drain poll")
+            assert await consumed_async(redis_url, worker) == []  # stopped while the task runs
+            await press(pilot, "q")
+            assert isinstance(app.screen, QuitScreen)
+            await press(pilot, "s")  # stay: nothing happens
+            assert app.model.phase == "draining" and not isinstance(app.screen, QuitScreen)
+            await press(pilot, "ctrl+c")  # same question
+            assert isinstance(app.screen, QuitScreen)
+            await press(pilot, "A")
+            await until(pilot, lambda: app.return_value is not None, 60, "the abort to settle and the app to exit")
+        assert app.return_value == EXIT_INTERRUPTED
+        assert await consumed_async(redis_url, worker) == [queue_name]
+        with Journal(state_dir=str(tmp_path)) as journal:
+            assert journal.unfinished_runs() == []
+    finally:
+        await backend.close()
+        backend.close_sync()
+
+
+async def test_detach_then_restart_panel_abort_restores(redis_url: str, busy_worker: Any, queue_name: str,
+                                                       tmp_path: Path) -> None:
+    worker = busy_worker(25.0)
+    backend = backend_for(redis_url, tmp_path, drain=DrainRequest(queues=(queue_name,), settings=FAST))
+    app = console(backend, start="drain")
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await proceed(pilot)
+            await until(pilot, lambda: app.model.progress is not None, 60, "the first drain poll")
+            await press(pilot, "q", "d")
+            await until(pilot, lambda: app.return_value is not None, 30, "the console to detach")
+        assert app.return_value == EXIT_INTERRUPTED
+    finally:
+        await backend.close()
+        backend.close_sync()
+    # Detached: the run is still open in the journal and its consumers stay stopped, for `celeryops resume`.
+    with Journal(state_dir=str(tmp_path)) as journal:
+        (run,) = journal.unfinished_runs()
+        assert run.phase == "draining" and run.stopped_consumers()
+    assert await consumed_async(redis_url, worker) == []
+
+    backend = backend_for(redis_url, tmp_path)
+    app = console(backend, start="home")
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: isinstance(app.screen, ResumeScreen), 20, "the resume/abort panel")
+            assert isinstance(app.screen, ResumeScreen) and app.screen.run.run_id == run.id
+            assert {c.kind for c in app.screen.run.choices} == {"resume", "abort"}
+            await press(pilot, "X")
+            assert isinstance(app.screen, ConfirmScreen)
+            await press(pilot, "y")
+            await until(pilot, lambda: not app.workers or all(w.is_finished for w in app.workers), 60,
+                        "the abort to finish")
+            await press(pilot, "q")
+        assert app.return_value == EXIT_OK
+        assert await consumed_async(redis_url, worker) == [queue_name]
+        with Journal(state_dir=str(tmp_path)) as journal:
+            assert journal.unfinished_runs() == []
+    finally:
+        await backend.close()
+        backend.close_sync()
+
+
+# -- preflight -> drain -> deploy -> done, against the Cloud Run stand-in -----------------------------------------
+
+
+class Revisions:
+    """Workers of one revision; the stand-in's update hook replaces them with a worker of the new one."""
+
+    def __init__(self, broker: str, queue: str, tmp: Path) -> None:
+        self.broker, self.queue, self.tmp = broker, queue, tmp
+        self.workers: list[WorkerProcess] = []
+        self.replaced = threading.Event()
+
+    def start(self, revision: str) -> WorkerProcess:
+        worker = WorkerProcess(self.broker, queues=[self.queue], log_dir=self.tmp,
+                               env={"CELERYOPS_TEST_RECORD": self.broker, "K_REVISION": revision}).start()
+        app = Celery("t", broker=self.broker, set_as_current=False)
+        worker.wait_ready(app)
+        app.close()
+        self.workers.append(worker)
+        return worker
+
+    def on_update(self, resource: str, revision: str, image: str) -> None:
+        old = list(self.workers)
+        for w in old:
+            w.signal(signal.SIGTERM)
+        for w in old:
+            assert w.proc is not None
+            w.proc.wait(30)
+        self.start(revision)
+        self.replaced.set()
+
+    def stop(self) -> None:
+        for w in self.workers:
+            w.stop()
+
+
+@pytest.mark.slow
+async def test_deploy_preflight_drain_deploy_done(tmp_path: Path, redis_url: str, queue_name: str) -> None:
+    git = GitFixture(tmp_path / "git", branch="demo-2").create(commits=2, age=timedelta(days=1))
+    registry = RegistryStandIn().start()
+    fleet = Revisions(redis_url, queue_name, tmp_path)
+    standin = CloudRunStandIn(rollout_seconds=0.3, on_update=fleet.on_update)
+    endpoint = standin.start()
+    backend: OpsBackend | None = None
+    try:
+        registry.seed("proj/worker", git.tip(git.remote))
+        standin.add_service("proj", "europe-west1", "worker", f"{registry.host}/proj/worker:old")
+        toml = tmp_path / "celeryops.toml"
+        toml.write_text(f"""
+broker = "{redis_url}"
+[drain]
+interval = 0.3
+streak = 2
+max_wait = 60
+[release]
+remote = "origin"
+max_age_days = 14
+[[targets]]
+name = "worker"
+kind = "cloudrun-service"
+project = "proj"
+region = "europe-west1"
+resource = "worker"
+image = "{registry.host}/proj/worker:{{sha}}"
+api_endpoint = "{endpoint}"
+insecure = true
+""")
+        config = load_config(str(toml), tmp_path, {}, {"state_dir": str(tmp_path / "state")})
+        fleet.start("worker-00001-old")
+        backend = backend_for(redis_url, tmp_path / "state", config=config, repo=git.work)
+        app = console(backend, start="deploy", release="demo-2")
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.model.preflight is not None, 60, "the preflight")
+            checks = {c.check_id: c.status for c in app.model.checks.values()}
+            assert checks["image"] == "ok" and checks["permissions"] == "ok", checks
+            await proceed(pilot)
+            await until(pilot, lambda: app.model.phase == "done", 120, "the deploy to finish")
+            assert isinstance(app.screen, DeployScreen)
+            assert app.model.finished is not None and app.model.finished.outcome == "drained"
+            assert app.model.deploy is not None and [t.state for t in app.model.deploy.targets] == ["ready"]
+            assert app.model.fleet_back and app.model.fleet_back[0].queues == (queue_name,)
+            await press(pilot, "q")
+        assert app.return_value == EXIT_OK
+        assert fleet.replaced.is_set()
+        with Journal(state_dir=str(tmp_path / "state")) as journal:
+            assert journal.unfinished_runs() == []
+    finally:
+        if backend is not None:
+            await backend.close()
+            backend.close_sync()
+        fleet.stop()
+        standin.stop()
+        registry.stop()

@@ -1,0 +1,103 @@
+"""SVG snapshots of every screen in its main states (fixed size, theme, clock; no animations).
+Update with ``pytest tests/console --snapshot-update`` after looking at the change."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celeryops.console import sample
+from celeryops.console.static import StaticBackend
+from celeryops.views import FleetBack, PhaseChanged
+
+SIZE = (100, 30)
+SMALL = (80, 24)
+
+
+def keys(*names: str) -> Any:
+    """Press keys one at a time, letting the app settle (workers, messages) before each."""
+
+    async def run_before(pilot: Any) -> None:
+        await pilot.app.workers.wait_for_complete()
+        await pilot.pause()
+        for name in names:
+            await pilot.press(name)
+            await pilot.app.workers.wait_for_complete()
+            await pilot.pause()
+
+    return run_before
+
+
+def deploy_backend(**kwargs: Any) -> StaticBackend:
+    kwargs.setdefault("preflight_script", sample.preflight_script())
+    kwargs.setdefault("proceed_script", sample.drain_script())
+    return StaticBackend(fleet=sample.fleet(), slots=sample.slots(), **kwargs)
+
+
+def test_home(snap_compare: Any, app_factory: Any) -> None:
+    assert snap_compare(app_factory(), terminal_size=SIZE)
+
+
+def test_home_read_only(snap_compare: Any, app_factory: Any) -> None:
+    backend = StaticBackend(fleet=sample.fleet(with_run=False), slots=None, read_only=True)
+    assert snap_compare(app_factory(backend), terminal_size=SMALL)
+
+
+def test_preflight_running(snap_compare: Any, app_factory: Any) -> None:
+    backend = deploy_backend(preflight_script=sample.preflight_script(done=False))
+    assert snap_compare(app_factory(backend, start="deploy", release="v2.14.0"), terminal_size=SMALL)
+
+
+def test_preflight_warning(snap_compare: Any, app_factory: Any) -> None:
+    assert snap_compare(app_factory(deploy_backend(), start="deploy", release="v2.14.0"), terminal_size=SMALL)
+
+
+def test_preflight_failed(snap_compare: Any, app_factory: Any) -> None:
+    from celeryops.views import PreflightDone
+    backend = deploy_backend(preflight_script=[*sample.failed_checks(), PreflightDone(failed=1, warnings=1)])
+    assert snap_compare(app_factory(backend, start="deploy", release="v2.14.0"), terminal_size=SIZE)
+
+
+def test_confirm_warnings(snap_compare: Any, app_factory: Any) -> None:
+    assert snap_compare(app_factory(deploy_backend(), start="deploy", release="v2.14.0"), run_before=keys("G"),
+                        terminal_size=SIZE)
+
+
+def test_drain(snap_compare: Any, app_factory: Any) -> None:
+    assert snap_compare(app_factory(deploy_backend(), start="deploy", release="v2.14.0"), run_before=keys("G", "y"),
+                        terminal_size=SIZE)
+
+
+def test_drain_small(snap_compare: Any, app_factory: Any) -> None:
+    assert snap_compare(app_factory(deploy_backend(), start="deploy", release="v2.14.0"), run_before=keys("G", "y"),
+                        terminal_size=SMALL)
+
+
+def test_quit_mid_drain(snap_compare: Any, app_factory: Any) -> None:
+    assert snap_compare(app_factory(deploy_backend(), start="deploy", release="v2.14.0"),
+                        run_before=keys("G", "y", "q"),
+                        terminal_size=SIZE)
+
+
+def test_deploy_rolling(snap_compare: Any, app_factory: Any) -> None:
+    script = [*sample.drain_script(), sample.progress(0, 3, 630.0), PhaseChanged("deploying"),
+              sample.deploy_update("rolling")]
+    backend = deploy_backend(proceed_script=script)
+    app = app_factory(backend, start="deploy", release="v2.14.0")
+    assert snap_compare(app, run_before=keys("G", "y"), terminal_size=SIZE)
+
+
+def test_deploy_done(snap_compare: Any, app_factory: Any) -> None:
+    script = [*sample.drain_script(), sample.progress(0, 3, 630.0), PhaseChanged("deploying"),
+              sample.deploy_update("ready"), FleetBack(sample.workers()), PhaseChanged("done", "v2.14.0 is live")]
+    backend = deploy_backend(proceed_script=script)
+    app = app_factory(backend, start="deploy", release="v2.14.0")
+    assert snap_compare(app, run_before=keys("G", "y"), terminal_size=SIZE)
+
+
+def test_slots(snap_compare: Any, app_factory: Any) -> None:
+    assert snap_compare(app_factory(), run_before=keys("s"), terminal_size=SIZE)
+
+
+def test_resume_panel(snap_compare: Any, app_factory: Any) -> None:
+    backend = StaticBackend(fleet=sample.fleet(), slots=sample.slots(), run=sample.unfinished_run())
+    assert snap_compare(app_factory(backend), terminal_size=SIZE)

@@ -1,0 +1,144 @@
+"""Watch mode is read-only on the wire: Redis MONITOR recorded while a watcher console (Pilot, read-only) follows
+a live ``celeryops drain --json`` run in another process. The watcher's connections (named ``celeryops-watch``)
+send no control command (no PUBLISH at all: on Redis every Celery broadcast is one) and no write; only reads."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from celeryops.backend import WATCH_CLIENT_NAME, open_backend
+from celeryops.config import Config
+from celeryops.console.app import make_app
+from celeryops.console.screens.home import HomeScreen
+from celeryops.publish import read_status
+from celeryops.testing.workers import wait_for
+from celeryops.views import ReadOnlyRefused
+from clihelp import CliProcess, cli_env
+from drainhelp import enqueue, started
+
+READS = {"hgetall", "hget", "hmget", "xrange", "xrevrange", "llen", "pttl", "ttl", "time", "get", "mget", "exists",
+         "type", "smembers", "scard", "ping", "info", "select", "client", "hello", "multi", "exec", "zrange",
+         "evalsha_ro", "eval_ro", "scan"}
+
+
+class Monitor:
+    """Records every command the server sees, in a thread, until ``stop()``."""
+
+    def __init__(self, url: str) -> None:
+        self.client = redis.Redis.from_url(url)
+        self.records: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> Monitor:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        with self.client.monitor() as mon:
+            while not self._stop.is_set():
+                self.records.append(mon.next_command())  # the live drain keeps traffic going
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        self.client.close()
+
+
+def addr(record: dict[str, Any]) -> str:
+    return f"{record.get('client_address')}:{record.get('client_port')}"
+
+
+def owned_by(records: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    """Commands sent by connections named ``name``. redis-py opens every connection with CLIENT SETNAME (when
+    named) then CLIENT SETINFO LIB-NAME, so a SETINFO not right after a SETNAME starts an unnamed connection: a
+    port reused by another process after the watcher closed its connection is not blamed on the watcher."""
+    owner: dict[str, str | None] = {}
+    named_just_now: set[str] = set()
+    out = []
+    for r in records:
+        where, command = addr(r), str(r.get("command", ""))
+        words = command.lower().split()
+        if words[:2] == ["client", "setname"]:
+            owner[where] = command.split()[2] if len(command.split()) > 2 else ""
+            named_just_now.add(where)
+        elif words[:3] == ["client", "setinfo", "lib-name"]:
+            if where in named_just_now:
+                named_just_now.discard(where)
+            else:
+                owner[where] = None
+        if owner.get(where) == name:
+            out.append(r)
+    return out
+
+
+@pytest.mark.slow
+async def test_watch_sends_no_control_command_and_writes_nothing(
+        redis_url: str, redis_client: redis.Redis, start_workers: Any, queue_name: str, tmp_path: Path) -> None:
+    (worker,) = start_workers(redis_url, queues=[queue_name])
+    ids = enqueue(redis_url, queue_name, 25.0)
+    wait_for(lambda: started(redis_client, ids), 30, "the task to start")
+    drain = CliProcess(["drain", "--broker", redis_url, "-Q", queue_name, "--interval", "0.3", "--max-wait", "120",
+                        "--json"], cli_env(tmp_path / "operator"))
+    monitor: Monitor | None = None
+    try:
+        drain.wait_event("poll", 60)
+        wait_for(lambda: (s := read_status(redis_client, "default")) is not None and s.phase == "draining", 30,
+                 "the drain to be published")
+        monitor = Monitor(redis_url).start()
+        app = Celery("watcher", broker=redis_url, set_as_current=False)
+        backend = open_backend(app, Config(broker=redis_url), read_only=True, fleet_display="watched fleet",
+                               state_dir=str(tmp_path / "watcher"), env={}, follow_interval=0.2)
+        console = make_app(backend, animate=False, poll_interval=0.3)
+        try:
+            async with console.run_test(size=(120, 40)) as pilot:
+                deadline = time.monotonic() + 60
+                home = console.screen_stack[0]
+                assert isinstance(home, HomeScreen)
+                while not (console.model.progress is not None and len(console.model.inflight) >= 3
+                           and home.fleet is not None and home.fleet.run is not None):
+                    assert time.monotonic() < deadline, "the watcher never showed the live run"
+                    await pilot.pause(0.05)
+                assert home.fleet.run.phase == "draining"
+                assert [w.name for w in home.fleet.workers] == [worker.nodename]
+                assert console.model.progress.active == 1
+                for key in ("S", "G", "X", "F", "R", "A"):  # dangerous keys do nothing here
+                    await pilot.press(key)
+                    await pilot.pause()
+                with pytest.raises(ReadOnlyRefused):
+                    await backend.abort_run()
+                with pytest.raises(ReadOnlyRefused):
+                    await backend.proceed()
+                await pilot.press("q")
+            assert console.return_value == 0
+        finally:
+            await backend.close()
+            backend.close_sync()
+        monitor.stop()
+        records = list(monitor.records)
+    finally:
+        if monitor is not None:
+            monitor.stop()
+        drain.signal()
+        drain.finish(60)
+
+    mine = owned_by(records, WATCH_CLIENT_NAME)
+    assert mine, "no connection named celeryops-watch was seen"
+    verbs = [str(r["command"]).split(" ", 1)[0].lower() for r in mine]
+    # Positive control: the watcher was identified and really read the published status and the events stream.
+    assert "hgetall" in verbs and "xrange" in verbs, verbs
+    forbidden = sorted({v for v in verbs if v not in READS})
+    sample = [r["command"] for r in mine if r["command"].split()[0].lower() in forbidden][:5]
+    assert not forbidden, f"the watcher sent {forbidden}: {sample}"
+    assert not any(r["command"].lower().startswith("client") and " kill" in r["command"].lower() for r in mine)
+    # The recording itself saw the operator's control traffic and writes from other connections (it can fail).
+    mine_ids = {id(r) for r in mine}
+    others = [str(r["command"]).split(" ", 1)[0].lower() for r in records if id(r) not in mine_ids]
+    assert "publish" in others and any(v in others for v in ("hset", "xadd", "set", "lpush", "evalsha"))

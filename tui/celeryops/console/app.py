@@ -1,0 +1,335 @@
+"""The console application and its one factory, :func:`make_app`, used by the CLI, the preview and the tests.
+
+The app owns the run model (folded from ops events that arrive through :meth:`ConsoleApp.sink` from any thread),
+polls the fleet without overlapping polls, shows the screen that fits the run's phase, and sends the operator's
+decisions to the backend, each dangerous one after a confirmation that says what will happen.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import PurePath
+from typing import Any, ClassVar, Literal
+
+from textual.app import App, SystemCommand
+from textual.binding import Binding
+from textual.screen import ModalScreen, Screen
+from textual.timer import Timer
+
+from celeryops.console.messages import DeployUpdated, DrainUpdated, FleetUpdated, OpsEvent, SlotsUpdated, to_message
+from celeryops.console.model import RunModel, View
+from celeryops.console.ports import ConsoleBackend
+from celeryops.console.screens.base import ConsoleScreen
+from celeryops.console.screens.confirm import ConfirmScreen
+from celeryops.console.screens.deploy import DeployScreen
+from celeryops.console.screens.drain import DrainScreen
+from celeryops.console.screens.home import HomeScreen
+from celeryops.console.screens.preflight import PreflightScreen
+from celeryops.console.screens.quit import QuitChoice, QuitScreen
+from celeryops.console.screens.resume import ResumeScreen
+from celeryops.console.screens.slots import SlotsScreen
+from celeryops.console.stylesheets import stylesheets
+from celeryops.errors import EXIT_INTERRUPTED, UserError
+from celeryops.events import Event
+from celeryops.masking import mask_text
+from celeryops.views import RecoveryChoice
+
+Start = Literal["home", "deploy", "drain"]
+RUN_SCREENS: dict[View, type[ConsoleScreen]] = {"preflight": PreflightScreen, "drain": DrainScreen,
+                                                "deploy": DeployScreen}
+
+
+class ConsoleApp(App[int]):
+    """celeryops console. Returns the run's exit code (``errors.EXIT_*``) from ``run()``."""
+
+    TITLE = "celeryops"
+    CSS_PATH: ClassVar[list[str | PurePath]] = list(stylesheets())
+    BINDINGS = [
+        Binding("q", "request_quit", "Quit", id="app.quit",
+                tooltip="Quit; during a run, asks whether to abort, detach or stay."),
+        Binding("ctrl+c,ctrl+q", "request_quit", "Quit", id="app.interrupt", show=False, priority=True,
+                tooltip="Same as q: during a run, asks whether to abort, detach or stay."),
+        Binding("question_mark", "command_palette", "Actions", id="app.palette", key_display="?",
+                tooltip="List every action available here."),
+    ]
+
+    def __init__(self, backend: ConsoleBackend, *, read_only: bool, clock: Callable[[], float], start: Start,
+                 release: str | None, animate: bool, poll_interval: float) -> None:
+        super().__init__()
+        self.backend = backend
+        self.read_only = read_only
+        self.clock = clock
+        self.motion = animate
+        self.poll_interval = poll_interval
+        self.start = start
+        self.release = release
+        self.hint = ""  # a line under the home view's tables (the demo's "press D to deploy ...")
+        self.model = RunModel()
+        self._wanted: View | None = None
+        self._polling = False
+        self._poll_timer: Timer | None = None
+        self._quit_when_settled = False
+        self.size_hint: tuple[int, int] | None = None
+        self.theme = "textual-dark"
+        if not animate:
+            self.animation_level = "none"
+
+    # -- screens -----------------------------------------------------------------------------------------------
+
+    def get_default_screen(self) -> Screen:
+        return HomeScreen(self.read_only)
+
+    def on_mount(self) -> None:
+        run = self.backend.unfinished_run() if self.start == "home" else None
+        if run is not None:
+            self.push_screen(ResumeScreen(self.read_only, run))
+        if self.read_only:
+            self.call_backend("follow the live run", self.backend.follow_run(self.sink))
+        elif self.start in ("deploy", "drain"):
+            self.begin_run(self.start, self.release)
+
+    def sync_view(self) -> None:
+        """Show the screen that fits the run's phase, once per phase change (the operator may navigate away)."""
+        want = self.model.view
+        if want is None or want == self._wanted or isinstance(self.screen, ModalScreen | ResumeScreen):
+            return
+        self._wanted = want
+        screen = RUN_SCREENS[want](self.read_only)
+        if isinstance(self.screen, tuple(RUN_SCREENS.values())):
+            self.switch_screen(screen)
+        else:
+            self.push_screen(screen)
+
+    def _render_run(self) -> None:
+        self.sync_view()
+        if isinstance(self.screen, ConsoleScreen):
+            self.screen.render_model(self.model)
+            self.screen.refresh_bindings()
+        if self._quit_when_settled and not self.model.active:
+            self.exit(self.model.exit_code())
+
+    def action_show_home(self) -> None:
+        while len(self.screen_stack) > 1:
+            self.pop_screen()
+
+    def action_show_slots(self) -> None:
+        if not isinstance(self.screen, SlotsScreen):
+            self.push_screen(SlotsScreen(self.read_only))
+
+    def action_show_run(self) -> None:
+        view = self.model.view
+        if view is None:
+            self.notify("No run in progress in this console.", severity="information")
+            return
+        if not isinstance(self.screen, RUN_SCREENS[view]):
+            self._wanted = view
+            self.push_screen(RUN_SCREENS[view](self.read_only))
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        """The command palette lists what the keys do here (only what is allowed), then Textual's own."""
+        seen = set()
+        for key, active in screen.active_bindings.items():
+            binding = active.binding
+            if not binding.description or binding.action in seen or not active.enabled:
+                continue
+            seen.add(binding.action)
+            node = active.node
+            yield SystemCommand(f"{binding.description} ({key})", binding.tooltip or binding.description,
+                                lambda node=node, action=binding.action: self.run_action(action, node))
+        yield from super().get_system_commands(screen)
+
+    # -- events from ops ---------------------------------------------------------------------------------------
+
+    def sink(self, event: Event) -> None:
+        """Where ops sends run events; thread-safe."""
+        self.post_message(to_message(event))
+
+    def on_ops_event(self, message: OpsEvent) -> None:
+        self.model.apply(message.event)
+        self._render_run()
+
+    def on_drain_updated(self, message: DrainUpdated) -> None:
+        self.model.apply(message.progress)
+        self._render_run()
+
+    def on_deploy_updated(self, message: DeployUpdated) -> None:
+        self.model.apply(message.update)
+        self._render_run()
+
+    # -- fleet polling (one at a time; the next is scheduled when the previous finished) -------------------------
+
+    def poll_now(self) -> None:
+        if self._polling:
+            return
+        self._polling = True
+        if self._poll_timer is not None:
+            self._poll_timer.stop()
+        self.run_worker(self._poll(), group="poll")
+
+    async def _poll(self) -> None:
+        try:
+            self.post_message(FleetUpdated(await self.backend.fleet_snapshot()))
+            self.post_message(SlotsUpdated(await self.backend.slots_snapshot()))
+        except UserError as err:
+            self._report(err)
+        finally:
+            self._polling = False
+            self._poll_timer = self.set_timer(self.poll_interval, self.poll_now)
+
+    def on_fleet_updated(self, message: FleetUpdated) -> None:
+        for screen in self.screen_stack:
+            if isinstance(screen, HomeScreen) and screen.is_mounted:
+                screen.show_fleet(message.view)
+
+    async def on_slots_updated(self, message: SlotsUpdated) -> None:
+        for screen in self.screen_stack:
+            if isinstance(screen, HomeScreen | SlotsScreen) and screen.is_mounted:
+                await screen.show_slots(message.view) if isinstance(screen, SlotsScreen) else \
+                    screen.show_slots(message.view)
+
+    # -- decisions to ops --------------------------------------------------------------------------------------
+
+    def call_backend(self, what: str, *calls: Awaitable[None]) -> None:
+        """Run backend calls in order in a worker; a UserError reaches the operator as one sentence."""
+        self.run_worker(self._call(what, calls), group="backend")
+
+    async def _call(self, what: str, calls: Iterable[Awaitable[None]]) -> None:
+        try:
+            for call in calls:
+                await call
+        except UserError as err:
+            self._report(err)
+            for call in calls:  # close the ones not awaited
+                close = getattr(call, "close", None)
+                if close is not None:
+                    close()
+
+    def _report(self, err: UserError) -> None:
+        text = mask_text(str(err))
+        self.model.say("error", text)
+        self.notify(text, severity="error", timeout=10)
+        if isinstance(self.screen, ConsoleScreen):
+            self.screen.render_model(self.model)
+
+    def confirm(self, title: str, what_happens: str, label: str, then: Callable[[], None]) -> None:
+        def done(ok: bool | None) -> None:
+            if ok:
+                then()
+
+        self.push_screen(ConfirmScreen(title, what_happens, label), done)
+
+    def begin_run(self, kind: Literal["deploy", "drain"], release: str | None) -> None:
+        if self.read_only:
+            return
+        self.model = RunModel(kind=kind, release=release, phase="preflight")
+        self._wanted = None
+        self._render_run()
+        if kind == "deploy":
+            self.call_backend("start the deploy", self.backend.start_deploy(release or "", self.sink))
+        else:
+            self.call_backend("start the drain", self.backend.start_drain(self.sink))
+
+    def _stop_plan(self) -> str:
+        deploy = f" then deploy {self.model.release}" if self.model.kind == "deploy" else ""
+        return ("Consumers are cancelled on every worker (running and prefetched tasks finish), the fleet is "
+                f"drained{deploy}. A timeout restores consumers and deploys nothing.")
+
+    def confirm_proceed(self) -> None:
+        warned = self.model.warned_checks
+        if warned:
+            listing = "\n".join(f"▲ {c.title}: {c.detail}" for c in warned)
+            self.confirm(f"Proceed despite {len(warned)} warning(s)?", f"{listing}\n\n{self._stop_plan()}",
+                         "Accept warnings and stop consumers",
+                         lambda: self.call_backend("proceed", self.backend.accept_warnings(), self.backend.proceed()))
+        else:
+            self.confirm("Stop consumers and drain?", self._stop_plan(), "Stop consumers",
+                         lambda: self.call_backend("proceed", self.backend.proceed()))
+
+    def confirm_abort(self) -> None:
+        self.confirm("Abort the run?", "Consumers are added back exactly as they were before the drain and the "
+                     "run is marked aborted; nothing is deployed. Tasks already running keep running.",
+                     "Abort and restore", self._abort)
+
+    def _abort(self) -> None:
+        self.model.operator_aborted = True
+        self.call_backend("abort the run", self.backend.abort_run())
+
+    def confirm_recovery(self, choice: RecoveryChoice) -> None:
+        def act() -> None:
+            if isinstance(self.screen, ResumeScreen):
+                self.pop_screen()
+            if choice.kind == "resume":
+                self.model = RunModel(phase="draining")
+                self._wanted = None
+                self.call_backend("resume the run", self.backend.resume_run(self.sink))
+            elif choice.kind == "abort":
+                self.call_backend("abort the run", self.backend.abort_run())
+            else:
+                self.call_backend("detach from the run", self.backend.detach())
+
+        self.confirm(f"{choice.label}?", choice.plan, choice.label, act)
+
+    # -- quitting ----------------------------------------------------------------------------------------------
+
+    def action_request_quit(self) -> None:
+        if isinstance(self.screen, QuitScreen | ConfirmScreen):
+            return
+        if self.read_only:  # a watcher owns no run: leaving it changes nothing
+            self.exit(0)
+            return
+        if not self.model.active:
+            self.exit(self.model.exit_code())
+            return
+        self.push_screen(QuitScreen(self.model.phase or "running"), self._quit_choice)
+
+    def _quit_choice(self, choice: QuitChoice | None) -> None:
+        if choice == "abort":
+            self._quit_when_settled = True
+            self._abort()
+        elif choice == "detach":
+            self.run_worker(self._detach_and_exit(), group="backend")
+
+    async def _detach_and_exit(self) -> None:
+        try:
+            await self.backend.detach()
+        except UserError as err:
+            self._report(err)
+            return
+        self.exit(EXIT_INTERRUPTED)
+
+
+def make_app(backend: ConsoleBackend, *, read_only: bool = False, clock: Callable[[], float] = time.time,
+             start: Start = "home", release: str | None = None, animate: bool = True,
+             poll_interval: float = 5.0, size: tuple[int, int] | None = None) -> ConsoleApp:
+    """The console for ``backend``.
+
+    ``read_only`` (watch mode) is also taken from the backend; ``clock`` gives epoch seconds for ages;
+    ``start`` opens the preflight of a deploy (needs ``release``) or a drain; ``animate`` False freezes spinners
+    and cursor blink (snapshots); ``size`` is the terminal size to use with ``app.run(size=app.size_hint)``
+    or ``run_test`` (None: the real terminal's)."""
+    app = ConsoleApp(backend, read_only=read_only or backend.read_only, clock=clock, start=start,
+                     release=release, animate=animate, poll_interval=poll_interval)
+    app.size_hint = size
+    return app
+
+
+def run_demo_console(handoff: Any) -> int:
+    """``celeryops demo``: the console on the sandbox (``celeryops.demo.sandbox.DemoHandoff``), on the home view
+    with the hint line; D deploys ``handoff.release``. Returns the exit code when the operator quits."""
+    from celery import Celery
+
+    from celeryops.backend import open_backend
+    from celeryops.masking import mask_url
+
+    celery_app = Celery("celeryops", broker=handoff.broker_url, set_as_current=False)
+    display = mask_url(handoff.broker_url) + (f" · {handoff.notice}" if handoff.notice else "")
+    backend = open_backend(celery_app, handoff.config, read_only=False, fleet_display=display,
+                           state_dir=str(handoff.state_dir), repo=handoff.repo)
+    console = make_app(backend, start="home", release=handoff.release)
+    console.hint = handoff.hint
+    try:
+        code = console.run()
+    finally:
+        backend.close_sync()
+    return code if isinstance(code, int) else 0

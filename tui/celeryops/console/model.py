@@ -1,0 +1,147 @@
+"""What the console knows about the run it shows: built from ops events, read by the screens.
+Plain Python (the screens render it; tests can inspect it)."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Literal
+
+from celeryops.errors import EXIT_DEPLOY, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREFLIGHT, EXIT_TIMEOUT
+from celeryops.events import (
+    ConsumersCancelled,
+    ConsumersRestored,
+    DrainFinished,
+    DrainProgress,
+    DrainStarted,
+    Event,
+    Notice,
+)
+from celeryops.masking import mask_text
+from celeryops.views import CheckUpdate, DeployUpdate, FleetBack, PhaseChanged, PreflightDone, RunPhase, WorkerView
+
+View = Literal["preflight", "drain", "deploy"]
+ACTIVE_PHASES = ("preflight", "ready", "stopping", "draining", "deploying", "restoring")
+LEVEL_STYLE = {"info": "", "warning": "yellow", "error": "bold red", "ok": "green"}
+
+
+@dataclass
+class LogLine:
+    level: str
+    text: str
+
+
+@dataclass
+class RunModel:
+    """The run as the console has seen it so far."""
+
+    kind: Literal["deploy", "drain"] | None = None
+    release: str | None = None
+    phase: RunPhase | None = None
+    checks: dict[str, CheckUpdate] = field(default_factory=dict)
+    preflight: PreflightDone | None = None
+    started: DrainStarted | None = None
+    progress: DrainProgress | None = None
+    inflight: deque[int] = field(default_factory=lambda: deque(maxlen=240))
+    log: deque[LogLine] = field(default_factory=lambda: deque(maxlen=1000))
+    log_total: int = 0  # lines ever logged (screens append the ones they have not shown)
+    deploy: DeployUpdate | None = None
+    fleet_back: tuple[WorkerView, ...] = ()
+    finished: DrainFinished | None = None
+    operator_aborted: bool = False
+
+    @property
+    def active(self) -> bool:
+        return self.phase in ACTIVE_PHASES
+
+    @property
+    def view(self) -> View | None:
+        """The screen that shows the current phase best."""
+        if self.phase in ("preflight", "ready") or (self.phase == "failed" and self.started is None):
+            return "preflight"
+        if self.phase == "deploying" or (self.phase in ("done", "failed") and self.deploy is not None):
+            return "deploy"
+        if self.phase is not None or self.progress is not None:
+            return "drain"
+        return None
+
+    @property
+    def failed_checks(self) -> list[CheckUpdate]:
+        return [c for c in self.checks.values() if c.status == "fail"]
+
+    @property
+    def warned_checks(self) -> list[CheckUpdate]:
+        return [c for c in self.checks.values() if c.status == "warn"]
+
+    @property
+    def may_proceed(self) -> bool:
+        """Preflight finished with nothing failed, and the run waits for the operator."""
+        return self.preflight is not None and not self.failed_checks and self.phase in ("preflight", "ready")
+
+    def exit_code(self) -> int:
+        if self.phase == "done" or self.phase is None:
+            return EXIT_OK
+        if self.finished is not None and self.finished.outcome == "timeout":
+            return EXIT_TIMEOUT
+        if self.failed_checks:
+            return EXIT_PREFLIGHT
+        if self.phase == "failed" and self.deploy is not None:
+            return EXIT_DEPLOY
+        return EXIT_INTERRUPTED
+
+    def say(self, level: str, text: str) -> None:
+        self.log.append(LogLine(level, mask_text(text)))
+        self.log_total += 1
+
+    def apply(self, event: Event) -> None:
+        """Fold one event into the model (and the event log)."""
+        if isinstance(event, PhaseChanged):
+            self.phase = event.phase
+            self.say("info", f"phase {event.phase}" + (f": {event.message}" if event.message else ""))
+        elif isinstance(event, CheckUpdate):
+            self.checks[event.check_id] = event
+            if event.status in ("warn", "fail"):
+                self.say("warning" if event.status == "warn" else "error", f"{event.title}: {event.detail}")
+        elif isinstance(event, PreflightDone):
+            self.preflight = event
+            self.phase = "ready" if not event.failed else "failed"
+            self.say("error" if event.failed else "ok",
+                     f"preflight: {event.failed} failed, {event.warnings} warning(s)")
+        elif isinstance(event, DrainStarted):
+            self.started = event
+            self.say("info", f"drain of {', '.join(event.queues)}: {len(event.workers)} workers, "
+                             f"{event.streak} empty polls {event.interval:g} s apart, max wait {event.max_wait:g} s")
+        elif isinstance(event, ConsumersCancelled):
+            self.say("info", f"consumers cancelled on {', '.join(event.queues)}; "
+                             f"{len(event.acknowledged)} worker(s) confirmed")
+        elif isinstance(event, DrainProgress):
+            self._progress(event)
+        elif isinstance(event, ConsumersRestored):
+            missing = "; still missing: " + ", ".join(event.missing) if event.missing else ""
+            self.say("ok" if event.verified else "warning",
+                     f"consumers restored on {len(event.restored)} worker(s)"
+                     f"{' (verified)' if event.verified else ''}{missing}")
+        elif isinstance(event, DrainFinished):
+            self.finished = event
+            self.say("ok" if event.outcome == "drained" else "error", f"drain {event.outcome}: {event.message}")
+        elif isinstance(event, DeployUpdate):
+            self.deploy = event
+        elif isinstance(event, FleetBack):
+            self.fleet_back = event.workers
+        elif isinstance(event, Notice):
+            self.say(event.level, event.message)
+
+    def _progress(self, event: DrainProgress) -> None:
+        previous = self.progress
+        self.progress = event
+        self.inflight.append(event.active + event.reserved)
+        if previous is not None and event.streak < previous.streak:
+            self.say("warning", f"empty streak reset ({previous.streak} → {event.streak}): "
+                                f"{event.active} active, {event.reserved} reserved")
+        for name in event.joined:
+            self.say("warning", f"worker {name} joined mid-drain: consumers cancelled on it too")
+        for name in event.left:
+            self.say("info", f"worker {name} left")
+        if previous is None or previous.warnings != event.warnings:
+            for warning in event.warnings:
+                self.say("warning", warning)

@@ -1,0 +1,77 @@
+"""The narrow interface between the console and the ops layer.
+
+The console only renders views (:mod:`celeryops.views`) and events (:mod:`celeryops.events` and the run events in
+``celeryops.views``) and sends operator decisions back through a :class:`ConsoleBackend`. The ops side implements
+this protocol structurally (it never imports the console); a :class:`~celeryops.console.static.StaticBackend`
+drives snapshot tests and the preview.
+
+Contract for implementations:
+
+- ``read_only`` True (watch mode): every method marked *dangerous* raises
+  :class:`celeryops.views.ReadOnlyRefused` and changes nothing (the console also never offers them).
+- Snapshots are read-only: they send no control command that changes a worker and write no key.
+- ``on_event`` may be called from any thread; the console posts each event to its message queue.
+- Failures the operator can fix raise :class:`celeryops.errors.UserError` (one sentence); the console shows it.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from celeryops.views import EventSink, FleetView, RunView, SlotsView
+
+
+class ConsoleBackend(Protocol):
+    """What the console needs from ops."""
+
+    read_only: bool
+    fleet_display: str  # the fleet as the header shows it: a masked broker URL or the -A path
+
+    async def fleet_snapshot(self) -> FleetView:
+        """Workers (queues consumed, active/reserved/scheduled, state), queue depths, the current run."""
+        ...
+
+    async def slots_snapshot(self) -> SlotsView | None:
+        """The slot pool, or None when the fleet has none."""
+        ...
+
+    def unfinished_run(self) -> RunView | None:
+        """An interrupted run from the journal, with the plan of each recovery choice, or None."""
+        ...
+
+    async def start_deploy(self, release: str, on_event: EventSink) -> None:
+        """Begin a deploy run: runs preflight (CheckUpdate ... PreflightDone), then waits for :meth:`proceed`.
+        Dangerous only in what follows ``proceed``; refused in read-only mode."""
+        ...
+
+    async def start_drain(self, on_event: EventSink) -> None:
+        """Begin a drain-only run: preflight, then waits for :meth:`proceed`. Refused in read-only mode."""
+        ...
+
+    async def accept_warnings(self) -> None:
+        """The operator confirmed the preflight warnings. Dangerous."""
+        ...
+
+    async def proceed(self) -> None:
+        """Stop consumers and drain (then deploy, for a deploy run). Dangerous."""
+        ...
+
+    async def abort_run(self) -> None:
+        """Abort the current or interrupted run, restoring consumers as the recovery rules say. Dangerous."""
+        ...
+
+    async def detach(self) -> None:
+        """Leave the run for ``celeryops resume`` (the fence keeps workers stopped until it expires). Dangerous."""
+        ...
+
+    async def resume_run(self, on_event: EventSink) -> None:
+        """Take over the interrupted run and continue it from its journalled phase. Dangerous."""
+        ...
+
+    async def forget_worker(self, name: str) -> None:
+        """Stop waiting for a known worker that no longer replies (it is gone). Dangerous."""
+        ...
+
+    async def follow_run(self, on_event: EventSink) -> None:
+        """Watch mode: stream the live run's events from the published status (reads only)."""
+        ...

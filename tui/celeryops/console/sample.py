@@ -1,0 +1,158 @@
+"""Fixed, realistic data for snapshots and the preview: a small GPU/CPU fleet in the middle of a deploy.
+No real hostnames, no wall-clock times (instants are relative to ``NOW``)."""
+
+from __future__ import annotations
+
+from celeryops.events import ConsumersCancelled, DrainProgress, DrainStarted, Notice, TaskInfo, WorkerObs
+from celeryops.views import (
+    CheckUpdate,
+    Condition,
+    DeployTarget,
+    DeployUpdate,
+    FleetView,
+    PhaseChanged,
+    PreflightDone,
+    QueueView,
+    RecoveryChoice,
+    ResourceView,
+    RunSummary,
+    RunView,
+    SlotHolder,
+    SlotsView,
+    SlotWaiter,
+    WorkerView,
+)
+
+NOW = 1_800_000_000.0  # the injected clock's "now" in tests and the preview
+QUEUES = ("default", "render", "gpu")
+
+TASK_NAMES = ("media.render_video", "ml.train_adapter", "reports.build_monthly", "media.transcode", "ml.embed_batch")
+
+
+def tasks(n: int, workers: int = 4) -> tuple[TaskInfo, ...]:
+    """``n`` active/reserved/scheduled tasks spread over ``workers`` workers, deterministic."""
+    out = []
+    for i in range(n):
+        state = "active" if i % 7 else "reserved"
+        if i % 23 == 5:
+            state = "scheduled"
+        out.append(TaskInfo(
+            worker=f"celery@worker-{i % workers + 1}", id=f"{i:08x}-7c1e-4a51-9b0d-{i:012x}",
+            name=TASK_NAMES[i % len(TASK_NAMES)], state=state,  # type: ignore[arg-type]
+            args=f"({i}, 'gs://bucket/input/{i:05d}.mp4', quality='high')",
+            runtime=float(60 * (i % 90) + 17) if state == "active" else None,
+            eta="+35 min" if state == "scheduled" else None))
+    return tuple(out)
+
+
+def workers() -> tuple[WorkerView, ...]:
+    return (
+        WorkerView("celery@worker-1", "consuming", ("default", "render"), active=3, reserved=1, plugin=True),
+        WorkerView("celery@worker-2", "consuming", ("default",), active=1, reserved=0, plugin=True),
+        WorkerView("celery@worker-3", "stopped", (), active=2, reserved=0, scheduled=1, plugin=True),
+        WorkerView("celery@gpu-1", "consuming", ("gpu",), active=1, plugin=False),
+        WorkerView("celery@gpu-2", "unknown", ("gpu",)),
+    )
+
+
+def fleet(with_run: bool = True) -> FleetView:
+    run = RunSummary("r-20240611-01", "deploy", "draining", release="v2.14.0", owner="ops@laptop",
+                     started_at=NOW - 420, streak=1, required=3, remaining=780.0) if with_run else None
+    return FleetView(
+        workers=workers(),
+        queues=(QueueView("default", 1284, 2), QueueView("render", 37, 1), QueueView("gpu", 0, 1),
+                QueueView("reports", None, 0)),
+        tasks=tasks(8), run=run)
+
+
+def slots() -> SlotsView:
+    return SlotsView(
+        pool="default",
+        resources=(ResourceView("cpu", 16, 11, (4, 6, 8, 8, 10, 12, 12, 11, 14, 13, 11, 11)),
+                   ResourceView("gpu", 4, 4, (1, 2, 2, 3, 4, 4, 4, 4, 3, 4, 4, 4)),
+                   ResourceView("nvme", 2, 0, (0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0))),
+        holders=(SlotHolder("l-01", "ml.train_adapter", "celery@gpu-1", {"gpu": 2, "cpu": 4}, 1840.0, 52.0),
+                 SlotHolder("l-02", "ml.train_adapter", "celery@gpu-2", {"gpu": 2, "cpu": 4}, 3605.0, -14.0),
+                 SlotHolder("l-03", "media.render_video", "celery@worker-1", {"cpu": 3}, 95.0, 25.0)),
+        waiting=(SlotWaiter("ml.embed_batch", "celery@gpu-1", {"gpu": 1}, 130.0),
+                 SlotWaiter("media.render_video", "celery@worker-2", {"cpu": 8}, 12.0)),
+    )
+
+
+def unfinished_run() -> RunView:
+    return RunView(
+        "r-20240611-01", "deploy", "draining", started_at=NOW - 3 * 3600, owner="ops@laptop", release="v2.14.0",
+        detail="consumers cancelled on 3 workers for queues default, render; deploy not started",
+        choices=(
+            RecoveryChoice("resume", "Resume the drain",
+                           "Take over the run, keep consumers stopped and continue the drain from a fresh streak; "
+                           "deploy v2.14.0 when drained."),
+            RecoveryChoice("abort", "Abort and restore consumers",
+                           "Add the queues back exactly as journalled (default, render on 3 workers) and mark the "
+                           "run aborted; nothing is deployed."),
+        ))
+
+
+def checks(done: bool = True) -> list[CheckUpdate]:
+    rows = [
+        CheckUpdate("broker", "Broker reachable", "ok", "redis 7.2, 3 ms"),
+        CheckUpdate("workers", "Every known worker replies", "warn", "celery@gpu-2 did not reply to ping",
+                    "Forget it if it is gone (F on the drain screen), or check the pod."),
+        CheckUpdate("lease", "No other run holds the fleet", "ok", "lease free"),
+        CheckUpdate("image", "Image v2.14.0 exists in the registry", "ok" if done else "running",
+                    "sha256:4f2a…e91c" if done else ""),
+        CheckUpdate("iam", "Cloud Run permissions", "ok" if done else "pending", "run.services.update granted"
+                    if done else ""),
+    ]
+    return rows
+
+
+def failed_checks() -> list[CheckUpdate]:
+    return [*checks()[:3], CheckUpdate("image", "Image v2.14.0 exists in the registry", "fail",
+                                       "manifest unknown: tag v2.14.0 not found",
+                                       "Push the image first (make push TAG=v2.14.0), then run the deploy again."),
+            checks()[4]]
+
+
+def drain_started() -> DrainStarted:
+    return DrainStarted(queues=("default", "render"),
+                        workers={w.name: w.queues for w in workers()}, interval=15.0, streak=3, max_wait=1200.0)
+
+
+def progress(n_tasks: int = 12, streak: int = 1, elapsed: float = 420.0) -> DrainProgress:
+    ts = tasks(n_tasks)
+    obs = {w.name: WorkerObs(w.name, w.state != "unknown", w.active, w.reserved, w.scheduled, (),
+                             "stopped" if w.state == "consuming" else w.state, w.plugin) for w in workers()}
+    return DrainProgress(
+        elapsed=elapsed, remaining=1200.0 - elapsed, streak=streak, required=3,
+        active=sum(1 for t in ts if t.state == "active"), reserved=sum(1 for t in ts if t.state == "reserved"),
+        scheduled=sum(1 for t in ts if t.state == "scheduled"), unknown=("celery@gpu-2",), workers=obs, tasks=ts,
+        warnings=("1 ETA task on celery@worker-3 will run after the drain on a stopped worker",))
+
+
+def preflight_script(done: bool = True) -> list[object]:
+    events: list[object] = [PhaseChanged("preflight", "checking before anything changes"), *checks(done)]
+    if done:
+        events.append(PreflightDone(failed=0, warnings=1))
+    return events
+
+
+def drain_script() -> list[object]:
+    return [PhaseChanged("stopping", "cancelling consumers"), drain_started(),
+            ConsumersCancelled(("default", "render"), ("celery@worker-1", "celery@worker-2", "celery@worker-3")),
+            PhaseChanged("draining"), Notice("warning", "celery@gpu-2 did not reply: counted as unknown, not zero"),
+            progress(12, 2, 390.0), progress(12, 1, 420.0)]
+
+
+def deploy_update(state: str = "rolling") -> DeployUpdate:
+    ready = state == "ready"
+    return DeployUpdate((
+        DeployTarget("worker-pool (europe-west1)", "worker-pool-00042-xuv", state,  # type: ignore[arg-type]
+                     (Condition("Ready", "CONDITION_SUCCEEDED" if ready else "CONDITION_PENDING"),
+                      Condition("ConfigurationsReady", "CONDITION_SUCCEEDED"),
+                      Condition("RoutesReady", "CONDITION_SUCCEEDED" if ready else "CONDITION_PENDING",
+                                "" if ready else "Waiting for revision to become ready")),
+                     "serving 100%" if ready else "starting 2 instances"),
+        DeployTarget("gpu-pool (us-central1)", "gpu-pool-00017-bax", "ready",
+                     (Condition("Ready", "CONDITION_SUCCEEDED"),), "serving 100%"),
+    ))

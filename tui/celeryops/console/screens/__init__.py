@@ -1,0 +1,1 @@
+"""One module per screen; each has its own ``styles/<name>.tcss``."""

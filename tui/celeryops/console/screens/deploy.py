@@ -1,0 +1,86 @@
+"""Deploy: per target, the revision being created, the rollout state from the operation metadata and its
+conditions; then the fleet coming back (workers consuming again)."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.widgets import DataTable, RichLog, Static
+
+from celeryops.console.fmt import ROLLOUT_STYLE, state_text
+from celeryops.console.model import LEVEL_STYLE, RunModel
+from celeryops.console.screens.base import ConsoleScreen
+
+COND_ICON = {"CONDITION_SUCCEEDED": ("✔", "green"), "CONDITION_FAILED": ("✘", "bold red"),
+             "CONDITION_PENDING": ("…", "cyan"), "CONDITION_RECONCILING": ("…", "cyan")}
+
+
+def conditions_text(conditions) -> Text:
+    text = Text()
+    for cond in conditions:
+        icon, style = COND_ICON.get(cond.state, ("?", "dim"))
+        name = cond.name if cond.name == "Ready" else cond.name.removesuffix("Ready")
+        text.append(f"{icon} {name} ", style=style)
+    return text
+
+
+class DeployScreen(ConsoleScreen):
+    VIEW_TITLE = "deploy"
+    BINDINGS = [
+        Binding("h", "app.show_home", "Home", id="deploy.home", tooltip="Back to the fleet; the rollout goes on."),
+        Binding("s", "app.show_slots", "Slots", id="deploy.slots", tooltip="Slot pool: gauges, holders, waiters."),
+    ]
+
+    def __init__(self, read_only: bool) -> None:
+        super().__init__(read_only)
+        self._log_shown = 0
+
+    def compose(self) -> ComposeResult:
+        yield self.status_bar()
+        yield Static("", id="deploy-title")
+        yield DataTable(id="targets", cursor_type="row")
+        yield DataTable(id="fleet-back", cursor_type="row", zebra_stripes=True)
+        yield RichLog(id="log", markup=False, wrap=True, max_lines=500)
+        yield self.footer()
+
+    def on_mount(self) -> None:
+        targets = self.query_one("#targets", DataTable)
+        targets.border_title = "Targets"
+        for key, label in (("target", "Target"), ("revision", "Revision"), ("state", "Rollout"),
+                           ("message", "Detail"), ("conditions", "Conditions")):
+            targets.add_column(label, key=key)
+        back = self.query_one("#fleet-back", DataTable)
+        back.border_title = "Fleet coming back"
+        for key, label in (("name", "Worker"), ("state", "State"), ("queues", "Consuming")):
+            back.add_column(label, key=key)
+        self.query_one("#log").border_title = "Events"
+        self.render_model(self.console.model)
+
+    def render_model(self, model: RunModel) -> None:
+        if not self.is_mounted:
+            return
+        title = Text(" " + " ".join(part for part in ("deploy", model.release) if part), style="bold")
+        title.append(f" · phase {model.phase or '-'}")
+        if model.phase == "done":
+            title.append("  DONE ", style="bold black on green")
+        elif model.phase == "failed":
+            title.append("  FAILED ", style="bold white on red")
+        self.query_one("#deploy-title", Static).update(title)
+        targets = self.query_one("#targets", DataTable)
+        targets.clear()
+        for t in model.deploy.targets if model.deploy else ():
+            targets.add_row(t.target, t.revision or "-", Text(t.state, style=ROLLOUT_STYLE.get(t.state, "")),
+                            t.message, conditions_text(t.conditions), key=t.target)
+        back = self.query_one("#fleet-back", DataTable)
+        back.clear()
+        for w in model.fleet_back:
+            back.add_row(w.name, state_text(w.state), ", ".join(w.queues) or "-", key=w.name)
+        if not model.fleet_back:
+            back.add_row(Text("waiting for the rollout", style="dim"), "", "")
+        log = self.query_one(RichLog)
+        lines = list(model.log)
+        new = model.log_total - self._log_shown
+        for line in lines[max(0, len(lines) - new):]:
+            log.write(Text(line.text, style=LEVEL_STYLE.get(line.level, "")))
+        self._log_shown = model.log_total

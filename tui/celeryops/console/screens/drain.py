@@ -1,0 +1,157 @@
+"""Drain: the live drain. Counts with the ETA warning, per-worker state badges, the empty-streak meter,
+the countdown to max wait, a sparkline of in-flight tasks, the task table (updated in place) and the event log."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.widgets import Input, RichLog, Sparkline, Static
+
+from celeryops.console.model import LEVEL_STYLE, RunModel
+from celeryops.console.screens.base import ConsoleScreen
+from celeryops.console.widgets.meters import Countdown, StreakMeter, WorkerBadges
+from celeryops.console.widgets.task_table import TaskTable
+
+
+class DrainScreen(ConsoleScreen):
+    VIEW_TITLE = "drain"
+    DANGEROUS = frozenset({"abort", "forget_unknown"})
+    BINDINGS = [
+        Binding("slash", "filter", "Filter", id="drain.filter", key_display="/",
+                tooltip="Filter tasks by worker, task name or id."),
+        Binding("escape", "clear_filter", "Clear filter", id="drain.clear_filter", show=False,
+                tooltip="Show every task again."),
+        Binding("h", "app.show_home", "Home", id="drain.home", tooltip="Back to the fleet; the run goes on."),
+        Binding("s", "app.show_slots", "Slots", id="drain.slots", tooltip="Slot pool: gauges, holders, waiters."),
+        Binding("X", "abort", "Abort", id="drain.abort",
+                tooltip="Abort the run and restore consumers exactly as they were."),
+        Binding("F", "forget_unknown", "Forget unknown", id="drain.forget",
+                tooltip="Stop waiting for workers that do not reply (they are gone)."),
+    ]
+
+    def __init__(self, read_only: bool) -> None:
+        super().__init__(read_only)
+        self._log_shown = 0
+
+    def compose(self) -> ComposeResult:
+        yield self.status_bar()
+        yield Static("", id="drain-title")
+        yield StreakMeter(id="streak")
+        yield Countdown(id="countdown")
+        yield Static("", id="counts")
+        yield WorkerBadges(id="badges")
+        with Horizontal(id="inflight-row"):
+            yield Static("In flight ", id="inflight-label")
+            yield Sparkline([], id="inflight")
+        yield TaskTable(id="tasks")
+        yield RichLog(id="log", markup=False, wrap=True, max_lines=500)
+        yield Input(placeholder="filter: worker, task name or id (Esc clears)", id="filter")
+        yield self.footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#tasks").border_title = "Tasks held by workers"
+        self.query_one("#log").border_title = "Events"
+        box = self.query_one("#filter", Input)
+        box.display = False
+        box.cursor_blink = self.console.motion
+        self.render_model(self.console.model)
+
+    def render_model(self, model: RunModel) -> None:
+        if not self.is_mounted:
+            return
+        title = Text(" " + " ".join(part for part in (model.kind or "run", model.release) if part), style="bold")
+        title.append(f" · phase {model.phase or '-'}")
+        if model.started is not None:
+            title.append(f" · queues {', '.join(model.started.queues)}", style="dim")
+        if model.finished is not None:
+            ok = model.finished.outcome == "drained"
+            title.append(f"  {model.finished.outcome.upper()} ", style="bold black on green" if ok else
+                         "bold white on red")
+        self.query_one("#drain-title", Static).update(title)
+        progress = model.progress
+        if progress is not None:
+            self.query_one(StreakMeter).set_streak(progress.streak, progress.required)
+            self.query_one(Countdown).set_time(progress.elapsed, progress.remaining)
+            counts = Text("Held ", style="bold")
+            counts.append(f"{progress.active} active", style="bold cyan" if progress.active else "dim")
+            counts.append(" · ")
+            counts.append(f"{progress.reserved} reserved", style="bold cyan" if progress.reserved else "dim")
+            counts.append(" · ")
+            counts.append(f"{progress.scheduled} scheduled (ETA)", style="bold yellow" if progress.scheduled
+                          else "dim")
+            if progress.unknown:
+                counts.append(f" · {len(progress.unknown)} unknown", style="bold red")
+            if progress.scheduled:
+                counts.append("\n▲ ETA tasks are not counted: they run later on their worker, even stopped",
+                              style="yellow")
+            self.query_one("#counts", Static).update(counts)
+            self.query_one(WorkerBadges).set_workers({n: w.state for n, w in progress.workers.items()})
+            self.query_one(TaskTable).apply(progress.tasks)
+        elif model.started is not None:
+            self.query_one(StreakMeter).set_streak(0, model.started.streak)
+            self.query_one(WorkerBadges).set_workers({n: "consuming" for n in model.started.workers})
+        history = list(model.inflight)
+        spark = self.query_one("#inflight", Sparkline)
+        spark.styles.width = max(2, len(history))  # one column per poll: the line grows as the drain goes on
+        spark.data = history or [0]
+        label = Text("In flight ", style="bold")
+        label.append(str(history[-1]) if history else "-", style="bold cyan")
+        self.query_one("#inflight-label", Static).update(label)
+        log = self.query_one(RichLog)
+        lines = list(model.log)
+        new = model.log_total - self._log_shown
+        for line in lines[max(0, len(lines) - new):]:
+            log.write(Text(line.text, style=LEVEL_STYLE.get(line.level, "")))
+        self._log_shown = model.log_total
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        allowed = super().check_action(action, parameters)
+        if not allowed:
+            return allowed
+        model = self.console.model
+        if action == "abort":
+            return True if model.active else None
+        if action == "forget_unknown":
+            return True if model.progress is not None and model.progress.unknown else None
+        return True
+
+    def action_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.display = True
+        box.focus()
+
+    def action_clear_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.value = ""
+        box.display = False
+        self._set_filter("")
+        self.query_one(TaskTable).focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        self._set_filter(event.value.strip())
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.query_one(TaskTable).focus()
+
+    def _set_filter(self, needle: str) -> None:
+        table = self.query_one(TaskTable)
+        table.filter = needle
+        progress = self.console.model.progress
+        table.apply(progress.tasks if progress else ())
+
+    def action_abort(self) -> None:
+        self.console.confirm_abort()
+
+    def action_forget_unknown(self) -> None:
+        progress = self.console.model.progress
+        if progress is None or not progress.unknown:
+            return
+        names = list(progress.unknown)
+        self.console.confirm(
+            "Forget workers that do not reply?",
+            f"The drain stops waiting for {', '.join(names)}: they are treated as gone. If one is only slow, "
+            "its tasks are no longer counted and may be cut by the deploy.",
+            "Forget", lambda: self.console.call_backend("forget a worker", *[
+                self.console.backend.forget_worker(n) for n in names]))

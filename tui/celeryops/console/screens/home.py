@@ -1,0 +1,178 @@
+"""Home: the fleet at a glance. Workers (state, queues, active/reserved/scheduled), queue depths, slot gauges,
+the current run, and a ``/`` filter over workers, queues and task names."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widgets import DataTable, Input, Static
+
+from celeryops.console.fmt import bar, left, since, state_text
+from celeryops.console.screens.base import ConsoleScreen
+from celeryops.views import FleetView, SlotsView
+
+
+def _worker_matches(worker, needle: str, view: FleetView) -> bool:
+    if not needle:
+        return True
+    if needle in worker.name.lower() or any(needle in q.lower() for q in worker.queues):
+        return True
+    return any(t.worker == worker.name and needle in t.name.lower() for t in view.tasks)
+
+
+class HomeScreen(ConsoleScreen):
+    VIEW_TITLE = "home"
+    DANGEROUS = frozenset({"start_drain", "start_deploy"})
+    BINDINGS = [
+        Binding("slash", "filter", "Filter", id="home.filter", key_display="/",
+                tooltip="Filter workers and queues by worker, queue or task name."),
+        Binding("escape", "clear_filter", "Clear filter", id="home.clear_filter", show=False,
+                tooltip="Show every worker and queue again."),
+        Binding("r", "refresh", "Refresh", id="home.refresh", tooltip="Poll the fleet now."),
+        Binding("s", "app.show_slots", "Slots", id="home.slots", tooltip="Slot pool: gauges, holders, waiters."),
+        Binding("w", "app.show_run", "Run", id="home.run", tooltip="Show the current run."),
+        Binding("S", "start_drain", "Start drain", id="home.start_drain",
+                tooltip="Run preflight for a drain; nothing changes until you confirm on the checklist."),
+        Binding("D", "start_deploy", "Deploy", id="home.start_deploy",
+                tooltip="Run preflight for a deploy of the configured release; nothing changes until you confirm."),
+    ]
+
+    def __init__(self, read_only: bool) -> None:
+        super().__init__(read_only)
+        self.fleet: FleetView | None = None
+        self.slots: SlotsView | None = None
+        self.needle = ""
+
+    def compose(self) -> ComposeResult:
+        yield self.status_bar()
+        yield Static("", id="run-banner")
+        yield DataTable(id="workers", cursor_type="row", zebra_stripes=True)
+        with Horizontal(id="home-bottom"):
+            yield DataTable(id="queues", cursor_type="row")
+            with Vertical(id="gauges"):
+                yield Static("", id="slot-gauges")
+        yield Static("", id="hint")
+        yield Static(self.console.hint, id="demo-hint")
+        yield Input(placeholder="filter: worker, queue or task name (Esc clears)", id="filter")
+        yield self.footer()
+
+    def on_mount(self) -> None:
+        workers = self.query_one("#workers", DataTable)
+        workers.border_title = "Workers"
+        for key, label in (("name", "Worker"), ("state", "State"), ("queues", "Consuming"), ("active", "Active"),
+                           ("reserved", "Reserved"), ("scheduled", "ETA"), ("fence", "Fence")):
+            workers.add_column(label, key=key)
+        queues = self.query_one("#queues", DataTable)
+        queues.border_title = "Queue depths"
+        for key, label in (("name", "Queue"), ("depth", "Waiting"), ("consumers", "Consumers")):
+            queues.add_column(label, key=key)
+        self.query_one("#gauges").border_title = "Slots"
+        box = self.query_one("#filter", Input)
+        box.display = False
+        box.cursor_blink = self.console.motion
+        self.console.poll_now()
+
+    def show_fleet(self, view: FleetView) -> None:
+        if view == self.fleet:
+            return  # nothing changed since the last poll: no repaint
+        self.fleet = view
+        self._render_fleet()
+
+    def show_slots(self, view: SlotsView | None) -> None:
+        if view == self.slots and self.slots is not None:
+            return
+        self.slots = view
+        gauges = self.query_one("#slot-gauges", Static)
+        if view is None:
+            gauges.update(Text("no slot pool", style="dim"))
+            return
+        text = Text()
+        for res in view.resources:
+            full = res.used >= res.total
+            text.append(f"{res.name:<5}", style="bold")
+            text.append(bar(res.used, res.total, 12), style="red" if full else "green")
+            text.append(f" {res.used}/{res.total}\n", style="bold red" if full else "")
+        expired = sum(1 for h in view.holders if h.expired)
+        text.append(f"{len(view.waiting)} waiting", style="yellow" if view.waiting else "dim")
+        if expired:
+            text.append(f" · {expired} expired", style="bold red")
+        gauges.update(text)
+
+    def _render_fleet(self) -> None:
+        view = self.fleet
+        if view is None:
+            return
+        needle = self.needle.lower()
+        workers = self.query_one("#workers", DataTable)
+        workers.clear()
+        shown = [w for w in view.workers if _worker_matches(w, needle, view)]
+        for w in shown:
+            workers.add_row(w.name, state_text(w.state), ", ".join(w.queues) or Text("none", style="dim"),
+                            w.active, w.reserved, Text(str(w.scheduled), style="yellow") if w.scheduled else "0",
+                            "yes" if w.plugin else Text("no", style="dim"), key=w.name)
+        queues = self.query_one("#queues", DataTable)
+        queues.clear()
+        for q in view.queues:
+            if needle and needle not in q.name.lower():
+                continue
+            depth = Text("?", style="dim") if q.depth is None else Text(
+                f"{q.depth:,}", style="bold yellow" if q.depth > 1000 else "")
+            queues.add_row(q.name, depth, q.consumers, key=q.name)
+        banner = self.query_one("#run-banner", Static)
+        run = view.run
+        if run is None:
+            banner.update(Text(" No run in progress.", style="dim"))
+        else:
+            age = since(self.console.clock() - run.started_at)
+            text = Text(" RUN ", style="bold black on cyan")
+            text.append(f" {run.kind} {run.release or ''} · {run.phase} · {age} · owner {run.owner}")
+            if run.required:
+                text.append(f" · streak {run.streak}/{run.required}")
+            if run.remaining is not None:
+                text.append(f" · {left(run.remaining)} to max wait")
+            text.append("  (w to watch)", style="dim")
+            banner.update(text)
+        unknown = sum(1 for w in view.workers if w.state == "unknown")
+        waiting = sum(q.depth or 0 for q in view.queues)
+        hint = Text(f" {len(view.workers)} workers", style="bold")
+        if unknown:
+            hint.append(f" · {unknown} unknown", style="bold red")
+        hint.append(f" · {waiting:,} messages waiting · {len(view.tasks)} tasks held")
+        if needle:
+            hint.append(f" · filter '{self.needle}': {len(shown)} shown", style="cyan")
+        self.query_one("#hint", Static).update(hint)
+
+    def action_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.display = True
+        box.focus()
+
+    def action_clear_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.value = ""
+        box.display = False
+        self.needle = ""
+        self._render_fleet()
+        self.query_one("#workers", DataTable).focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        self.needle = event.value.strip()
+        self._render_fleet()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.query_one("#workers", DataTable).focus()
+
+    def action_refresh(self) -> None:
+        self.console.poll_now()
+
+    def action_start_drain(self) -> None:
+        self.console.begin_run("drain", None)
+
+    def action_start_deploy(self) -> None:
+        if not self.console.release:
+            self.console.notify("No release to deploy here: start `celeryops deploy RELEASE` to deploy one.",
+                                severity="warning", timeout=8)
+            return
+        self.console.begin_run("deploy", self.console.release)

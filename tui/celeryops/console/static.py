@@ -1,0 +1,91 @@
+"""A backend filled with fixed data: drives the snapshot tests, the Pilot tests and the preview.
+
+It is rendering test data, not a stand-in for Redis or Celery: it records the decisions the console sends
+(``calls``) and refuses dangerous ones when read-only, as the real ops backend must. ``emit`` pushes an event
+to the console as the orchestrator would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from celeryops.events import Event
+from celeryops.views import EventSink, FleetView, ReadOnlyRefused, RunView, SlotsView
+
+
+@dataclass
+class StaticBackend:
+    """A :class:`~celeryops.console.ports.ConsoleBackend` over fixed views and scripted events."""
+
+    fleet: FleetView = field(default_factory=FleetView)
+    slots: SlotsView | None = None
+    run: RunView | None = None
+    read_only: bool = False
+    fleet_display: str = "redis://:***@broker.internal:6379/0"
+    preflight_script: Sequence[Event] = ()  # emitted by start_deploy / start_drain
+    proceed_script: Sequence[Event] = ()  # emitted by proceed
+    follow_script: Sequence[Event] = ()  # emitted by follow_run (watch mode)
+    calls: list[tuple[str, ...]] = field(default_factory=list)
+    sink: EventSink | None = None
+
+    def emit(self, event: Event) -> None:
+        if self.sink is not None:
+            self.sink(event)
+
+    def _play(self, events: Sequence[Event]) -> None:
+        for event in events:
+            self.emit(event)
+
+    def _dangerous(self, action: str, *args: str) -> None:
+        if self.read_only:
+            self.calls.append(("refused", action))
+            raise ReadOnlyRefused(action)
+        self.calls.append((action, *args))
+
+    async def fleet_snapshot(self) -> FleetView:
+        return self.fleet
+
+    async def slots_snapshot(self) -> SlotsView | None:
+        return self.slots
+
+    def unfinished_run(self) -> RunView | None:
+        return self.run
+
+    async def start_deploy(self, release: str, on_event: EventSink) -> None:
+        self._dangerous("start deploy", release)
+        self.sink = on_event
+        self._play(self.preflight_script)
+
+    async def start_drain(self, on_event: EventSink) -> None:
+        self._dangerous("start drain")
+        self.sink = on_event
+        self._play(self.preflight_script)
+
+    async def accept_warnings(self) -> None:
+        self._dangerous("accept warnings")
+
+    async def proceed(self) -> None:
+        self._dangerous("stop consumers")
+        self._play(self.proceed_script)
+
+    async def abort_run(self) -> None:
+        self._dangerous("abort the run")
+        self.run = None
+
+    async def detach(self) -> None:
+        self._dangerous("detach from the run")
+
+    async def resume_run(self, on_event: EventSink) -> None:
+        self._dangerous("resume the run")
+        self.sink = on_event
+        self.run = None
+        self._play(self.proceed_script)
+
+    async def forget_worker(self, name: str) -> None:
+        self._dangerous("forget a worker", name)
+
+    async def follow_run(self, on_event: EventSink) -> None:
+        self.calls.append(("follow",))
+        self.sink = on_event
+        self._play(self.follow_script)

@@ -1,0 +1,25 @@
+"""Find the console's Textual CSS: the ``styles/`` folder shipped inside the wheel (``celeryops/styles``),
+else the checkout's top-level ``styles/`` (editable installs and tests)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import celeryops
+
+_PACKAGED = Path(celeryops.__file__).resolve().parent / "styles"
+_CHECKOUT = Path(__file__).resolve().parents[3] / "styles"
+
+
+def styles_dir() -> Path:
+    """The folder holding ``base.tcss`` and one ``.tcss`` per screen."""
+    for candidate in (_PACKAGED, _CHECKOUT):
+        if (candidate / "base.tcss").is_file():
+            return candidate
+    raise FileNotFoundError(f"celeryops styles not found in {_PACKAGED} or {_CHECKOUT}; reinstall celeryops.")
+
+
+def stylesheets() -> list[Path]:
+    """``base.tcss`` first, then every screen's file in name order."""
+    folder = styles_dir()
+    return [folder / "base.tcss", *sorted(p for p in folder.glob("*.tcss") if p.name != "base.tcss")]
