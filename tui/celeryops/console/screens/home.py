@@ -54,7 +54,9 @@ class HomeScreen(ConsoleScreen):
             with Vertical(id="gauges"):
                 yield Static("", id="slot-gauges")
         yield Static("", id="hint")
-        yield Static(self.console.hint, id="demo-hint")
+        hint = Static(self.console.hint, id="demo-hint")
+        hint.display = bool(self.console.hint)
+        yield hint
         yield Input(placeholder="filter: worker, queue or task name (Esc clears)", id="filter")
         yield self.footer()
 
