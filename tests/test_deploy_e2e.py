@@ -144,3 +144,36 @@ def test_failed_rollout_restores_consumers_exit_6(setup, redis_url: str) -> None
     replies = app.control.inspect(destination=[worker.nodename], timeout=2, limit=1).active_queues() or {}
     assert [q["name"] for q in replies[worker.nodename]] == [fleet.queue]  # old workers consume again
     assert not fleet.replaced.is_set()
+
+
+@pytest.mark.parametrize(("kill_after", "resumed_exit"), [("phase:drained", 0), ("settle:deploy_start", 0),
+                                                          ("intent:deploy_start", 6)])
+def test_resume_finishes_an_interrupted_deploy(setup, redis_url: str, redis_client: redis.Redis, kill_after: str,
+                                               resumed_exit: int) -> None:
+    """SIGKILL at a precise journal record; `celeryops resume` follows the recovery rules from there: drained ->
+    drain again and deploy; deploy settled -> the new revision is ready, finish; deploy intended but never sent ->
+    it never took effect, restore the old workers' consumers (exit 6)."""
+    fleet: Fleet = setup["fleet"]
+    (old,) = fleet.start(1, "worker-00001-old")
+    env = cli_env(setup["dir"] / "state", CELERYOPS_LEASE_TTL="1")
+    args = ["deploy", "demo-2", "--yes", "--accept-warnings", "--json", "--repo", str(setup["git"].work)]
+    killed = run_cli(args, {**env, "CELERYOPS_TEST_KILL_AFTER": kill_after}, cwd=setup["dir"])
+    assert killed.returncode == -signal.SIGKILL, killed.stdout[-1500:] + killed.stderr[-1500:]
+    wait_for(lambda: '"orphaned": true' in run_cli(["status", "--json"], env, cwd=setup["dir"]).stdout, 30,
+             "the killed run's lease to be orphaned")
+    resumed = run_cli(["resume", "--json"], env, cwd=setup["dir"])
+    assert resumed.returncode == resumed_exit, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    assert "Traceback" not in resumed.stderr
+    app = Celery("t", broker=redis_url)
+    if resumed_exit == 0:
+        assert fleet.replaced.is_set() or kill_after == "settle:deploy_start"
+        new = [w for w in fleet.workers if w is not old]
+        assert new, "the new revision's workers were started"
+        replies = app.control.inspect(destination=[new[-1].nodename], timeout=2, limit=1).active_queues() or {}
+        assert [q["name"] for q in replies[new[-1].nodename]] == [fleet.queue]
+    else:
+        replies = app.control.inspect(destination=[old.nodename], timeout=2, limit=1).active_queues() or {}
+        assert [q["name"] for q in replies[old.nodename]] == [fleet.queue]  # old workers consume again
+    history = run_cli(["runs", "--json"], env, cwd=setup["dir"])
+    assert history.returncode == 0
+    assert ('"done"' in history.stdout) == (resumed_exit == 0)

@@ -21,8 +21,10 @@ from celeryops.drain import DrainSettings
 from celeryops.errors import EXIT_DEPLOY, EXIT_OK, EXIT_PREFLIGHT, EXIT_TIMEOUT, UserError
 from celeryops.events import Event, Notice
 from celeryops.gitrepo import GitRepo
+from celeryops.journal import Run
 from celeryops.preflight import Check, CheckResult, PreflightReport, run_checks
 from celeryops.preflight.checks import freshness_check, image_check, permissions_check, release_branch_check
+from celeryops.recovery import Rollout
 from celeryops.runlease import read_lease
 from celeryops.runner import Runner
 
@@ -198,6 +200,62 @@ class ReleaseFlow:
             return await self._deploy(run.id)
         finally:
             await self.runner.release_lease()
+
+    # -- resume --------------------------------------------------------------------------------------------------
+
+    async def resume(self, run: Run) -> ReleaseFinished:
+        """Continue an interrupted release run from its phase: still draining -> drain, then deploy; drained ->
+        deploy; deploying/deployed -> ask the target how the rollout went and follow the recovery rules."""
+        self.sha = str(run.settings.get("sha") or self.sha)
+        if run.phase in ("preflight", "stopping", "draining", "drained"):
+            self.emit(StageEvent(stage="drain", detail=f"resuming run {run.id}"))
+            outcome, run = await self.runner.resume(run=run, keep_lease=True)
+            try:
+                if outcome != "drained":
+                    return self._finish("timeout", EXIT_TIMEOUT, "The drain timed out: nothing was killed or "
+                                                                 "deployed, the consumers were restored.")
+                return await self._deploy(run.id)
+            finally:
+                await self.runner.release_lease()
+        # deploying / deployed: the deploy was started; its outcome decides.
+        await self.runner.hold(run)
+        try:
+            rollout = await self._rollout_of(run)
+            plan = self.runner.recovery_plan(run, rollout)
+            if plan.action == "leave":
+                if run.phase == "deploying":
+                    await self.runner.journal.aio.advance(run.id, "deployed", reason="resume: rollout ready")
+                workers = await self._fleet_back()
+                self.emit(FleetBack(workers=workers))
+                await self.runner.journal.aio.advance(run.id, "done", reason="resume")
+                self.runner.publish_phase("done")
+                await self.runner.lift_fence(run.id)
+                return self._finish("deployed", EXIT_OK, f"Release {run.release} is deployed (the new revision is "
+                                                         "ready): the run is finished.")
+        finally:
+            await self.runner.release_lease()
+        decided, _restored = await self.runner.abort(run=run, rollout=rollout)
+        if decided.action == "ask":
+            return self._finish("deploy_failed", EXIT_DEPLOY, decided.explanation)
+        return self._finish("deploy_failed", EXIT_DEPLOY, "The deploy did not take effect: " + decided.explanation)
+
+    async def _rollout_of(self, run: Run) -> Rollout:
+        """``ready`` only when every started target serves the new image; ``unknown`` if any cannot be asked."""
+        outcomes: list[str] = []
+        for start in run.intents("deploy_start"):
+            payload = start.payload
+            try:
+                target = self.config.target(str(payload.get("target")))
+                before = RolloutState.from_dict(dict(payload.get("previous") or {}))
+                outcomes.append(await self.deployer(target).rollout_outcome(target, before, str(payload["image"])))
+            except Exception:  # the target cannot be asked: unknown, never guessed
+                outcomes.append("unknown")
+        if not outcomes:
+            return "not_started"
+        for worst in ("unknown", "in_progress", "failed"):
+            if worst in outcomes:
+                return worst  # type: ignore[return-value]
+        return "ready"
 
     async def _deploy(self, run_id: str) -> ReleaseFinished:
         journal = self.runner.journal.aio

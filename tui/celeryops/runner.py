@@ -369,9 +369,10 @@ class Runner:
             await self.journal.aio.note(run_id, {"forget": name, "by": _user()})
         self.emit(Notice(level="warning", message=f"{name} is treated as gone from now on (recorded)."))
 
-    async def resume(self, *, run: Run | None = None) -> tuple[Outcome, Run]:
+    async def resume(self, *, run: Run | None = None, keep_lease: bool = False) -> tuple[Outcome, Run]:
         """Continue the fleet's interrupted run from its phase: a run interrupted while stopping or draining
-        re-enters the drain with the same settings (the consumers it stopped stay recorded for a restore)."""
+        re-enters the drain with the same settings (the consumers it stopped stay recorded for a restore).
+        ``keep_lease``: a drained run keeps the lease for the deploy that follows (``release_lease`` after)."""
         self._refuse_if_read_only("resume the run")
         run = run or self.unfinished()
         if run is None:
@@ -381,7 +382,8 @@ class Runner:
             self.emit(Notice(level="info", message=f"Run {run.id} is already drained; its consumers stay stopped. "
                                                    "Deploy now, or undo with `celeryops abort`."))
             return "drained", run
-        if run.phase not in ("preflight", "stopping", "draining"):
+        # A drained deploy run is drained again before its deploy: time has passed since (a fence may have expired).
+        if run.phase not in ("preflight", "stopping", "draining") and not (run.phase == "drained" and run.release):
             raise UserError(f"Run {run.id} is in phase {run.phase}, which `celeryops resume` cannot continue yet: "
                             "nothing was changed; use `celeryops abort` to apply the recovery rules.", EXIT_FAILURE)
         await self.fleet.check_broker()
@@ -392,14 +394,21 @@ class Runner:
         forget = tuple(st.get("forget") or ())
         await self.journal.aio.note(run.id, {"resumed_by": _user(), "pid": os.getpid()})
         await self._acquire(run, take_over=True, own_run=run.id)
+        self._deploy_follows = keep_lease
         outcome: Outcome = "error"
         try:
             outcome = await self._drain_run(run, queues, settings, forget, self._pub)
         finally:
-            if outcome == "drained":
-                await self.park_fence()
-            await self.release_lease()
+            if not (keep_lease and outcome == "drained"):
+                if outcome == "drained":
+                    await self.park_fence()
+                await self.release_lease()
         return outcome, await self.journal.aio.get(run.id)
+
+    async def hold(self, run: Run) -> None:
+        """Take the lease of an interrupted run of ours again (to finish it); ``release_lease`` after."""
+        self._refuse_if_read_only("resume the run")
+        await self._acquire(run, take_over=True, own_run=run.id)
 
     async def _restore_after(self, drain: Drain, run: Run, why: str, publisher: Publisher | None) -> None:
         if self.detached and why == "interrupted":

@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 import redis
@@ -16,7 +16,7 @@ from celeryops.commands.common import FleetSpec, fleet_options
 from celeryops.drain import DrainSettings
 from celeryops.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE, UserError
 from celeryops.fleet import Fleet
-from celeryops.journal import Journal
+from celeryops.journal import Journal, Run
 from celeryops.namespace import fleet_name
 from celeryops.output import Printer
 from celeryops.runner import Runner
@@ -192,6 +192,9 @@ def resume(fleet: FleetSpec, as_json: bool, state_dir: str | None) -> None:
     """Continue the fleet's interrupted run from its phase (same settings)."""
     printer = Printer(as_json)
     runner = open_runner(fleet, state_dir, printer)
+    open_run = runner.unfinished()
+    if open_run is not None and open_run.release:
+        _resume_release(fleet, runner, open_run, printer, as_json)
     try:
         result, interrupted = run_interruptibly(lambda: runner.resume())
     except UserError as err:
@@ -206,6 +209,29 @@ def resume(fleet: FleetSpec, as_json: bool, state_dir: str | None) -> None:
         sys.exit(EXIT_INTERRUPTED)
     outcome, _run = result
     sys.exit(EXIT_OK if outcome == "drained" else EXIT_TIMEOUT)
+
+
+def _resume_release(fleet: FleetSpec, runner: Runner, run: Run, printer: Printer, as_json: bool) -> NoReturn:
+    """A deploy run: finish it with the release flow (drain -> deploy, or the rollout's outcome)."""
+    from celeryops.release import ReleaseFlow
+
+    config = fleet.config()
+    names = list(run.settings.get("targets") or [t.name for t in config.targets])
+    targets = tuple(config.target(name) for name in names)
+    flow = ReleaseFlow(runner, config, run.release or "", targets, sha=str(run.settings.get("sha") or ""))
+    try:
+        result, interrupted = run_interruptibly(lambda: flow.resume(run))
+    except UserError as err:
+        if as_json and not printer.finished:
+            printer.json({"event": "error", "message": str(err), "exit_code": err.exit_code})
+        raise
+    finally:
+        runner.fleet.close()
+    if interrupted or result is None:
+        if as_json and not printer.finished:
+            printer.json({"event": "interrupted", "message": "Interrupted: the recovery rules were applied."})
+        sys.exit(EXIT_INTERRUPTED)
+    sys.exit(result.exit_code)
 
 
 COMMANDS = [drain, abort, resume]
