@@ -43,9 +43,9 @@ def test_any_non_empty_observation_resets_the_streak() -> None:
 
 
 def test_timeout_at_max_wait_but_drained_wins_on_the_same_poll() -> None:
-    state, v = judge(S, PolicyState(started=0.0, streak=1), True, 1200)
+    _, v = judge(S, PolicyState(started=0.0, streak=1), True, 1200)
     assert v.status == "drained"
-    state, v = judge(S, PolicyState(started=0.0, streak=1), False, 1200)
+    _, v = judge(S, PolicyState(started=0.0, streak=1), False, 1200)
     assert (v.status, v.remaining) == ("timeout", 0.0)
 
 
