@@ -3,7 +3,7 @@
 Time from the last in-flight task finishing to the drained verdict, with interval I and streak S:
 
   seed loop   today's ``Drain.run``: poll, sleep I, poll ... (the seed's loop): up to S x I;
-  task events the same loop plus ``TaskWatch`` (prototype below, proposed as ``celeryops.taskevents``): it listens
+  task events the same loop plus ``TaskWatch`` (``celeryops.taskevents``): it listens
               to Celery task events on the broker and sets ``Drain.wake`` as soon as every task the last poll saw
               in flight (active or reserved) has finished, so the first empty observation comes at once; the
               S-in-a-row rule is untouched (the next S-1 polls still come I apart). Target: <= (S-1) x I + 1 s.
@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import statistics
 import sys
-import threading
 import time
 import uuid
 from typing import Any
@@ -30,9 +29,9 @@ from typing import Any
 import redis
 from celery import Celery
 
-from celeryops.drain import Drain, DrainResult, DrainSettings
-from celeryops.events import DrainProgress, Event
+from celeryops.drain import Drain, DrainSettings
 from celeryops.fleet import Fleet
+from celeryops.taskevents import TaskWatch
 from celeryops.testing.redis_server import RedisServer
 from celeryops.testing.simfleet import SimSpec, SimTask, sim_fleet
 from common import bench_fleet, control_app, table
@@ -41,101 +40,8 @@ QUEUE = "celery"
 END_EVENTS = ("task-succeeded", "task-failed", "task-revoked", "task-rejected", "task-retried")
 
 
-# -- the prototype (proposed as celeryops.taskevents) -----------------------------------------------------------
-
-
-class TaskWatch:
-    """Wake a drain early when the fleet reports that every task the last poll saw in flight has finished.
-
-    Listens to Celery task events (``task-succeeded`` / ``-failed`` / ``-revoked`` / ``-rejected`` / ``-retried``)
-    with an event receiver on the broker, in a thread. ``on_event`` is chained into ``Drain.on_event``: each
-    ``DrainProgress`` arms the watch with the ids of its active + reserved tasks; once all of them have an end
-    event, ``wake`` is set (once per poll) from the loop's thread. Workers without task events never wake it:
-    the drain then keeps its interval, so correctness never depends on events."""
-
-    def __init__(self, app: Celery, wake: asyncio.Event, loop: asyncio.AbstractEventLoop) -> None:
-        self.app = app
-        self.wake = wake
-        self.loop = loop
-        self.lock = threading.Lock()
-        self.pending: set[str] = set()
-        self.armed = False
-        self.finished: dict[str, float] = {}  # recent end events (an event may beat the poll's report)
-        self.ready = threading.Event()
-        self.receiver: Any = None
-        self.thread = threading.Thread(target=self._run, name="taskwatch", daemon=True)
-        self.wakes = 0
-
-    def start(self, timeout: float = 30.0) -> TaskWatch:
-        self.thread.start()
-        if not self.ready.wait(timeout):
-            raise TimeoutError("task event receiver not consuming")
-        return self
-
-    def stop(self) -> None:
-        if self.receiver is not None:
-            self.receiver.should_stop = True
-        self.thread.join(10)
-
-    def on_event(self, event: Event) -> None:
-        if not isinstance(event, DrainProgress):
-            return
-        ids = {t.id for t in event.tasks if t.state in ("active", "reserved")}
-        with self.lock:
-            cutoff = time.monotonic() - 60
-            self.finished = {k: v for k, v in self.finished.items() if v > cutoff}
-            self.pending = ids - set(self.finished)
-            self.armed = bool(ids) and event.streak == 0 and not event.unknown
-            if self.armed and not self.pending:
-                self._fire()
-
-    def _on_end(self, event: dict[str, Any]) -> None:
-        task_id = str(event.get("uuid"))
-        with self.lock:
-            self.finished[task_id] = time.monotonic()
-            self.pending.discard(task_id)
-            if self.armed and not self.pending:
-                self._fire()
-
-    def _fire(self) -> None:
-        self.armed = False
-        self.wakes += 1
-        self.loop.call_soon_threadsafe(self.wake.set)
-
-    def _run(self) -> None:
-        with self.app.connection_for_read() as conn:
-            receiver = self.app.events.Receiver(conn, handlers={name: self._on_end for name in END_EVENTS})
-            receiver.on_consume_ready = lambda *a, **kw: self.ready.set()
-            self.receiver = receiver
-            receiver.capture(limit=None, timeout=None, wakeup=False)
-
-
-class ProposedDrain(Drain):
-    """``Drain`` with the two loop changes proposed with ``taskevents`` (see the report's diff for drain.py):
-    the wake is cleared when a poll starts, not when the pause starts (a task that ends during a poll still wakes
-    the next pause), and the interval runs from poll start to poll start (a slow poll does not stretch it)."""
-
-    async def run(self) -> DrainResult:
-        if self.policy is None:
-            await self.start()
-        assert self.policy is not None
-        while True:
-            began = self.clock()
-            self.wake.clear()
-            progress = await self.poll()
-            if progress.streak >= self.settings.streak:
-                return DrainResult("drained", progress.elapsed, self.policy.polls, progress)
-            if progress.remaining <= 0:
-                return DrainResult("timeout", progress.elapsed, self.policy.polls, progress)
-            pause = min(self.settings.interval - (self.clock() - began), progress.remaining)
-            if pause > 0 and not self.wake.is_set():
-                sleeper = asyncio.ensure_future(self.sleep(pause))
-                waker = asyncio.ensure_future(self.wake.wait())
-                try:
-                    await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    sleeper.cancel()
-                    waker.cancel()
+# The early re-poll is celeryops.taskevents.TaskWatch + the Drain loop itself (both in the package now).
+ProposedDrain = Drain
 
 
 # -- one trial --------------------------------------------------------------------------------------------------
