@@ -31,5 +31,9 @@ bench: $(STAMP)
 	@bash tools/ensure-test-services.sh
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
+chaos: $(STAMP)
+	@bash tools/ensure-test-services.sh
+	$(BIN)/python tools/chaos.py $(CHAOS_ARGS)
+
 clean:
 	rm -rf $(VENV) dist build .pytest_cache .mypy_cache .ruff_cache

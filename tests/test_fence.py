@@ -398,3 +398,30 @@ def test_fence_redis_defaults_to_a_redis_broker_only(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("CELERYOPS_FENCE_REDIS_URL", "redis://env:6379/1")
     assert resolve_redis_url(amqp_app, None) == "redis://env:6379/1"
     assert resolve_redis_url(redis_app, "redis://arg:6379/0") == "redis://arg:6379/0"
+
+
+@pytest.mark.slow
+def test_queue_restored_by_add_consumer_survives_a_broker_reconnect(
+    redis_url: str, redis_client: redis.Redis, own_redis: RedisServer, start_workers: Any, queue_name: str
+) -> None:
+    """Celery drops a queue that was cancelled and added back by remote control at the next reconnect (it is not
+    re-selected); the plugin puts back what the worker consumed before the reconnect (chaos seed 96)."""
+    (worker,) = start_workers(own_redis.url, app=FENCE_APP, queues=[queue_name],
+                              env={**FAST, "CELERYOPS_FENCE_REDIS_URL": redis_url})
+    app = control_app(own_redis.url)
+    try:
+        app.control.cancel_consumer(queue_name, destination=[worker.nodename], reply=True, timeout=3, limit=1)
+        app.control.add_consumer(queue_name, destination=[worker.nodename], reply=True, timeout=3, limit=1)
+        wait_entry(redis_client, worker, "the plugin to see the queue consumed again",
+                   lambda i: queue_name in i.queues and not i.held_queues)
+    finally:
+        app.close()
+    own_redis.restart()
+    wait_entry(redis_client, worker, "the plugin to start again after the reconnect", lambda i: i.consumer_starts >= 2)
+    app = control_app(own_redis.url)
+    try:
+        wait_for(lambda: answers_ping(app, worker), WAIT, "the worker to answer ping after the broker restart")
+    finally:
+        app.close()
+    ids = publish(own_redis.url, queue_name, 2)
+    wait_for(lambda: all_finished(redis_client, ids), WAIT, "tasks after the reconnect")

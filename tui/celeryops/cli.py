@@ -16,6 +16,26 @@ from celeryops.masking import mask_text
 
 
 class _Main(click.Group):
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        """Click's own errors (bad flag or value, unknown command, missing argument) as one sentence, exit 2."""
+        try:
+            rv = super().main(args, prog_name or "celeryops", complete_var, standalone_mode=False, **extra)
+        except click.UsageError as err:
+            path = err.ctx.command_path if err.ctx is not None else "celeryops"
+            click.echo(f"celeryops: {mask_text(err.format_message().rstrip('.'))}: nothing was run; "
+                       f"see `{path} --help`.", err=True)
+            sys.exit(err.exit_code)
+        except click.ClickException as err:
+            click.echo(f"celeryops: {mask_text(err.format_message())}", err=True)
+            sys.exit(err.exit_code)
+        except click.exceptions.Abort:
+            click.echo("celeryops: aborted: nothing was changed.", err=True)
+            sys.exit(1)
+        if not standalone_mode:
+            return rv
+        sys.exit(rv if isinstance(rv, int) else 0)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)

@@ -19,7 +19,7 @@ from typing import Any
 import redis
 from celery import Celery
 
-from celeryops.errors import BrokerUnreachable
+from celeryops.errors import EXIT_USAGE, BrokerUnreachable, UserError
 from celeryops.events import Observation, TaskInfo, WorkerObs
 from celeryops.masking import mask_text, mask_url
 
@@ -57,7 +57,11 @@ class Fleet:
         self.app = app
         self.timeout = timeout
         self.extra_members = list(extra_members)
-        self.broker_url: str = app.connection_for_write().as_uri(include_password=True)
+        try:
+            self.broker_url: str = app.connection_for_write().as_uri(include_password=True)
+        except KeyError as exc:  # kombu: "No such transport: htp"
+            raise UserError(f"The broker URL names an unknown transport ({exc.args[0]}): nothing was contacted; "
+                            "use redis://, rediss:// or amqp:// in --broker, -A or the config.", EXIT_USAGE) from None
         self._redis: redis.Redis | None = None
         self._plain: set[str] = set()  # workers known to answer without the celeryops plugin
 

@@ -186,10 +186,10 @@ class ReleaseFlow:
         cfg = self.config.drain
         settings = DrainSettings(interval=cfg.interval, streak=cfg.streak, max_wait=cfg.max_wait)
         self.emit(StageEvent(stage="drain"))
-        outcome, run = await self.runner.drain(settings=settings, release=self.release, keep_lease=True,
-                                               extra_settings={"sha": self.sha,
-                                                               "targets": [t.name for t in self.targets]})
         try:
+            outcome, run = await self.runner.drain(settings=settings, release=self.release, keep_lease=True,
+                                                   extra_settings={"sha": self.sha,
+                                                                   "targets": [t.name for t in self.targets]})
             if outcome == "timeout":
                 return self._finish("timeout", EXIT_TIMEOUT, "The drain timed out: nothing was killed or deployed, "
                                                              "the consumers were restored.")
@@ -198,8 +198,28 @@ class ReleaseFlow:
                 plan, _ = await self.runner.abort(run=run)
                 return self._finish("declined", EXIT_OK, "Declined before deploying: " + plan.explanation)
             return await self._deploy(run.id)
+        except asyncio.CancelledError:
+            # Interrupted after the drain (also inside runner.drain() right after its `drained` record): the run
+            # is open with its consumers stopped; apply the recovery rules before exiting, as the exit line says.
+            current = await asyncio.to_thread(self.runner.unfinished)
+            if current is not None and current.release == self.release and not self.runner.detached:
+                await self._recover_interrupted(current)
+            raise
         finally:
             await self.runner.release_lease()
+
+    async def _recover_interrupted(self, run: Run) -> None:
+        """Recovery with the rollout's real outcome (a second interrupt does not cut it short)."""
+
+        async def recover() -> None:
+            await self.runner.abort(run=run, rollout=await self._rollout_of(run))
+
+        task = asyncio.ensure_future(recover())
+        while not task.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(task)
+        with contextlib.suppress(Exception):
+            task.result()
 
     # -- resume --------------------------------------------------------------------------------------------------
 
@@ -313,8 +333,11 @@ class ReleaseFlow:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
-            answered = await self.runner.fleet.ping()
-            queues = await self.runner.fleet.active_queues(sorted(answered)) if answered else {}
+            try:
+                answered = await self.runner.fleet.ping()
+                queues = await self.runner.fleet.active_queues(sorted(answered)) if answered else {}
+            except Exception:  # the broker blinked (restart, failover): the deploy is done, keep verifying
+                answered, queues = set(), {}
             consuming = {w: q for w, q in queues.items() if q}
             if consuming or loop.time() > deadline:
                 if not consuming:

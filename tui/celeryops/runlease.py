@@ -95,6 +95,19 @@ class LeaseInfo:
     taken_from: str | None = None
 
     @property
+    def dead_here(self) -> bool:
+        """The holder ran on this host and its process is gone (it cannot be heart-beating any more)."""
+        if self.host != socket.gethostname() or self.pid <= 0:
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+    @property
     def orphaned(self) -> bool:
         return self.alive_ms == -2
 
@@ -303,3 +316,22 @@ def _user() -> str:
         return getpass.getuser()
     except (OSError, KeyError):
         return "unknown"
+
+
+def drop_dead_lease(client: redis.Redis, fleet: str, run_id: str) -> bool:
+    """Remove the lease of run ``run_id`` if its holder is gone (heartbeat expired, or its process is dead on this
+    host). Atomic against a concurrent take-over (WATCH). Returns True when removed; a live holder keeps it."""
+    keys = [fleet_key(fleet, "lease"), fleet_key(fleet, "lease", "alive")]
+    with client.pipeline(transaction=True) as pipe:
+        try:
+            pipe.watch(*keys)  # type: ignore[no-untyped-call]
+            info = read_lease(client, fleet)
+            if info is None or info.run_id != run_id or not (info.orphaned or info.dead_here):
+                pipe.unwatch()
+                return False
+            pipe.multi()
+            pipe.delete(*keys)
+            pipe.execute()
+            return True
+        except redis.WatchError:
+            return False

@@ -26,7 +26,7 @@ from celeryops.fleet import Fleet
 from celeryops.journal import PHASES, Journal, Phase, Run
 from celeryops.publish import Publisher
 from celeryops.recovery import RecoveryPlan, Rollout, plan
-from celeryops.runlease import LeaseHeld, RunLease, read_lease
+from celeryops.runlease import LeaseHeld, RunLease, drop_dead_lease, read_lease
 from celeryops.taskevents import TaskWatch, start_watch
 
 log = logging.getLogger(__name__)
@@ -130,6 +130,9 @@ class Runner:
         try:
             if take_over:
                 holder = await asyncio.to_thread(read_lease, self.coord, self.fleet_name)
+                if holder is not None and holder.dead_here and (own_run is None or holder.run_id == own_run):
+                    await asyncio.to_thread(drop_dead_lease, self.coord, self.fleet_name, holder.run_id)
+                    holder = await asyncio.to_thread(read_lease, self.coord, self.fleet_name)
                 expected = holder.run_id if holder is not None else ""
                 if holder is not None and own_run is not None and holder.run_id != own_run:
                     raise LeaseHeld(self.fleet_name, holder, taking_over=own_run)
@@ -255,7 +258,7 @@ class Runner:
                 "or `celeryops resume` to continue it.", EXIT_FAILURE)
         if take_over and self.coord is not None:
             holder = await asyncio.to_thread(read_lease, self.coord, self.fleet_name)
-            if holder is not None and not holder.orphaned:
+            if holder is not None and not holder.orphaned and not holder.dead_here:
                 raise LeaseHeld(self.fleet_name, holder, taking_over=holder.run_id)
             if open_run is not None:
                 await self.abort(run=open_run)
@@ -476,10 +479,8 @@ class Runner:
     async def _drop_dead_lease(self, run_id: str) -> None:
         """The run is over: free the fleet from its lease if its owner is gone (a live owner keeps it)."""
         assert self.coord is not None
-        lease = RunLease(self.coord, self.fleet_name, run_id, ttl=self.lease_ttl)
-        with contextlib.suppress(LeaseHeld, redis.RedisError):
-            await asyncio.to_thread(lease.take_over, run_id)  # atomic: only this run's lease, only once expired
-            await asyncio.to_thread(lease.release)
+        with contextlib.suppress(redis.RedisError):
+            await asyncio.to_thread(drop_dead_lease, self.coord, self.fleet_name, run_id)
 
     async def _refuse_if_live(self, run: Run, doing: str) -> None:
         """Another process still runs ``run`` (its lease is alive): acting on it would fight that process."""
@@ -489,7 +490,7 @@ class Runner:
             holder = await asyncio.to_thread(read_lease, self.coord, self.fleet_name)
         except redis.RedisError:
             return
-        if holder is not None and holder.run_id == run.id and not holder.orphaned:
+        if holder is not None and holder.run_id == run.id and not holder.orphaned and not holder.dead_here:
             raise UserError(f"Run {run.id} is still running ({holder.describe()}): nothing was changed; stop it with "
                             f"Ctrl-C where it runs (it restores the consumers itself), or wait until its lease "
                             f"expires before you {doing}.", EXIT_FAILURE)

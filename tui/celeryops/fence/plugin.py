@@ -116,6 +116,8 @@ class FenceGuard:
         self.refresh()
         if not self._known and self.config.hold_if_unknown:
             self._hold = UNKNOWN_HOLD
+        if self._consumer_starts > 1:
+            self._keep_after_reconnect()
         self.apply()
         self._tref = self.c.timer.call_repeatedly(self.interval, self._tick)
         if self._thread is None:
@@ -137,6 +139,25 @@ class FenceGuard:
         except redis.RedisError:
             pass
         self.client.close()
+
+    def _keep_after_reconnect(self) -> None:
+        """Celery rebuilds the task consumer after a broker reconnect from its *selected* queues, and a queue that was
+        cancelled and then added back by remote control (``add_consumer``, e.g. a drain's restore) is not selected
+        any more: the worker would silently stop consuming it. Put back what it consumed before the reconnect
+        (unless a fence holds it)."""
+        cset = self.c.task_consumer
+        if cset is None:
+            return
+        consuming = {q.name for q in cset.queues}
+        hold = self._hold
+        for name, queue in sorted(self._free.items()):
+            if name in consuming or name in self._stopped:
+                continue
+            if hold is not None and hold.selects({name: queue}):
+                continue
+            self.c.app.amqp.queues.select_add(queue)
+            self.c.add_task_queue(name)
+            logger.warning("celeryops fence: queue %s was dropped by the broker reconnect: consuming it again", name)
 
     def _tick(self) -> None:
         if self.c.hub is not None:  # the hub's timer runs in the consumer thread

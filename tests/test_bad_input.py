@@ -1,0 +1,335 @@
+"""Issue 9, bad-input sweep: a table of bad inputs given to the real ``celeryops`` CLI (subprocesses) against real
+parts (a private redis-server with a worker, a password-protected redis-server, a stopped one, the Cloud Run
+stand-in, the registry stand-in, a real git remote).
+
+Every row must give a non-zero exit, one ``celeryops: <sentence>`` line on stderr without a traceback (or, with
+``--json``, a final JSON error event), and change nothing: the row's journal (file bytes), the Redis keys (KEYS and
+DUMP, before and after the whole table) and the worker's consumers (active_queues) are compared.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from celeryops.journal import Journal
+from celeryops.testing.cloudrun import CloudRunStandIn
+from celeryops.testing.gitfixture import GitFixture
+from celeryops.testing.redis_server import RedisServer
+from celeryops.testing.registry import RegistryStandIn
+from celeryops.testing.workers import WorkerProcess
+from clihelp import cli_env, run_cli
+
+pytestmark = pytest.mark.slow
+
+BRANCH = "release-1"
+PASSWORD = "right-pw"
+FAILED_EVENTS = ("error", "preflight_failed", "deploy_failed", "timeout")
+
+
+@dataclass
+class World:
+    root: Path
+    broker: RedisServer
+    secured: RedisServer
+    down_url: str
+    worker: WorkerProcess
+    queue: str
+    standin: str
+    denied: str
+    registry: str
+    git: GitFixture
+    baseline_state: Path
+
+    def config(self, **edits: str) -> str:
+        """A valid celeryops.toml; ``edits`` replace whole lines by their key (``key=None`` text drops nothing)."""
+        values = {
+            "broker": f'broker = "{self.broker.url}"',
+            "interval": "interval = 0.3",
+            "streak": "streak = 2",
+            "kind": 'kind = "cloudrun-service"',
+            "resource": 'resource = "worker"',
+            "image": f'image = "{self.registry}/proj/worker:{{sha}}"',
+            "api_endpoint": f'api_endpoint = "{self.standin}"',
+            "extra": "",
+        }
+        values.update(edits)
+        return f"""{values["broker"]}
+{values["extra"]}
+[drain]
+{values["interval"]}
+{values["streak"]}
+max_wait = 60
+[release]
+remote = "origin"
+max_age_days = 14
+[[targets]]
+name = "worker"
+{values["kind"]}
+project = "proj"
+region = "europe-west1"
+{values["resource"]}
+{values["image"]}
+{values["api_endpoint"]}
+insecure = true
+"""
+
+
+@dataclass
+class Row:
+    id: str
+    args: Callable[[World], list[str]]
+    code: int | None = None  # the exit code owed (None: any non-zero)
+    words: str = ""  # must appear in the error sentence
+    config: Callable[[World], str] | None = None  # celeryops.toml text (None: the valid one)
+    env: dict[str, str] = field(default_factory=dict)
+    state: str = "journal"  # journal | corrupt | none
+    stdin_tty: bool = False
+
+
+def _deploy(*extra: str, release: str = BRANCH) -> Callable[[World], list[str]]:
+    return lambda w: ["deploy", release, "--yes", "--accept-warnings", "--json", "--repo", str(w.git.work), *extra]
+
+
+def _plain(*args: str) -> Callable[[World], list[str]]:
+    return lambda w: list(args)
+
+
+def _drain(*extra: str) -> Callable[[World], list[str]]:
+    return lambda w: ["drain", "--broker", w.broker.url, *extra]
+
+
+ROWS = [
+    # -- CLI arguments --------------------------------------------------------------------------------------------
+    Row("negative-interval", _drain("--interval", "-1"), 2, "--interval"),
+    Row("zero-interval", _drain("--interval", "0"), 2, "--interval"),
+    Row("not-a-number-interval", _drain("--interval", "fast"), 2, "--interval"),
+    Row("zero-streak", _drain("--streak", "0"), 2, "--streak"),
+    Row("negative-max-wait", _drain("--max-wait", "-5"), 2, "--max-wait"),
+    Row("unknown-flag", _drain("--no-such-flag"), 2, "--no-such-flag"),
+    Row("unknown-command", _plain("frobnicate"), 2, "frobnicate"),
+    Row("runs-limit-zero", _plain("runs", "--limit", "0"), 2, "--limit"),
+    Row("deploy-missing-release", _plain("deploy", "--yes"), 2, "RELEASE"),
+    Row("deploy-unknown-target", _deploy("--target", "wroker"), 2, "wroker"),
+    Row("deploy-without-yes-no-tty", lambda w: ["deploy", BRANCH, "--repo", str(w.git.work)], 2, "--yes"),
+    Row("forget-without-yes-no-tty", _drain("--forget", "celery@gone"), 2, "--yes"),
+    Row("repo-does-not-exist", _deploy("--repo", "/nonexistent/checkout"), 2, "--repo"),
+    # -- config values --------------------------------------------------------------------------------------------
+    Row("config-unknown-key", _plain("drain"), 2, "colour", config=lambda w: w.config(extra='colour = "red"')),
+    Row("config-wrong-type", _plain("drain"), 2, "interval", config=lambda w: w.config(interval='interval = "fast"')),
+    Row("config-negative-streak", _plain("drain"), 2, "streak", config=lambda w: w.config(streak="streak = -1")),
+    Row("config-insecure-remote-endpoint", _deploy(), 2, "loopback",
+        config=lambda w: w.config(api_endpoint='api_endpoint = "10.1.2.3:8080"')),
+    Row("config-bad-placeholder", _deploy(), 2, "{shaa}",
+        config=lambda w: w.config(image=f'image = "{w.registry}/proj/worker:{{shaa}}"')),
+    Row("config-unknown-kind", _deploy(), 2, "lambda", config=lambda w: w.config(kind='kind = "lambda"')),
+    Row("config-not-toml", _plain("drain"), 2, "TOML", config=lambda w: "broker = [unclosed\n"),
+    Row("config-file-missing", _plain("drain", "--config", "/nonexistent/celeryops.toml"), 2, "does not exist"),
+    Row("env-wrong-type", _plain("drain"), 2, "CELERYOPS_DRAIN_INTERVAL", env={"CELERYOPS_DRAIN_INTERVAL": "soon"}),
+    # -- broker URLs ----------------------------------------------------------------------------------------------
+    Row("broker-wrong-scheme", lambda w: ["drain", "--broker", "htp://127.0.0.1:6379/0"], None, "htp"),
+    Row("broker-unreachable-port", lambda w: ["drain", "--broker", "redis://127.0.0.1:1/0"], 4, "127.0.0.1:1"),
+    Row("broker-wrong-password", lambda w: ["drain", "--broker", w.secured.url.replace(PASSWORD, "wrong-pw")], 4),
+    Row("broker-no-password", lambda w: ["drain", "--broker", w.secured.url.replace(f":{PASSWORD}@", "")], 4),
+    Row("broker-unreachable-json", lambda w: ["drain", "--broker", "redis://127.0.0.1:1/0", "--json"], 4),
+    Row("app-not-importable", _plain("drain", "-A", "no_such_module_xyz"), 2, "no_such_module_xyz"),
+    # -- Redis down -----------------------------------------------------------------------------------------------
+    Row("redis-down-drain", lambda w: ["drain", "--broker", w.down_url], 4),
+    Row("redis-down-deploy", _deploy(), 5, config=lambda w: w.config(broker=f'broker = "{w.down_url}"')),
+    # -- branch names ---------------------------------------------------------------------------------------------
+    Row("branch-missing", _deploy(release="no-such-branch"), 5),
+    Row("branch-invalid-name", _deploy(release="bad..name"), None),
+    # -- Cloud Run errors -----------------------------------------------------------------------------------------
+    Row("cloudrun-not-found", _deploy(), 5, config=lambda w: w.config(resource='resource = "no-such-service"')),
+    Row("cloudrun-permission-denied", _deploy(), 5,
+        config=lambda w: w.config(api_endpoint=f'api_endpoint = "{w.denied}"')),
+    # -- journal --------------------------------------------------------------------------------------------------
+    Row("corrupt-journal-drain", _drain(), 1, "corrupt", state="corrupt"),
+    Row("corrupt-journal-deploy", _deploy(), None, "corrupt", state="corrupt"),
+    Row("corrupt-journal-abort", lambda w: ["abort", "--broker", w.broker.url], 1, "corrupt", state="corrupt"),
+    Row("nothing-to-abort", lambda w: ["abort", "--broker", w.broker.url], 1, "no unfinished run"),
+    Row("nothing-to-resume", lambda w: ["resume", "--broker", w.broker.url, "--json"], 1, "no unfinished run"),
+]
+
+
+# -- the world ---------------------------------------------------------------------------------------------------
+
+def _consumers(app: Celery, worker: WorkerProcess) -> list[str]:
+    replies = app.control.inspect(destination=[worker.nodename], timeout=5, limit=1).active_queues() or {}
+    assert worker.nodename in replies, "the worker did not answer active_queues"
+    return sorted(q["name"] for q in replies[worker.nodename] or [])
+
+
+def _redis_state(url: str) -> dict[str, Any]:
+    """Every key with its type and value (DUMP; sets and hashes as sorted members, since their DUMP bytes depend on
+    insertion history). kombu's per-client reply queues and their binding deadlines (made and refreshed by any
+    remote-control reader, this test included) are not fleet state."""
+    client = redis.Redis.from_url(url)
+    out: dict[str, Any] = {}
+    try:
+        for key in sorted(client.keys("*")):
+            if b"reply.celery.pidbox" in key:
+                continue
+            kind = client.type(key).decode()
+            value: Any = client.dump(key)
+            if key == b"_kombu.binding_deadlines":  # kombu's binding-expiry clock: scores move on every use
+                value = sorted(m for m in client.zrange(key, 0, -1) if b"reply.celery.pidbox" not in m)
+            elif kind == "set":
+                value = sorted(client.smembers(key))
+            elif kind == "hash":
+                value = sorted(client.hgetall(key).items())
+            out[f"{key!r} {kind}"] = value
+        return out
+    finally:
+        client.close()
+
+
+def _diff(before: dict[str, Any], after: dict[str, Any]) -> str:
+    added = sorted(set(after) - set(before))
+    gone = sorted(set(before) - set(after))
+    changed = sorted(k for k in set(before) & set(after) if before[k] != after[k])
+    return f"added {added}, removed {gone}, changed {[(k, before[k], after[k]) for k in changed]}"
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    root = tmp_path_factory.mktemp("bad-input")
+    broker, secured, down = RedisServer(), RedisServer(password=PASSWORD), RedisServer()
+    standin, denied = CloudRunStandIn(), CloudRunStandIn()
+    registry = RegistryStandIn()
+    queue = f"bad-{uuid.uuid4().hex[:6]}"
+    worker = WorkerProcess(broker.url, queues=[queue], log_dir=root, env={"CELERYOPS_TEST_RECORD": broker.db_url(1)})
+    try:
+        broker.start()
+        secured.start()
+        down.start()
+        down.stop()  # a Redis that was there and is down now (nothing listens on its port)
+        worker.start()
+        git = GitFixture(root / "git", branch=BRANCH).create(commits=2, age=timedelta(days=1))
+        registry.start()
+        registry.seed("proj/worker", git.tip(git.remote))
+        endpoints = []
+        for s in (standin, denied):
+            endpoints.append(s.start())
+            s.add_service("proj", "europe-west1", "worker", f"{registry.host}/proj/worker:old")
+        denied.grant(["run.services.get"])  # PERMISSION_DENIED on anything else
+        state = root / "baseline-state"
+        with Journal(state_dir=state) as journal:  # a journal with one finished run: the rows must leave it alone
+            run = journal.create_run(fleet="default", broker=broker.url, settings={"queues": [queue]})
+            journal.advance(run.id, "aborted", reason="seeded by the test")
+        app = Celery("bad-input-control", broker=broker.url)
+        worker.wait_ready(app, timeout=60)
+        app.close()
+        yield World(root=root, broker=broker, secured=secured, down_url=down.url, worker=worker, queue=queue,
+                    standin=endpoints[0], denied=endpoints[1], registry=registry.host, git=git, baseline_state=state)
+    finally:
+        worker.stop()
+        for s in (standin, denied):
+            s.stop()
+        registry.stop()
+        for r in (broker, secured, down):
+            r.close()
+
+
+@dataclass
+class Outcome:
+    row: Row
+    result: subprocess.CompletedProcess[str]
+    state_before: dict[str, bytes]
+    state_after: dict[str, bytes]
+
+
+def _play(world: World, row: Row) -> Outcome:
+    here = world.root / row.id
+    here.mkdir()
+    state = here / "state"
+    if row.state == "journal":
+        shutil.copytree(world.baseline_state, state)
+    elif row.state == "corrupt":
+        state.mkdir()
+        (state / "journal.sqlite3").write_bytes(b"this is not a sqlite database\n" * 300)
+    (here / "celeryops.toml").write_text(row.config(world) if row.config else world.config())
+    before = _files(here)
+    env = cli_env(state, **row.env)
+    result = run_cli(row.args(world), env, timeout=120, cwd=here)
+    return Outcome(row, result, before, _files(here))
+
+
+@pytest.fixture(scope="module")
+def outcomes(world: World) -> Iterator[dict[str, Outcome]]:
+    """Every row, a few at a time (they share nothing but read-only parts); Redis and consumers are compared
+    around the whole table."""
+    app = Celery("bad-input-control", broker=world.broker.url)
+    consumers, keys = _consumers(app, world.worker), _redis_state(world.broker.url)
+    secured_keys = _redis_state(world.secured.url)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        done = {o.row.id: o for o in pool.map(lambda row: _play(world, row), ROWS)}
+    done["-consumers-"] = consumers  # type: ignore[assignment]
+    done["-keys-"] = keys  # type: ignore[assignment]
+    done["-secured-keys-"] = secured_keys  # type: ignore[assignment]
+    yield done
+    app.close()
+
+
+def _error_sentence(row: Row, result: subprocess.CompletedProcess[str]) -> str:
+    """The one sentence the operator gets: stderr's single ``celeryops:`` line, or the final JSON error event."""
+    assert "Traceback" not in result.stderr + result.stdout, result.stderr
+    if "--json" in result.args:  # scripts parse stdout: nothing but JSON objects there, one a line
+        for line in result.stdout.splitlines():
+            assert not line.strip() or isinstance(json.loads(line), dict), f"{row.id}: not JSON: {line!r}"
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    if lines:
+        assert len(lines) == 1, f"{row.id}: more than one line on stderr:\n{result.stderr}"
+        assert lines[0].startswith("celeryops: "), f"{row.id}: {lines[0]!r}"
+        return lines[0]
+    events = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+    assert events, f"{row.id}: nothing on stderr and no JSON on stdout"
+    final = events[-1]
+    assert final.get("event") in FAILED_EVENTS, f"{row.id}: last event {final}"
+    assert "\n" not in final["message"]
+    return str(final["message"])
+
+
+def test_table_has_enough_rows() -> None:
+    assert len(ROWS) >= 30 and len({r.id for r in ROWS}) == len(ROWS)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
+def test_bad_input_fails_with_one_sentence_and_changes_nothing(outcomes: dict[str, Any], row: Row) -> None:
+    outcome: Outcome = outcomes[row.id]
+    result = outcome.result
+    assert result.returncode > 0, f"{row.id}: exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    if row.code is not None:
+        assert result.returncode == row.code, f"{row.id}: exit {result.returncode}, not {row.code}: {result.stderr}"
+    sentence = _error_sentence(row, result)
+    assert row.words in sentence, f"{row.id}: {row.words!r} not in {sentence!r}"
+    assert PASSWORD not in result.stdout + result.stderr
+    assert outcome.state_after == outcome.state_before, f"{row.id}: the journal or config changed"
+
+
+def test_no_redis_key_and_no_consumer_changed(world: World, outcomes: dict[str, Any]) -> None:
+    app = Celery("bad-input-control", broker=world.broker.url)
+    try:
+        assert _consumers(app, world.worker) == outcomes["-consumers-"] == [world.queue]
+    finally:
+        app.close()
+    now = _redis_state(world.broker.url)
+    assert now == outcomes["-keys-"], _diff(outcomes["-keys-"], now)
+    secured = _redis_state(world.secured.url)
+    assert secured == outcomes["-secured-keys-"], _diff(outcomes["-secured-keys-"], secured)
