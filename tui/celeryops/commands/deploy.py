@@ -9,8 +9,8 @@ from pathlib import Path
 import click
 
 from celeryops.commands.common import FleetSpec, fleet_options
-from celeryops.commands.drain import open_runner, run_interruptibly, state_dir_option
-from celeryops.errors import EXIT_INTERRUPTED, EXIT_USAGE, UserError
+from celeryops.commands.drain import RECOVERED, open_runner, run_headless, state_dir_option
+from celeryops.errors import EXIT_USAGE, UserError
 from celeryops.output import Printer
 
 
@@ -51,19 +51,7 @@ def deploy(release: str, fleet: FleetSpec, targets: tuple[str, ...], yes: bool,
 
     flow = ReleaseFlow(runner, config, release, chosen, repo=Path(repo), accept_warnings=accept_warnings,
                        confirm=None if yes else confirm)
-    try:
-        result, interrupted = run_interruptibly(flow.run)
-    except UserError as err:
-        if as_json and not printer.finished:
-            printer.json({"event": "error", "message": str(err), "exit_code": err.exit_code})
-        raise
-    finally:
-        runner.fleet.close()
-    if interrupted or result is None:
-        if as_json and not printer.finished:
-            printer.json({"event": "interrupted", "message": "Interrupted: the recovery rules were applied."})
-        sys.exit(EXIT_INTERRUPTED)
-    sys.exit(result.exit_code)
+    sys.exit(run_headless(runner, printer, flow.run, RECOVERED).exit_code)
 
 
 COMMANDS = [deploy]

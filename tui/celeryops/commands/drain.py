@@ -91,6 +91,28 @@ async def plugin_members(coord: redis.Redis, name: str) -> set[str]:
     return set(await asyncio.to_thread(plugin_workers, coord, name))
 
 
+RESTORED = "Interrupted: consumers restored, nothing was killed."
+RECOVERED = "Interrupted: the recovery rules were applied."
+
+
+def run_headless(runner: Runner, printer: Printer, main: Callable[[], Awaitable[T]], interrupted: str) -> T:
+    """Run ``main`` interruptibly; errors and interruptions end the --json stream with a final event. Exits 130 when
+    interrupted (after ``main`` applied the recovery rules)."""
+    try:
+        result, was_interrupted = run_interruptibly(main)
+    except UserError as err:
+        if printer.as_json and not printer.finished:
+            printer.json({"event": "error", "message": str(err), "exit_code": err.exit_code})
+        raise
+    finally:
+        runner.fleet.close()
+    if was_interrupted or result is None:
+        if printer.as_json and not printer.finished:
+            printer.json({"event": "interrupted", "message": interrupted})
+        sys.exit(EXIT_INTERRUPTED)
+    return result
+
+
 def _positive(name: str) -> Callable[[click.Context, click.Parameter, Any], Any]:
     def check(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
         if value is not None and value <= 0:
@@ -142,20 +164,9 @@ def drain(fleet: FleetSpec, queues: tuple[str, ...], interval: float | None, str
 
         open_console(fleet, start="drain", config=cfg, drain=DrainRequest(queues, settings, forget, take_over))
     runner = open_runner(fleet, cfg.state_dir, printer)
-    try:
-        result, interrupted = run_interruptibly(
-            lambda: runner.drain(queues=queues, settings=settings, forget=forget, take_over=take_over))
-    except UserError as err:
-        if as_json and not printer.finished:
-            printer.json({"event": "error", "message": str(err), "exit_code": err.exit_code})
-        raise
-    finally:
-        runner.fleet.close()
-    if interrupted or result is None:
-        if as_json and not printer.finished:
-            printer.json({"event": "interrupted", "message": "Interrupted: consumers restored, nothing was killed."})
-        sys.exit(EXIT_INTERRUPTED)
-    outcome, _run = result
+    outcome, _run = run_headless(
+        runner, printer, lambda: runner.drain(queues=queues, settings=settings, forget=forget, take_over=take_over),
+        RESTORED)
     sys.exit(EXIT_OK if outcome == "drained" else EXIT_TIMEOUT)
 
 
@@ -194,24 +205,12 @@ def resume(fleet: FleetSpec, as_json: bool, state_dir: str | None) -> None:
     runner = open_runner(fleet, state_dir, printer)
     open_run = runner.unfinished()
     if open_run is not None and open_run.release:
-        _resume_release(fleet, runner, open_run, printer, as_json)
-    try:
-        result, interrupted = run_interruptibly(lambda: runner.resume())
-    except UserError as err:
-        if as_json and not printer.finished:
-            printer.json({"event": "error", "message": str(err), "exit_code": err.exit_code})
-        raise
-    finally:
-        runner.fleet.close()
-    if interrupted or result is None:
-        if as_json and not printer.finished:
-            printer.json({"event": "interrupted", "message": "Interrupted: consumers restored, nothing was killed."})
-        sys.exit(EXIT_INTERRUPTED)
-    outcome, _run = result
+        _resume_release(fleet, runner, open_run, printer)
+    outcome, _run = run_headless(runner, printer, lambda: runner.resume(), RESTORED)
     sys.exit(EXIT_OK if outcome == "drained" else EXIT_TIMEOUT)
 
 
-def _resume_release(fleet: FleetSpec, runner: Runner, run: Run, printer: Printer, as_json: bool) -> NoReturn:
+def _resume_release(fleet: FleetSpec, runner: Runner, run: Run, printer: Printer) -> NoReturn:
     """A deploy run: finish it with the release flow (drain -> deploy, or the rollout's outcome)."""
     from celeryops.release import ReleaseFlow
 
@@ -219,19 +218,7 @@ def _resume_release(fleet: FleetSpec, runner: Runner, run: Run, printer: Printer
     names = list(run.settings.get("targets") or [t.name for t in config.targets])
     targets = tuple(config.target(name) for name in names)
     flow = ReleaseFlow(runner, config, run.release or "", targets, sha=str(run.settings.get("sha") or ""))
-    try:
-        result, interrupted = run_interruptibly(lambda: flow.resume(run))
-    except UserError as err:
-        if as_json and not printer.finished:
-            printer.json({"event": "error", "message": str(err), "exit_code": err.exit_code})
-        raise
-    finally:
-        runner.fleet.close()
-    if interrupted or result is None:
-        if as_json and not printer.finished:
-            printer.json({"event": "interrupted", "message": "Interrupted: the recovery rules were applied."})
-        sys.exit(EXIT_INTERRUPTED)
-    sys.exit(result.exit_code)
+    sys.exit(run_headless(runner, printer, lambda: flow.resume(run), RECOVERED).exit_code)
 
 
 COMMANDS = [drain, abort, resume]
