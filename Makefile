@@ -25,7 +25,7 @@ lint: $(STAMP)
 test: $(STAMP)
 	@bash tools/ensure-test-services.sh
 	$(MAKE) --no-print-directory lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 3
 
 bench: $(STAMP)
 	@bash tools/ensure-test-services.sh

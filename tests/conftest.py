@@ -23,7 +23,9 @@ from celeryops.testing.workers import WorkerProcess, control_app, wait_for
 AMQP_HOST = "127.0.0.1:5672"
 
 # Keep test runs away from the operator's real state dir and config.
-os.environ.setdefault("CELERYOPS_STATE_DIR", str(Path(os.environ.get("TMPDIR", "/tmp")) / "celeryops-test-state"))
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+os.environ.setdefault("CELERYOPS_STATE_DIR",
+                      str(Path(os.environ.get("TMPDIR", "/tmp")) / f"celeryops-test-state-{os.getpid()}-{_worker}"))
 
 
 @pytest.fixture(scope="session")
