@@ -16,17 +16,19 @@ import signal
 import sys
 from collections.abc import Callable, Iterator
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import click
 
 from celeryops.commands.common import FleetSpec
 from celeryops.commands.drain import open_runner, run_interruptibly
-from celeryops.demo.sandbox import RELEASE, DemoHandoff, Sandbox
 from celeryops.demo.timing import Timing
 from celeryops.errors import EXIT_INTERRUPTED, EXIT_USAGE, UserError
 from celeryops.events import Notice
 from celeryops.output import Printer
-from celeryops.release import ReleaseFlow
+
+if TYPE_CHECKING:
+    from celeryops.demo.sandbox import DemoHandoff, Sandbox
 
 CONSOLE_HOOK = ("celeryops.console.app", "run_demo_console")
 _SIGNALS = (signal.SIGTERM, signal.SIGHUP)
@@ -65,6 +67,9 @@ def _signals_ignored() -> Iterator[None]:
 
 def run_headless(sandbox: Sandbox, printer: Printer) -> int:
     """Deploy ``demo-2`` to the sandbox exactly as ``celeryops deploy demo-2 --yes --accept-warnings`` would."""
+    from celeryops.demo.sandbox import RELEASE
+    from celeryops.release import ReleaseFlow
+
     sandbox.wait_busy(tasks=2, timeout=60)
     config = sandbox.config
     runner = open_runner(FleetSpec(broker=sandbox.url), config.state_dir, printer)
@@ -82,7 +87,7 @@ def run_headless(sandbox: Sandbox, printer: Printer) -> int:
     return result.exit_code
 
 
-ConsoleHook = Callable[[DemoHandoff], int]
+ConsoleHook = Callable[["DemoHandoff"], int]
 
 
 def console_hook() -> ConsoleHook:
@@ -129,6 +134,8 @@ def demo(speed: float, headless: bool, as_json: bool, workers: int, keep: bool) 
     if as_json and not headless:
         raise UserError("--json only applies to celeryops demo --headless: nothing was started; add --headless.",
                         EXIT_USAGE)
+    from celeryops.demo.sandbox import Sandbox  # the stand-ins (google-cloud-run) load only for the demo
+
     timing = Timing(speed)
     hook = None if headless else console_hook()
     printer = Printer(as_json)
