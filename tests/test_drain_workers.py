@@ -96,7 +96,7 @@ def test_busy_solo_worker_is_unknown_not_zero(redis_url: str, start_workers, red
 def test_reserved_tasks_are_counted_and_waited_for(redis_url: str, start_workers, redis_client: redis.Redis,
                                                    queue_name: str, env: dict[str, str]) -> None:
     start_workers(redis_url, queues=[queue_name], concurrency=1, prefetch=4)
-    ids = enqueue(redis_url, queue_name, 1.0, n=4)
+    ids = enqueue(redis_url, queue_name, 3.0, n=4)  # long enough to still hold 3 prefetched at the first poll
     wait_for(lambda: started(redis_client, ids), 30, "the first task to start")
     drain = CliProcess(["drain", "--broker", redis_url, "-Q", queue_name, *FAST, "--json"], env)
     with_reserved = drain.wait_event("poll", 30, where=lambda e: e["reserved"] > 0)
