@@ -12,7 +12,7 @@ import pytest
 import redis
 from celery import Celery
 
-from celeryops.testing.cloudrun import CloudRunStandIn
+from celeryops.testing.cloudrun import CloudRunStandIn, standin_config
 from celeryops.testing.gitfixture import GitFixture
 from celeryops.testing.registry import RegistryStandIn
 from celeryops.testing.workers import WorkerProcess, wait_for
@@ -65,25 +65,8 @@ def setup(tmp_path: Path, redis_url: str, queue_name: str):
     sha = git.tip(git.remote)
     registry.seed("proj/worker", sha)
     standin.add_service("proj", "europe-west1", "worker", f"{registry.host}/proj/worker:old")
-    (tmp_path / "celeryops.toml").write_text(f"""
-broker = "{redis_url}"
-[drain]
-interval = 0.4
-streak = 2
-max_wait = 60
-[release]
-remote = "origin"
-max_age_days = 14
-[[targets]]
-name = "worker"
-kind = "cloudrun-service"
-project = "proj"
-region = "europe-west1"
-resource = "worker"
-image = "{registry.host}/proj/worker:{{sha}}"
-api_endpoint = "{endpoint}"
-insecure = true
-""")
+    (tmp_path / "celeryops.toml").write_text(standin_config(
+        broker=redis_url, endpoint=endpoint, image=f"{registry.host}/proj/worker:{{sha}}"))
     yield {"git": git, "registry": registry, "fleet": fleet, "standin": standin, "dir": tmp_path, "sha": sha}
     fleet.stop()
     standin.stop()

@@ -19,7 +19,7 @@ import redis
 from celery import Celery
 
 from celeryops.fence import FenceStore, PluginWorkerInfo, plugin_workers
-from celeryops.testing.cloudrun import CloudRunStandIn
+from celeryops.testing.cloudrun import CloudRunStandIn, standin_config
 from celeryops.testing.gitfixture import GitFixture
 from celeryops.testing.registry import RegistryStandIn
 from celeryops.testing.workers import WorkerProcess, wait_for
@@ -248,25 +248,8 @@ def release(tmp_path: Path, redis_url: str, redis_client: redis.Redis, queue_nam
     endpoint = standin.start()
     registry.seed("proj/worker", sha)
     standin.add_service("proj", "europe-west1", "worker", f"{registry.host}/proj/worker:old")
-    (tmp_path / "celeryops.toml").write_text(f"""
-broker = "{redis_url}"
-[drain]
-interval = 0.4
-streak = 2
-max_wait = 60
-[release]
-remote = "origin"
-max_age_days = 14
-[[targets]]
-name = "worker"
-kind = "cloudrun-service"
-project = "proj"
-region = "europe-west1"
-resource = "worker"
-image = "{registry.host}/proj/worker:{{sha}}"
-api_endpoint = "{endpoint}"
-insecure = true
-""")
+    (tmp_path / "celeryops.toml").write_text(standin_config(
+        broker=redis_url, endpoint=endpoint, image=f"{registry.host}/proj/worker:{{sha}}"))
     yield {"git": git, "rollout": rollout, "dir": tmp_path, "sha": sha}
     rollout.stop()
     standin.stop()

@@ -28,7 +28,7 @@ from celeryops.console.screens.resume import ResumeScreen
 from celeryops.drain import DrainSettings
 from celeryops.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT
 from celeryops.journal import Journal
-from celeryops.testing.cloudrun import CloudRunStandIn
+from celeryops.testing.cloudrun import CloudRunStandIn, standin_config
 from celeryops.testing.gitfixture import GitFixture
 from celeryops.testing.registry import RegistryStandIn
 from celeryops.testing.workers import WorkerProcess, wait_for
@@ -240,25 +240,8 @@ async def test_deploy_preflight_drain_deploy_done(tmp_path: Path, redis_url: str
         registry.seed("proj/worker", git.tip(git.remote))
         standin.add_service("proj", "europe-west1", "worker", f"{registry.host}/proj/worker:old")
         toml = tmp_path / "celeryops.toml"
-        toml.write_text(f"""
-broker = "{redis_url}"
-[drain]
-interval = 0.3
-streak = 2
-max_wait = 60
-[release]
-remote = "origin"
-max_age_days = 14
-[[targets]]
-name = "worker"
-kind = "cloudrun-service"
-project = "proj"
-region = "europe-west1"
-resource = "worker"
-image = "{registry.host}/proj/worker:{{sha}}"
-api_endpoint = "{endpoint}"
-insecure = true
-""")
+        toml.write_text(standin_config(broker=redis_url, endpoint=endpoint, interval=0.3,
+                                       image=f"{registry.host}/proj/worker:{{sha}}"))
         config = load_config(str(toml), tmp_path, {}, {"state_dir": str(tmp_path / "state")})
         fleet.start("worker-00001-old")
         backend = backend_for(redis_url, tmp_path / "state", config=config, repo=git.work)

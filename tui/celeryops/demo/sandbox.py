@@ -40,7 +40,7 @@ from celeryops.demo.producer import Producer
 from celeryops.demo.reaper import Reaper
 from celeryops.demo.timing import Timing
 from celeryops.errors import EXIT_USAGE, UserError
-from celeryops.testing.cloudrun import CloudRunStandIn
+from celeryops.testing.cloudrun import CloudRunStandIn, standin_config
 from celeryops.testing.gitfixture import GitFixture
 from celeryops.testing.registry import RegistryStandIn
 
@@ -243,29 +243,12 @@ class Sandbox:
     def _write_config(self, endpoint: str) -> None:
         assert self.registry is not None
         t = self.timing
-        self.config_path.write_text(f"""# Written by `celeryops demo`: everything points at the sandbox in {self.root}.
-broker = "{self.url}"
-state_dir = "state"
-
-[drain]
-interval = {t.drain_interval:g}
-streak = 2
-max_wait = {t.drain_max_wait:g}
-
-[release]
-remote = "origin"
-max_age_days = 14
-
-[[targets]]
-name = "{SERVICE}"
-kind = "cloudrun-service"
-project = "{PROJECT}"
-region = "{REGION}"
-resource = "{SERVICE}"
-image = "{self.registry.host}/{IMAGE_NAME}:{{sha}}"
-api_endpoint = "{endpoint}"
-insecure = true
-""", encoding="utf-8")
+        self.config_path.write_text(standin_config(
+            broker=self.url, endpoint=endpoint, image=f"{self.registry.host}/{IMAGE_NAME}:{{sha}}",
+            interval=t.drain_interval, max_wait=t.drain_max_wait, project=PROJECT, region=REGION,
+            resource=SERVICE, name=SERVICE, state_dir="state",
+            comment=f"Written by `celeryops demo`: everything points at the sandbox in {self.root}."),
+            encoding="utf-8")
 
     def wait_busy(self, tasks: int = 2, timeout: float = 60.0) -> bool:
         """Wait until ``tasks`` demo tasks have started (so a drain has something to wait for)."""

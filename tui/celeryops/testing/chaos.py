@@ -49,7 +49,7 @@ from celery import Celery
 from celeryops.journal import Journal, Run, journal_path
 from celeryops.recovery import plan as plan_recovery
 from celeryops.runlease import read_lease
-from celeryops.testing.cloudrun import CloudRunStandIn
+from celeryops.testing.cloudrun import CloudRunStandIn, standin_config
 from celeryops.testing.gitfixture import GitFixture
 from celeryops.testing.redis_server import RedisServer
 from celeryops.testing.registry import RegistryStandIn
@@ -404,25 +404,9 @@ class Trial:
 
     def write_config(self) -> None:
         lab = self.lab
-        (self.dir / "celeryops.toml").write_text(f"""
-broker = "{self.broker.url}"
-[drain]
-interval = 0.3
-streak = 2
-max_wait = 60
-[release]
-remote = "origin"
-max_age_days = 14
-[[targets]]
-name = "worker"
-kind = "cloudrun-service"
-project = "{PROJECT}"
-region = "{REGION}"
-resource = "{self.service}"
-image = "{lab.registry.host}/proj/worker:{{sha}}"
-api_endpoint = "{lab.endpoint}"
-insecure = true
-""")
+        (self.dir / "celeryops.toml").write_text(standin_config(
+            broker=self.broker.url, endpoint=lab.endpoint, image=f"{lab.registry.host}/proj/worker:{{sha}}",
+            interval=0.3, project=PROJECT, region=REGION, resource=self.service))
 
     def enqueue(self, duration: float) -> None:
         from celeryops.testing.taskapp import sleep
