@@ -43,6 +43,7 @@ from celeryops.journal import TERMINAL_PHASES, Journal, journal_path
 from celeryops.masking import mask_text
 from celeryops.namespace import fleet_name as default_fleet_name
 from celeryops.preflight import Check, CheckResult, run_checks
+from celeryops.preflight.checks import fence_plugin_check
 from celeryops.publish import PublishedStatus, read_events, read_status
 from celeryops.recovery import plan
 from celeryops.runlease import read_lease
@@ -418,24 +419,10 @@ class OpsBackend:
                                    "consumers", "open `celeryops` to resume or abort it first")
             return CheckResult("lease", "", "ok", "no other run holds the fleet")
 
-        async def fence() -> CheckResult:
-            from celeryops.fence import fence_status
-
-            replies = await asyncio.to_thread(fence_status, fleet.app)
-            without = sorted(w for w, r in replies.items() if not r.plugin)
-            if not replies:
-                return CheckResult("fence", "", "warn", "no worker answered the fence status command",
-                                   "the drain still re-broadcasts the stop at every poll")
-            if without:
-                return CheckResult("fence", "", "warn", f"{len(without)} of {len(replies)} worker(s) run without "
-                                   "the fence plugin", "install celeryops.fence in the worker app; until then the "
-                                   "re-broadcast stops them")
-            return CheckResult("fence", "", "ok", f"all {len(replies)} worker(s) run the fence plugin")
-
         return [Check("broker", "Broker reachable", broker, timeout=15),
                 Check("workers", "Every known worker replies", workers, timeout=20),
                 Check("lease", "No other run holds the fleet", lease, timeout=10),
-                Check("fence", "Drain fence plugin", fence, timeout=15)]
+                fence_plugin_check(fleet.app)]
 
     def _check_event(self, live: _Live, event: Any) -> None:
         result = getattr(event, "result", None)

@@ -231,7 +231,7 @@ class Drain:
         """Put back exactly the consumers this drain stopped, then verify with active_queues."""
         record = dict(self.stopped)
         await self.hooks.before_restore(record)
-        event = await restore_consumers(self.fleet, record, known=self.known - set(self.forget) - self.gone)
+        event = await restore_consumers(self.fleet, record, known=self.known, exclude=set(self.forget) | self.gone)
         await self.hooks.after_restore(event)
         self.on_event(event)
         return event
@@ -301,12 +301,14 @@ _NO = WorkerObs(name="", replied=False)
 
 
 async def restore_consumers(fleet: Fleet, record: dict[str, tuple[str, ...]], *, known: Iterable[str] = (),
-                            attempts: int = 3) -> ConsumersRestored:
+                            exclude: Iterable[str] = (), attempts: int = 3) -> ConsumersRestored:
     """Add back every queue in ``record`` (worker -> queues; ``"*"`` -> queues for workers whose own queues were
-    never seen) that the worker does not consume now, then verify with active_queues. Idempotent."""
+    never seen) that the worker does not consume now, then verify with active_queues. Idempotent. ``exclude``:
+    workers known to be gone (forgotten, or left the fleet), never addressed."""
     broadcast = set(record.get(BROADCAST, ()))
-    per_worker = {w: set(qs) for w, qs in record.items() if w != BROADCAST}
-    members = set(known) | await fleet.members()
+    skip = set(exclude)
+    per_worker = {w: set(qs) for w, qs in record.items() if w != BROADCAST and w not in skip}
+    members = (set(known) | await fleet.members()) - skip
     for name in members - set(per_worker):
         per_worker[name] = set(broadcast)  # appeared since: its own queues were never recorded
     restored: dict[str, tuple[str, ...]] = {}

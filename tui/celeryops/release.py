@@ -23,7 +23,13 @@ from celeryops.events import Event, Notice
 from celeryops.gitrepo import GitRepo
 from celeryops.journal import Run
 from celeryops.preflight import Check, CheckResult, PreflightReport, run_checks
-from celeryops.preflight.checks import freshness_check, image_check, permissions_check, release_branch_check
+from celeryops.preflight.checks import (
+    fence_plugin_check,
+    freshness_check,
+    image_check,
+    permissions_check,
+    release_branch_check,
+)
 from celeryops.recovery import Rollout
 from celeryops.runlease import read_lease
 from celeryops.runner import Runner
@@ -112,7 +118,7 @@ class ReleaseFlow:
             freshness_check(git, rel.remote, self.release, rel.max_age_days, sha=self.sha or None),
             permissions_check([(t.name, _missing(self.deployer(t), t)) for t in self.targets]),
             Check("fleet", "Broker, workers and run lease", self._fleet_check, timeout=20),
-            Check("fence", "Drain fence plugin", self._fence_check, timeout=15),
+            fence_plugin_check(self.runner.fleet.app),
         ]
         if images:
             checks.insert(1, image_check(images))
@@ -135,21 +141,6 @@ class ReleaseFlow:
                 return CheckResult("fleet", "", "fail", f"another run holds the fleet ({state}): {holder.describe()}",
                                    "wait for it, or take over an orphaned run with --take-over")
         return CheckResult("fleet", "", "ok", f"{len(answered)} worker(s) answer on {fleet.display_url}")
-
-    async def _fence_check(self) -> CheckResult:
-        from celeryops.fence import fence_status
-
-        replies = await asyncio.to_thread(fence_status, self.runner.fleet.app)
-        without = sorted(w for w, r in replies.items() if not r.plugin)
-        if not replies:
-            return CheckResult("fence", "", "warn", "no worker answered the fence status command",
-                               "check the workers; the drain still re-broadcasts the stop at every poll")
-        if without:
-            return CheckResult("fence", "", "warn",
-                               f"{len(without)} of {len(replies)} worker(s) run without the fence plugin: "
-                               f"{', '.join(without[:6])}" + ("..." if len(without) > 6 else ""),
-                               "install celeryops.fence in the worker app; until then the re-broadcast stops them")
-        return CheckResult("fence", "", "ok", f"all {len(replies)} worker(s) run the fence plugin")
 
     async def preflight(self) -> PreflightReport:
         self.emit(StageEvent(stage="preflight", detail=f"release {self.release}"))

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import redis
 
-from celeryops.drain import BROADCAST, Drain, DrainResult, DrainSettings
+from celeryops.drain import BROADCAST, Drain, DrainResult, DrainSettings, restore_consumers
 from celeryops.errors import EXIT_FAILURE, UserError
 from celeryops.events import ConsumersRestored, DrainFinished, DrainProgress, Event, Notice
 from celeryops.fence import FenceStore
@@ -155,11 +155,7 @@ class Runner:
         """Stop the heartbeats and give the lease back (the fence, if any, is left to expire unless lifted)."""
         lease, self._held = self._held, None
         pub, self._pub = self._pub, None
-        keeper, self._fence_keeper = self._fence_keeper, None
-        if keeper is not None:
-            keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await keeper
+        await self._stop_fence_keeper()
         if pub is not None:
             await pub.close()
         if lease is not None:
@@ -186,6 +182,13 @@ class Runner:
         if self._fence_keeper is None:
             self._fence_keeper = asyncio.ensure_future(self._keep_fence())
 
+    async def _stop_fence_keeper(self) -> None:
+        keeper, self._fence_keeper = self._fence_keeper, None
+        if keeper is not None:
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper
+
     async def _keep_fence(self) -> None:
         assert self._fence is not None and self._fence_run is not None
         while True:
@@ -209,11 +212,7 @@ class Runner:
     async def park_fence(self) -> None:
         """The run ends drained and stays open after this process: stop renewing the fence every ttl/3 and give
         it ``fence_parked_ttl`` instead, so plugin workers stay held until a deploy or ``abort`` lifts it."""
-        keeper, self._fence_keeper = self._fence_keeper, None
-        if keeper is not None:
-            keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await keeper
+        await self._stop_fence_keeper()
         if self._fence is None or self._fence_run is None:
             return
         try:
@@ -228,9 +227,7 @@ class Runner:
         rid = run_id or self._fence_run
         if fence is None or rid is None:
             return
-        keeper, self._fence_keeper = self._fence_keeper, None
-        if keeper is not None:
-            keeper.cancel()
+        await self._stop_fence_keeper()
         with contextlib.suppress(redis.RedisError):
             await asyncio.to_thread(fence.lift, rid)
 
@@ -271,6 +268,13 @@ class Runner:
         except BaseException as exc:
             await self.journal.aio.advance(run.id, "aborted", reason=f"not started: {exc}")
             raise
+        outcome = await self._drain_holding(run, queues, settings, forget, keep_lease)
+        return outcome, await self.journal.aio.get(run.id)
+
+    async def _drain_holding(self, run: Run, queues: tuple[str, ...], settings: DrainSettings,
+                             forget: tuple[str, ...], keep_lease: bool) -> Outcome:
+        """Drain with the lease already held; give it back after, unless a drained run keeps it for its deploy
+        (a drained run that ends here parks its fence: the consumers stay stopped until a deploy or abort)."""
         outcome: Outcome = "error"
         try:
             outcome = await self._drain_run(run, queues, settings, forget, self._pub)
@@ -279,7 +283,7 @@ class Runner:
                 if outcome == "drained":
                     await self.park_fence()
                 await self.release_lease()
-        return outcome, await self.journal.aio.get(run.id)
+        return outcome
 
     async def _drain_run(self, run: Run, queues: tuple[str, ...], settings: DrainSettings,
                          forget: tuple[str, ...], publisher: Publisher | None) -> Outcome:
@@ -398,14 +402,7 @@ class Runner:
         await self.journal.aio.note(run.id, {"resumed_by": _user(), "pid": os.getpid()})
         await self._acquire(run, take_over=True, own_run=run.id)
         self._deploy_follows = keep_lease
-        outcome: Outcome = "error"
-        try:
-            outcome = await self._drain_run(run, queues, settings, forget, self._pub)
-        finally:
-            if not (keep_lease and outcome == "drained"):
-                if outcome == "drained":
-                    await self.park_fence()
-                await self.release_lease()
+        outcome = await self._drain_holding(run, queues, settings, forget, keep_lease)
         return outcome, await self.journal.aio.get(run.id)
 
     async def hold(self, run: Run) -> None:
@@ -452,13 +449,9 @@ class Runner:
                                    mark_as="aborted")
         restored: ConsumersRestored | None = None
         if decided.action == "restore":
-            from celeryops.drain import restore_consumers
-
             record = {w: tuple(qs) for w, qs in decided.restore.items()}
             intent = await self.journal.aio.intend_add_consumers(run.id, record)
-            forgotten = set(run.settings.get("forget", []))
-            members = await self.fleet.members()
-            restored = await restore_consumers(self.fleet, record, known=members - forgotten)
+            restored = await restore_consumers(self.fleet, record, exclude=set(run.settings.get("forget", [])))
             await self.journal.aio.settle(intent, {"ok": restored.verified,
                                                    "missing": {w: list(q) for w, q in restored.missing.items()}})
             self.emit(restored)

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 import humanize
+from celery import Celery
 
 from celeryops.gitrepo import GitRepo
 from celeryops.preflight.framework import Check, CheckResult, one_line
@@ -155,3 +156,24 @@ def permissions_check(
         return CheckResult(check_id, title, "fail", "; ".join(problems), remedy)
 
     return Check(check_id, title, run)
+
+
+def fence_plugin_check(app: Celery, *, check_id: str = "fence", title: str = "Drain fence plugin") -> Check:
+    """ok: every worker that answers runs the drain fence plugin; warn: some don't (listed), or none answered."""
+
+    async def run() -> CheckResult:
+        from celeryops.fence import fence_status
+
+        replies = await asyncio.to_thread(fence_status, app)
+        without = sorted(w for w, r in replies.items() if not r.plugin)
+        if not replies:
+            return CheckResult(check_id, title, "warn", "no worker answered the fence status command",
+                               "check the workers; the drain still re-broadcasts the stop at every poll")
+        if without:
+            return CheckResult(check_id, title, "warn",
+                               f"{len(without)} of {len(replies)} worker(s) run without the fence plugin: "
+                               f"{', '.join(without[:6])}" + ("..." if len(without) > 6 else ""),
+                               "install celeryops.fence in the worker app; until then the re-broadcast stops them")
+        return CheckResult(check_id, title, "ok", f"all {len(replies)} worker(s) run the fence plugin")
+
+    return Check(check_id, title, run, timeout=15)
