@@ -7,6 +7,8 @@ marker variable from the CLI, so the process table tells whether anything was le
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import shutil
 import signal
@@ -16,9 +18,11 @@ from pathlib import Path
 import pytest
 import redis
 
+from celeryops.commands.demo import _progress
 from celeryops.demo.sandbox import RELEASE, Sandbox
 from celeryops.demo.timing import Timing
 from celeryops.errors import EXIT_INTERRUPTED, EXIT_USAGE, UserError
+from celeryops.output import Printer
 from celeryops.slots import read_all
 from celeryops.testing.workers import wait_for
 from clihelp import CliProcess, cli_env, run_cli
@@ -89,6 +93,20 @@ def test_nonsense_speed_is_a_usage_error(speed: float) -> None:
         Timing(speed)
     assert err.value.exit_code == EXIT_USAGE
     assert "--speed" in str(err.value)
+
+
+def test_sandbox_reports_after_the_final_json_event_go_to_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    """The demo's autoscaler thread reports on its own schedule; once the final event is printed, the last line of
+    stdout stays that event (CI and scripts read it) and later reports go to stderr."""
+    out = io.StringIO()
+    printer = Printer(as_json=True, stream=out)
+    report = _progress(printer)
+    report("autoscaler: started a worker")
+    printer.json({"event": "deployed", "exit_code": 0, "message": "done"})
+    report("autoscaler: started another worker")
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [line["event"] for line in lines] == ["notice", "deployed"]
+    assert "demo: autoscaler: started another worker" in capsys.readouterr().err
 
 
 def test_json_without_headless_starts_nothing(tmp_path: Path) -> None:

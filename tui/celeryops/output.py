@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from typing import Any, TextIO
 
 import humanize
@@ -35,8 +36,15 @@ class Printer:
         self.stream = stream or sys.stdout
         self.finished = False  # a final event (drained/timeout/interrupted/error) was printed
         self._warned: tuple[str, ...] = ()  # text mode repeats a warning only when it changes
+        # Held while a line is written (threads such as the demo's autoscaler print too); hold it to check
+        # ``finished`` and print in one step.
+        self.lock = threading.RLock()
 
     def __call__(self, event: Event) -> None:
+        with self.lock:
+            self._print(event)
+
+    def _print(self, event: Event) -> None:
         if isinstance(event, DrainFinished) and event.outcome != "drained":
             self.finished = True
         if self.as_json:
@@ -48,10 +56,11 @@ class Printer:
                 self.stream.flush()
 
     def json(self, data: dict[str, Any]) -> None:
-        if data.get("event") in FINAL_EVENTS:
-            self.finished = True
-        self.stream.write(mask_text(json.dumps(data, default=str, sort_keys=False)) + "\n")
-        self.stream.flush()
+        with self.lock:
+            if data.get("event") in FINAL_EVENTS:
+                self.finished = True
+            self.stream.write(mask_text(json.dumps(data, default=str, sort_keys=False)) + "\n")
+            self.stream.flush()
 
     def text(self, event: Event) -> str:
         if isinstance(event, DrainStarted):

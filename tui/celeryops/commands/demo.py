@@ -113,10 +113,13 @@ def open_console(sandbox: Sandbox, hook: ConsoleHook) -> int:
 
 def _progress(printer: Printer) -> Callable[[str], None]:
     def show(line: str) -> None:
-        if printer.as_json:
-            printer(Notice(level="info", message=f"demo: {line}"))
-        else:
-            click.echo(f"demo: {line}", err=True)
+        # The final JSON event stays the last line of stdout: what the sandbox reports after it (the autoscaler's
+        # thread, the teardown, --keep) goes to stderr.
+        with printer.lock:
+            if printer.as_json and not printer.finished:
+                printer(Notice(level="info", message=f"demo: {line}"))
+                return
+        click.echo(f"demo: {line}", err=True)
 
     return show
 
