@@ -26,6 +26,7 @@ Used by ``tests/test_chaos.py`` (10 fixed seeds) and ``tools/chaos.py`` (``make 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -64,6 +65,10 @@ KILL_POINTS = ("created", "phase:stopping", "intent:cancel_consumers", "phase:dr
 #: Moments a timed fault waits for, as seen in the deploy's --json events.
 MOMENTS = ("preflight", "draining", "drained", "deploying")
 RESUMABLE = ("preflight", "stopping", "draining")
+#: What the trial's workers run: the worker plugin ``celeryops.fence`` (the setup the README recommends for fleets
+#: that autoscale), plain Celery workers (``celeryops.testing.taskapp``), or both, alternating.
+FLEET_KINDS = ("fenced", "plain", "mixed")
+FENCED_APP, PLAIN_APP = "celeryops.testing.fenceapp", "celeryops.testing.taskapp"
 CLI = [sys.executable, "-m", "celeryops"]
 
 
@@ -148,6 +153,7 @@ class TrialResult:
     elapsed: float = 0.0
     log_dir: str = ""
     timings: dict[str, float] = field(default_factory=dict)  # seconds spent per step (setup, deploy, ...)
+    fleet: str = "fenced"  # what the workers ran (FLEET_KINDS)
 
     @property
     def ok(self) -> bool:
@@ -172,7 +178,8 @@ def summary(results: Iterable[TrialResult]) -> str:
             faults[kind] = faults.get(kind, 0) + 1
     lines = [r.line() for r in results]
     lines.append("")
-    lines.append(f"trials {len(results)}  faults injected {sum(faults.values())} "
+    kinds = sorted({r.fleet for r in results})
+    lines.append(f"trials {len(results)}  workers {'/'.join(kinds) or '-'}  faults injected {sum(faults.values())} "
                  f"({', '.join(f'{k} {v}' for k, v in sorted(faults.items()))})")
     lines.append(f"tasks {sum(r.tasks for r in results)}  ran once {sum(r.once for r in results)}  "
                  f"still queued {sum(r.queued for r in results)}  lost {sum(len(r.lost) for r in results)}  "
@@ -246,9 +253,12 @@ class TrialFleet:
     """The workers of one trial. ``on_update`` is the Cloud Run stand-in's hook: it replaces the current revision's
     workers with one worker of the new revision (SIGTERM first, or, with ``late_sigterm``, after the new one is up)."""
 
-    def __init__(self, broker: str, record: str, queue: str, log_dir: Path, late_sigterm: float | None) -> None:
+    def __init__(self, broker: str, record: str, queue: str, log_dir: Path, late_sigterm: float | None, *,
+                 kind: str = "fenced", fleet: str = "") -> None:
         self.broker, self.record, self.queue, self.log_dir = broker, record, queue, log_dir
         self.late_sigterm = late_sigterm
+        self.kind, self.fleet = kind, fleet
+        self._serial = itertools.count()
         self.workers: list[WorkerProcess] = []
         self.revision: dict[str, str] = {}
         self.current: list[WorkerProcess] = []  # the workers of the revision that serves
@@ -260,9 +270,7 @@ class TrialFleet:
         self._lock = threading.Lock()
 
     def start(self, n: int, revision: str, wait: bool = True) -> list[WorkerProcess]:
-        batch = [WorkerProcess(self.broker, queues=[self.queue], log_dir=self.log_dir,
-                               env={"CELERYOPS_TEST_RECORD": self.record, "K_REVISION": revision}).start()
-                 for _ in range(n)]
+        batch = [self._worker(revision).start() for _ in range(n)]
         with self._lock:
             self.workers.extend(batch)
             self.current.extend(batch)
@@ -271,6 +279,15 @@ class TrialFleet:
             for w in batch:
                 w.wait_ready(self.app, timeout=60)
         return batch
+
+    def _worker(self, revision: str) -> WorkerProcess:
+        fenced = self.kind == "fenced" or (self.kind == "mixed" and next(self._serial) % 2 == 0)
+        env = {"CELERYOPS_TEST_RECORD": self.record, "K_REVISION": revision}
+        if fenced:  # the plugin: the fence lives in the broker Redis; a stopped worker leaves the registry soon
+            env.update({"CELERYOPS_FLEET": self.fleet, "CELERYOPS_FENCE_INTERVAL": "0.5",
+                        "CELERYOPS_FENCE_REGISTRY_TTL": "4"})
+        return WorkerProcess(self.broker, app=FENCED_APP if fenced else PLAIN_APP, queues=[self.queue],
+                             log_dir=self.log_dir, env=env)
 
     def scale_out(self) -> None:
         """One more worker of the revision that serves now (an autoscaler does not know about the drain)."""
@@ -282,6 +299,7 @@ class TrialFleet:
             self.errors.append(f"scale-out failed: {exc}")
 
     def on_update(self, resource: str, revision: str, image: str) -> None:
+        revision = revision.rsplit("/", 1)[-1]  # K_REVISION is the short name on Cloud Run
         with self._lock:
             old, self.current = list(self.current), []
         if self.late_sigterm is None:
@@ -328,9 +346,12 @@ class TrialFleet:
 class ChaosLab:
     """What every trial shares. ``with ChaosLab(root) as lab: lab.run(seed)``."""
 
-    def __init__(self, root: Path, *, keep_logs: bool = False) -> None:
+    def __init__(self, root: Path, *, keep_logs: bool = False, fleet: str = "fenced") -> None:
+        if fleet not in FLEET_KINDS:
+            raise ValueError(f"fleet must be one of {', '.join(FLEET_KINDS)}, not {fleet!r}")
         self.root = Path(root)
         self.keep_logs = keep_logs
+        self.fleet = fleet
         self.record = RedisServer()
         self.registry = RegistryStandIn()
         self.standin = CloudRunStandIn(rollout_seconds=0.3, on_update=self._on_update)
@@ -381,7 +402,7 @@ class Trial:
         self.service = f"worker-{self.tag}"
         self.queue = f"chaos-{self.tag}"
         self.broker = RedisServer(binary=_redis_wrapper(self.dir))
-        self.result = TrialResult(seed=plan.seed, faults=[], skipped=[], log_dir=str(self.dir))
+        self.result = TrialResult(seed=plan.seed, faults=[], skipped=[], log_dir=str(self.dir), fleet=lab.fleet)
         self.ids: list[str] = []
         self._broker_lock = threading.Lock()  # producers wait while the broker is down (they retry later)
         self._fired: set[int] = set()
@@ -640,7 +661,8 @@ class Trial:
     def _run(self, record: redis.Redis) -> None:
         plan, lab = self.plan, self.lab
         self.broker.start(timeout=30)
-        self.fleet = TrialFleet(self.broker.url, lab.record.url, self.queue, self.dir, self._late)
+        self.fleet = TrialFleet(self.broker.url, lab.record.url, self.queue, self.dir, self._late, kind=lab.fleet,
+                                fleet=f"chaos-{self.tag}")
         lab.standin.add_service(PROJECT, REGION, self.service, f"{lab.registry.host}/proj/worker:old")
         self._first_revision = lab.standin.revisions(self.service)[0].name
         lab._hooks[self.service] = self.fleet.on_update
