@@ -63,7 +63,7 @@ def test_request_larger_than_total_is_impossible_and_not_reserved(store: SlotSto
 
 def test_release_never_drives_used_below_zero(store: SlotStore, redis_client: redis.Redis) -> None:
     a = store.acquire("a", {"cpu": 3}, ttl=30)
-    redis_client.hset(store.keys[1], "cpu", 1)  # a counter damaged by hand (e.g. the seed's global reset)
+    redis_client.hset(store.keys[0], "used:cpu", 1)  # a counter damaged by hand (e.g. the seed's global reset)
     assert store.release("a", a.token)
     assert used(store)["cpu"] == 0
 

@@ -80,7 +80,7 @@ def test_many_processes_with_kills_keep_counters_true(redis_url: str, redis_clie
         assert t.used == sum(h.slots.get(t.type, 0) for h in snap.holders)
     # what is left is held by killed processes only, and every lease ends within one TTL of the last kill
     assert {h.worker for h in snap.holders} <= {f"proc{v}" for v in victims}
-    expiries = dict(redis_client.zrange(store.keys[2], 0, -1, withscores=True))
+    expiries = dict(redis_client.zrange(store.keys[1], 0, -1, withscores=True))
     assert all(exp <= last_kill_ms + TTL * 1000 for exp in expiries.values())
     wait_for(lambda: store.reap() >= 0 and store.snapshot().holders == [], 3 * TTL + 30,
              "the killed holders' leases to expire")

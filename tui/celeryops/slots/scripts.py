@@ -1,264 +1,304 @@
 """The Lua scripts behind slot leases (run atomically inside Redis).
 
-Every script touches only the eight keys of one pool, all passed in KEYS in this order:
+Every script touches only the four keys of one pool, all passed in KEYS in this order:
 
-  1 total    HASH  type -> slots this pool has
-  2 used     HASH  type -> slots held by leases (never below 0)
-  3 leases   ZSET  lease id -> expiry (ms, Redis TIME)
-  4 lease    HASH  lease id -> "needs|token|started ms|ttl ms|adopted|worker|host|task name"
-                   (needs = "cpu=4,gpu=1"; the name comes last and may contain anything)
-  5 token    STRING the fencing-token counter (INCR, monotonic)
-  6 waiting  HASH  lease id -> JSON {id, ns (needs), since, exp, name, w}: refused requests (starvation guard)
-  7 waitq    ZSET  lease id -> since (ms): first refusal; only entries older than the guard are read
-  8 waitx    ZSET  lease id -> exp (ms): a waiter that does not come back before exp is forgotten
+  1 pool    HASH  total:<type>  slots this pool has
+                  used:<type>   slots held by leases (never below 0)
+                  token         the fencing-token counter (monotonic)
+                  lease:<id>    "needs|token|started ms|ttl ms|adopted|worker|host|task name"
+                  wait:<id>     "needs|since ms|exp ms|worker|task name": a refused request (starvation guard)
+                  waiters       present while waitq/waitx may hold entries (so acquire needs no call to know)
+                  (needs = "cpu=4,gpu=1"; the task name comes last and may contain anything)
+  2 leases  ZSET  lease id -> expiry (ms, Redis TIME)
+  3 waitq   ZSET  waiting id -> since (ms): first refusal; only entries older than the guard are read
+  4 waitx   ZSET  waiting id -> exp (ms): a waiter that does not come back before exp is forgotten
 
-Expiry is decided by Redis ``TIME`` only. Expired leases are reaped before acquire, renew, adopt, set_totals and
-reap do their work, so ``used`` equals the sum of the leases in ``lease`` after every call. With a hash tag in the
-key names (``resource:{pool}:...``) all eight keys live in one Redis Cluster slot.
+Expiry is decided by Redis ``TIME`` only. Expired leases are reaped (``ZRANGEBYSCORE leases -inf now``: the work is
+O(expired), no scan) before acquire, renew, adopt, set_totals and reap do their work, so ``used`` equals the sum of
+the leases in the pool hash after every call. With a hash tag in the key names (``resource:{pool}:...``) all four
+keys live in one Redis Cluster slot.
 
-The hot paths (acquire, release) avoid cjson and define only the helpers they use: both cost measurable time in
-Redis' single thread (see bench/bench_slots.py).
+The hot paths cost Redis' single thread about 2 µs per ``redis.call`` (see bench/bench_slots.py), so they make as
+few as they can: acquire = TIME, ZRANGEBYSCORE (reap), HMGET (lease, waiters flag, token, totals and used of the
+requested types, in one call), HSET (used, token, lease record), ZADD; release = HMGET, HINCRBY (or HMGET + HSET for
+several types), HDEL, ZREM. A granted acquire answers with the bare token (an integer reply, the cheapest to parse).
 """
 
 from __future__ import annotations
 
-_KEYS = """
-local K_TOTAL, K_USED, K_LEASES, K_LEASE, K_TOKEN = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local K_WAIT, K_WAITQ, K_WAITX = KEYS[6], KEYS[7], KEYS[8]
+_HEAD = """
+local P, L, Q, X = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local call = redis.call
 """
 
 _NOW = """
 local function now_ms()
-  local t = redis.call('TIME')
+  local t = call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 """
 
-# drop(id[, needs string]): return the lease's slots (as recorded) and delete it; reap(now): drop expired leases
+# give_back(list of needs strings): return their slots, clamped at 0 (the seed's counters may have been reset by hand)
+# drop(ids): delete these leases (records, expiry entries) and give their recorded slots back
+# reap(now): drop every lease whose expiry has passed, in batches (unpack has a stack limit)
 _DROP = """
-local function give_back(ns)
-  local typs, counts, args = {}, {}, {}
-  for typ, n in string.gmatch(ns, '([^,=]+)=(%d+)') do
-    typs[#typs + 1] = typ
-    counts[#counts + 1] = tonumber(n)
+local function give_back(list)
+  local typs, sum = {}, {}
+  for _, ns in ipairs(list) do
+    for typ, n in string.gmatch(ns, '([^,=]+)=(%d+)') do
+      if not sum[typ] then
+        typs[#typs + 1] = typ
+        sum[typ] = 0
+      end
+      sum[typ] = sum[typ] + tonumber(n)
+    end
   end
-  if #typs == 0 then return end
-  local cur = redis.call('HMGET', K_USED, unpack(typs))
-  for i, typ in ipairs(typs) do
-    local u = tonumber(cur[i] or '0') - counts[i]
-    if u < 0 then u = 0 end
-    args[#args + 1] = typ
-    args[#args + 1] = u
+  if #typs == 1 then
+    local f = 'used:' .. typs[1]
+    if call('HINCRBY', P, f, -sum[typs[1]]) < 0 then call('HSET', P, f, 0) end
+  elseif #typs > 1 then
+    local fields, args = {}, {}
+    for i, typ in ipairs(typs) do fields[i] = 'used:' .. typ end
+    local cur = call('HMGET', P, unpack(fields))
+    for i, typ in ipairs(typs) do
+      local u = tonumber(cur[i] or 0) - sum[typ]
+      if u < 0 then u = 0 end
+      args[2 * i - 1] = fields[i]
+      args[2 * i] = u
+    end
+    call('HSET', P, unpack(args))
   end
-  redis.call('HSET', K_USED, unpack(args))
 end
 
-local function drop(id, ns)
-  if ns == nil then
-    local raw = redis.call('HGET', K_LEASE, id)
-    if raw then ns = string.match(raw, '^([^|]*)|') end
+local function drop(ids)
+  local fields, list = {}, {}
+  for i, id in ipairs(ids) do fields[i] = 'lease:' .. id end
+  local recs = call('HMGET', P, unpack(fields))
+  for i = 1, #ids do
+    if recs[i] then list[#list + 1] = string.match(recs[i], '^[^|]*') end
   end
-  if ns then
-    give_back(ns)
-    redis.call('HDEL', K_LEASE, id)
-  end
-  redis.call('ZREM', K_LEASES, id)
+  give_back(list)
+  call('HDEL', P, unpack(fields))
+  call('ZREM', L, unpack(ids))
 end
 
 local function reap(now)
-  local ids = redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', now)
-  for _, id in ipairs(ids) do drop(id) end
-  return #ids
+  local count = 0
+  repeat
+    local ids = call('ZRANGEBYSCORE', L, '-inf', now, 'LIMIT', 0, 500)
+    if #ids > 0 then drop(ids) end
+    count = count + #ids
+  until #ids < 500
+  return count
 end
 """
 
+# unwait(id): forget a waiting request
 _UNWAIT = """
 local function unwait(id)
-  if not redis.call('ZSCORE', K_WAITX, id) then return end
-  redis.call('HDEL', K_WAIT, id)
-  redis.call('ZREM', K_WAITQ, id)
-  redis.call('ZREM', K_WAITX, id)
-end
-"""
-
-# register(...): store the lease; new_used = {type, value, ...} when the caller computed it, else HINCRBY per type
-_REGISTER = """
-local function register(id, ns, ttl, token, now, adopted, worker, host, name, waited, new_used)
-  if new_used then
-    if #new_used > 0 then redis.call('HSET', K_USED, unpack(new_used)) end
-  else
-    for typ, n in string.gmatch(ns, '([^,=]+)=(%d+)') do redis.call('HINCRBY', K_USED, typ, n) end
+  if call('ZREM', X, id) == 1 then
+    call('ZREM', Q, id)
+    call('HDEL', P, 'wait:' .. id)
   end
-  redis.call('HSET', K_LEASE, id, table.concat({ns, token, now, ttl, adopted, worker, host, name}, '|'))
-  redis.call('ZADD', K_LEASES, now + ttl, id)
-  if waited ~= false then unwait(id) end
 end
 """
 
-# ARGV: id, needs, ttl ms, starvation ms, waiting ttl ms, worker, host, name
-# -> {1, token, 'ok'|'held'} | {0, 0, blocking type} | {-1, 0, type larger than its total}
-ACQUIRE = _KEYS + _NOW + _DROP + _UNWAIT + _REGISTER + """
-local id, ns, ttl, starve, wait_ttl = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+# register(...): store a lease outside acquire (adopt, or restore after Redis lost its data): no capacity check
+_REGISTER = """
+local function register(id, ns, ttl, token, now, tail)
+  for typ, n in string.gmatch(ns, '([^,=]+)=(%d+)') do call('HINCRBY', P, 'used:' .. typ, n) end
+  call('HSET', P, 'lease:' .. id, ns .. '|' .. token .. '|' .. now .. '|' .. ttl .. '|1|' .. tail)
+  call('ZADD', L, now + ttl, id)
+  unwait(id)
+end
+"""
+
+# ARGV: id, needs, ttl ms, starvation ms, waiting ttl ms, "worker|host|name"
+# -> token (granted) | {token, 'held'} | {0, blocking type} | {-1, type larger than its total}
+ACQUIRE = _HEAD + _NOW + _DROP + _UNWAIT + """
+local id, ns, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local now = now_ms()
 reap(now)
-local existing = redis.call('HGET', K_LEASE, id)
-if existing then
-  redis.call('ZADD', K_LEASES, now + ttl, id)
-  return {1, tonumber(string.match(existing, '^[^|]*|([^|]*)|')), 'held'}
-end
-local typs, need, total, used = {}, {}, {}, {}
+local typs, need, fields = {}, {}, {'lease:' .. id, 'waiters', 'token'}
 for typ, n in string.gmatch(ns, '([^,=]+)=(%d+)') do
-  typs[#typs + 1] = typ
-  need[typ] = tonumber(n)
+  local k = #typs + 1
+  typs[k], need[k] = typ, tonumber(n)
+  fields[2 * k + 2], fields[2 * k + 3] = 'total:' .. typ, 'used:' .. typ
 end
-if #typs > 0 then
-  local t, u = redis.call('HMGET', K_TOTAL, unpack(typs)), redis.call('HMGET', K_USED, unpack(typs))
-  for i, typ in ipairs(typs) do
-    total[typ], used[typ] = tonumber(t[i] or '0'), tonumber(u[i] or '0')
-    if need[typ] > total[typ] then
-      unwait(id)
-      return {-1, 0, typ}
-    end
+local r = call('HMGET', P, unpack(fields))
+if r[1] then
+  call('ZADD', L, now + ttl, id)
+  return {tonumber(string.match(r[1], '^[^|]*|(%d+)')), 'held'}
+end
+local total, used = {}, {}
+for k = 1, #typs do
+  total[k], used[k] = tonumber(r[2 * k + 2] or 0), tonumber(r[2 * k + 3] or 0)
+  if need[k] > total[k] then
+    if r[2] then unwait(id) end
+    return {-1, typs[k]}
   end
 end
 -- reservations: a request refused for longer than `starve` ms holds back what it needs, first come first served
-local mine_since, reserved, granted = -1, {}, {}
-if redis.call('ZCARD', K_WAITX) > 0 then
-  for _, wid in ipairs(redis.call('ZRANGEBYSCORE', K_WAITX, '-inf', now)) do
-    redis.call('HDEL', K_WAIT, wid)
-    redis.call('ZREM', K_WAITQ, wid)
-    redis.call('ZREM', K_WAITX, wid)
-  end
-  mine_since = tonumber(redis.call('ZSCORE', K_WAITQ, id) or '-1')
-  granted = redis.call('ZRANGEBYSCORE', K_WAITQ, '-inf', now - starve)
-end
-local mine_granted = mine_since >= 0 and now - mine_since >= starve
-for _, wid in ipairs(granted) do
-  if wid ~= id then
-    local raw = redis.call('HGET', K_WAIT, wid)
-    if raw then
-      local w = cjson.decode(raw)
-      if not mine_granted or w.since < mine_since or (w.since == mine_since and wid < id) then
-        for typ, n in string.gmatch(w.ns, '([^,=]+)=(%d+)') do reserved[typ] = (reserved[typ] or 0) + tonumber(n) end
+local mine, reserved = nil, {}
+if r[2] then
+  local starve = tonumber(ARGV[4])
+  repeat
+    local gone = call('ZRANGEBYSCORE', X, '-inf', now, 'LIMIT', 0, 500)
+    if #gone > 0 then
+      local wf = {}
+      for i, wid in ipairs(gone) do wf[i] = 'wait:' .. wid end
+      call('HDEL', P, unpack(wf))
+      call('ZREM', Q, unpack(gone))
+      call('ZREM', X, unpack(gone))
+    end
+  until #gone < 500
+  if call('ZCARD', X) == 0 then
+    call('HDEL', P, 'waiters')
+  else
+    local s = call('ZSCORE', Q, id)
+    if s then mine = tonumber(s) end
+    local mine_granted = mine ~= nil and now - mine >= starve
+    local granted = call('ZRANGEBYSCORE', Q, '-inf', now - starve)
+    for i = 1, #granted, 500 do
+      local ids, wf = {}, {}
+      for j = i, math.min(i + 499, #granted) do
+        if granted[j] ~= id then
+          ids[#ids + 1] = granted[j]
+          wf[#wf + 1] = 'wait:' .. granted[j]
+        end
+      end
+      if #wf > 0 then
+        local recs = call('HMGET', P, unpack(wf))
+        for j, wid in ipairs(ids) do
+          if recs[j] then
+            local wns, since = string.match(recs[j], '^([^|]*)|(%d+)|')
+            since = tonumber(since)
+            if not mine_granted or since < mine or (since == mine and wid < id) then
+              for typ, n in string.gmatch(wns, '([^,=]+)=(%d+)') do reserved[typ] = (reserved[typ] or 0) + n end
+            end
+          end
+        end
       end
     end
   end
 end
-for _, typ in ipairs(typs) do
-  if used[typ] + need[typ] + (reserved[typ] or 0) > total[typ] then
-    local since = now
-    if mine_since >= 0 then since = mine_since else redis.call('ZADD', K_WAITQ, now, id) end
-    redis.call('ZADD', K_WAITX, now + wait_ttl, id)
-    redis.call('HSET', K_WAIT, id, cjson.encode({id = id, ns = ns, since = since, exp = now + wait_ttl,
-                                                 w = ARGV[6], name = ARGV[8]}))
-    return {0, 0, typ}
+for k = 1, #typs do
+  if used[k] + need[k] + (reserved[typs[k]] or 0) > total[k] then
+    local exp = now + tonumber(ARGV[5])
+    if not mine then call('ZADD', Q, now, id) end
+    call('ZADD', X, exp, id)
+    local w, name = string.match(ARGV[6], '^([^|]*)|[^|]*|(.*)$')
+    call('HSET', P, 'wait:' .. id, ns .. '|' .. (mine or now) .. '|' .. exp .. '|' .. w .. '|' .. name, 'waiters', 1)
+    return {0, typs[k]}
   end
 end
-local new_used = {}
-for _, typ in ipairs(typs) do
-  new_used[#new_used + 1] = typ
-  new_used[#new_used + 1] = used[typ] + need[typ]
+local token = tonumber(r[3] or 0) + 1
+local args = {'token', token, 'lease:' .. id, ns .. '|' .. token .. '|' .. now .. '|' .. ttl .. '|0|' .. ARGV[6]}
+for k = 1, #typs do
+  args[2 * k + 3], args[2 * k + 4] = fields[2 * k + 3], used[k] + need[k]
 end
-local token = redis.call('INCR', K_TOKEN)
-register(id, ns, ttl, token, now, 0, ARGV[6], ARGV[7], ARGV[8], mine_since >= 0, new_used)
-return {1, token, 'ok'}
+call('HSET', P, unpack(args))
+call('ZADD', L, now + ttl, id)
+if mine then unwait(id) end
+return token
 """
 
-# ARGV: id, token, ttl ms, needs, worker, host, name
+# ARGV: id, token ('' = any) -> 1 released | 0 nothing held under that id and token (a waiting entry is dropped)
+RELEASE = _HEAD + _DROP + _UNWAIT + """
+local id, token = ARGV[1], ARGV[2]
+local r = call('HMGET', P, 'lease:' .. id, 'waiters')
+if r[1] then
+  local ns, held = string.match(r[1], '^([^|]*)|(%d+)|')
+  if token == '' or held == token then
+    give_back({ns})
+    call('HDEL', P, 'lease:' .. id)
+    call('ZREM', L, id)
+    return 1
+  end
+end
+if r[2] then unwait(id) end
+return 0
+"""
+
+# ARGV: id, token, ttl ms, needs, "worker|host|name"
 # -> {1, token} renewed | {2, token} registered again after Redis lost its data | {0, 0} expired and reaped
 #    | {-1, other token} the id is now held under another token
-RENEW = _KEYS + _NOW + _DROP + _UNWAIT + _REGISTER + """
+RENEW = _HEAD + _NOW + _DROP + _UNWAIT + _REGISTER + """
 local id, token, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = now_ms()
-local raw = redis.call('HGET', K_LEASE, id)
+local raw = call('HGET', P, 'lease:' .. id)
 if raw then
-  local held = tonumber(string.match(raw, '^[^|]*|([^|]*)|'))
+  local held = tonumber(string.match(raw, '^[^|]*|(%d+)|'))
   if held ~= token then
     reap(now)
     return {-1, held}
   end
-  local exp = tonumber(redis.call('ZSCORE', K_LEASES, id) or '0')
+  local exp = tonumber(call('ZSCORE', L, id) or 0)
   if exp > now then
-    redis.call('ZADD', K_LEASES, now + ttl, id)
+    call('ZADD', L, now + ttl, id)
     reap(now)
     return {1, token}
   end
 end
 reap(now)
-local counter = tonumber(redis.call('GET', K_TOKEN) or '0')
-if counter < token then
+if tonumber(call('HGET', P, 'token') or 0) < token then
   -- the counter went backwards: Redis lost its data (restart without persistence, FLUSHALL); the holder is alive
-  redis.call('SET', K_TOKEN, token)
-  register(id, ARGV[4], ttl, token, now, 1, ARGV[5], ARGV[6], ARGV[7], nil, nil)
+  call('HSET', P, 'token', token)
+  register(id, ARGV[4], ttl, token, now, ARGV[5])
   return {2, token}
 end
 return {0, 0}
 """
 
 # Register a holding that ran ungated while Redis was unreachable (fail-open), even beyond the total.
-# ARGV: id, needs, ttl ms, worker, host, name -> {token, 1 new | 0 already held}
-ADOPT = _KEYS + _NOW + _DROP + _UNWAIT + _REGISTER + """
+# ARGV: id, needs, ttl ms, "worker|host|name" -> {token, 1 new | 0 already held}
+ADOPT = _HEAD + _NOW + _DROP + _UNWAIT + _REGISTER + """
 local id, ttl = ARGV[1], tonumber(ARGV[3])
 local now = now_ms()
 reap(now)
-local raw = redis.call('HGET', K_LEASE, id)
-if raw then return {tonumber(string.match(raw, '^[^|]*|([^|]*)|')), 0} end
-local token = redis.call('INCR', K_TOKEN)
-register(id, ARGV[2], ttl, token, now, 1, ARGV[4], ARGV[5], ARGV[6], nil, nil)
+local raw = call('HGET', P, 'lease:' .. id)
+if raw then return {tonumber(string.match(raw, '^[^|]*|(%d+)|')), 0} end
+local token = call('HINCRBY', P, 'token', 1)
+register(id, ARGV[2], ttl, token, now, ARGV[4])
 return {token, 1}
-"""
-
-# ARGV: id, token ('' = any) -> 1 released | 0 nothing held under that id and token (a waiting entry is dropped)
-RELEASE = _KEYS + _DROP + _UNWAIT + """
-local id, token = ARGV[1], ARGV[2]
-local raw = redis.call('HGET', K_LEASE, id)
-if raw then
-  local ns, held = string.match(raw, '^([^|]*)|([^|]*)|')
-  if token == '' or tonumber(held) == tonumber(token) then
-    drop(id, ns)
-    return 1
-  end
-end
-unwait(id)
-return 0
 """
 
 # ARGV: mode 'set'|'nx', worker ('' = none), type, total, type, total, ...
 # Writes totals without touching live leases; reaps expired leases and the leases of `worker`
 # (a worker that starts under a node name owns no lease yet: leases under that name are from a dead incarnation).
 # -> number of leases reaped
-SET_TOTALS = _KEYS + _NOW + _DROP + """
+SET_TOTALS = _HEAD + _NOW + _DROP + """
 local mode, worker = ARGV[1], ARGV[2]
 for i = 3, #ARGV, 2 do
-  if mode == 'nx' then redis.call('HSETNX', K_TOTAL, ARGV[i], ARGV[i + 1])
-  else redis.call('HSET', K_TOTAL, ARGV[i], ARGV[i + 1]) end
+  if mode == 'nx' then call('HSETNX', P, 'total:' .. ARGV[i], ARGV[i + 1])
+  else call('HSET', P, 'total:' .. ARGV[i], ARGV[i + 1]) end
 end
 local count = reap(now_ms())
 if worker ~= '' then
-  local all = redis.call('HGETALL', K_LEASE)
+  local all, ids = call('HGETALL', P), {}
   for i = 1, #all, 2 do
-    local ns, w = string.match(all[i + 1], '^([^|]*)|[^|]*|[^|]*|[^|]*|[^|]*|([^|]*)|')
-    if w == worker then
-      drop(all[i], ns)
-      count = count + 1
+    if string.sub(all[i], 1, 6) == 'lease:' then
+      local w = string.match(all[i + 1], '^[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|([^|]*)|')
+      if w == worker then ids[#ids + 1] = string.sub(all[i], 7) end
     end
   end
+  for i = 1, #ids, 500 do
+    drop({unpack(ids, i, math.min(i + 499, #ids))})
+  end
+  count = count + #ids
 end
 return count
 """
 
 # -> number of expired leases reaped
-REAP = _KEYS + _NOW + _DROP + """
+REAP = _HEAD + _NOW + _DROP + """
 return reap(now_ms())
 """
 
 # Read-only: everything a snapshot needs in one round trip (a script, so it also works on Redis Cluster, where
-# redis-py refuses TIME in a pipeline). -> {TIME, HGETALL total, HGETALL used, HGETALL lease,
-#    ZRANGE leases WITHSCORES, HGETALL waiting}
-SNAPSHOT = _KEYS + """
-return {redis.call('TIME'), redis.call('HGETALL', K_TOTAL), redis.call('HGETALL', K_USED),
-        redis.call('HGETALL', K_LEASE), redis.call('ZRANGE', K_LEASES, 0, -1, 'WITHSCORES'),
-        redis.call('HGETALL', K_WAIT)}
+# redis-py refuses TIME in a pipeline). -> {TIME, HGETALL pool, ZRANGE leases WITHSCORES}
+SNAPSHOT = _HEAD + """
+return {call('TIME'), call('HGETALL', P), call('ZRANGE', L, 0, -1, 'WITHSCORES')}
 """
 
 ALL = {"acquire": ACQUIRE, "renew": RENEW, "adopt": ADOPT, "release": RELEASE, "set_totals": SET_TOTALS,

@@ -1,17 +1,19 @@
 """SlotStore: the Redis side of slot leases (acquire, renew, adopt, release, reap, totals, snapshot).
 
-One store = one pool. Pool keys are ``<prefix>:{<pool>}:total|used|leases|lease|token|waiting|waitq|waitx``
-(hash tag on by default, so one pool lives in one Redis Cluster slot); the set ``<prefix>:pools`` lists the pools
-for readers.
+One store = one pool. Pool keys are ``<prefix>:{<pool>}:pool|leases|waitq|waitx`` (hash tag on by default, so one
+pool lives in one Redis Cluster slot; the layout is described in ``scripts.py``); the set ``<prefix>:pools`` lists
+the pools for readers.
 Scripts are redis-py ``Script`` objects: after a Redis restart or ``SCRIPT FLUSH`` the NOSCRIPT error is healed by
 reloading the script. A pool written by the seed's schema (``resource:<type>:total|used`` strings and
 ``resource:task:<id>`` hashes) is read by ``read_all`` as a ``legacy`` pool.
+
+The hot path (acquire, release) sends pre-encoded keys and arguments and gets an integer back: redis-py spends
+about a microsecond per argument it encodes, as much as a ``redis.call`` costs Redis (see bench/bench_slots.py).
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -70,10 +72,12 @@ class SlotStore:
         self.pool = pool
         self.prefix = prefix
         base = f"{prefix}:{{{pool}}}" if hash_tag else f"{prefix}:{pool}"
-        self.keys = [f"{base}:{part}" for part in ("total", "used", "leases", "lease", "token",
-                                                          "waiting", "waitq", "waitx")]
+        self.keys = [f"{base}:{part}" for part in ("pool", "leases", "waitq", "waitx")]
+        self._keys = tuple(k.encode() for k in self.keys)  # encoded once: redis-py passes bytes through as they are
         self.registry_key = f"{prefix}:pools"
         self._scripts = {name: client.register_script(src) for name, src in scripts.ALL.items()}
+        self._acquire = self._scripts["acquire"]
+        self._release = self._scripts["release"]
 
     @classmethod
     def from_url(cls, url: str, pool: str = GLOBAL_POOL, **kw: Any) -> SlotStore:
@@ -84,7 +88,7 @@ class SlotStore:
         return "host" if self.pool.startswith("host:") else "global"
 
     def _run(self, name: str, *args: Any) -> Any:
-        return self._scripts[name](keys=self.keys, args=list(args))
+        return self._scripts[name](keys=self._keys, args=args)
 
     # -- writes -----------------------------------------------------------------------------------------------
     def set_totals(self, totals: Mapping[str, int], *, only_missing: bool = False, reap_worker: str = "") -> int:
@@ -101,33 +105,35 @@ class SlotStore:
                 host: str = "", starvation_after: float = 60.0, wait_ttl: float | None = None) -> AcquireResult:
         """All-or-nothing acquire of every type in ``needs``. A refused request is remembered as waiting for
         ``wait_ttl`` seconds (default: 3 x ttl); after ``starvation_after`` seconds of waiting it reserves its needs."""
-        code, token, info = self._run(
-            "acquire", lease_id, needs_text(needs), _ms(ttl), max(0, round(starvation_after * 1000)),
-            _ms(wait_ttl if wait_ttl is not None else 3 * ttl), _field(worker), _field(host), name)
-        if int(code) == 1:
-            return AcquireResult(True, int(token), str(info))
-        if int(code) == -1:
-            return AcquireResult(False, 0, "impossible", str(info))
-        return AcquireResult(False, 0, "busy", str(info))
+        res = self._acquire(keys=self._keys, args=(
+            lease_id, *_acquire_args(tuple(needs.items()), ttl, starvation_after, wait_ttl, worker, host, name)))
+        if type(res) is int:
+            return AcquireResult(True, res, "ok")
+        code, info = int(res[0]), str(res[1])
+        if code > 0:
+            return AcquireResult(True, code, info)
+        if code == -1:
+            return AcquireResult(False, 0, "impossible", info)
+        return AcquireResult(False, 0, "busy", info)
 
     def renew(self, lease_id: str, token: int, ttl: float, needs: Mapping[str, int], *, name: str = "",
               worker: str = "", host: str = "") -> RenewResult:
         """Extend the lease. ``lost``: it expired and was reaped; ``taken``: the id is held under another token;
         ``restored``: Redis had lost its data, the lease was registered again under the same token."""
-        code, tok = self._run("renew", lease_id, int(token), _ms(ttl), needs_text(needs), _field(worker),
-                              _field(host), name)
+        code, tok = self._run("renew", lease_id, int(token), _ms(ttl), needs_text(needs),
+                              _tail(worker, host, name))
         status = {1: "renewed", 2: "restored", 0: "lost", -1: "taken"}[int(code)]
         return RenewResult(status, int(tok))  # type: ignore[arg-type]
 
     def adopt(self, lease_id: str, needs: Mapping[str, int], *, ttl: float, name: str = "", worker: str = "",
               host: str = "") -> int:
         """Register a holding that ran ungated during an outage (may exceed the total: the counters tell the truth)."""
-        token, _new = self._run("adopt", lease_id, needs_text(needs), _ms(ttl), _field(worker), _field(host), name)
+        token, _new = self._run("adopt", lease_id, needs_text(needs), _ms(ttl), _tail(worker, host, name))
         return int(token)
 
     def release(self, lease_id: str, token: int | None = None) -> bool:
         """Return the lease's slots (as recorded, never the caller's numbers); False if nothing was held."""
-        return bool(int(self._run("release", lease_id, "" if token is None else int(token))))
+        return bool(self._release(keys=self._keys, args=(lease_id, b"" if token is None else int(token))))
 
     def reap(self) -> int:
         return int(self._run("reap"))
@@ -135,17 +141,28 @@ class SlotStore:
     # -- reads ------------------------------------------------------------------------------------------------
     def snapshot(self, *, starvation_after: float | None = None) -> PoolSnapshot:
         """One round trip: a read-only script returning Redis TIME and the pool's keys, consistent with each other."""
-        now_raw, totals, used, leases, expiries, waits = self._run("snapshot")
+        now_raw, pool, expiries = self._run("snapshot")
         exp = [(str(expiries[i]), float(expiries[i + 1])) for i in range(0, len(expiries), 2)]
-        return self._build(now_raw, _pairs(totals), _pairs(used), _pairs(leases), exp, _pairs(waits),
-                           starvation_after)
+        return self._build(now_raw, _pairs(pool), exp, starvation_after)
 
-    def _build(self, now_raw: Any, totals: dict[str, str], used: dict[str, str], leases: dict[str, str],
-               expiries: list[tuple[str, float]], waits: dict[str, str],
+    def _build(self, now_raw: Any, pool: dict[str, str], expiries: list[tuple[str, float]],
                starvation_after: float | None) -> PoolSnapshot:
         now_ms = int(now_raw[0]) * 1000 + int(now_raw[1]) // 1000
         exp = dict(expiries)
-        types = sorted(set(totals) | set(used))
+        totals: dict[str, int] = {}
+        used: dict[str, int] = {}
+        leases: dict[str, str] = {}
+        waits: dict[str, str] = {}
+        for field, value in pool.items():
+            kind, _, rest = field.partition(":")
+            if kind == "total":
+                totals[rest] = int(value)
+            elif kind == "used":
+                used[rest] = int(value)
+            elif kind == "lease":
+                leases[rest] = value
+            elif kind == "wait":
+                waits[rest] = value
         holders = []
         for lid, raw in sorted(leases.items()):
             ns, token, started, _ttl, adopted, worker, host, name = raw.split("|", 7)
@@ -156,18 +173,30 @@ class SlotStore:
                 expired=remaining <= 0, adopted=adopted == "1"))
         waiting = []
         for wid, raw in sorted(waits.items()):
-            w = json.loads(raw)
-            if int(w["exp"]) <= now_ms:
+            ns, since, until, worker, name = raw.split("|", 4)
+            if int(until) <= now_ms:
                 continue
-            waited = (now_ms - int(w["since"])) / 1000
+            waited = (now_ms - int(since)) / 1000
             waiting.append(Waiting(
-                task_id=wid, task_name=w.get("name", ""), worker=w.get("w", ""),
-                slots=parse_needs(w.get("ns", "")), waited=waited,
+                task_id=wid, task_name=name, worker=worker, slots=parse_needs(ns), waited=waited,
                 reserved=starvation_after is not None and waited >= starvation_after))
         return PoolSnapshot(
             pool=self.pool, scope=self.scope, host=self.pool[len("host:"):] if self.scope == "host" else None,
-            types=[TypeUsage(t, int(totals.get(t, 0)), int(used.get(t, 0))) for t in types],
+            types=[TypeUsage(t, totals.get(t, 0), used.get(t, 0)) for t in sorted(set(totals) | set(used))],
             holders=holders, waiting=waiting)
+
+
+@functools.lru_cache(maxsize=1024)
+def _acquire_args(needs: tuple[tuple[str, int], ...], ttl: float, starvation_after: float, wait_ttl: float | None,
+                  worker: str, host: str, name: str) -> tuple[bytes, ...]:
+    """ARGV[2:] of the acquire script, encoded once per distinct call shape (a worker repeats a handful)."""
+    return (needs_text(dict(needs)).encode(), b"%d" % _ms(ttl), b"%d" % max(0, round(starvation_after * 1000)),
+            b"%d" % _ms(wait_ttl if wait_ttl is not None else 3 * ttl), _tail(worker, host, name).encode())
+
+
+def _tail(worker: str, host: str, name: str) -> str:
+    """The end of a lease record: worker and host between '|' separators, the task name last (it may hold '|')."""
+    return f"{_field(worker)}|{_field(host)}|{name}"
 
 
 def _ms(seconds: float) -> int:
