@@ -95,6 +95,18 @@ def test_slot_invariants_hold_after_every_step(redis_server: RedisServer) -> Non
                 if ttl == LONG:
                     assert lid in leases, f"a long lease {lid} vanished"
 
+        @invariant()
+        def hot_path_shortcuts_are_safe(self) -> None:
+            # acquire skips its reap until Redis TIME reaches next_expiry, and the waiting logic while the waiters
+            # flag is absent: both are only sound if next_expiry <= every expiry and the flag is set with waiters
+            pool, leases, _waitq, waitx = self.store.keys
+            nxt = client.hget(pool, "next_expiry")
+            scores = [score for _id, score in client.zrange(leases, 0, -1, withscores=True)]
+            if nxt is not None and scores:
+                assert float(nxt) <= min(scores), (nxt, scores)
+            if client.zcard(waitx):
+                assert client.hexists(pool, "waiters")
+
     Slots.TestCase.settings = settings(max_examples=40, stateful_step_count=25, deadline=None,
                                        suppress_health_check=list(HealthCheck), derandomize=True)
     try:

@@ -88,6 +88,37 @@ def test_expired_leases_are_reaped_by_redis_time(store: SlotStore) -> None:
     assert used(store)["cpu"] == 1
 
 
+def test_a_shorter_lease_after_a_longer_one_is_still_reaped_by_acquire(store: SlotStore) -> None:
+    """Acquire reaps only once Redis TIME reaches the pool's next expiry: a later, shorter lease must lower it,
+    whether it comes from a new acquire, a re-acquire of a held id, or a renewal with a shorter TTL."""
+    store.acquire("long", {"cpu": 1}, ttl=30)
+    store.acquire("short", {"cpu": 3}, ttl=0.2)
+    wait_for(lambda: store.acquire("b", {"cpu": 3}, ttl=30).ok, 10, "acquire to reap the short lease")
+    assert store.acquire("long", {"cpu": 1}, ttl=0.2).status == "held"  # same lease, now with a 0.2 s TTL
+    wait_for(lambda: store.acquire("c", {"cpu": 1}, ttl=30).ok, 10, "acquire to reap the re-acquired lease")
+    store.release("b")
+    r = store.acquire("d", {"cpu": 2}, ttl=30)
+    assert store.renew("d", r.token, 0.2, {"cpu": 2}).status == "renewed"
+    wait_for(lambda: store.acquire("e", {"cpu": 3}, ttl=30).ok, 10, "acquire to reap the renewed lease")
+    assert {h.task_id for h in store.snapshot().holders} == {"c", "e"}
+
+
+def test_reaping_more_leases_than_one_batch(store: SlotStore, redis_client: redis.Redis) -> None:
+    """Scripts drop leases in batches (Lua's unpack has a stack limit): 1,200 expired leases and 700 leases of a
+    restarting worker all come back in one call each."""
+    store.set_totals({"cpu": 2000})
+    for i in range(1200):
+        assert store.acquire(f"old-{i}", {"cpu": 1}, ttl=30).ok
+    for i in range(700):
+        assert store.acquire(f"w-{i}", {"cpu": 1}, ttl=30, worker="celery@w").ok
+    # let the 1,200 expire at once (rewriting their expiry: waiting out 1,200 real TTLs would race the acquires)
+    redis_client.zadd(store.keys[1], {f"old-{i}": 1 for i in range(1200)})
+    assert store.reap() == 1200
+    assert store.set_totals({"cpu": 2000}, reap_worker="celery@w") == 700
+    snap = store.snapshot()
+    assert snap.holders == [] and snap.usage("cpu").used == 0
+
+
 def test_reap_call_returns_expired_slots(store: SlotStore) -> None:
     store.acquire("a", {"cpu": 2, "gpu": 1}, ttl=0.1)
     wait_for(lambda: store.reap() == 1, 10, "reap to return the expired lease")
