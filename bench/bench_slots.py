@@ -4,14 +4,23 @@ processes), against one private redis-server in the same run:
   slots 1 type    SlotStore.acquire({"cpu": 1}) + release           (2 round trips: EVALSHA, EVALSHA)
   slots 2 types   SlotStore.acquire({"cpu": 1, "gpu": 1}) + release (2 round trips)
   redis-py Lock   Lock.acquire() + release()                       (2 round trips: SET NX PX, EVALSHA)
+  Lock, 1 conn    the same Lock on a single-connection client (``client.client()``): SlotStore runs its hot path
+                  on one held connection, so this shows how much of the difference is the pool's per-command cost
   round trip      redis-benchmark EVALSHA of a trivial script, halved (the limit for a 2-round-trip pair)
 
-Columns: pairs/s, pair latency p50/p99, and where the time goes: Redis main-thread CPU per pair (INFO cpu: commands,
-network I/O, event loop), Redis command time per pair (INFO commandstats, top-level commands: for a script that is
-the whole script including its redis.call()s), and the clients' own CPU per pair (process time of the client
-processes: redis-py and the kernel's socket work on their side).
+Every case gets the same ``redis.Redis.from_url(url)`` client; the targets are against ``redis-py Lock``.
 
-Usage: .venv/bin/python bench/bench_slots.py [--seconds 1.5] [--rounds 5] [--clients 1,32]
+How: the client processes live for the whole run and hold a SlotStore and a Lock each. The parent hands out short
+slices (``--slice`` seconds) of one case at a time, every case once per cycle in a rotating order, so load from
+other work on the machine hits every case alike; redis-benchmark runs between cycles while the clients idle.
+Ratios to Lock are the median over cycles of the per-cycle ratio.
+
+Columns: pairs/s, pair latency p50/p99, and where the time goes, per pair: Redis main-thread CPU (INFO cpu:
+commands, network I/O, event loop), Redis command time (INFO commandstats, the commands clients send: for a script
+the whole script including its redis.call()s), and the clients' own CPU (process time: redis-py and the kernel's
+socket work on their side).
+
+Usage: .venv/bin/python bench/bench_slots.py [--slice 0.3] [--cycles 20] [--clients 1,32]
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import statistics
 import subprocess
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -31,73 +41,71 @@ import redis
 from celeryops.slots import SlotStore
 from celeryops.testing.redis_server import RedisServer
 
+KINDS = (("slots1", "slots, 1 type"), ("slots2", "slots, 2 types"), ("lock", "redis-py Lock"),
+         ("lock1", "redis-py Lock, 1 connection"))
+IDLE, STOP = -1.0, -2.0
+# the parent's control block in shared memory: slice number, case index (or IDLE / STOP), slice end (time.time())
+NO, KIND, END = 0, 1, 2
 
-def _pairs(kind: str, url: str, client_no: int, seconds: float, start_at: float,
-           out: Any) -> None:
+
+def _slots_pair(store: SlotStore, needs: dict[str, int], client_no: int) -> Callable[[int], None]:
+    def pair(n: int) -> None:
+        lease_id = f"c{client_no}-{n}"
+        res = store.acquire(lease_id, needs, ttl=60)
+        assert res.ok
+        store.release(lease_id, res.token)
+    return pair
+
+
+def _lock_pair(lock: Any) -> Callable[[int], None]:
+    def pair(n: int) -> None:
+        assert lock.acquire(blocking=False)
+        lock.release()
+    return pair
+
+
+def _client(url: str, client_no: int, control: Any, out: Any) -> None:
     r = redis.Redis.from_url(url, decode_responses=True)
-    pair: Callable[[int], None]
-    if kind.startswith("slots"):
-        store = SlotStore(r, f"bench-{kind}")
-        needs = {"cpu": 1} if kind == "slots1" else {"cpu": 1, "gpu": 1}
-
-        def pair(n: int) -> None:
-            lease_id = f"c{client_no}-{n}"
-            res = store.acquire(lease_id, needs, ttl=60)
-            assert res.ok
-            store.release(lease_id, res.token)
-    else:
-        lock = r.lock(f"bench-lock-{client_no}", timeout=60)
-
-        def pair(n: int) -> None:
-            assert lock.acquire(blocking=False)
-            lock.release()
-
-    pair(-1)  # scripts loaded, connection open
-    while time.time() < start_at:
-        time.sleep(0.001)
-    lat: list[float] = []
-    n = 0
-    end = start_at + seconds
-    cpu0 = time.process_time()
+    pairs: list[Callable[[int], None]] = []
+    for kind, _label in KINDS:
+        if kind.startswith("slots"):
+            needs = {"cpu": 1} if kind == "slots1" else {"cpu": 1, "gpu": 1}
+            pair = _slots_pair(SlotStore(r, f"bench-{kind}"), needs, client_no)
+        else:
+            lock_client = r if kind == "lock" else r.client()  # type: ignore[no-untyped-call]
+            pair = _lock_pair(lock_client.lock(f"bench-{kind}-{client_no}", timeout=60))
+        pair(-1)  # scripts loaded, connection open
+        pairs.append(pair)
+    results: dict[int, tuple[int, float, list[float]]] = {}  # slice -> (case, client CPU s, latencies s)
+    seen, n = -1, 0
     while True:
-        t0 = time.perf_counter()
-        if time.time() >= end:
+        no, kind = int(control[NO]), control[KIND]
+        if kind == STOP:
             break
-        pair(n)
-        lat.append(time.perf_counter() - t0)
-        n += 1
-    out.put((lat, time.process_time() - cpu0))
+        if kind == IDLE or no == seen:
+            time.sleep(0.0005)
+            continue
+        seen, end, pair = no, control[END], pairs[int(kind)]
+        lat: list[float] = []
+        cpu0 = time.process_time()
+        while time.time() < end:
+            t0 = time.perf_counter()
+            pair(n)
+            lat.append(time.perf_counter() - t0)
+            n += 1
+        results[no] = (int(kind), time.process_time() - cpu0, lat)
+    out.put(results)
+    r.close()
 
 
-Row = tuple[float, float, float, float, float, float]  # pairs/s, p50 ms, p99 ms, µs per pair: redis CPU, cmd, client
-
-
-def run_case(kind: str, url: str, clients: int, seconds: float) -> Row:
-    admin = redis.Redis.from_url(url)
-    admin.config_resetstat()
-    cpu0 = redis_cpu(admin)
-    ctx = multiprocessing.get_context("fork")
-    q = ctx.Queue()
-    start_at = time.time() + 1.0 + clients * 0.05
-    procs = [ctx.Process(target=_pairs, args=(kind, url, i, seconds, start_at, q)) for i in range(clients)]
-    for p in procs:
-        p.start()
-    lat: list[float] = []
-    client_cpu = 0.0
-    for _ in procs:
-        got, cpu = q.get(timeout=seconds + 120)
-        lat.extend(got)
-        client_cpu += cpu
-    for p in procs:
-        p.join(30)
-    lat.sort()
-    p50 = lat[len(lat) // 2] * 1000
-    p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000
-    server_us = (redis_cpu(admin) - cpu0) * 1e6
-    cmd_us = command_usec(admin)
-    admin.close()
-    pairs = max(1, len(lat) + clients)  # + the warm-up pair of every client
-    return len(lat) / seconds, p50, p99, server_us / pairs, cmd_us / pairs, client_cpu * 1e6 / max(1, len(lat))
+@dataclass
+class Case:
+    rates: list[float] = field(default_factory=list)  # pairs/s of every slice, in cycle order
+    latencies: list[float] = field(default_factory=list)
+    pairs: int = 0
+    redis_cpu: float = 0.0  # s
+    redis_cmd: float = 0.0  # µs
+    client_cpu: float = 0.0  # s
 
 
 def redis_cpu(r: redis.Redis) -> float:
@@ -111,37 +119,98 @@ def command_usec(r: redis.Redis) -> float:
     return sum(float(stats.get(f"cmdstat_{c}", {}).get("usec", 0)) for c in ("evalsha", "set"))
 
 
-def redis_benchmark(port: int, clients: int, requests: int) -> Row:
+def redis_benchmark(port: int, clients: int, requests: int) -> tuple[float, float, float, float, float]:
+    """requests/s, p50 ms, p99 ms, Redis CPU µs and command µs per request."""
     r = redis.Redis(port=port)
     sha = r.script_load("return 1")
-    r.config_resetstat()
-    cpu0 = redis_cpu(r)
+    cpu0, cmd0 = redis_cpu(r), command_usec(r)
     out = subprocess.run(["redis-benchmark", "-p", str(port), "-c", str(clients), "-n", str(requests), "--csv",
                           "evalsha", sha, "0"], capture_output=True, text=True, check=True).stdout
     row = [line for line in out.splitlines() if line.startswith('"evalsha')][-1]
     nums = [float(x) for x in re.findall(r'"([\d.]+)"', row)]
     # "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max"
     usec = (redis_cpu(r) - cpu0) * 1e6 / requests
-    cmd = command_usec(r) / requests
+    cmd = (command_usec(r) - cmd0) / requests
     r.close()
-    return nums[0], nums[3], nums[5], usec, cmd, float("nan")
+    return nums[0], nums[3], nums[5], usec, cmd
 
 
-def vs_lock(runs: dict[str, list[Row]], kind: str, target: float) -> str:
-    """Median of the per-round ratios to Lock (each round runs the cases back to back, under the same load)."""
-    per_round = sorted(a[0] / b[0] for a, b in zip(runs[kind], runs["lock"], strict=True))
-    mid = statistics.median(per_round)
-    return (f"{mid:.2f}x Lock (rounds {per_round[0]:.2f}-{per_round[-1]:.2f}; target >= {target}: "
-            f"{'met' if mid >= target else 'NOT met'})")
+def run_clients(server: RedisServer, clients: int, slice_s: float, cycles: int,
+                limit_runs: int) -> tuple[dict[str, Case], list[tuple[float, float, float, float, float]]]:
+    ctx = multiprocessing.get_context("fork")
+    control = ctx.Array("d", [0.0, IDLE, 0.0], lock=False)
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_client, args=(server.url, i, control, q)) for i in range(clients)]
+    for p in procs:
+        p.start()
+    admin = redis.Redis.from_url(server.url)
+    cases = {kind: Case() for kind, _ in KINDS}
+    slice_kind: dict[int, str] = {}
+    limits: list[tuple[float, float, float, float, float]] = []
+    grace = 0.05  # in-flight pairs finish before Redis is sampled
+    try:
+        time.sleep(1.0 + clients * 0.05)  # every client connected and warmed up
+        no = 0
+        for cycle in range(cycles):
+            order = [KINDS[(cycle + i) % len(KINDS)][0] for i in range(len(KINDS))]
+            for kind in order:
+                no += 1
+                cpu0, cmd0 = redis_cpu(admin), command_usec(admin)
+                control[END] = time.time() + slice_s
+                control[KIND] = float([k for k, _ in KINDS].index(kind))
+                control[NO] = float(no)
+                time.sleep(slice_s)
+                control[KIND] = IDLE
+                time.sleep(grace)
+                cases[kind].redis_cpu += redis_cpu(admin) - cpu0
+                cases[kind].redis_cmd += command_usec(admin) - cmd0
+                slice_kind[no] = kind
+            if limit_runs and cycle % max(1, cycles // limit_runs) == max(1, cycles // limit_runs) - 1:
+                lock_rate = cases["lock"].rates[-1] if cases["lock"].rates else 0.0
+                limits.append(redis_benchmark(server.port, clients, max(20000, int(lock_rate * 4 * slice_s))))
+        control[KIND] = STOP
+        per_slice: dict[int, list[tuple[float, list[float]]]] = {}
+        for _ in procs:
+            for sno, (_k, cpu, lat) in q.get(timeout=120).items():
+                per_slice.setdefault(sno, []).append((cpu, lat))
+        for p in procs:
+            p.join(30)
+    finally:
+        control[KIND] = STOP
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        admin.close()
+    for sno in sorted(slice_kind):
+        case = cases[slice_kind[sno]]
+        got = per_slice.get(sno, [])
+        count = sum(len(lat) for _cpu, lat in got)
+        case.rates.append(count / slice_s)
+        case.pairs += count
+        case.client_cpu += sum(cpu for cpu, _lat in got)
+        for _cpu, lat in got:
+            case.latencies.extend(lat)
+    return cases, limits
+
+
+def vs_lock(cases: dict[str, Case], kind: str, target: float, anchor: str = "lock") -> str:
+    """Median over cycles of the per-cycle ratio to a Lock case (the cases of one cycle run back to back)."""
+    per_cycle = sorted(a / b for a, b in zip(cases[kind].rates, cases[anchor].rates, strict=True) if b)
+    mid = statistics.median(per_cycle)
+    q1, q3 = per_cycle[len(per_cycle) // 4], per_cycle[(3 * len(per_cycle)) // 4]
+    if anchor != "lock":
+        return f"{mid:.2f}x ({q1:.2f}-{q3:.2f})"
+    return f"{mid:.2f}x Lock (middle half of the cycles {q1:.2f}-{q3:.2f}; target >= {target}: " + (
+        "met)" if mid >= target else "NOT met)")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--seconds", type=float, default=1.5, help="length of one round of one case")
-    ap.add_argument("--rounds", type=int, default=5, help="rounds; the cases alternate inside each round")
+    ap.add_argument("--slice", type=float, default=0.3, help="seconds of one case at a time")
+    ap.add_argument("--cycles", type=int, default=20, help="cycles; every case runs one slice per cycle")
+    ap.add_argument("--limit-runs", type=int, default=4, help="redis-benchmark runs per client count")
     ap.add_argument("--clients", default="1,32")
     args = ap.parse_args()
-    kinds = (("slots1", "slots, 1 type"), ("slots2", "slots, 2 types"), ("lock", "redis-py Lock"))
     with RedisServer() as server:
         admin = redis.Redis.from_url(server.url, decode_responses=True)
         for kind in ("slots1", "slots2"):
@@ -150,33 +219,34 @@ def main() -> None:
               f"{'redis CPU':>11}{'redis cmd':>11}{'client CPU':>12}   (µs per pair)")
         summary: list[str] = []
         for clients in (int(c) for c in args.clients.split(",")):
-            runs: dict[str, list[Row]] = {k: [] for k, _ in kinds}
-            runs["limit"] = []
-            for _ in range(args.rounds):  # interleaved, so that load from elsewhere hits every case alike
-                for kind, _label in kinds:
-                    runs[kind].append(run_case(kind, server.url, clients, args.seconds))
-                n = max(20000, int(runs["lock"][-1][0] * 2 * args.seconds))
-                rps, p50, p99, us, cmd, _ = redis_benchmark(server.port, clients, n)
-                runs["limit"].append((rps / 2, 2 * p50, 2 * p99, 2 * us, 2 * cmd, float("nan")))
-            med = {k: tuple(statistics.median(x[i] for x in v) for i in range(6)) for k, v in runs.items()}
-            for kind, label in (*kinds, ("limit", "redis-benchmark EVALSHA / 2")):
-                pps, p50, p99, us, cmd, client = med[kind]
-                client_text = "-" if client != client else f"{client:.1f}"
-                print(f"{label:<30}{clients:>8}{pps:>10,.0f}{p50:>9.3f}{p99:>9.3f}{us:>11.1f}{cmd:>11.1f}"
-                      f"{client_text:>12}")
-            lock, limit = med["lock"][0], med["limit"][0]
+            cases, limits = run_clients(server, clients, args.slice, args.cycles, args.limit_runs)
+            for kind, label in KINDS:
+                c = cases[kind]
+                lat = sorted(c.latencies)
+                p50 = lat[len(lat) // 2] * 1000
+                p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000
+                print(f"{label:<30}{clients:>8}{statistics.median(c.rates):>10,.0f}{p50:>9.3f}{p99:>9.3f}"
+                      f"{c.redis_cpu * 1e6 / c.pairs:>11.1f}{c.redis_cmd / c.pairs:>11.1f}"
+                      f"{c.client_cpu * 1e6 / c.pairs:>12.1f}")
+            rps, p50, p99, us, cmd = (statistics.median(x[i] for x in limits) for i in range(5))
+            print(f"{'redis-benchmark EVALSHA / 2':<30}{clients:>8}{rps / 2:>10,.0f}{2 * p50:>9.3f}{2 * p99:>9.3f}"
+                  f"{2 * us:>11.1f}{2 * cmd:>11.1f}{'-':>12}")
+            limit = rps / 2
+            lock = statistics.median(cases["lock"].rates)
             summary.append(
-                f"{clients:>3} client(s): slots 1 type = {vs_lock(runs, 'slots1', 1.0)}, "
-                f"2 types = {vs_lock(runs, 'slots2', 0.9)}; "
-                f"of the round-trip limit: {med['slots1'][0] / limit:.0%} / {med['slots2'][0] / limit:.0%}, "
-                f"Lock {lock / limit:.0%}")
+                f"{clients:>3} client(s): slots 1 type = {vs_lock(cases, 'slots1', 1.0)}, "
+                f"2 types = {vs_lock(cases, 'slots2', 0.9)}; against Lock on one connection: "
+                f"{vs_lock(cases, 'slots1', 1.0, 'lock1')} / {vs_lock(cases, 'slots2', 0.9, 'lock1')}; "
+                "of the round-trip limit: "
+                f"{statistics.median(cases['slots1'].rates) / limit:.0%} / "
+                f"{statistics.median(cases['slots2'].rates) / limit:.0%}, Lock {lock / limit:.0%}")
         print()
-        print(f"medians of {args.rounds} interleaved rounds of {args.seconds}s per case; the redis-benchmark row is "
-              "requests/s halved and latencies doubled (a pair is 2 round trips); ratios to Lock are the median of "
-              "the per-round ratios (each round runs the cases back to back, under the same load)")
+        print(f"{args.cycles} cycles of {args.slice}s slices per case, interleaved; pairs/s = median over the slices; "
+              f"redis-benchmark: median of {args.limit_runs} runs between cycles, requests/s halved and latencies "
+              "doubled (a pair is 2 round trips)")
         print("\n".join(summary))
-        print(f"load average during the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs "
-              "(numbers from a shared machine under load are only orientation)")
+        print(f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (a shared machine: "
+              "read the ratios, not the absolute numbers)")
 
 
 if __name__ == "__main__":

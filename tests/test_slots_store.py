@@ -3,6 +3,8 @@ reaping, totals that never wipe live leases, the starvation guard, NOSCRIPT heal
 
 from __future__ import annotations
 
+import multiprocessing
+import multiprocessing.queues
 import time
 
 import pytest
@@ -187,6 +189,30 @@ def test_reservations_expire_when_the_waiter_goes_away(store: SlotStore) -> None
     # ...until it expires because big never came back
     wait_for(lambda: store.acquire("small2", {"cpu": 1}, ttl=30, starvation_after=3600).ok, 10,
              "the abandoned reservation to expire")
+
+
+def _use_after_fork(store: SlotStore, out: multiprocessing.queues.Queue) -> None:  # type: ignore[type-arg]
+    res = store.acquire("child", {"cpu": 1}, ttl=30)
+    out.put((res.ok and store.release("child", res.token), store._hot_client().client_id()))
+
+
+def test_a_store_used_in_a_forked_child_gets_its_own_connection(store: SlotStore) -> None:
+    """The hot path holds one connection per process: a child must not talk on the parent's socket."""
+    a = store.acquire("a", {"cpu": 1}, ttl=30)
+    parent_conn = store._hot_client().client_id()
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_use_after_fork, args=(store, out))
+    child.start()
+    ok, child_conn = out.get(timeout=30)
+    child.join(30)
+    assert ok and child.exitcode == 0
+    assert child_conn != parent_conn
+    assert store._hot_client().client_id() == parent_conn  # the parent keeps its own
+    assert store.release("a", a.token)
+    b = store.acquire("b", {"cpu": 4}, ttl=30)
+    assert b.ok and b.token > a.token + 1
+    assert used(store) == {"cpu": 4, "gpu": 0}
 
 
 def test_scripts_reload_after_script_flush(store: SlotStore, redis_client: redis.Redis) -> None:

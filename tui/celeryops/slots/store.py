@@ -7,13 +7,17 @@ Scripts are redis-py ``Script`` objects: after a Redis restart or ``SCRIPT FLUSH
 reloading the script. A pool written by the seed's schema (``resource:<type>:total|used`` strings and
 ``resource:task:<id>`` hashes) is read by ``read_all`` as a ``legacy`` pool.
 
-The hot path (acquire, release) sends pre-encoded keys and arguments and gets an integer back: redis-py spends
-about a microsecond per argument it encodes, as much as a ``redis.call`` costs Redis (see bench/bench_slots.py).
+The hot path (acquire, release) runs on one connection of the client's pool that the store holds (redis-py's
+single-connection client, ``client.client()``, per process, taken at the first acquire or release): a pooled
+command checks a connection out, polls it for stale data and puts it back, which costs the client more than the
+command itself. It sends pre-encoded keys and arguments and gets an integer back (see bench/bench_slots.py).
+Everything else (snapshots, totals, renewals) uses the client as given.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -78,6 +82,19 @@ class SlotStore:
         self._scripts = {name: client.register_script(src) for name, src in scripts.ALL.items()}
         self._acquire = self._scripts["acquire"]
         self._release = self._scripts["release"]
+        self._hot: tuple[int, Client] | None = None  # (pid, the hot path's client): see the module's docstring
+
+    def _hot_client(self) -> Client:
+        """A single-connection client on this client's pool, for this process (after a fork the parent's connection
+        belongs to the parent). Two threads racing here each make one; the loser's connection goes back to the pool.
+        A cluster client is used as it is: it keeps a connection per node anyway."""
+        hot = self._hot
+        if hot is None or hot[0] != os.getpid():
+            client = self.client
+            if isinstance(client, redis.Redis):
+                client = client.client()  # type: ignore[no-untyped-call]
+            hot = self._hot = (os.getpid(), client)
+        return hot[1]
 
     @classmethod
     def from_url(cls, url: str, pool: str = GLOBAL_POOL, **kw: Any) -> SlotStore:
@@ -106,7 +123,8 @@ class SlotStore:
         """All-or-nothing acquire of every type in ``needs``. A refused request is remembered as waiting for
         ``wait_ttl`` seconds (default: 3 x ttl); after ``starvation_after`` seconds of waiting it reserves its needs."""
         res = self._acquire(keys=self._keys, args=(
-            lease_id, *_acquire_args(tuple(needs.items()), ttl, starvation_after, wait_ttl, worker, host, name)))
+            lease_id, *_acquire_args(tuple(needs.items()), ttl, starvation_after, wait_ttl, worker, host, name)),
+            client=self._hot_client())
         if type(res) is int:
             return AcquireResult(True, res, "ok")
         code, info = int(res[0]), str(res[1])
@@ -133,7 +151,8 @@ class SlotStore:
 
     def release(self, lease_id: str, token: int | None = None) -> bool:
         """Return the lease's slots (as recorded, never the caller's numbers); False if nothing was held."""
-        return bool(self._release(keys=self._keys, args=(lease_id, b"" if token is None else int(token))))
+        return bool(self._release(keys=self._keys, args=(lease_id, b"" if token is None else int(token)),
+                                  client=self._hot_client()))
 
     def reap(self) -> int:
         return int(self._run("reap"))
