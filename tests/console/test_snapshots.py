@@ -78,19 +78,24 @@ def test_quit_mid_drain(snap_compare: Any, app_factory: Any) -> None:
                         terminal_size=SIZE)
 
 
+def deploy_app(app_factory: Any, *after_drain: object) -> Any:
+    """A deploy that drained and then sees ``after_drain`` (rollout updates, fleet back, phases)."""
+    script = [*sample.drain_script(), sample.progress(0, 3, 630.0), PhaseChanged("deploying"), *after_drain]
+    return app_factory(deploy_backend(proceed_script=script), start="deploy", release="v2.14.0")
+
+
+def resume_app(app_factory: Any) -> Any:
+    return app_factory(StaticBackend(fleet=sample.fleet(), slots=sample.slots(), run=sample.unfinished_run()))
+
+
 def test_deploy_rolling(snap_compare: Any, app_factory: Any) -> None:
-    script = [*sample.drain_script(), sample.progress(0, 3, 630.0), PhaseChanged("deploying"),
-              sample.deploy_update("rolling")]
-    backend = deploy_backend(proceed_script=script)
-    app = app_factory(backend, start="deploy", release="v2.14.0")
+    app = deploy_app(app_factory, sample.deploy_update("rolling"))
     assert snap_compare(app, run_before=keys("G", "y"), terminal_size=SIZE)
 
 
 def test_deploy_done(snap_compare: Any, app_factory: Any) -> None:
-    script = [*sample.drain_script(), sample.progress(0, 3, 630.0), PhaseChanged("deploying"),
-              sample.deploy_update("ready"), FleetBack(sample.workers()), PhaseChanged("done", "v2.14.0 is live")]
-    backend = deploy_backend(proceed_script=script)
-    app = app_factory(backend, start="deploy", release="v2.14.0")
+    app = deploy_app(app_factory, sample.deploy_update("ready"), FleetBack(sample.workers()),
+                     PhaseChanged("done", "v2.14.0 is live"))
     assert snap_compare(app, run_before=keys("G", "y"), terminal_size=SIZE)
 
 
@@ -99,5 +104,40 @@ def test_slots(snap_compare: Any, app_factory: Any) -> None:
 
 
 def test_resume_panel(snap_compare: Any, app_factory: Any) -> None:
-    backend = StaticBackend(fleet=sample.fleet(), slots=sample.slots(), run=sample.unfinished_run())
-    assert snap_compare(app_factory(backend), terminal_size=SIZE)
+    assert snap_compare(resume_app(app_factory), terminal_size=SIZE)
+
+
+# The main screens at 80x24 (compact layout: -narrow -short) and the drain at 200x50 (-wide -tall).
+WIDE = (200, 50)
+
+
+def test_home_small(snap_compare: Any, app_factory: Any) -> None:
+    assert snap_compare(app_factory(), terminal_size=SMALL)
+
+
+def test_deploy_rolling_small(snap_compare: Any, app_factory: Any) -> None:
+    app = deploy_app(app_factory, sample.deploy_update("rolling"))
+    assert snap_compare(app, run_before=keys("G", "y"), terminal_size=SMALL)
+
+
+def test_slots_small(snap_compare: Any, app_factory: Any) -> None:
+    assert snap_compare(app_factory(), run_before=keys("s"), terminal_size=SMALL)
+
+
+def test_resume_panel_small(snap_compare: Any, app_factory: Any) -> None:
+    assert snap_compare(resume_app(app_factory), terminal_size=SMALL)
+
+
+def test_quit_mid_drain_small(snap_compare: Any, app_factory: Any) -> None:
+    assert snap_compare(app_factory(deploy_backend(), start="deploy", release="v2.14.0"),
+                        run_before=keys("G", "y", "q"), terminal_size=SMALL)
+
+
+def test_confirm_warnings_small(snap_compare: Any, app_factory: Any) -> None:
+    assert snap_compare(app_factory(deploy_backend(), start="deploy", release="v2.14.0"), run_before=keys("G"),
+                        terminal_size=SMALL)
+
+
+def test_drain_wide(snap_compare: Any, app_factory: Any) -> None:
+    assert snap_compare(app_factory(deploy_backend(), start="deploy", release="v2.14.0"), run_before=keys("G", "y"),
+                        terminal_size=WIDE)

@@ -33,7 +33,7 @@ from celeryops.console.stylesheets import stylesheets
 from celeryops.errors import EXIT_INTERRUPTED, UserError
 from celeryops.events import Event
 from celeryops.masking import mask_text
-from celeryops.views import RecoveryChoice
+from celeryops.views import RecoveryChoice, RunView
 
 Start = Literal["home", "deploy", "drain"]
 RUN_SCREENS: dict[View, type[ConsoleScreen]] = {"preflight": PreflightScreen, "drain": DrainScreen,
@@ -45,6 +45,9 @@ class ConsoleApp(App[int]):
 
     TITLE = "celeryops"
     CSS_PATH: ClassVar[list[str | PurePath]] = list(stylesheets())
+    # Every screen gets -narrow or -wide, and -short or -tall: the .tcss files give 80x24 a compact layout.
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (30, "-tall")]
     BINDINGS = [
         Binding("q", "request_quit", "Quit", id="app.quit",
                 tooltip="Quit; during a run, asks whether to abort, detach or stay."),
@@ -120,24 +123,32 @@ class ConsoleApp(App[int]):
     def action_show_run(self) -> None:
         view = self.model.view
         if view is None:
-            self.notify("No run in progress in this console.", severity="information")
+            self.notify("No run in progress in this console; `celeryops watch` follows a run started elsewhere.",
+                        severity="information")
             return
         if not isinstance(self.screen, RUN_SCREENS[view]):
             self._wanted = view
             self.push_screen(RUN_SCREENS[view](self.read_only))
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        """The command palette lists what the keys do here (only what is allowed), then Textual's own."""
-        seen = set()
-        for key, active in screen.active_bindings.items():
-            binding = active.binding
-            if not binding.description or binding.action in seen or not active.enabled:
-                continue
-            seen.add(binding.action)
-            node = active.node
-            yield SystemCommand(f"{binding.description} ({key})", binding.tooltip or binding.description,
-                                lambda node=node, action=binding.action: self.run_action(action, node))
-        yield from super().get_system_commands(screen)
+        """The command palette lists what the console's keys do here (only what is allowed; not Textual's cursor
+        and focus keys), then Textual's own commands but its Quit (ours asks first during a run)."""
+        commands: dict[str, tuple[bool, SystemCommand]] = {}
+        for active in screen.active_bindings.values():
+            binding, node = active.binding, active.node
+            if binding.id is None or not binding.description or not active.enabled:
+                continue  # every binding of the console has an id; Textual's own have none
+            if binding.action in commands and (commands[binding.action][0] or not binding.show):
+                continue  # one entry per action, under the key the footer shows
+            commands[binding.action] = (binding.show, SystemCommand(
+                f"{binding.description} ({self.get_key_display(binding)})", binding.tooltip or binding.description,
+                lambda node=node, action=binding.action: self.run_action(action, node)))
+        yield from (command for _, command in commands.values())
+        yield from (command for command in super().get_system_commands(screen) if command.title != "Quit")
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # In a dialog, its own keys answer the question: q is not offered there.
+        return not (action == "request_quit" and isinstance(self.screen, QuitScreen | ConfirmScreen))
 
     # -- events from ops ---------------------------------------------------------------------------------------
 
@@ -255,12 +266,13 @@ class ConsoleApp(App[int]):
         self.model.operator_aborted = True
         self.call_backend("abort the run", self.backend.abort_run())
 
-    def confirm_recovery(self, choice: RecoveryChoice) -> None:
+    def confirm_recovery(self, choice: RecoveryChoice, run: RunView | None = None) -> None:
         def act() -> None:
             if isinstance(self.screen, ResumeScreen):
                 self.pop_screen()
             if choice.kind == "resume":
-                self.model = RunModel(phase="draining")
+                self.model = RunModel(kind=run.kind if run else None, release=run.release if run else None,
+                                      phase="draining")
                 self._wanted = None
                 self.call_backend("resume the run", self.backend.resume_run(self.sink))
             elif choice.kind == "abort":
@@ -271,6 +283,10 @@ class ConsoleApp(App[int]):
         self.confirm(f"{choice.label}?", choice.plan, choice.label, act)
 
     # -- quitting ----------------------------------------------------------------------------------------------
+
+    async def action_quit(self) -> None:
+        """Textual's quit (its palette command, ctrl+q) asks like q does."""
+        self.action_request_quit()
 
     def action_request_quit(self) -> None:
         if isinstance(self.screen, QuitScreen | ConfirmScreen):

@@ -3,17 +3,60 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar
 
+from rich.text import Text
 from textual.binding import BindingsMap
 from textual.screen import Screen
-from textual.widgets import Footer
+from textual.widgets import DataTable, Footer
 
 from celeryops.console.widgets.status_bar import StatusBar
 
 if TYPE_CHECKING:
     from celeryops.console.app import ConsoleApp
     from celeryops.console.model import RunModel
+
+
+Row = tuple[str | None, Sequence[object]]  # (row key, cells)
+
+
+def _cell_width(value: object) -> int:
+    return value.cell_len if isinstance(value, Text) else len(str(value))
+
+
+def refill(table: DataTable, rows: Sequence[Row], fit: str | None = None) -> None:
+    """Replace every row of ``table``. The cursor stays on the row with the same key, the columns shrink back to
+    their content, and the ``fit`` column (the last one) is cut with … to the width the others leave, so that
+    nothing goes off-screen on a narrow terminal (its full text is elsewhere: a filter or another view)."""
+    cursor_key = None
+    if table.row_count and table.cursor_row < table.row_count:
+        cursor_key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+    scroll_y = table.scroll_y
+    table.clear()
+    keys = list(table.columns)
+    for column in table.columns.values():
+        column.content_width = column.label.cell_len
+    if fit is not None and table.size.width:
+        index = [k.value for k in keys].index(fit)
+        others = sum(max([table.columns[k].label.cell_len, *(_cell_width(cells[i]) for _, cells in rows)])
+                     + 2 * table.cell_padding for i, k in enumerate(keys) if i != index)
+        room = max(8, table.size.width - 1 - others - 2 * table.cell_padding)  # 1: the vertical scrollbar
+        rows = [(key, [*cells[:index], _fitted(cells[index], room), *cells[index + 1:]]) for key, cells in rows]
+    for key, cells in rows:
+        table.add_row(*cells, key=key)
+    if cursor_key is not None and cursor_key in table.rows:
+        table.move_cursor(row=table.get_row_index(cursor_key), scroll=False)
+    if scroll_y:
+        table.call_after_refresh(table.scroll_to, y=scroll_y, animate=False)
+
+
+def _fitted(value: object, width: int) -> object:
+    if _cell_width(value) <= width:
+        return value
+    text = value.copy() if isinstance(value, Text) else Text(str(value))
+    text.truncate(width, overflow="ellipsis")
+    return text
 
 
 class ConsoleScreen(Screen):

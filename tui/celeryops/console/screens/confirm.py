@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, Label, Static
+from textual.widgets import Button, Footer, Label, Static
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -26,10 +26,12 @@ class ConfirmScreen(ModalScreen[bool]):
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
             yield Label(self.title_text, id="dialog-title")
-            yield Static(self.what_happens, id="dialog-body")
+            with VerticalScroll(id="dialog-scroll"):  # a long list of warnings scrolls; the buttons stay
+                yield Static(self.what_happens, id="dialog-body")
             with Horizontal(id="dialog-buttons"):
                 yield Button(f"{self.confirm_label} \\[y]", variant="error", id="yes")
                 yield Button("Cancel \\[n]", variant="primary", id="no")
+        yield Footer()  # this dialog's keys, over the screen's footer (whose keys wait until it closes)
 
     def on_mount(self) -> None:
         self.query_one("#no", Button).focus()

@@ -10,18 +10,21 @@ from textual.widgets import DataTable, RichLog, Static
 
 from celeryops.console.fmt import ROLLOUT_STYLE, state_text
 from celeryops.console.model import LEVEL_STYLE, RunModel
-from celeryops.console.screens.base import ConsoleScreen
+from celeryops.console.screens.base import ConsoleScreen, Row, refill
 
-COND_ICON = {"CONDITION_SUCCEEDED": ("✔", "green"), "CONDITION_FAILED": ("✘", "bold red"),
-             "CONDITION_PENDING": ("…", "cyan"), "CONDITION_RECONCILING": ("…", "cyan")}
+# Cloud Run condition states, as the ops layer names them (succeeded, ...) or as the API does (CONDITION_...).
+COND_ICON = {"succeeded": ("✔", "green"), "failed": ("✘", "bold red"), "pending": ("…", "cyan"),
+             "reconciling": ("…", "cyan")}
 
 
 def conditions_text(conditions) -> Text:
     text = Text()
     for cond in conditions:
-        icon, style = COND_ICON.get(cond.state, ("?", "dim"))
-        name = cond.name if cond.name == "Ready" else cond.name.removesuffix("Ready")
+        icon, style = COND_ICON.get(cond.state.lower().removeprefix("condition_"), ("?", "dim"))
+        name = cond.name if cond.name == "Ready" else cond.name.removesuffix("Ready").replace("Configurations",
+                                                                                             "Config")
         text.append(f"{icon} {name} ", style=style)
+    text.rstrip()
     return text
 
 
@@ -41,14 +44,15 @@ class DeployScreen(ConsoleScreen):
         yield Static("", id="deploy-title")
         yield DataTable(id="targets", cursor_type="row")
         yield DataTable(id="fleet-back", cursor_type="row", zebra_stripes=True)
-        yield RichLog(id="log", markup=False, wrap=True, max_lines=500)
+        yield RichLog(id="log", markup=False, wrap=True, max_lines=500, min_width=20)  # wraps at 80 columns
         yield self.footer()
 
     def on_mount(self) -> None:
         targets = self.query_one("#targets", DataTable)
         targets.border_title = "Targets"
-        for key, label in (("target", "Target"), ("revision", "Revision"), ("state", "Rollout"),
-                           ("message", "Detail"), ("conditions", "Conditions")):
+        # Free text last: on a narrow terminal the detail is the one shortened (the event log has it whole).
+        for key, label in (("target", "Target"), ("state", "Rollout"), ("revision", "Revision"),
+                           ("conditions", "Conditions"), ("message", "Detail")):
             targets.add_column(label, key=key)
         back = self.query_one("#fleet-back", DataTable)
         back.border_title = "Fleet coming back"
@@ -57,27 +61,27 @@ class DeployScreen(ConsoleScreen):
         self.query_one("#log").border_title = "Events"
         self.render_model(self.console.model)
 
+    def on_resize(self) -> None:
+        self.call_after_refresh(self.render_model, self.console.model)  # the last columns fit the new width
+
     def render_model(self, model: RunModel) -> None:
         if not self.is_mounted:
             return
-        title = Text(" " + " ".join(part for part in ("deploy", model.release) if part), style="bold")
+        title = Text(" ".join(part for part in ("deploy", model.release) if part), style="bold")
         title.append(f" · phase {model.phase or '-'}")
         if model.phase == "done":
             title.append("  DONE ", style="bold black on green")
         elif model.phase == "failed":
             title.append("  FAILED ", style="bold white on red")
         self.query_one("#deploy-title", Static).update(title)
-        targets = self.query_one("#targets", DataTable)
-        targets.clear()
-        for t in model.deploy.targets if model.deploy else ():
-            targets.add_row(t.target, t.revision or "-", Text(t.state, style=ROLLOUT_STYLE.get(t.state, "")),
-                            t.message, conditions_text(t.conditions), key=t.target)
-        back = self.query_one("#fleet-back", DataTable)
-        back.clear()
-        for w in model.fleet_back:
-            back.add_row(w.name, state_text(w.state), ", ".join(w.queues) or "-", key=w.name)
-        if not model.fleet_back:
-            back.add_row(Text("waiting for the rollout", style="dim"), "", "")
+        refill(self.query_one("#targets", DataTable), [(t.target, (
+            t.target, Text(t.state, style=ROLLOUT_STYLE.get(t.state, "")), t.revision or "-",
+            conditions_text(t.conditions), t.message)) for t in (model.deploy.targets if model.deploy else ())],
+            fit="message")
+        rows: list[Row] = [(w.name, (w.name, state_text(w.state), ", ".join(w.queues) or "-"))
+                           for w in model.fleet_back]
+        refill(self.query_one("#fleet-back", DataTable),
+               rows or [(None, (Text("waiting for the rollout", style="dim"), "", ""))], fit="queues")
         log = self.query_one(RichLog)
         lines = list(model.log)
         new = model.log_total - self._log_shown

@@ -21,7 +21,7 @@ class DrainScreen(ConsoleScreen):
     BINDINGS = [
         Binding("slash", "filter", "Filter", id="drain.filter", key_display="/",
                 tooltip="Filter tasks by worker, task name or id."),
-        Binding("escape", "clear_filter", "Clear filter", id="drain.clear_filter", show=False,
+        Binding("escape", "clear_filter", "Clear filter", id="drain.clear_filter",
                 tooltip="Show every task again."),
         Binding("h", "app.show_home", "Home", id="drain.home", tooltip="Back to the fleet; the run goes on."),
         Binding("s", "app.show_slots", "Slots", id="drain.slots", tooltip="Slot pool: gauges, holders, waiters."),
@@ -38,15 +38,16 @@ class DrainScreen(ConsoleScreen):
     def compose(self) -> ComposeResult:
         yield self.status_bar()
         yield Static("", id="drain-title")
-        yield StreakMeter(id="streak")
-        yield Countdown(id="countdown")
+        with Horizontal(id="meters"):  # one above the other; side by side on a short terminal
+            yield StreakMeter(id="streak")
+            yield Countdown(id="countdown")
         yield Static("", id="counts")
         yield WorkerBadges(id="badges")
         with Horizontal(id="inflight-row"):
             yield Static("In flight ", id="inflight-label")
             yield Sparkline([], id="inflight")
         yield TaskTable(id="tasks")
-        yield RichLog(id="log", markup=False, wrap=True, max_lines=500)
+        yield RichLog(id="log", markup=False, wrap=True, max_lines=500, min_width=20)  # wraps at 80 columns
         yield Input(placeholder="filter: worker, task name or id (Esc clears)", id="filter")
         yield self.footer()
 
@@ -58,19 +59,23 @@ class DrainScreen(ConsoleScreen):
         box.cursor_blink = self.console.motion
         self.render_model(self.console.model)
 
-    def render_model(self, model: RunModel) -> None:
-        if not self.is_mounted:
-            return
-        title = Text(" " + " ".join(part for part in (model.kind or "run", model.release) if part), style="bold")
+    def _show_title(self, model: RunModel) -> None:
+        """Kind, release, phase and the outcome badge first; the queues (longest) last."""
+        title = Text(" ".join(part for part in (model.kind or "run", model.release) if part), style="bold")
         title.append(f" · phase {model.phase or '-'}")
-        if model.started is not None:
-            title.append(f" · queues {', '.join(model.started.queues)}", style="dim")
         if model.finished is not None:
             ok = model.finished.outcome == "drained"
             title.append(f"  {model.finished.outcome.upper()} ", style="bold black on green" if ok else
                          "bold white on red")
+        if model.started is not None:
+            title.append(f" · queues {', '.join(model.started.queues)}", style="dim")
         self.query_one("#drain-title", Static).update(title)
+
+    def render_model(self, model: RunModel) -> None:
+        if not self.is_mounted:
+            return
         progress = model.progress
+        self._show_title(model)
         if progress is not None:
             self.query_one(StreakMeter).set_streak(progress.streak, progress.required)
             self.query_one(Countdown).set_time(progress.elapsed, progress.remaining)
@@ -111,6 +116,11 @@ class DrainScreen(ConsoleScreen):
         if not allowed:
             return allowed
         model = self.console.model
+        box = next(iter(self.query("#filter").results(Input)), None)
+        if action == "clear_filter":  # in the footer only while a filter is set
+            return box is not None and box.display
+        if action == "filter" and box is not None and box.has_focus:  # typing: "/" goes into the box
+            return False
         if action == "abort":
             return True if model.active else None
         if action == "forget_unknown":
@@ -121,6 +131,7 @@ class DrainScreen(ConsoleScreen):
         box = self.query_one("#filter", Input)
         box.display = True
         box.focus()
+        self.refresh_bindings()
 
     def action_clear_filter(self) -> None:
         box = self.query_one("#filter", Input)
@@ -128,6 +139,7 @@ class DrainScreen(ConsoleScreen):
         box.display = False
         self._set_filter("")
         self.query_one(TaskTable).focus()
+        self.refresh_bindings()
 
     def on_input_changed(self, event: Input.Changed) -> None:
         self._set_filter(event.value.strip())

@@ -10,7 +10,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Input, Static
 
 from celeryops.console.fmt import bar, left, since, state_text
-from celeryops.console.screens.base import ConsoleScreen
+from celeryops.console.screens.base import ConsoleScreen, Row, refill
 from celeryops.views import FleetView, SlotsView
 
 
@@ -22,13 +22,19 @@ def _worker_matches(worker, needle: str, view: FleetView) -> bool:
     return any(t.worker == worker.name and needle in t.name.lower() for t in view.tasks)
 
 
+# Counts before queues: on a narrow terminal the queue list (last) is the one shortened, and Fence (which
+# workers run the plugin; the preflight lists them too) makes room for it.
+WORKER_COLUMNS = (("name", "Worker"), ("state", "State"), ("active", "Active"), ("reserved", "Reserved"),
+                  ("scheduled", "ETA"), ("fence", "Fence"), ("queues", "Consuming"))
+
+
 class HomeScreen(ConsoleScreen):
     VIEW_TITLE = "home"
     DANGEROUS = frozenset({"start_drain", "start_deploy"})
     BINDINGS = [
         Binding("slash", "filter", "Filter", id="home.filter", key_display="/",
                 tooltip="Filter workers and queues by worker, queue or task name."),
-        Binding("escape", "clear_filter", "Clear filter", id="home.clear_filter", show=False,
+        Binding("escape", "clear_filter", "Clear filter", id="home.clear_filter",
                 tooltip="Show every worker and queue again."),
         Binding("r", "refresh", "Refresh", id="home.refresh", tooltip="Poll the fleet now."),
         Binding("s", "app.show_slots", "Slots", id="home.slots", tooltip="Slot pool: gauges, holders, waiters."),
@@ -63,9 +69,6 @@ class HomeScreen(ConsoleScreen):
     def on_mount(self) -> None:
         workers = self.query_one("#workers", DataTable)
         workers.border_title = "Workers"
-        for key, label in (("name", "Worker"), ("state", "State"), ("queues", "Consuming"), ("active", "Active"),
-                           ("reserved", "Reserved"), ("scheduled", "ETA"), ("fence", "Fence")):
-            workers.add_column(label, key=key)
         queues = self.query_one("#queues", DataTable)
         queues.border_title = "Queue depths"
         for key, label in (("name", "Queue"), ("depth", "Waiting"), ("consumers", "Consumers")):
@@ -107,49 +110,76 @@ class HomeScreen(ConsoleScreen):
         if view is None:
             return
         needle = self.needle.lower()
-        workers = self.query_one("#workers", DataTable)
-        workers.clear()
         shown = [w for w in view.workers if _worker_matches(w, needle, view)]
+        workers = self.query_one("#workers", DataTable)
+        columns = [c for c in WORKER_COLUMNS if c[0] != "fence" or not self.has_class("-narrow")]
+        if [k.value for k in workers.columns] != [key for key, _ in columns]:
+            workers.clear(columns=True)
+            for key, label in columns:
+                workers.add_column(label, key=key)
+        rows: list[Row] = []
         for w in shown:
-            workers.add_row(w.name, state_text(w.state), ", ".join(w.queues) or Text("none", style="dim"),
-                            w.active, w.reserved, Text(str(w.scheduled), style="yellow") if w.scheduled else "0",
-                            "yes" if w.plugin else Text("no", style="dim"), key=w.name)
-        queues = self.query_one("#queues", DataTable)
-        queues.clear()
+            cells = {"name": w.name, "state": state_text(w.state), "active": w.active, "reserved": w.reserved,
+                     "scheduled": Text(str(w.scheduled), style="yellow") if w.scheduled else "0",
+                     "fence": "yes" if w.plugin else Text("no", style="dim"),
+                     "queues": ", ".join(w.queues) or Text("none", style="dim")}
+            rows.append((w.name, [cells[key] for key, _ in columns]))
+        refill(workers, rows, fit="queues")
+        rows = []
         for q in view.queues:
             if needle and needle not in q.name.lower():
                 continue
             depth = Text("?", style="dim") if q.depth is None else Text(
                 f"{q.depth:,}", style="bold yellow" if q.depth > 1000 else "")
-            queues.add_row(q.name, depth, q.consumers, key=q.name)
+            rows.append((q.name, (q.name, depth, q.consumers)))
+        refill(self.query_one("#queues", DataTable), rows)
         banner = self.query_one("#run-banner", Static)
         run = view.run
         if run is None:
-            banner.update(Text(" No run in progress.", style="dim"))
+            banner_text = Text(" No run in progress.", style="dim")
+            idle = sum(1 for w in view.workers if w.state == "stopped" or (w.state == "consuming" and not w.queues))
+            if idle:  # e.g. a drained run parked, or a restore a broker reconnect undid
+                banner_text.append(f" {idle} worker(s) consume nothing (see Consuming).", style="bold yellow")
+            banner.update(banner_text)
         else:
             age = since(self.console.clock() - run.started_at)
             text = Text(" RUN ", style="bold black on cyan")
-            text.append(f" {run.kind} {run.release or ''} · {run.phase} · {age} · owner {run.owner}")
+            text.append(f" {run.kind} {run.release or ''} · {run.phase}")
             if run.required:
                 text.append(f" · streak {run.streak}/{run.required}")
             if run.remaining is not None:
                 text.append(f" · {left(run.remaining)} to max wait")
-            text.append("  (w to watch)", style="dim")
+            text.append(f" · {run.owner}, {age} ago")
+            if self.console.model.view is not None:  # this console runs or follows it: w shows it
+                text.append("  (w to watch)", style="dim")
             banner.update(text)
         unknown = sum(1 for w in view.workers if w.state == "unknown")
         waiting = sum(q.depth or 0 for q in view.queues)
         hint = Text(f" {len(view.workers)} workers", style="bold")
         if unknown:
             hint.append(f" · {unknown} unknown", style="bold red")
-        hint.append(f" · {waiting:,} messages waiting · {len(view.tasks)} tasks held")
+        hint.append(f" · {waiting:,} message{'' if waiting == 1 else 's'} waiting · {len(view.tasks)} task"
+                    f"{'' if len(view.tasks) == 1 else 's'} held")
         if needle:
             hint.append(f" · filter '{self.needle}': {len(shown)} shown", style="cyan")
         self.query_one("#hint", Static).update(hint)
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self._render_fleet)  # the queue column is fitted to the new width
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        box = next(iter(self.query("#filter").results(Input)), None)
+        if action == "clear_filter":  # in the footer only while a filter is set
+            return box is not None and box.display
+        if action == "filter" and box is not None and box.has_focus:  # typing: "/" goes into the box
+            return False
+        return super().check_action(action, parameters)
 
     def action_filter(self) -> None:
         box = self.query_one("#filter", Input)
         box.display = True
         box.focus()
+        self.refresh_bindings()
 
     def action_clear_filter(self) -> None:
         box = self.query_one("#filter", Input)
@@ -158,6 +188,7 @@ class HomeScreen(ConsoleScreen):
         self.needle = ""
         self._render_fleet()
         self.query_one("#workers", DataTable).focus()
+        self.refresh_bindings()
 
     def on_input_changed(self, event: Input.Changed) -> None:
         self.needle = event.value.strip()

@@ -3,6 +3,7 @@ Proceeding is possible only when nothing failed; warnings need an explicit confi
 
 from __future__ import annotations
 
+from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -28,7 +29,7 @@ class PreflightScreen(ConsoleScreen):
     def __init__(self, read_only: bool) -> None:
         super().__init__(read_only)
         self._frame = 0
-        self._rows: dict[str, Text] = {}
+        self._rows: dict[str, tuple[str, str, str, str]] = {}
 
     def compose(self) -> ComposeResult:
         yield self.status_bar()
@@ -54,49 +55,52 @@ class PreflightScreen(ConsoleScreen):
             return Text(f"{SPINNER[self._frame]} run", style=CHECK_STYLE["running"])
         return Text(CHECK_ICON[status], style=CHECK_STYLE[status])
 
-    def _row(self, check) -> Text:
-        text = self._status(check.status)
-        text.pad_right(8 - text.cell_len)
-        text.append(check.title, style="bold")
+    def _row(self, check) -> Table:
+        """Status in its own column, so a long detail or remedy wraps under the title, not under the icon."""
+        body = Text(check.title, style="bold")
         if check.detail:
-            text.append(f"  {check.detail}", style="" if check.status != "fail" else "red")
+            body.append(f"  {check.detail}", style="" if check.status != "fail" else "red")
         if check.remedy and check.status in ("warn", "fail"):
-            text.append("\n        → ", style="dim")
-            text.append(check.remedy, style="italic")
-        return text
+            body.append("\n→ ", style="dim")
+            body.append(check.remedy, style="italic")
+        row = Table.grid(padding=(0, 1))
+        row.add_column(width=6, no_wrap=True)
+        row.add_column(ratio=1)
+        row.add_row(self._status(check.status), body)
+        return row
 
     def render_model(self, model: RunModel) -> None:
         if not self.is_mounted:
             return
         what = "deploy " + (model.release or "") if model.kind == "deploy" else "drain"
         self.query_one("#preflight-title", Static).update(
-            Text.assemble((f" Before the {what}", "bold"), ": nothing has changed yet."))
+            Text.assemble((f"Before the {what}", "bold"), ": nothing has changed yet."))
         box = self.query_one("#checks", VerticalScroll)
         for check in model.checks.values():
-            row = self._row(check)
+            shown = (self._status(check.status).plain, check.title, check.detail, check.remedy)
             old = self._rows.get(check.check_id)
             if old is None:
-                box.mount(Static(row, classes=f"check {check.status}", id=f"check-{check.check_id}"))
-            elif old != row:
+                box.mount(Static(self._row(check), classes=f"check {check.status}", id=f"check-{check.check_id}"))
+            elif old != shown:
                 widget = box.query_one(f"#check-{check.check_id}", Static)
-                widget.update(row)
+                widget.update(self._row(check))
                 widget.set_classes(f"check {check.status}")
-            self._rows[check.check_id] = row
+            self._rows[check.check_id] = shown
         verdict = Text()
         failed, warned = model.failed_checks, model.warned_checks
         if model.preflight is None:
             running = sum(1 for c in model.checks.values() if c.status in ("running", "pending"))
-            verdict.append(f" Checking… {running} check(s) left.", style="cyan")
+            verdict.append(f"Checking… {running} check(s) left.", style="cyan")
         elif failed:
-            verdict.append(f" {len(failed)} check(s) failed: nothing was changed. ", style="bold red")
-            verdict.append("Fix them (see Remedy) and run again; q quits.")
+            verdict.append(f"{len(failed)} check(s) failed: nothing was changed. ", style="bold red")
+            verdict.append("Fix them (each → line says how) and run again; q quits.")
         elif model.phase not in ("preflight", "ready"):
-            verdict.append(f" Proceeding: {model.phase}.", style="bold")
+            verdict.append(f"Proceeding: {model.phase}.", style="bold")
         elif warned:
-            verdict.append(f" {len(warned)} warning(s). ", style="bold yellow")
+            verdict.append(f"{len(warned)} warning(s). ", style="bold yellow")
             verdict.append("Press G to review them and proceed, or q to quit without changing anything.")
         else:
-            verdict.append(" All checks passed. ", style="bold green")
+            verdict.append("All checks passed. ", style="bold green")
             verdict.append("Press G to stop consumers and start the drain.")
         self.query_one("#verdict", Static).update(verdict)
         self.refresh_bindings()

@@ -8,7 +8,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, Label, Static
+from textual.widgets import Button, Footer, Label, Static
 
 QuitChoice = Literal["abort", "detach", "stay"]
 
@@ -35,6 +35,7 @@ class QuitScreen(ModalScreen[QuitChoice]):
             yield Button("Abort and restore consumers \\[A]", variant="error", id="abort", compact=True)
             yield Button("Detach: leave it for `celeryops resume` \\[d]", variant="warning", id="detach", compact=True)
             yield Button("Stay \\[s]", variant="primary", id="stay", compact=True)
+        yield Footer()  # this dialog's keys, over the screen's footer (whose keys wait until it closes)
 
     def on_mount(self) -> None:
         self.query_one("#stay", Button).focus()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from celeryops.console.fmt import since
@@ -42,9 +42,10 @@ class ResumeScreen(ConsoleScreen):
             facts.append(f"{value}\n")
         if run.detail:
             facts.append(run.detail, style="italic")
-        with Vertical(id="resume-panel"):
-            yield self.status_bar()
-            yield Static(Text(" An earlier run did not finish. Nothing has been changed since it stopped.",
+        facts.rstrip()
+        yield self.status_bar()
+        with VerticalScroll(id="resume-panel"):
+            yield Static(Text("An earlier run did not finish. Nothing has been changed since it stopped.",
                               style="bold yellow"), id="resume-intro")
             yield Static(facts, id="run-facts")
             for choice in run.choices:
@@ -73,7 +74,7 @@ class ResumeScreen(ConsoleScreen):
 
     def action_choose(self, kind: str) -> None:
         choice = next(c for c in self.run.choices if c.kind == kind)
-        self.console.confirm_recovery(choice)
+        self.console.confirm_recovery(choice, self.run)
 
     def action_leave(self) -> None:
         self.dismiss_panel()

@@ -17,7 +17,7 @@ from celeryops.views import SlotsView
 class SlotsScreen(ConsoleScreen):
     VIEW_TITLE = "slots"
     BINDINGS = [
-        Binding("escape,h", "app.show_home", "Home", id="slots.home", tooltip="Back to the fleet."),
+        Binding("h,escape", "app.show_home", "Home", id="slots.home", tooltip="Back to the fleet."),
         Binding("r", "refresh", "Refresh", id="slots.refresh", tooltip="Read the slot pool now."),
     ]
 

@@ -21,14 +21,19 @@ class StatusBar(Static):
         self.set_reactive(StatusBar.view_title, view_title)
 
     def render(self) -> Text:
+        """The mode badge always shows: the fleet is shortened (…) when the line is too narrow for all of it."""
+        mode = Text(" READ-ONLY ", style="bold black on yellow") if self.read_only else Text(" LIVE ",
+                                                                                            style="bold black on green")
         text = Text()
         text.append(" celeryops ", style="bold reverse")
         text.append(f" {self.view_title} ", style="bold")
-        text.append(" fleet ", style="dim")
-        text.append(self.fleet)
-        mode = Text(" READ-ONLY ", style="bold black on yellow") if self.read_only else Text(" LIVE ",
-                                                                                            style="bold black on green")
-        pad = max(1, self.size.width - text.cell_len - mode.cell_len)
-        text.append(" " * pad)
+        room = self.size.width - text.cell_len - mode.cell_len - 1
+        label = " fleet " if room >= len(self.fleet) + 7 or room >= 30 else " "
+        fleet = Text(self.fleet, no_wrap=True, overflow="ellipsis")
+        fleet.truncate(max(0, room - len(label)), overflow="ellipsis")
+        if fleet.cell_len:
+            text.append(label, style="dim")
+            text.append_text(fleet)
+        text.append(" " * max(1, self.size.width - text.cell_len - mode.cell_len))
         text.append_text(mode)
         return text

@@ -1,0 +1,129 @@
+"""The console as an operator sees it at 80x24: nothing important cut off or pushed off-screen, footers (dialogs
+too) show the keys that work, the palette's Quit asks like q, tables keep the cursor across polls."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from test_pilot import deploy_backend, press, settle  # the Pilot tests' helpers (tests/console is on sys.path)
+from textual.widgets import DataTable, Footer
+from textual.widgets._footer import FooterKey
+
+from celeryops.console import sample
+from celeryops.console.screens.confirm import ConfirmScreen
+from celeryops.console.screens.deploy import conditions_text
+from celeryops.console.screens.home import HomeScreen
+from celeryops.console.screens.preflight import PreflightScreen
+from celeryops.console.screens.quit import QuitScreen
+from celeryops.console.static import StaticBackend
+from celeryops.console.widgets.meters import Countdown, WorkerBadges, compact_left
+from celeryops.console.widgets.status_bar import StatusBar
+from celeryops.views import Condition
+
+SMALL = (80, 24)
+
+
+def footer_keys(app: Any) -> set[str]:
+    """The keys the footer on top shows (a dialog's own footer covers the screen's)."""
+    footer = app.screen.query_one(Footer)
+    return {key.key_display for key in footer.query(FooterKey)}
+
+
+async def test_dialog_footer_shows_the_dialog_keys(app_factory: Any) -> None:
+    app = app_factory(deploy_backend(), start="deploy", release="v2.14.0")
+    async with app.run_test(size=SMALL) as pilot:
+        await settle(pilot)
+        assert {"G", "h", "q"} <= footer_keys(app)
+        await press(pilot, "G")
+        assert isinstance(app.screen, ConfirmScreen)
+        assert footer_keys(app) == {"y", "n"}  # not G/h (inactive under the dialog), not q (does nothing there)
+        await press(pilot, "n", "q")
+        assert isinstance(app.screen, QuitScreen)
+        assert footer_keys(app) == {"A", "d", "s"}
+
+
+async def test_textual_quit_asks_during_a_run(app_factory: Any) -> None:
+    app = app_factory(deploy_backend(), start="deploy", release="v2.14.0")
+    async with app.run_test(size=SMALL) as pilot:
+        await settle(pilot)
+        titles = [cmd.title for cmd in app.get_system_commands(app.screen)]
+        assert titles.count("Quit (q)") == 1 and "Quit" not in titles  # Textual's own Quit would not ask
+        assert not any(t.startswith(("Cursor", "Focus", "Copy")) for t in titles)  # widget keys are not actions
+        await app.action_quit()  # what Textual's Quit command and ctrl+q call
+        await settle(pilot)
+        assert isinstance(app.screen, QuitScreen) and app.is_running
+
+
+async def test_status_bar_keeps_the_mode_on_a_narrow_terminal(app_factory: Any) -> None:
+    backend = StaticBackend(fleet=sample.fleet(), read_only=True,
+                            fleet_display="redis://:***@a-very-long-broker-hostname.internal.example.com:6379/0 · "
+                                          "fakeredis (no redis-server on PATH): state is lost at exit")
+    app = app_factory(backend)
+    async with app.run_test(size=SMALL) as pilot:
+        await settle(pilot)
+        line = app.screen.query_one(StatusBar).render().plain
+        assert len(line) == 80 and line.endswith(" READ-ONLY ") and "…" in line
+
+
+async def test_home_fits_80_columns_and_keeps_the_cursor(app_factory: Any) -> None:
+    app = app_factory()
+    async with app.run_test(size=SMALL) as pilot:
+        await settle(pilot)
+        screen = app.screen
+        assert isinstance(screen, HomeScreen) and screen.has_class("-narrow", "-short")
+        workers = screen.query_one("#workers", DataTable)
+        assert workers.max_scroll_x == 0  # every column in view: no horizontal scrolling
+        await press(pilot, "down", "down")
+        assert workers.cursor_row == 2
+        fleet = sample.fleet()
+        screen.show_fleet(replace(fleet, workers=(*fleet.workers, replace(fleet.workers[0], name="celery@new"))))
+        await settle(pilot)
+        assert workers.row_count == 6 and workers.cursor_row == 2  # a poll does not move the cursor
+
+
+async def test_filter_clear_key_shows_only_while_filtering(app_factory: Any) -> None:
+    app = app_factory()
+    async with app.run_test(size=SMALL) as pilot:
+        await settle(pilot)
+        assert "esc" not in footer_keys(app) and "/" in footer_keys(app)
+        await press(pilot, "slash", "g", "p", "u")
+        assert "esc" in footer_keys(app) and "/" not in footer_keys(app)  # typing: / goes into the box
+        await press(pilot, "escape")
+        assert app.screen.needle == "" and "esc" not in footer_keys(app)
+
+
+async def test_preflight_wraps_under_the_title_not_the_icon(app_factory: Any) -> None:
+    app = app_factory(deploy_backend(), start="deploy", release="v2.14.0")
+    async with app.run_test(size=SMALL) as pilot:
+        await settle(pilot)
+        assert isinstance(app.screen, PreflightScreen)
+        check = app.screen.query_one("#check-workers")
+        lines = [strip.text for strip in check.render_lines(check.region.reset_offset)]
+        assert lines[0].lstrip().startswith("▲ warn") and lines[1].startswith(" " * 7)
+
+
+def test_conditions_from_ops_and_from_the_api_get_icons() -> None:
+    for state in ("succeeded", "CONDITION_SUCCEEDED"):
+        assert conditions_text([Condition("RoutesReady", state)]).plain == "✔ Routes"
+    assert conditions_text([Condition("Ready", "failed"), Condition("ConfigurationsReady", "pending")]).plain == \
+        "✘ Ready … Config"
+
+
+def test_badges_put_unknown_first_and_sum_up_what_does_not_fit() -> None:
+    badges = WorkerBadges()
+    badges.states = {f"celery@worker-{i:02d}.example": "stopped" for i in range(30)} | {"celery@z": "unknown"}
+    lines = badges.render_badges(78).plain.split("\n")
+    assert len(lines) == 3 and all(len(line) <= 78 for line in lines)
+    assert lines[0].startswith("Workers  celery@z ")  # the worker that blocks the drain stays in view
+    assert "more (" in lines[-1] and "stopped)" in lines[-1]
+
+
+def test_countdown_shortens_the_time_rather_than_cutting_it() -> None:
+    countdown = Countdown()
+    countdown.elapsed, countdown.remaining = 60.0, 3 * 3600 + 5 * 60
+    assert countdown.render_countdown(100).plain.endswith(" 3 hours and 5 minutes left")
+    narrow = countdown.render_countdown(30).plain
+    assert narrow.endswith(" 3h 05m left") and len(narrow) <= 30
+    assert compact_left(59.6) == "1m 00s" and compact_left(42) == "42s"
+
