@@ -7,12 +7,13 @@ from dataclasses import replace
 from typing import Any
 
 from test_pilot import deploy_backend, press, settle  # the Pilot tests' helpers (tests/console is on sys.path)
-from textual.widgets import DataTable, Footer
+from textual.widgets import DataTable, Footer, Static
 from textual.widgets._footer import FooterKey
 
 from celeryops.console import sample
 from celeryops.console.screens.confirm import ConfirmScreen
 from celeryops.console.screens.deploy import conditions_text
+from celeryops.console.screens.drain import DrainScreen
 from celeryops.console.screens.home import HomeScreen
 from celeryops.console.screens.preflight import PreflightScreen
 from celeryops.console.screens.quit import QuitScreen
@@ -127,3 +128,18 @@ def test_countdown_shortens_the_time_rather_than_cutting_it() -> None:
     assert narrow.endswith(" 3h 05m left") and len(narrow) <= 30
     assert compact_left(59.6) == "1m 00s" and compact_left(42) == "42s"
 
+
+async def test_watch_says_when_the_published_status_stops(app_factory: Any) -> None:
+    now = [sample.NOW]
+    backend = StaticBackend(fleet=sample.fleet(), read_only=True, follow_script=sample.drain_script())
+    app = app_factory(backend, clock=lambda: now[0])
+    async with app.run_test(size=SMALL) as pilot:
+        await settle(pilot)
+        screen = app.screen
+        assert isinstance(screen, DrainScreen)
+        title = screen.query_one("#drain-title", Static)
+        assert "no update" not in str(title.render())
+        now[0] += 125  # the operator's console died: nothing more is published
+        screen._show_title(app.model)
+        await settle(pilot)
+        assert "no update for 2 minutes" in str(title.render())

@@ -9,6 +9,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.widgets import Input, RichLog, Sparkline, Static
 
+from celeryops.console.fmt import since
 from celeryops.console.model import LEVEL_STYLE, RunModel
 from celeryops.console.screens.base import ConsoleScreen
 from celeryops.console.widgets.meters import Countdown, StreakMeter, WorkerBadges
@@ -34,6 +35,8 @@ class DrainScreen(ConsoleScreen):
     def __init__(self, read_only: bool) -> None:
         super().__init__(read_only)
         self._log_shown = 0
+        self._progress_seen: object = None
+        self._progress_at = 0.0  # console clock when the last poll result arrived
 
     def compose(self) -> ComposeResult:
         yield self.status_bar()
@@ -58,15 +61,21 @@ class DrainScreen(ConsoleScreen):
         box.display = False
         box.cursor_blink = self.console.motion
         self.render_model(self.console.model)
+        if self.read_only:  # a watcher only sees what the operator's console publishes: say when that stops
+            self.set_interval(5.0, lambda: self._show_title(self.console.model))
 
     def _show_title(self, model: RunModel) -> None:
-        """Kind, release, phase and the outcome badge first; the queues (longest) last."""
+        """Kind, release, phase and the outcome or staleness badge first; the queues (longest) last."""
         title = Text(" ".join(part for part in (model.kind or "run", model.release) if part), style="bold")
         title.append(f" · phase {model.phase or '-'}")
         if model.finished is not None:
             ok = model.finished.outcome == "drained"
             title.append(f"  {model.finished.outcome.upper()} ", style="bold black on green" if ok else
                          "bold white on red")
+        quiet = self.console.clock() - self._progress_at
+        interval = model.started.interval if model.started is not None else 15.0
+        if self.read_only and model.active and model.progress is not None and quiet > max(30.0, 3 * interval):
+            title.append(f"  no update for {since(quiet)} ", style="bold black on yellow")
         if model.started is not None:
             title.append(f" · queues {', '.join(model.started.queues)}", style="dim")
         self.query_one("#drain-title", Static).update(title)
@@ -75,6 +84,8 @@ class DrainScreen(ConsoleScreen):
         if not self.is_mounted:
             return
         progress = model.progress
+        if progress is not self._progress_seen:
+            self._progress_seen, self._progress_at = progress, self.console.clock()
         self._show_title(model)
         if progress is not None:
             self.query_one(StreakMeter).set_streak(progress.streak, progress.required)
