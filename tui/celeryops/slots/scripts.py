@@ -36,9 +36,38 @@ local P, L, Q, X = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local call = redis.call
 """
 
+# give_back(list of needs strings): return their slots, clamped at 0 (the seed's counters may have been reset by hand)
+_GIVE_BACK = """
+local function give_back(list)
+  local typs, sum = {}, {}
+  for _, ns in ipairs(list) do
+    for typ, n in string.gmatch(ns, '([^,=]+)=(%d+)') do
+      if not sum[typ] then
+        typs[#typs + 1] = typ
+        sum[typ] = 0
+      end
+      sum[typ] = sum[typ] + n
+    end
+  end
+  if #typs == 1 then
+    local f = 'used:' .. typs[1]
+    if call('HINCRBY', P, f, -sum[typs[1]]) < 0 then call('HSET', P, f, 0) end
+  elseif #typs > 1 then
+    local fields, args = {}, {}
+    for i, typ in ipairs(typs) do fields[i] = 'used:' .. typ end
+    local cur = call('HMGET', P, unpack(fields))
+    for i, typ in ipairs(typs) do
+      local u = (cur[i] or 0) - sum[typ]
+      if u < 0 then u = 0 end
+      args[2 * i - 1], args[2 * i] = fields[i], u
+    end
+    call('HSET', P, unpack(args))
+  end
+end
+"""
+
 # lib(): helpers of the rarer paths (a table of closures, built only when needed)
 #   now_ms()                 Redis TIME in ms
-#   give_back(list of needs) return slots, clamped at 0 (the seed's counters may have been reset by hand)
 #   drop(ids)                delete these leases (records, expiry entries), giving their recorded slots back
 #   reap(now)                drop every lease whose expiry has passed (in batches: unpack has a stack limit)
 #                            and set next_expiry to the lowest expiry left
@@ -53,32 +82,6 @@ local function lib()
     local t = call('TIME')
     return t[1] * 1000 + math.floor(t[2] / 1000)
   end
-  function M.give_back(list)
-    local typs, sum = {}, {}
-    for _, ns in ipairs(list) do
-      for typ, n in string.gmatch(ns, '([^,=]+)=(%d+)') do
-        if not sum[typ] then
-          typs[#typs + 1] = typ
-          sum[typ] = 0
-        end
-        sum[typ] = sum[typ] + n
-      end
-    end
-    if #typs == 1 then
-      local f = 'used:' .. typs[1]
-      if call('HINCRBY', P, f, -sum[typs[1]]) < 0 then call('HSET', P, f, 0) end
-    elseif #typs > 1 then
-      local fields, args = {}, {}
-      for i, typ in ipairs(typs) do fields[i] = 'used:' .. typ end
-      local cur = call('HMGET', P, unpack(fields))
-      for i, typ in ipairs(typs) do
-        local u = (cur[i] or 0) - sum[typ]
-        if u < 0 then u = 0 end
-        args[2 * i - 1], args[2 * i] = fields[i], u
-      end
-      call('HSET', P, unpack(args))
-    end
-  end
   function M.drop(ids)
     local fields, list = {}, {}
     for i, id in ipairs(ids) do fields[i] = 'lease:' .. id end
@@ -86,7 +89,7 @@ local function lib()
     for i = 1, #ids do
       if recs[i] then list[#list + 1] = string.match(recs[i], '^[^|]*') end
     end
-    M.give_back(list)
+    give_back(list)
     call('HDEL', P, unpack(fields))
     call('ZREM', L, unpack(ids))
   end
@@ -124,7 +127,7 @@ end
 
 # ARGV: id, needs, ttl ms, starvation ms, waiting ttl ms, "worker|host|name"
 # -> token (granted) | {token, 'held'} | {0, blocking type} | {-1, type larger than its total}
-ACQUIRE = _HEAD + _LIB + """
+ACQUIRE = _HEAD + _GIVE_BACK + _LIB + """
 local id, ns, ttl = ARGV[1], ARGV[2], ARGV[3]
 local t = call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
@@ -162,8 +165,9 @@ for k = 1, #typs do
   end
 end
 -- reservations: a request refused for longer than `starve` ms holds back what it needs, first come first served
-local mine, reserved = nil, {}
+local mine, reserved = nil, nil
 if r[2] then
+  reserved = {}
   local starve = tonumber(ARGV[4])
   repeat
     local gone = call('ZRANGEBYSCORE', X, '-inf', now, 'LIMIT', 0, 500)
@@ -206,7 +210,7 @@ if r[2] then
   end
 end
 for k = 1, #typs do
-  if used[k] + need[k] + (reserved[typs[k]] or 0) > total[k] then
+  if used[k] + need[k] + (reserved and reserved[typs[k]] or 0) > total[k] then
     local until_ = now + ARGV[5]
     if not mine then call('ZADD', Q, now, id) end
     call('ZADD', X, until_, id)
@@ -232,7 +236,7 @@ return token
 """
 
 # ARGV: id, token ('' = any) -> 1 released | 0 nothing held under that id and token (a waiting entry is dropped)
-RELEASE = _HEAD + _LIB + """
+RELEASE = _HEAD + _GIVE_BACK + _LIB + """
 local id, token = ARGV[1], ARGV[2]
 local lf = 'lease:' .. id
 local r = call('HMGET', P, lf, 'waiters')
@@ -245,7 +249,7 @@ if r[1] then
       local f = 'used:' .. typ
       if call('HINCRBY', P, f, '-' .. n) < 0 then call('HSET', P, f, 0) end
     else
-      lib().give_back({ns})
+      give_back({ns})
     end
     call('HDEL', P, lf)
     call('ZREM', L, id)
@@ -259,7 +263,7 @@ return 0
 # ARGV: id, token, ttl ms, needs, "worker|host|name"
 # -> {1, token} renewed | {2, token} registered again after Redis lost its data | {0, 0} expired and reaped
 #    | {-1, other token} the id is now held under another token
-RENEW = _HEAD + _LIB + """
+RENEW = _HEAD + _GIVE_BACK + _LIB + """
 local H = lib()
 local id, token, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = H.now_ms()
@@ -289,7 +293,7 @@ return {0, 0}
 
 # Register a holding that ran ungated while Redis was unreachable (fail-open), even beyond the total.
 # ARGV: id, needs, ttl ms, "worker|host|name" -> {token, 1 new | 0 already held}
-ADOPT = _HEAD + _LIB + """
+ADOPT = _HEAD + _GIVE_BACK + _LIB + """
 local H = lib()
 local id, ttl = ARGV[1], tonumber(ARGV[3])
 local now = H.now_ms()
@@ -305,7 +309,7 @@ return {token, 1}
 # Writes totals without touching live leases; reaps expired leases and the leases of `worker`
 # (a worker that starts under a node name owns no lease yet: leases under that name are from a dead incarnation).
 # -> number of leases reaped
-SET_TOTALS = _HEAD + _LIB + """
+SET_TOTALS = _HEAD + _GIVE_BACK + _LIB + """
 local H = lib()
 local mode, worker = ARGV[1], ARGV[2]
 for i = 3, #ARGV, 2 do
@@ -330,7 +334,7 @@ return count
 """
 
 # -> number of expired leases reaped
-REAP = _HEAD + _LIB + """
+REAP = _HEAD + _GIVE_BACK + _LIB + """
 local H = lib()
 return H.reap(H.now_ms())
 """
