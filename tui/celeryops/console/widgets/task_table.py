@@ -1,15 +1,51 @@
 """The active task table of the drain: rows keyed by task id and updated in place (add, update, remove),
-never rebuilt, so the cursor stays put and 10,000 rows update quickly."""
+never rebuilt, so the cursor stays on its task and 10,000 rows update quickly (bench/bench_console.py).
+
+An update costs what changed plus one screenful, not the table's size, where Textual's DataTable walks every row:
+- the diff writes the two cells that change (State, Running for) of the rows whose text changed; a row's "running
+  for" text is recomputed only when its runtime leaves the span that text covers, and comes from
+  :mod:`celeryops.console.timefmt` (humanize's text, without humanize's cost);
+- finished rows are removed in one pass and new ones appended in one (DataTable re-indexes every row per removal);
+- every row is one line high, so line y is row y (DataTable rebuilds a list of every line, and of every row, after
+  each change) and the idle size update measures only the new rows' cells;
+- painting the visible rows, which every update invalidates, skips Rich for plain-text cells and reads the
+  table's styles and settings once a frame instead of once a line or a cell.
+These rely on DataTable internals of the pinned Textual (8.2.x): ``tests/console/test_task_table.py`` drives this
+table and a plain DataTable (public API, humanize texts) through the same polls and compares rows, cells, column
+widths, size and rendered lines; the snapshots compare the picture."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
+from operator import attrgetter
+from typing import Any, NamedTuple, Self, TypeVar, overload
 
+from rich.cells import cell_len
+from rich.segment import Segment
+from rich.style import Style
+from rich.text import Text
 from textual._two_way_dict import TwoWayDict
+from textual._types import SegmentLines
+from textual.color import Color
+from textual.coordinate import Coordinate
+from textual.geometry import Region, Size
+from textual.render import measure
+from textual.strip import Strip
 from textual.widgets import DataTable
-from textual.widgets.data_table import CellKey, ColumnKey, RowKey
+from textual.widgets._data_table import default_cell_formatter
+from textual.widgets.data_table import (
+    CellKey,
+    CellType,
+    ColumnKey,
+    CursorType,
+    DuplicateKey,
+    Row,
+    RowDoesNotExist,
+    RowKey,
+)
 
-from celeryops.console.fmt import shorten, since
+from celeryops.console.fmt import shorten
+from celeryops.console.timefmt import natural_span, since
 from celeryops.events import TaskInfo
 
 COLUMNS = (("worker", "Worker"), ("name", "Task"), ("id", "Id"), ("state", "State"), ("running", "Running for"),
@@ -35,73 +71,363 @@ def cells(task: TaskInfo) -> tuple[str, ...]:
     return (task.worker, task.name, task.id[:8], task.state, running_for(task), shorten(task.args, 30))
 
 
-class TaskTable(DataTable):
-    """Active, reserved and scheduled tasks, one row per task id."""
+_task_id = attrgetter("id")
+_T = TypeVar("_T")
 
-    def __init__(self, **kwargs) -> None:
+
+def plain_width(value: str) -> int | None:
+    """The width DataTable measures for ``value`` in a one-line row, when ``value`` is plain text: printable (no
+    line breaks or control codes), no ``[`` (markup) and at most one ``:`` (an emoji code needs two). Else None."""
+    if value.isprintable() and "[" not in value and value.count(":") < 2:
+        return cell_len(value)
+    return None
+
+
+class OneLineRows:
+    """``DataTable._y_offsets`` when every row is one line high: line ``y`` is row ``y``, offset 0. Answers from the
+    row index instead of a list of every line rebuilt after each change."""
+
+    def __init__(self, table: DataTable) -> None:
+        self._table = table
+
+    def __len__(self) -> int:
+        return len(self._table.rows)
+
+    def __getitem__(self, y: int) -> tuple[RowKey, int]:
+        count = len(self._table.rows)
+        if y < 0:
+            y += count
+        if not 0 <= y < count:
+            raise IndexError(y)
+        key = self._table._row_locations.get_key(y)
+        assert key is not None
+        return key, 0
+
+    def clear(self) -> None:
+        """DataTable.clear() clears its list; there is nothing to clear here."""
+
+
+class RowsInOrder(Sequence[Row]):
+    """``DataTable.ordered_rows`` read from the row index (DataTable rebuilds a list of all rows after each change,
+    then sums their heights to place the cursor)."""
+
+    def __init__(self, table: DataTable) -> None:
+        self._table = table
+
+    def __len__(self) -> int:
+        return len(self._table.rows)
+
+    @overload
+    def __getitem__(self, index: int) -> Row: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Row]: ...
+
+    def __getitem__(self, index: int | slice) -> Row | list[Row]:
+        rows, keys = self._table.rows, self._table._row_locations._reverse
+        if isinstance(index, slice):
+            return [rows[keys[i]] for i in range(*index.indices(len(rows)))]
+        if index < 0:
+            index += len(rows)
+        if not 0 <= index < len(rows):
+            raise IndexError(index)
+        return rows[keys[index]]
+
+
+class TaskTable(DataTable):
+    """Active, reserved and scheduled tasks, one row per task id, one line per row."""
+
+    _frame_styles: dict[object, object] | None = None  # while render_lines() runs
+
+    def __init__(self, **kwargs: Any) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
-        self._rows: dict[str, tuple[str, ...]] = {}
+        self._rows: dict[str, _Shown] = {}  # task id -> what its row shows
         self.filter = ""
+        self._filtered_by = ""  # the filter the rows were chosen with
+        self._column_keys: dict[str, ColumnKey] = {}
+        self._cell_style_cache: dict[tuple[Style, int, int, Style, Style], Style] = {}  # per row and column
 
     def on_mount(self) -> None:
         for key, label in COLUMNS:
-            self.add_column(label, key=key)
+            self._column_keys[key] = self.add_column(label, key=key)
 
-    def remove_rows(self, keys: list[str]) -> None:
-        """Remove many rows at once. ``DataTable.remove_row`` re-indexes every row on each call (O(n) each);
-        this re-indexes once. Relies on DataTable internals of the pinned Textual (8.2.x); the Pilot test
-        ``test_task_table_updates_rows_in_place`` guards it."""
-        if len(keys) <= 1:
-            for key in keys:
-                self.remove_row(key)
+    def add_row(self, *cells: CellType, height: int | None = 1, key: str | None = None,
+                label: Text | str | None = None) -> RowKey:
+        """As DataTable's, for one-line rows without labels only (what the overrides below rely on)."""
+        if height != 1 or label is not None:
+            raise ValueError("TaskTable rows are one line high and have no label")
+        return super().add_row(*cells, height=1, key=key)
+
+    @property
+    def _y_offsets(self) -> OneLineRows:  # type: ignore[override]
+        return OneLineRows(self)
+
+    @property
+    def ordered_rows(self) -> RowsInOrder:  # type: ignore[override]
+        return RowsInOrder(self)
+
+    # One frame's styles and settings. DataTable asks for the table's and the row's Rich style (each a walk up the
+    # DOM, blending backgrounds) once a line, and reads its reactives once a cell; within one render_lines() call they
+    # cannot change, so they are read once.
+
+    def render_lines(self, crop: Region) -> list[Strip]:
+        self._frame_styles = {}
+        try:
+            return super().render_lines(crop)
+        finally:
+            self._frame_styles = None
+
+    def _once_a_frame(self, key: object, compute: Callable[[], _T]) -> _T:
+        memo = self._frame_styles
+        if memo is None:
+            return compute()
+        if key not in memo:
+            memo[key] = compute()
+        return memo[key]  # type: ignore[return-value]
+
+    @property
+    def rich_style(self) -> Style:
+        return self._once_a_frame("table", lambda: super(TaskTable, self).rich_style)
+
+    @property
+    def background_colors(self) -> tuple[Color, Color]:
+        return self._once_a_frame("background", lambda: super(TaskTable, self).background_colors)
+
+    def _get_row_style(self, row_index: int, base_style: Style) -> Style:
+        kind = row_index if row_index < 0 else -2 if row_index < self.fixed_rows else row_index % 2
+        return self._once_a_frame(("row", kind, base_style),
+                                  lambda: super(TaskTable, self)._get_row_style(row_index, base_style))
+
+    def _render_line_in_row(self, row_key: RowKey, line_no: int, base_style: Style, cursor_location: Coordinate,
+                            hover_location: Coordinate) -> tuple[SegmentLines, SegmentLines]:
+        """DataTable's, for a body row that is neither under the row cursor nor hovered (no labels, no fixed
+        columns): its cells (see :meth:`_render_cell`) and the filler to the right, the table's settings read once
+        a frame instead of once a cell. Other rows go to DataTable."""
+        row_index = self._row_locations.get(row_key)
+        frame = self._row_frame()
+        if (row_index is None or frame is None or row_index in (cursor_location.row, hover_location.row)
+                or row_index < frame.fixed_rows):
+            return super()._render_line_in_row(row_key, line_no, base_style, cursor_location, hover_location)
+        cursor_type: CursorType = "row"
+        cache_key = (row_key, line_no, base_style, cursor_location, hover_location, cursor_type, frame.show_cursor,
+                     frame.show_hover_cursor, self._update_count, self._pseudo_class_state)
+        cached = self._row_render_cache.get(cache_key)
+        if cached is not None:
+            return cached
+        row_style = self._get_row_style(row_index, base_style)
+        render_cell = self._render_cell
+        cells = [render_cell(row_index, column_index, row_style, width)[line_no]
+                 for column_index, width in enumerate(frame.widths)]
+        extend_style, _ = self._get_styles_to_render_cell(False, False, False, False, False, frame.show_cursor,
+                                                          frame.show_hover_cursor, False, False)
+        extend_style = row_style + extend_style
+        extend_style += Style.from_meta({"row": row_index, "column": 0, "out_of_bounds": True})
+        cells.append([Segment(" " * frame.filler, extend_style)])
+        row_pair: tuple[SegmentLines, SegmentLines] = ([], cells)
+        self._row_render_cache[cache_key] = row_pair
+        return row_pair
+
+    def _row_frame(self) -> _RowFrame | None:
+        """This frame's settings for :meth:`_render_line_in_row`, or None when its shortcut does not apply."""
+        return self._once_a_frame("rows", self._read_row_frame)
+
+    def _read_row_frame(self) -> _RowFrame | None:
+        if self.cursor_type != "row" or self.fixed_columns or (self._labelled_row_exists and self.show_row_labels):
+            return None
+        widths = [column.get_render_width(self) for column in self.ordered_columns]
+        return _RowFrame(self.show_cursor, self._show_hover_cursor, self.fixed_rows, widths,
+                         max(0, self.size.width - sum(widths) - self._row_label_column_width))
+
+    def _render_cell(self, row_index: int, column_index: int, base_style: Style, width: int, cursor: bool = False,
+                     hover: bool = False) -> SegmentLines:
+        """DataTable's, without Rich for a body cell of plain text that fits (nearly all of them): the same text and
+        styles in one segment (DataTable lays out Padding(Text) through Rich: ~0.1 ms a cell, ~20 ms a screenful,
+        and every update repaints the screenful). Other cells (header, cursor, hover, markup...) go to DataTable."""
+        if row_index >= 0 and column_index >= 0 and not cursor and not hover:
+            row_key = self._row_locations.get_key(row_index)
+            row = self._data.get(row_key) if row_key is not None else None
+            value = row.get(self._column_locations.get_key(column_index)) if row is not None else None  # type: ignore[arg-type]
+            text_width = plain_width(value) if isinstance(value, str) else None
+            padding, fixed_rows, fixed_columns = self._cell_layout()
+            if text_width is not None and text_width + 2 * padding <= width:
+                assert isinstance(value, str)
+                component_style, post_style = self._cell_styles(row_index < fixed_rows or column_index < fixed_columns)
+                style_key = (base_style, row_index, column_index, component_style, post_style)
+                style = self._cell_style_cache.get(style_key)
+                if style is None:
+                    # As DataTable composes it: the row's style with the cell's meta, the component style, then (as
+                    # rich's Segment.apply_style does) the text's own style, which plain text has not, and post_style.
+                    style = base_style + Style.from_meta({"row": row_index, "column": column_index}) + component_style
+                    if post_style:
+                        style = style + post_style if style else post_style
+                    if len(self._cell_style_cache) >= 4096:
+                        self._cell_style_cache.clear()
+                    self._cell_style_cache[style_key] = style
+                return [[Segment(" " * padding + value + " " * (width - text_width - padding), style)]]
+        return super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
+
+    def _cell_layout(self) -> tuple[int, int, int]:
+        """(cell padding, fixed rows, fixed columns): reactives, read once a frame."""
+        return self._once_a_frame("layout", lambda: (self.cell_padding, self.fixed_rows, self.fixed_columns))
+
+    def _cell_styles(self, fixed: bool) -> tuple[Style, Style]:
+        """DataTable's component and post styles for a cell without cursor or hover."""
+        return self._once_a_frame(("cell", fixed), lambda: self._get_styles_to_render_cell(
+            False, False, fixed, False, False, self.show_cursor, self._show_hover_cursor,
+            self.cursor_foreground_priority == "css", self.cursor_background_priority == "css"))
+
+    def _measure_cell(self, value: object) -> int:
+        if isinstance(value, str):
+            width = plain_width(value)
+            if width is not None:
+                return width
+        return measure(self.app.console, default_cell_formatter(value, wrap=False, height=1), 1)
+
+    def _update_dimensions(self, new_rows: Iterable[RowKey]) -> None:
+        """DataTable's, for one-line rows without labels: widen the columns for the new rows' cells, then set the
+        virtual size (the height is the row count)."""
+        columns = self.ordered_columns
+        data, measure_cell = self._data, self._measure_cell
+        for row_key in new_rows:
+            row = data.get(row_key)
+            if row is None:  # removed before the table was idle
+                continue
+            for column in columns:
+                value = row.get(column.key)
+                if value is not None:
+                    column.content_width = max(column.content_width, measure_cell(value))
+        width = sum(column.get_render_width(self) for column in self.columns.values()) + self._row_label_column_width
+        self.virtual_size = Size(width, len(self.rows) + (self.header_height if self.show_header else 0))
+
+    def remove_rows(self, keys: Collection[str]) -> None:
+        """Remove many rows at once, re-indexing the rest once (``DataTable.remove_row`` re-indexes every row on each
+        call). The cursor keeps its index, clamped (:meth:`apply` moves it back onto its task)."""
+        if not keys:
             return
-        gone = {RowKey(key) for key in keys}
-        order = [row.key for row in self.ordered_rows if row.key not in gone]
+        gone = set(keys)
+        reverse = self._row_locations._reverse
+        order = [key for key in map(reverse.__getitem__, range(len(reverse))) if key.value not in gone]
         self._row_locations = TwoWayDict({key: index for index, key in enumerate(order)})
-        for row_key in gone:
-            for column_key in self._data.get(row_key, {}):
-                self._updated_cells.discard(CellKey(row_key, column_key))
-            self.rows.pop(row_key, None)
-            self._data.pop(row_key, None)
+        rows, data, updated_cells, shown = self.rows, self._data, self._updated_cells, self._rows
+        for key in gone:
+            row = data.pop(key, None)  # type: ignore[call-overload]  # RowKey hashes and compares like its str
+            rows.pop(key, None)  # type: ignore[call-overload]
+            shown.pop(key, None)
+            if updated_cells and row is not None:
+                for column_key in row:
+                    updated_cells.discard(CellKey(RowKey(key), column_key))
         self._require_update_dimensions = True
         self._update_count += 1
-        if self.cursor_coordinate.row >= len(order):
-            self.cursor_coordinate = self.cursor_coordinate  # clamps to the last row
+        self.cursor_coordinate = self.cursor_coordinate  # clamps to the last row
         self.check_idle()
         self.refresh(layout=True)
 
+    def remove_row(self, row_key: RowKey | str) -> None:
+        """As DataTable's (RowDoesNotExist for an unknown key), through :meth:`remove_rows`."""
+        if row_key not in self._row_locations:
+            raise RowDoesNotExist(f"Row key {row_key!r} is not valid.")
+        self.remove_rows([row_key.value if isinstance(row_key, RowKey) and row_key.value else str(row_key)])
+
+    def clear(self, columns: bool = False) -> Self:
+        self._rows.clear()
+        return super().clear(columns)
+
+    def append_rows(self, rows: list[tuple[str, tuple[str, ...]]]) -> None:
+        """``add_row`` for many rows, with one cursor check and one idle request instead of one per row."""
+        if not rows:
+            return
+        was_empty = not self.rows
+        locations, data, table_rows, new_rows = self._row_locations, self._data, self.rows, self._new_rows
+        column_keys = [column.key for column in self.ordered_columns]
+        index = len(table_rows)
+        for key, row_cells in rows:
+            row_key = RowKey(key)
+            if row_key in locations:
+                raise DuplicateKey(f"The row key {row_key!r} already exists.")
+            locations[row_key] = index
+            data[row_key] = row_data = dict(zip(column_keys, row_cells, strict=True))
+            table_rows[row_key] = Row(row_key, 1, None, False)
+            new_rows.add(row_key)
+            self._rows[key] = _Shown(row_cells[3], row_cells[4], row_data)
+            index += 1
+        self._require_update_dimensions = True
+        self.cursor_coordinate = self.cursor_coordinate
+        if was_empty and self.columns and self.show_cursor and self.cursor_type != "none":
+            self._highlight_cursor()  # as add_row does for the first row
+        self._update_count += 1
+        self.check_idle()
+
     def apply(self, tasks: Iterable[TaskInfo]) -> tuple[int, int, int]:
-        """Make the rows match ``tasks`` (after the filter). Returns (added, updated, removed)."""
-        rows, needle = self._rows, self.filter
-        columns = [ColumnKey(key) for key, _ in COLUMNS]
-        seen: set[str] = set()
-        new_rows: list[tuple[str, tuple[str, ...]]] = []
+        """Make the rows match ``tasks`` (after the filter): new tasks are appended, finished ones removed, and the
+        State / Running for cells of the others updated where their text changed. The cursor stays on its task.
+        Returns (added, updated, removed)."""
+        tasks = tasks if isinstance(tasks, tuple | list) else list(tasks)
+        shown, needle = self._rows, self.filter
+        # The filter reads worker, name and id, which a task id keeps: rows shown under the same filter still match.
+        same_filter = needle == self._filtered_by
+        self._filtered_by = needle
+        state_column, running_column = self._column_keys["state"], self._column_keys["running"]
+        get = shown.get
+        kept: list[str] = []  # rows kept, when the filter changed
+        fresh: dict[str, TaskInfo] = {}
         updated = 0
-        state_col, running_col = columns[3], columns[4]
         for task in tasks:
-            if needle and not matches(task, needle):
-                continue
             key = task.id
-            seen.add(key)
-            old = rows.get(key)
-            if old is None:
-                new_rows.append((key, cells(task)))
-                continue
-            state, running = task.state, running_for(task)
-            if state != old[3] or running != old[4]:
+            old = get(key)
+            if old is None or not same_filter:
+                if needle and not matches(task, needle):
+                    continue
+                if old is None:
+                    fresh[key] = task  # a task reported twice: its last report, as for shown rows
+                    continue
+                kept.append(key)
+            state, runtime = task.state, task.runtime
+            if state == "active" and runtime is not None:
+                seconds = round(runtime)
+                if seconds < 0:
+                    seconds = 0
+                if old.since <= seconds < old.until and state == old.state:
+                    continue  # the text holds for this runtime
+                running, old.until = natural_span(seconds)
+                old.since = seconds
+            else:
+                running = running_for(task)
+                old.since = old.until = 0
+            if running != old.running or state != old.state:
                 # As update_cell() does, minus one refresh per cell: one refresh for the whole update below.
-                data = self._data[key]  # type: ignore[index]  # RowKey hashes and compares like its str
-                data[state_col], data[running_col] = state, running
-                rows[key] = (*old[:3], state, running, old[5])
+                old.cells[running_column] = old.running = running
+                if state != old.state:
+                    old.cells[state_column] = old.state = state
                 updated += 1
-        removed = [key for key in rows if key not in seen]
+        removed = shown.keys() - (set(map(_task_id, tasks)) if same_filter else set(kept))
+        cursor_key = self._row_locations.get_key(self.cursor_row) if removed and shown else None
         self.remove_rows(removed)
-        for key in removed:
-            del rows[key]
-        for key, row in new_rows:
-            self.add_row(*row, key=key)
-            rows[key] = row
+        self.append_rows([(key, cells(task)) for key, task in fresh.items()])
+        if cursor_key is not None:
+            index = self._row_locations.get(cursor_key)
+            if index is not None and index != self.cursor_row:
+                self.cursor_coordinate = Coordinate(index, self.cursor_column)
         if updated:
-            self._update_count += 1
+            self._update_count += 1  # the render caches are keyed by it
+        if updated or fresh:
             self.refresh()
-        return len(new_rows), updated, len(removed)
+        return len(fresh), updated, len(removed)
+
+
+class _RowFrame(NamedTuple):
+    show_cursor: bool
+    show_hover_cursor: bool
+    fixed_rows: int
+    widths: list[int]  # render width of each column
+    filler: int  # cells right of the last column
+
+
+class _Shown:
+    """What a row shows of its task: State and Running for, the range of whole seconds of runtime over which that
+    text holds (empty when not active), and the row's cells in the DataTable (updated in place)."""
+
+    __slots__ = ("cells", "running", "since", "state", "until")
+
+    def __init__(self, state: str, running: str, cells: dict[ColumnKey, Any]) -> None:
+        self.state, self.running, self.cells = state, running, cells
+        self.since = self.until = 0
