@@ -121,10 +121,10 @@ class LeaseInfo:
         return max(0.0, self.now - self.heartbeat_at)
 
     def describe(self) -> str:
-        who = f"run {self.run_id} of {self.owner}@{self.host} (pid {self.pid}), started {_ago(self.age)}"
+        who = f"run {self.run_id} of {self.owner}@{self.host} (pid {self.pid}), started {ago(self.age)}"
         if self.orphaned:
-            return f"{who}, orphaned: its heartbeat stopped {_ago(self.silent_for)}"
-        return f"{who}, alive (last heartbeat {_ago(self.silent_for)})"
+            return f"{who}, orphaned: its heartbeat stopped {ago(self.silent_for)}"
+        return f"{who}, alive (last heartbeat {ago(self.silent_for)})"
 
     def as_dict(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "owner": self.owner, "host": self.host, "pid": self.pid,
@@ -132,7 +132,8 @@ class LeaseInfo:
                 "silent_for": self.silent_for, "orphaned": self.orphaned, "taken_from": self.taken_from}
 
 
-def _ago(seconds: float) -> str:
+def ago(seconds: float) -> str:
+    """'just now' under a second, else humanize's '3 minutes ago'."""
     return "just now" if seconds < 1 else f"{humanize.naturaldelta(seconds)} ago"
 
 

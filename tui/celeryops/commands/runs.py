@@ -20,16 +20,12 @@ from celeryops.masking import mask_text, mask_url
 from celeryops.namespace import fleet_name
 from celeryops.publish import PublishedStatus, read_status
 from celeryops.recovery import RecoveryPlan, plan
-from celeryops.runlease import LeaseInfo, read_lease
+from celeryops.runlease import LeaseInfo, ago, read_lease
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 state_dir_option = click.option("--state-dir", type=click.Path(file_okay=False), default=None,
                                 help="Where the run journal lives (default: the user state dir).")
-
-
-def _ago(seconds: float) -> str:
-    return "just now" if seconds < 1 else f"{humanize.naturaldelta(seconds)} ago"
 
 
 def _duration(seconds: float) -> str:
@@ -167,17 +163,17 @@ def _status_lines(report: StatusReport) -> list[str]:
         line = f"No run in progress on fleet {report.fleet}."
         if report.last is not None:
             line += (f" The last published run {report.last.run_id} ended {report.last.phase} "
-                     f"{_ago(time.time() - report.last.updated_at)}.")
+                     f"{ago(time.time() - report.last.updated_at)}.")
         return [line, *(f"Note: {n}." for n in report.notes)]
     data = report.as_dict()["run"]
     release = f", release {data['release']}" if data["release"] else ""
-    lines = [f"Fleet {report.fleet}: run {data['id']} is in phase {data['phase']}, started {_ago(data['age'] or 0)} "
+    lines = [f"Fleet {report.fleet}: run {data['id']} is in phase {data['phase']}, started {ago(data['age'] or 0)} "
              f"by {data['owner']}@{data['host']}{release}."]
     lines.append("Source: " + ("the status published in Redis" if report.source == "redis" else "the local journal"))
     if report.published is not None and report.published.progress:
         progress = "  ".join(f"{k} {v}" for k, v in report.published.progress.items()
                              if not isinstance(v, (dict, list)))
-        lines.append(f"Progress ({_ago(time.time() - report.published.updated_at)}): {progress}")
+        lines.append(f"Progress ({ago(time.time() - report.published.updated_at)}): {progress}")
     if report.lease is not None:
         lines.append(f"Lease: {report.lease.describe()}.")
     elif report.redis_read:
@@ -235,7 +231,7 @@ def runs(limit: int, as_json: bool, state_dir: str | None) -> None:
     now = time.time()
     for r in rows:
         outcome = r.outcome or f"open ({r.phase})"
-        table.append((r.id, r.fleet, r.release or "-", outcome, _duration(r.duration), _ago(now - r.created)))
+        table.append((r.id, r.fleet, r.release or "-", outcome, _duration(r.duration), ago(now - r.created)))
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
