@@ -153,6 +153,22 @@ async def test_resume_panel_abort_is_confirmed(app_factory: Any) -> None:
         assert isinstance(app.screen, HomeScreen)
 
 
+async def test_leaving_the_resume_panel_keeps_a_way_back(app_factory: Any) -> None:
+    backend = StaticBackend(fleet=sample.fleet(), run=sample.unfinished_run())
+    app = app_factory(backend)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        assert isinstance(app.screen, ResumeScreen)
+        await press(pilot, "escape")
+        assert isinstance(app.screen, HomeScreen) and backend.calls == []
+        await press(pilot, "w")  # the footer's Run key: the journalled run is still there
+        assert isinstance(app.screen, ResumeScreen)
+        await press(pilot, "X", "y")
+        assert backend.calls == [("abort the run",)] and isinstance(app.screen, HomeScreen)
+        await press(pilot, "w")  # nothing left to resume: a note, no panel
+        assert isinstance(app.screen, HomeScreen)
+
+
 async def test_home_filter_by_queue_and_task(app_factory: Any) -> None:
     app = app_factory()
     async with app.run_test(size=SIZE) as pilot:

@@ -19,11 +19,18 @@ from textual.widgets import DataTable
 from textual.widgets._data_table import default_cell_formatter
 
 from celeryops.console import fmt
-from celeryops.console.widgets.task_table import COLUMNS, TaskTable, matches, plain_width
+from celeryops.console.widgets.task_table import COLUMNS, TaskTable, eta_text, matches, plain_width
 from celeryops.events import TaskInfo
 
 ODD_TEXTS = ("[bold]marked[/]", "emoji :smile: and :+1:", "a: b", "wide 任务名", "tab\there", "  spaced  out ",
              "line\nbreak", "\\[escaped]", "", "x" * 70)
+
+
+def test_eta_is_a_short_utc_time_whatever_celery_sent() -> None:
+    assert eta_text("2026-12-02T23:30:05.123456+00:00") == "ETA Dec 02 23:30 UTC"
+    assert eta_text("2026-12-03T08:30:05+09:00") == "ETA Dec 02 23:30 UTC"
+    assert eta_text("2026-12-02T23:30:05") == "ETA Dec 02 23:30 UTC"  # naive: Celery's UTC
+    assert eta_text("+35 min") == "ETA +35 min"  # not an ISO time: as it came
 
 
 @settings(max_examples=2000)

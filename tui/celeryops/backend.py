@@ -417,7 +417,7 @@ class OpsBackend:
             if open_run is not None and open_run.stopped_consumers() and not self.drain_request.take_over:
                 return CheckResult("lease", "", "fail", f"run {open_run.id} is unfinished and holds stopped "
                                    "consumers", "open `celeryops` to resume or abort it first")
-            return CheckResult("lease", "", "ok", "no other run holds the fleet")
+            return CheckResult("lease", "", "ok", "the lease is free")
 
         return [Check("broker", "Broker reachable", broker, timeout=15),
                 Check("workers", "Every known worker replies", workers, timeout=20),

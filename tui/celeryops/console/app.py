@@ -122,6 +122,11 @@ class ConsoleApp(App[int]):
 
     def action_show_run(self) -> None:
         view = self.model.view
+        if view is None and (unfinished := self.backend.unfinished_run()) is not None:
+            # left the resume/abort panel earlier: the run is still journalled, show it again
+            if not isinstance(self.screen, ResumeScreen):
+                self.push_screen(ResumeScreen(self.read_only, unfinished))
+            return
         if view is None:
             self.notify("No run in progress in this console; `celeryops watch` follows a run started elsewhere.",
                         severity="information")

@@ -142,6 +142,7 @@ class RunModel:
             self.say("warning", f"worker {name} joined mid-drain: consumers cancelled on it too")
         for name in event.left:
             self.say("info", f"worker {name} left")
-        if previous is None or previous.warnings != event.warnings:
-            for warning in event.warnings:
+        logged = () if previous is None else previous.warnings
+        for warning in event.warnings:
+            if warning not in logged:  # a warning that holds over several polls is logged once
                 self.say("warning", warning)

@@ -59,7 +59,7 @@ class ResumeScreen(ConsoleScreen):
                 text.append(choice.plan)
                 yield Static(text, classes="choice", id=f"choice-{choice.kind}")
             leave = Text("[Esc] Leave it\n", style="bold")
-            leave.append("Go to the fleet view; the run stays journalled for later.")
+            leave.append("Go to the fleet view; the run stays journalled for later (w brings you back here).")
             yield Static(leave, classes="choice", id="choice-leave")
         yield self.footer()
 

@@ -17,6 +17,7 @@ widths, size and rendered lines; the snapshots compare the picture."""
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Sequence
+from datetime import UTC, datetime
 from operator import attrgetter
 from typing import Any, NamedTuple, Self, TypeVar, overload
 
@@ -63,7 +64,19 @@ def matches(task: TaskInfo, needle: str) -> bool:
 def running_for(task: TaskInfo) -> str:
     if task.state == "active":
         return since(task.runtime)
-    return f"ETA {task.eta}" if task.eta else "-"
+    return eta_text(task.eta) if task.eta else "-"
+
+
+def eta_text(eta: str) -> str:
+    """A scheduled task's ETA as 'ETA Dec 02 23:30 UTC' (Celery reports an ISO time, too wide for the column);
+    anything that is not an ISO time is shown as it came."""
+    try:
+        when = datetime.fromisoformat(eta)
+    except ValueError:
+        return f"ETA {eta}"
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return f"ETA {when.astimezone(UTC):%b %d %H:%M} UTC"
 
 
 def cells(task: TaskInfo) -> tuple[str, ...]:
