@@ -415,13 +415,17 @@ class Runner:
             if publisher is not None:
                 publisher.event("notice", {"level": "warning", "message": "the operator detached from the run"})
             return
+        # The fence goes first: a plugin worker that still saw it would stop the queue the restore just added back
+        # (and the restore's check would report it missing).
+        lift = asyncio.ensure_future(self.lift_fence(run.id))
+        while not lift.done():  # a second interrupt must not cut the lift or the restore short
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(lift)
         task = asyncio.ensure_future(drain.restore())
-        # A second interrupt must not cut the restore short.
         while not task.done():
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.shield(task)
         event = task.result()
-        await self.lift_fence(run.id)
         await self.journal.aio.advance(run.id, "aborted", reason=why)
         if publisher is not None:
             publisher.phase("aborted", reason=why)
@@ -448,6 +452,8 @@ class Runner:
                                    "The operator says the old revision still serves: restoring the consumers.",
                                    mark_as="aborted")
         restored: ConsumersRestored | None = None
+        if decided.action in ("restore", "nothing"):
+            await self.lift_fence(run.id)  # before the restore: a plugin worker would stop the queue again
         if decided.action == "restore":
             record = {w: tuple(qs) for w, qs in decided.restore.items()}
             intent = await self.journal.aio.intend_add_consumers(run.id, record)
@@ -457,8 +463,6 @@ class Runner:
             self.emit(restored)
             if not restored.verified:
                 self.emit(Notice(level="warning", message=_unverified(restored)))
-        if decided.action in ("restore", "nothing"):
-            await self.lift_fence(run.id)
         if decided.mark_as is not None and decided.action != "ask":
             await self.journal.aio.advance(run.id, decided.mark_as, reason="abort")
             if self.coord is not None:

@@ -262,6 +262,7 @@ class TrialFleet:
         self.workers: list[WorkerProcess] = []
         self.revision: dict[str, str] = {}
         self.current: list[WorkerProcess] = []  # the workers of the revision that serves
+        self.terminated: list[WorkerProcess] = []  # sent SIGTERM: on their way out, not "stranded"
         self.app = Celery("celeryops_chaos_control", broker=broker, set_as_current=False)
         self.app.conf.broker_connection_retry_on_startup = True
         self.app.conf.broker_connection_timeout = 2
@@ -303,8 +304,7 @@ class TrialFleet:
         with self._lock:
             old, self.current = list(self.current), []
         if self.late_sigterm is None:
-            for w in old:
-                w.signal(signal.SIGTERM)
+            self._terminate(old)
             for w in old:
                 with contextlib.suppress(subprocess.TimeoutExpired, AssertionError):
                     assert w.proc is not None
@@ -317,10 +317,16 @@ class TrialFleet:
         self._timers.append(timer)
         timer.start()
 
-    @staticmethod
-    def _terminate(workers: list[WorkerProcess]) -> None:
+    def _terminate(self, workers: list[WorkerProcess]) -> None:
+        with self._lock:
+            self.terminated.extend(workers)
         for w in workers:
             w.signal(signal.SIGTERM)
+
+    def leaving(self) -> list[WorkerProcess]:
+        """Workers sent SIGTERM (their revision was replaced) that are still in their warm shutdown."""
+        with self._lock:
+            return [w for w in self.terminated if w.alive()]
 
     def settle_timers(self) -> None:
         for t in self._timers:
@@ -577,7 +583,8 @@ class Trial:
 
     def stranded(self) -> list[str]:
         assert self.fleet is not None
-        live = self.fleet.alive()
+        leaving = {w.nodename for w in self.fleet.leaving()}
+        live = [w for w in self.fleet.alive() if w.nodename not in leaving]
         if not live:
             return []
         seen = self.consuming(live)
@@ -613,10 +620,24 @@ class Trial:
                 pipe.hget(f"ct:run:{tid}", "finished")
             return all(pipe.execute())
 
-        # Every live worker consumes again (a worker being replaced may still be in its warm shutdown: wait).
+        # A worker whose revision was replaced got SIGTERM: it stops answering during its warm shutdown, and it is
+        # on its way out, not stranded. Wait for it to exit (a warm shutdown that never ends is a finding).
+        assert self.fleet is not None
+        fleet = self.fleet
         with contextlib.suppress(TimeoutError):
-            wait_for(lambda: not self.stranded(), 30, "every live worker to consume", step=0.5)
-        res.stranded = self.stranded()
+            wait_for(lambda: not fleet.leaving(), 60, "replaced workers to finish their warm shutdown", step=0.2)
+        res.anomalies.extend(f"{w.nodename} still alive 60 s after SIGTERM" for w in fleet.leaving())
+        # Every other live worker consumes again (judged on one observation, the last one).
+        last: list[str] = []
+
+        def none_stranded() -> bool:
+            nonlocal last
+            last = self.stranded()
+            return not last
+
+        with contextlib.suppress(TimeoutError):
+            wait_for(none_stranded, 30, "every live worker to consume", step=0.5)
+        res.stranded = last
         if not res.stranded:
             with contextlib.suppress(TimeoutError):
                 wait_for(finished_all, 60, "every task to finish", step=0.3)
