@@ -63,6 +63,7 @@ from celeryops.views import (
     RecoveryChoice,
     ResourceView,
     RolloutState,
+    RunFollowed,
     RunPhase,
     RunSummary,
     RunView,
@@ -76,11 +77,12 @@ WATCH_CLIENT_NAME = "celeryops-watch"
 CONSOLE_CLIENT_NAME = "celeryops-console"
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 # Journal phases the console's RunPhase does not have, shown as the nearest one.
-PHASE_MAP: dict[str, RunPhase] = {"drained": "draining", "deployed": "deploying"}
+PHASE_MAP: dict[str, RunPhase] = {"deployed": "deploying"}
 
 
 def console_phase(phase: str) -> RunPhase:
-    known = ("preflight", "ready", "stopping", "draining", "deploying", "restoring", "done", "aborted", "failed")
+    known = ("preflight", "ready", "stopping", "draining", "drained", "deploying", "restoring", "done", "aborted",
+             "failed")
     mapped = PHASE_MAP.get(phase, phase)
     return mapped if mapped in known else "draining"  # type: ignore[return-value]
 
@@ -188,7 +190,7 @@ class OpsBackend:
         if live is not None and live.running and live.progress is not None:
             return await self._view_from_progress(live.progress, self._own_summary(live))
         published = await self._read_published()
-        if published is not None and published.progress:
+        if published is not None and published.progress and published.phase != "drained":
             progress = progress_from_json(published.progress)
             if progress is not None:
                 return await self._view_from_progress(progress, summary_from_status(published, progress))
@@ -224,6 +226,8 @@ class OpsBackend:
             status = read_status(coord, self.fleet_name)
             if status is None or status.phase in TERMINAL_PHASES:
                 return None
+            if status.phase == "drained":
+                return status  # parked: a drain-only run keeps its consumers stopped until abort or deploy
             holder = read_lease(coord, self.fleet_name)  # a run is live while its lease is
             return status if holder is not None and holder.run_id == status.run_id and not holder.orphaned else None
 
@@ -605,9 +609,8 @@ class OpsBackend:
                 status = await asyncio.to_thread(read_status, coord, self.fleet_name)
                 if status is not None and status.run_id != run_id and status.phase not in TERMINAL_PHASES:
                     run_id, last, phase = status.run_id, None, None
-                    on_event(Notice(level="info", message=f"following run {status.run_id} of {status.owner}@"
-                                                          f"{status.host}" + (f", release {status.release}"
-                                                                              if status.release else "")))
+                    on_event(RunFollowed(run_id=status.run_id, run_kind="deploy" if status.release else "drain",
+                                         release=status.release, owner=f"{status.owner}@{status.host}"))
                 if run_id is not None:
                     events = await asyncio.to_thread(read_events, coord, self.fleet_name, last)
                     for ev in events:

@@ -18,7 +18,8 @@ from typing import Literal, TypeAlias
 from celeryops.errors import EXIT_USAGE, UserError
 from celeryops.events import Event, TaskInfo, WorkerState
 
-RunPhase = Literal["preflight", "ready", "stopping", "draining", "deploying", "restoring", "done", "aborted", "failed"]
+RunPhase = Literal["preflight", "ready", "stopping", "draining", "drained", "deploying", "restoring", "done", "aborted",
+                   "failed"]
 CheckStatus = Literal["pending", "running", "ok", "warn", "fail"]
 RolloutState = Literal["pending", "creating", "rolling", "ready", "failed"]
 ChoiceKind = Literal["resume", "abort", "detach"]
@@ -201,6 +202,17 @@ class PhaseChanged(Event):
     phase: RunPhase
     message: str = ""
     kind: str = field(init=False, default="phase")
+
+
+@dataclass(frozen=True)
+class RunFollowed(Event):
+    """Watch mode: the published status names a run this console now follows (what came before was another run)."""
+
+    run_id: str
+    run_kind: Literal["deploy", "drain"]
+    release: str | None
+    owner: str
+    kind: str = field(init=False, default="followed")
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,16 @@ from celeryops.events import (
     Notice,
 )
 from celeryops.masking import mask_text
-from celeryops.views import CheckUpdate, DeployUpdate, FleetBack, PhaseChanged, PreflightDone, RunPhase, WorkerView
+from celeryops.views import (
+    CheckUpdate,
+    DeployUpdate,
+    FleetBack,
+    PhaseChanged,
+    PreflightDone,
+    RunFollowed,
+    RunPhase,
+    WorkerView,
+)
 
 View = Literal["preflight", "drain", "deploy"]
 ACTIVE_PHASES = ("preflight", "ready", "stopping", "draining", "deploying", "restoring")
@@ -130,6 +139,17 @@ class RunModel:
             self.fleet_back = event.workers
         elif isinstance(event, Notice):
             self.say(event.level, event.message)
+        elif isinstance(event, RunFollowed):
+            self._follow(event)
+
+    def _follow(self, event: RunFollowed) -> None:
+        """Watch mode: another run begins; what the model knew belongs to the run before (the log stays)."""
+        self.kind, self.release, self.phase = event.run_kind, event.release, None
+        self.checks, self.preflight, self.started, self.progress = {}, None, None, None
+        self.inflight.clear()
+        self.deploy, self.fleet_back, self.finished, self.operator_aborted = None, (), None, False
+        self.say("info", f"following run {event.run_id} of {event.owner}"
+                         + (f", release {event.release}" if event.release else ""))
 
     def _progress(self, event: DrainProgress) -> None:
         previous = self.progress
