@@ -7,6 +7,7 @@ from typing import Any
 
 from celeryops.console import sample
 from celeryops.console.static import StaticBackend
+from celeryops.events import DrainFinished
 from celeryops.views import FleetBack, PhaseChanged
 
 SIZE = (100, 30)
@@ -76,6 +77,15 @@ def test_quit_mid_drain(snap_compare: Any, app_factory: Any) -> None:
     assert snap_compare(app_factory(deploy_backend(), start="deploy", release="v2.14.0"),
                         run_before=keys("G", "y", "q"),
                         terminal_size=SIZE)
+
+
+def test_drain_timeout(snap_compare: Any, app_factory: Any) -> None:
+    """Max wait reached with a task still running: the clock stops on the outcome, consumers come back."""
+    script = [*sample.drain_script(), sample.progress(2, 0, 1200.0),
+              DrainFinished("timeout", 1200.0, "Timed out after 20 minutes: consumers restored, nothing was killed."),
+              PhaseChanged("aborted", "timeout: consumers restored")]
+    app = app_factory(deploy_backend(proceed_script=script), start="deploy", release="v2.14.0")
+    assert snap_compare(app, run_before=keys("G", "y"), terminal_size=SIZE)
 
 
 def deploy_app(app_factory: Any, *after_drain: object) -> Any:

@@ -50,7 +50,7 @@ async def test_watcher_shows_a_parked_drained_run(redis_url: str, start_workers:
             assert home.fleet.run.run_id == "run-parked" and home.fleet.run.phase == "drained"
             banner = home.query_one("#run-banner", Static).render()
             text = banner.plain if isinstance(banner, Text) else str(banner)
-            assert "drained" in text and "consumers stay stopped" in text, text
+            assert "drained" in text and "consumers stopped until a deploy or an abort" in text, text
             assert any("following run run-parked of alice@box1" in line.text for line in console.model.log)
             await pilot.press("q")
         assert console.return_value == 0

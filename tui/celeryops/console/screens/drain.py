@@ -89,7 +89,9 @@ class DrainScreen(ConsoleScreen):
         self._show_title(model)
         if progress is not None:
             self.query_one(StreakMeter).set_streak(progress.streak, progress.required)
-            self.query_one(Countdown).set_time(progress.elapsed, progress.remaining)
+            finished = model.finished
+            self.query_one(Countdown).set_time(finished.elapsed if finished else progress.elapsed, progress.remaining,
+                                               finished.outcome if finished else None)
             counts = Text("Held ", style="bold")
             counts.append(f"{progress.active} active", style="bold cyan" if progress.active else "dim")
             counts.append(" · ")

@@ -151,7 +151,7 @@ class HomeScreen(ConsoleScreen):
                 text.append(f" · {left(run.remaining)} to max wait")
             text.append(f" · {run.owner}, {age} ago")
             if run.phase == "drained":
-                text.append("  consumers stay stopped until a deploy or `celeryops abort`", style="bold yellow")
+                text.append("  consumers stopped until a deploy or an abort", style="bold yellow")
             if self.console.model.view is not None:  # this console runs or follows it: w shows it
                 text.append("  (w to watch)", style="dim")
             banner.update(text)

@@ -109,9 +109,11 @@ class Countdown(Static):
         super().__init__(**kwargs)
         self.elapsed: float | None = None
         self.remaining = 0.0
+        self.outcome: str | None = None
 
-    def set_time(self, elapsed: float, remaining: float) -> None:
-        self.elapsed, self.remaining = elapsed, remaining
+    def set_time(self, elapsed: float, remaining: float, outcome: str | None = None) -> None:
+        """``outcome``: the drain is over (drained, timeout, ...): the clock stops and says how it ended."""
+        self.elapsed, self.remaining, self.outcome = elapsed, remaining, outcome
         self.update(self.render_countdown(self.size.width or 80))
 
     def on_resize(self) -> None:
@@ -122,12 +124,15 @@ class Countdown(Static):
         elapsed, remaining = self.elapsed or 0.0, self.remaining
         total = elapsed + remaining
         style = "red" if total and remaining < total * 0.1 else "cyan"
-        label, tail = "Max wait ", f" {left(remaining)} left"
-        if width - len(label) - len(tail) < 10:
-            tail = f" {compact_left(remaining)} left"
+        if self.outcome is not None:
+            label, tail = "Max wait ", f" {self.outcome} after {compact_left(elapsed)}"
+        else:
+            label, tail = "Max wait ", f" {left(remaining)} left"
+            if width - len(label) - len(tail) < 10:
+                tail = f" {compact_left(remaining)} left"
         if width - len(label) - len(tail) < 4:
             label = "Wait "
         text = Text(label, style="bold")
         text.append(bar(elapsed, total, max(4, min(40, width - len(label) - len(tail)))), style=style)
-        text.append(tail, style="bold" if remaining > 0 else "bold red")
+        text.append(tail, style="dim" if self.outcome is not None else "bold" if remaining > 0 else "bold red")
         return text
