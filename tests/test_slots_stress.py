@@ -57,8 +57,9 @@ def test_many_processes_with_kills_keep_counters_true(redis_url: str, redis_clie
     try:
         for v in victims:
             at = rng.randrange(50, OPS - 100)
-            wait_for(lambda v=v, at=at: int(redis_client.get(f"stress:progress:{v}") or 0) >= at,
-                     120, f"process {v} to reach op {at}")
+            wait_for(lambda v=v, at=at: int(redis_client.get(f"stress:progress:{v}") or 0) >= at
+                     or not procs[v].is_alive(), 120, f"process {v} to reach op {at}")
+            assert procs[v].is_alive(), f"process {v} ended (exit code {procs[v].exitcode}) before op {at}"
             os.kill(procs[v].pid, signal.SIGKILL)
             procs[v].join(30)
         sec, usec = redis_client.time()
