@@ -7,6 +7,7 @@ heartbeats, or a task on an unfenced queue finishing).
 
 from __future__ import annotations
 
+import asyncio
 import signal
 from collections.abc import Callable
 from dataclasses import replace
@@ -27,6 +28,7 @@ from celeryops.fence import (
     registry,
     registry_key,
 )
+from celeryops.preflight.checks import fence_plugin_check
 from celeryops.testing.redis_server import RedisServer
 from celeryops.testing.taskapp import noop, sleep
 from celeryops.testing.workers import WorkerProcess, wait_for
@@ -304,12 +306,18 @@ def test_remote_control_and_registry_tell_plugin_workers_apart(
         wait_entry(redis_client, plugin, "held", lambda i: i.state == "held")
         replies = fence_status(app, destination=[plugin.nodename, plain.nodename], timeout=5.0)
         everyone = fence_status(app, timeout=2.0)
+        # Preflight: the plain worker is a warning; plugin workers of another fleet than the run's are a failure.
+        same = asyncio.run(fence_plugin_check(app, "default").run())
+        other = asyncio.run(fence_plugin_check(app, "prod").run())
     finally:
         app.close()
 
+    assert same.status == "warn" and plain.nodename in same.detail, same
+    assert other.status == "fail" and "'default'" in other.detail and plugin.nodename in other.detail, other
+    assert "CELERYOPS_FLEET=default" in other.remedy, other
     assert set(replies) == {plugin.nodename, plain.nodename}
     mine = replies[plugin.nodename]
-    assert mine.plugin and mine.version == "3.1" and mine.state == "held"
+    assert mine.plugin and mine.fleet == "default" and mine.version == "3.1" and mine.state == "held"
     assert mine.held_queues == (queue_name,) and mine.fence_run_id == "run-e"
     assert not replies[plain.nodename].plugin
     assert {w for w, r in everyone.items() if r.plugin} == {plugin.nodename}

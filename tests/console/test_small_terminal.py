@@ -3,6 +3,7 @@ too) show the keys that work, the palette's Quit asks like q, tables keep the cu
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -31,17 +32,28 @@ def footer_keys(app: Any) -> set[str]:
     return {key.key_display for key in footer.query(FooterKey)}
 
 
+async def footer_shows(pilot: Any, cond: Any, timeout: float = 30.0) -> bool:
+    """Whether the footer comes to satisfy ``cond`` (it recomposes a few messages after the bindings change)."""
+    deadline = time.monotonic() + timeout
+    while not cond(footer_keys(pilot.app)):
+        if time.monotonic() > deadline:
+            return False
+        await pilot.pause()
+    return True
+
+
 async def test_dialog_footer_shows_the_dialog_keys(app_factory: Any) -> None:
     app = app_factory(deploy_backend(), start="deploy", release="v2.14.0")
     async with app.run_test(size=SMALL) as pilot:
         await settle(pilot)
-        assert {"G", "h", "q"} <= footer_keys(app)
+        assert await footer_shows(pilot, lambda k: {"G", "h", "q"} <= k), footer_keys(app)
         await press(pilot, "G")
         assert isinstance(app.screen, ConfirmScreen)
-        assert footer_keys(app) == {"y", "n"}  # not G/h (inactive under the dialog), not q (does nothing there)
+        # not G/h (inactive under the dialog), not q (does nothing there)
+        assert await footer_shows(pilot, lambda k: k == {"y", "n"}), footer_keys(app)
         await press(pilot, "n", "q")
         assert isinstance(app.screen, QuitScreen)
-        assert footer_keys(app) == {"A", "d", "s"}
+        assert await footer_shows(pilot, lambda k: k == {"A", "d", "s"}), footer_keys(app)
 
 
 async def test_textual_quit_asks_during_a_run(app_factory: Any) -> None:
@@ -87,11 +99,13 @@ async def test_filter_clear_key_shows_only_while_filtering(app_factory: Any) -> 
     app = app_factory()
     async with app.run_test(size=SMALL) as pilot:
         await settle(pilot)
-        assert "esc" not in footer_keys(app) and "/" in footer_keys(app)
+        assert await footer_shows(pilot, lambda k: "esc" not in k and "/" in k), footer_keys(app)
         await press(pilot, "slash", "g", "p", "u")
-        assert "esc" in footer_keys(app) and "/" not in footer_keys(app)  # typing: / goes into the box
+        # typing: / goes into the box
+        assert await footer_shows(pilot, lambda k: "esc" in k and "/" not in k), footer_keys(app)
         await press(pilot, "escape")
-        assert app.screen.needle == "" and "esc" not in footer_keys(app)
+        assert app.screen.needle == ""
+        assert await footer_shows(pilot, lambda k: "esc" not in k), footer_keys(app)
 
 
 async def test_preflight_wraps_under_the_title_not_the_icon(app_factory: Any) -> None:

@@ -3,7 +3,10 @@ Update with ``pytest tests/console --snapshot-update`` after looking at the chan
 
 from __future__ import annotations
 
+import time
 from typing import Any
+
+from textual.widgets import DataTable
 
 from celeryops.console import sample
 from celeryops.console.static import StaticBackend
@@ -14,8 +17,25 @@ SIZE = (100, 30)
 SMALL = (80, 24)
 
 
+async def tables_settled(pilot: Any, timeout: float = 30.0) -> None:
+    """Wait until every DataTable on screen has measured its new rows and cells (DataTable does it when its message
+    queue is empty: on a loaded machine the screenshot could come first and show header-wide columns)."""
+    deadline = time.monotonic() + timeout
+    last: tuple[int, int] | None = None
+    while True:  # settled, and still the same screen with the same rows one pause later (a push may be pending)
+        await pilot.pause()
+        screen = pilot.app.screen
+        tables = list(screen.query(DataTable))
+        busy = not screen.is_mounted or any(t._require_update_dimensions or t._updated_cells for t in tables)
+        seen = (id(screen), sum(t.row_count for t in tables))
+        if not busy and seen == last:
+            return
+        last = None if busy else seen
+        assert time.monotonic() < deadline, "the screen's tables never settled"
+
+
 def keys(*names: str) -> Any:
-    """Press keys one at a time, letting the app settle (workers, messages) before each."""
+    """Press keys one at a time, letting the app settle (workers, messages, table widths) before each."""
 
     async def run_before(pilot: Any) -> None:
         await pilot.app.workers.wait_for_complete()
@@ -24,6 +44,7 @@ def keys(*names: str) -> Any:
             await pilot.press(name)
             await pilot.app.workers.wait_for_complete()
             await pilot.pause()
+        await tables_settled(pilot)
 
     return run_before
 
@@ -35,12 +56,12 @@ def deploy_backend(**kwargs: Any) -> StaticBackend:
 
 
 def test_home(snap_compare: Any, app_factory: Any) -> None:
-    assert snap_compare(app_factory(), terminal_size=SIZE)
+    assert snap_compare(app_factory(), run_before=keys(), terminal_size=SIZE)
 
 
 def test_home_read_only(snap_compare: Any, app_factory: Any) -> None:
     backend = StaticBackend(fleet=sample.fleet(with_run=False), slots=None, read_only=True)
-    assert snap_compare(app_factory(backend), terminal_size=SMALL)
+    assert snap_compare(app_factory(backend), run_before=keys(), terminal_size=SMALL)
 
 
 def test_preflight_running(snap_compare: Any, app_factory: Any) -> None:
@@ -122,7 +143,7 @@ WIDE = (200, 50)
 
 
 def test_home_small(snap_compare: Any, app_factory: Any) -> None:
-    assert snap_compare(app_factory(), terminal_size=SMALL)
+    assert snap_compare(app_factory(), run_before=keys(), terminal_size=SMALL)
 
 
 def test_deploy_rolling_small(snap_compare: Any, app_factory: Any) -> None:

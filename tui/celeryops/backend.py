@@ -426,7 +426,7 @@ class OpsBackend:
         return [Check("broker", "Broker reachable", broker, timeout=15),
                 Check("workers", "Every known worker replies", workers, timeout=20),
                 Check("lease", "No other run holds the fleet", lease, timeout=10),
-                fence_plugin_check(fleet.app)]
+                fence_plugin_check(fleet.app, runner.fleet_name)]
 
     def _check_event(self, live: _Live, event: Any) -> None:
         result = getattr(event, "result", None)

@@ -118,7 +118,7 @@ class ReleaseFlow:
             freshness_check(git, rel.remote, self.release, rel.max_age_days, sha=self.sha or None),
             permissions_check([(t.name, _missing(self.deployer(t), t)) for t in self.targets]),
             Check("fleet", "Broker, workers and run lease", self._fleet_check, timeout=20),
-            fence_plugin_check(self.runner.fleet.app),
+            fence_plugin_check(self.runner.fleet.app, self.runner.fleet_name),
         ]
         if images:
             checks.insert(1, image_check(images))

@@ -34,6 +34,7 @@ class FenceReply:
 
     worker: str
     plugin: bool
+    fleet: str = ""  # the fleet whose fence it follows ($CELERYOPS_FLEET on the worker); "" from older plugins
     version: str = ""
     revision: str = ""
     state: str = ""
@@ -53,6 +54,7 @@ class FenceReply:
         return cls(
             worker=worker,
             plugin=True,
+            fleet=str(reply.get("fleet") or ""),
             version=str(reply.get("version") or ""),
             revision=str(reply.get("revision") or ""),
             state=str(reply.get("state") or ""),

@@ -251,7 +251,8 @@ class FenceGuard:
     def status(self) -> dict[str, Any]:
         """The control command's reply and the registry entry."""
         return {
-            "plugin": True, "version": self.version, "revision": self.revision, "state": self.state(),
+            "plugin": True, "fleet": self.fleet, "version": self.version, "revision": self.revision,
+            "state": self.state(),
             "queues": list(self._queues), "held_queues": list(self._held), "fence_run_id": self._fence_run_id,
             "fence_readable": self._readable, "interval": self.interval, "beats": self._beats,
             "consumer_starts": self._consumer_starts,

@@ -158,14 +158,24 @@ def permissions_check(
     return Check(check_id, title, run)
 
 
-def fence_plugin_check(app: Celery, *, check_id: str = "fence", title: str = "Drain fence plugin") -> Check:
-    """ok: every worker that answers runs the drain fence plugin; warn: some don't (listed), or none answered."""
+def fence_plugin_check(app: Celery, fleet: str, *, check_id: str = "fence", title: str = "Drain fence plugin") -> Check:
+    """ok: every worker that answers runs the drain fence plugin of ``fleet``; warn: some don't (listed), or none
+    answered; fail: plugin workers follow another fleet's fence (the run's fence and lease would not be theirs)."""
 
     async def run() -> CheckResult:
         from celeryops.fence import fence_status
 
         replies = await asyncio.to_thread(fence_status, app)
         without = sorted(w for w, r in replies.items() if not r.plugin)
+        elsewhere = sorted((r.fleet, w) for w, r in replies.items() if r.plugin and r.fleet and r.fleet != fleet)
+        if elsewhere:
+            names = sorted({f for f, _ in elsewhere})
+            return CheckResult(check_id, title, "fail",
+                               f"{len(elsewhere)} worker(s) follow the fence of fleet {', '.join(map(repr, names))}, "
+                               f"not {fleet!r}: {', '.join(w for _, w in elsewhere[:4])}"
+                               + ("..." if len(elsewhere) > 4 else ""),
+                               f"set CELERYOPS_FLEET={names[0]} here (or fix the workers' CELERYOPS_FLEET) so that "
+                               "the fence, the run lease and watchers all name the same fleet")
         if not replies:
             return CheckResult(check_id, title, "warn", "no worker answered the fence status command",
                                "check the workers; the drain still re-broadcasts the stop at every poll")

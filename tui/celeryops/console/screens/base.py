@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.binding import BindingsMap
 from textual.screen import Screen
@@ -22,7 +23,7 @@ Row = tuple[str | None, Sequence[object]]  # (row key, cells)
 
 
 def _cell_width(value: object) -> int:
-    return value.cell_len if isinstance(value, Text) else len(str(value))
+    return value.cell_len if isinstance(value, Text) else cell_len(str(value))
 
 
 def refill(table: DataTable, rows: Sequence[Row], fit: str | None = None) -> None:
@@ -34,15 +35,19 @@ def refill(table: DataTable, rows: Sequence[Row], fit: str | None = None) -> Non
         cursor_key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
     scroll_y = table.scroll_y
     table.clear()
-    keys = list(table.columns)
-    for column in table.columns.values():
-        column.content_width = column.label.cell_len
+    columns = list(table.columns.values())
+    # Column widths are set here from the new rows, not left to DataTable's measuring when its queue is idle: a
+    # frame painted before that (a busy machine, a screen just pushed) would show header-wide columns.
+    widths = [max([column.label.cell_len, *(_cell_width(cells[i]) for _, cells in rows)])
+              for i, column in enumerate(columns)]
     if fit is not None and table.size.width:
-        index = [k.value for k in keys].index(fit)
-        others = sum(max([table.columns[k].label.cell_len, *(_cell_width(cells[i]) for _, cells in rows)])
-                     + 2 * table.cell_padding for i, k in enumerate(keys) if i != index)
+        index = [c.key.value for c in columns].index(fit)
+        others = sum(w + 2 * table.cell_padding for i, w in enumerate(widths) if i != index)
         room = max(8, table.size.width - 1 - others - 2 * table.cell_padding)  # 1: the vertical scrollbar
         rows = [(key, [*cells[:index], _fitted(cells[index], room), *cells[index + 1:]]) for key, cells in rows]
+        widths[index] = max(columns[index].label.cell_len, min(widths[index], room))
+    for column, width in zip(columns, widths, strict=True):
+        column.content_width = width
     for key, cells in rows:
         table.add_row(*cells, key=key)
     if cursor_key is not None and cursor_key in table.rows:
