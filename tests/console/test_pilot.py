@@ -137,11 +137,15 @@ async def test_quit_mid_drain_abort_restores_then_exits(app_factory: Any) -> Non
     assert app.return_value == EXIT_INTERRUPTED
 
 
-async def test_resume_panel_abort_is_confirmed(app_factory: Any) -> None:
+async def test_resume_panel_can_be_left_and_found_again_and_abort_is_confirmed(app_factory: Any) -> None:
     backend = StaticBackend(fleet=sample.fleet(), run=sample.unfinished_run())
     app = app_factory(backend)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
+        assert isinstance(app.screen, ResumeScreen)
+        await press(pilot, "escape")  # leave it for now...
+        assert isinstance(app.screen, HomeScreen) and backend.calls == []
+        await press(pilot, "w")  # ...the footer's Run key brings the journalled run back
         assert isinstance(app.screen, ResumeScreen)
         await press(pilot, "X")
         assert isinstance(app.screen, ConfirmScreen)
@@ -151,20 +155,6 @@ async def test_resume_panel_abort_is_confirmed(app_factory: Any) -> None:
         await press(pilot, "X", "y")
         assert backend.calls == [("abort the run",)]
         assert isinstance(app.screen, HomeScreen)
-
-
-async def test_leaving_the_resume_panel_keeps_a_way_back(app_factory: Any) -> None:
-    backend = StaticBackend(fleet=sample.fleet(), run=sample.unfinished_run())
-    app = app_factory(backend)
-    async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot)
-        assert isinstance(app.screen, ResumeScreen)
-        await press(pilot, "escape")
-        assert isinstance(app.screen, HomeScreen) and backend.calls == []
-        await press(pilot, "w")  # the footer's Run key: the journalled run is still there
-        assert isinstance(app.screen, ResumeScreen)
-        await press(pilot, "X", "y")
-        assert backend.calls == [("abort the run",)] and isinstance(app.screen, HomeScreen)
         await press(pilot, "w")  # nothing left to resume: a note, no panel
         assert isinstance(app.screen, HomeScreen)
 

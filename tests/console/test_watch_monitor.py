@@ -15,7 +15,7 @@ from celery import Celery
 
 from celeryops.backend import WATCH_CLIENT_NAME, open_backend
 from celeryops.config import Config
-from celeryops.console.app import make_app
+from celeryops.console.app import ConsoleApp, make_app
 from celeryops.console.screens.home import HomeScreen
 from celeryops.publish import read_status
 from celeryops.testing.workers import wait_for
@@ -79,6 +79,14 @@ def owned_by(records: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     return out
 
 
+def watcher(redis_url: str, state_dir: Path, follow_interval: float) -> tuple[Any, ConsoleApp]:
+    """A read-only backend for the fleet on ``redis_url`` and the watch console over it (close the backend after)."""
+    app = Celery("watcher", broker=redis_url, set_as_current=False)
+    backend = open_backend(app, Config(broker=redis_url), read_only=True, fleet_display="watched fleet",
+                           state_dir=str(state_dir), env={}, follow_interval=follow_interval)
+    return backend, make_app(backend, animate=False, poll_interval=0.3)
+
+
 @pytest.mark.slow
 async def test_watch_sends_no_control_command_and_writes_nothing(
         redis_url: str, redis_client: redis.Redis, start_workers: Any, queue_name: str, tmp_path: Path) -> None:
@@ -93,10 +101,7 @@ async def test_watch_sends_no_control_command_and_writes_nothing(
         wait_for(lambda: (s := read_status(redis_client, "default")) is not None and s.phase == "draining", 30,
                  "the drain to be published")
         monitor = Monitor(redis_url).start()
-        app = Celery("watcher", broker=redis_url, set_as_current=False)
-        backend = open_backend(app, Config(broker=redis_url), read_only=True, fleet_display="watched fleet",
-                               state_dir=str(tmp_path / "watcher"), env={}, follow_interval=0.2)
-        console = make_app(backend, animate=False, poll_interval=0.3)
+        backend, console = watcher(redis_url, tmp_path / "watcher", follow_interval=0.2)
         try:
             async with console.run_test(size=(120, 40)) as pilot:
                 deadline = time.monotonic() + 60

@@ -9,13 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from celery import Celery
 from rich.text import Text
+from test_watch_monitor import watcher  # tests/console is on sys.path
 from textual.widgets import Static
 
-from celeryops.backend import open_backend
-from celeryops.config import Config
-from celeryops.console.app import make_app
 from celeryops.console.screens.home import HomeScreen
 from celeryops.publish import Publisher
 
@@ -33,10 +30,7 @@ async def test_watcher_shows_a_parked_drained_run(redis_url: str, start_workers:
     pub.flush(True)  # what a drain-only run leaves when it ends drained: no lease, no writer any more
     writer.close()
 
-    app = Celery("watcher", broker=redis_url, set_as_current=False)
-    backend = open_backend(app, Config(broker=redis_url), read_only=True, fleet_display="watched fleet",
-                           state_dir=str(tmp_path / "watcher"), env={}, follow_interval=0.1)
-    console = make_app(backend, animate=False, poll_interval=0.3)
+    backend, console = watcher(redis_url, tmp_path / "watcher", follow_interval=0.1)
     try:
         async with console.run_test(size=(120, 40)) as pilot:
             home = console.screen_stack[0]
