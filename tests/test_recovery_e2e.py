@@ -20,6 +20,7 @@ import redis
 
 from celeryops.journal import Journal, journal_path
 from celeryops.masking import mask_url
+from celeryops.publish import read_events
 from celeryops.runlease import read_lease
 from celeryops.testing.redis_server import RedisServer
 from celeryops.testing.workers import WorkerProcess, control_app, wait_for
@@ -200,6 +201,10 @@ def test_signal_in_draining_restores_and_exits_130(fleet: SharedFleet, env: dict
     assert [(r["id"], r["phase"], r["outcome"]) for r in history] == [(run.id, "aborted", "aborted")]
     assert_no_current_run(after, run.id)
     assert read_lease(coord, fleet_name) is None  # released on the way out
+    # Watchers saw it end: the outcome is published after the phase, in order.
+    published = [(e.kind, e.data.get("phase") or e.data.get("event")) for e in read_events(coord, fleet_name)
+                 if e.run_id == run.id and e.kind in ("phase", "finished")]
+    assert published[-2:] == [("phase", "aborted"), ("finished", "interrupted")], published
 
 
 # -- one run at a time -------------------------------------------------------------------------------------------
@@ -241,6 +246,9 @@ def test_second_drain_refused_then_take_over_after_sigkill(fleet: SharedFleet, e
     history = journal_runs(env["CELERYOPS_STATE_DIR"])
     assert history[run_id].phase == "aborted"
     (new_id,) = set(history) - {run_id}
+    outcome = [e.data.get("event") for e in read_events(coord, fleet_name)
+               if e.run_id == new_id and e.kind == "finished"]
+    assert outcome == ["drained"], outcome  # published for watchers, who have no other way to learn it
     assert history[new_id].phase == "drained" and history[new_id].outcome is None
     assert fleet.consuming() == fleet.all_stopped()  # the new run's drain holds them now
     assert run_cli(["abort", "--broker", fleet.url], env).returncode == 0

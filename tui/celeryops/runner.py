@@ -339,7 +339,7 @@ class Runner:
             result: DrainResult = await drain.run()
         except asyncio.CancelledError:
             await self._restore_after(drain, run, "interrupted", publisher)
-            self.emit(DrainFinished(outcome="interrupted", elapsed=drain.last.elapsed if drain.last else 0.0,
+            on_event(DrainFinished(outcome="interrupted", elapsed=drain.last.elapsed if drain.last else 0.0,
                                     message="Interrupted: consumers restored, nothing was killed."))
             raise
         except BaseException as exc:
@@ -353,10 +353,10 @@ class Runner:
             message = ("Drained: no task is running; deploying next." if self._deploy_follows else
                        "Drained: no task is running and the consumers stay stopped, ready for a deploy. "
                        "To undo: celeryops abort")
-            self.emit(DrainFinished(outcome="drained", elapsed=result.elapsed, message=message))
+            on_event(DrainFinished(outcome="drained", elapsed=result.elapsed, message=message))
             return "drained"
         await self._restore_after(drain, run, "timeout", publisher)
-        self.emit(DrainFinished(
+        on_event(DrainFinished(
             outcome="timeout", elapsed=result.elapsed,
             message=f"Timed out after {settings.max_wait:g}s with tasks still running: nothing was killed, "
                     "the consumers were restored and the run aborted; try again when the long tasks are done."))
