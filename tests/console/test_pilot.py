@@ -20,7 +20,7 @@ from celeryops.console.screens.resume import ResumeScreen
 from celeryops.console.static import StaticBackend
 from celeryops.console.widgets.task_table import TaskTable
 from celeryops.errors import EXIT_INTERRUPTED, UserError
-from celeryops.events import Notice
+from celeryops.events import DrainFinished, Notice
 from celeryops.views import PhaseChanged, PreflightDone, ReadOnlyRefused
 
 SIZE = (100, 30)
@@ -157,6 +157,25 @@ async def test_resume_panel_can_be_left_and_found_again_and_abort_is_confirmed(a
         assert isinstance(app.screen, HomeScreen)
         await press(pilot, "w")  # nothing left to resume: a note, no panel
         assert isinstance(app.screen, HomeScreen)
+
+
+async def test_x_aborts_a_drained_run_that_keeps_its_consumers_stopped(app_factory: Any) -> None:
+    """A drain-only run that ended drained leaves the consumers stopped: the footer's X (abort) still works."""
+    script = [*sample.drain_script(), sample.progress(0, 3, 450.0),
+              DrainFinished("drained", 450.0, "Drained: no task is running and the consumers stay stopped."),
+              PhaseChanged("done", "drained: the consumers stay stopped")]
+    backend = deploy_backend(proceed_script=script)
+    app = app_factory(backend, start="drain")
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await press(pilot, "G", "y")
+        assert isinstance(app.screen, DrainScreen) and app.model.parked
+        assert "X" in shown_keys(app) and app.screen.check_action("abort", ()) is True
+        await press(pilot, "X")
+        assert isinstance(app.screen, ConfirmScreen)
+        await press(pilot, "y")
+        assert backend.calls[-1] == ("abort the run",)
+        assert app.screen.check_action("abort", ()) is None  # done: X is shown disabled, not offered twice
 
 
 async def test_home_filter_by_queue_and_task(app_factory: Any) -> None:

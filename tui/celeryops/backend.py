@@ -558,6 +558,9 @@ class OpsBackend:
         decided, _restored = await runner.abort(run=run)
         if sink is not None:
             sink(Notice(level="info" if decided.action != "ask" else "warning", message=decided.explanation))
+            if decided.action != "ask" and decided.mark_as is not None:
+                sink(PhaseChanged(console_phase(decided.mark_as), "consumers restored"
+                                  if decided.action == "restore" else ""))
 
     async def detach(self) -> None:
         runner = self._refuse("detach from the run")

@@ -64,6 +64,12 @@ class RunModel:
         return self.phase in ACTIVE_PHASES
 
     @property
+    def parked(self) -> bool:
+        """A drain-only run of this console ended drained: its consumers stay stopped until a deploy or an abort."""
+        return (self.kind == "drain" and self.phase == "done" and self.finished is not None
+                and self.finished.outcome == "drained" and not self.operator_aborted)
+
+    @property
     def view(self) -> View | None:
         """The screen that shows the current phase best."""
         if self.phase in ("preflight", "ready") or (self.phase == "failed" and self.started is None):

@@ -134,8 +134,8 @@ class DrainScreen(ConsoleScreen):
             return box is not None and box.display
         if action == "filter" and box is not None and box.has_focus:  # typing: "/" goes into the box
             return False
-        if action == "abort":
-            return True if model.active else None
+        if action == "abort":  # a live run, or a drain-only run that ended drained and keeps consumers stopped
+            return True if model.active or model.parked else None
         if action == "forget_unknown":
             return True if model.progress is not None and model.progress.unknown else None
         return True
