@@ -299,9 +299,15 @@ class TaskTable(DataTable):
     def _update_dimensions(self, new_rows: Iterable[RowKey]) -> None:
         """DataTable's, for one-line rows without labels: widen the columns for the new rows' cells, then set the
         virtual size (the height is the row count)."""
+        self._widen(new_rows)
+        width = sum(column.get_render_width(self) for column in self.columns.values()) + self._row_label_column_width
+        self.virtual_size = Size(width, len(self.rows) + (self.header_height if self.show_header else 0))
+
+    def _widen(self, row_keys: Iterable[RowKey]) -> None:
+        """Widen the columns for these rows' cells."""
         columns = self.ordered_columns
         data, measure_cell = self._data, self._measure_cell
-        for row_key in new_rows:
+        for row_key in row_keys:
             row = data.get(row_key)
             if row is None:  # removed before the table was idle
                 continue
@@ -309,8 +315,6 @@ class TaskTable(DataTable):
                 value = row.get(column.key)
                 if value is not None:
                     column.content_width = max(column.content_width, measure_cell(value))
-        width = sum(column.get_render_width(self) for column in self.columns.values()) + self._row_label_column_width
-        self.virtual_size = Size(width, len(self.rows) + (self.header_height if self.show_header else 0))
 
     def remove_rows(self, keys: Collection[str]) -> None:
         """Remove many rows at once, re-indexing the rest once (``DataTable.remove_row`` re-indexes every row on each
@@ -346,11 +350,13 @@ class TaskTable(DataTable):
         return super().clear(columns)
 
     def append_rows(self, rows: list[tuple[str, tuple[str, ...]]]) -> None:
-        """``add_row`` for many rows, with one cursor check and one idle request instead of one per row."""
+        """``add_row`` for many rows, with one cursor check and one idle request instead of one per row; the
+        columns are widened for the new cells at once."""
         if not rows:
             return
         was_empty = not self.rows
-        locations, data, table_rows, new_rows = self._row_locations, self._data, self.rows, self._new_rows
+        locations, data, table_rows = self._row_locations, self._data, self.rows
+        appended: list[RowKey] = []
         column_keys = [column.key for column in self.ordered_columns]
         index = len(table_rows)
         for key, row_cells in rows:
@@ -360,9 +366,12 @@ class TaskTable(DataTable):
             locations[row_key] = index
             data[row_key] = row_data = dict(zip(column_keys, row_cells, strict=True))
             table_rows[row_key] = Row(row_key, 1, None, False)
-            new_rows.add(row_key)
+            appended.append(row_key)
             self._rows[key] = _Shown(row_cells[3], row_cells[4], row_data)
             index += 1
+        # Columns widen now, not when the table is next idle (DataTable's way): a frame painted in between, on a
+        # busy machine, showed header-wide columns. The idle update still sets the virtual size.
+        self._widen(appended)
         self._require_update_dimensions = True
         self.cursor_coordinate = self.cursor_coordinate
         if was_empty and self.columns and self.show_cursor and self.cursor_type != "none":
