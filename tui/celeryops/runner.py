@@ -340,7 +340,7 @@ class Runner:
         except asyncio.CancelledError:
             await self._restore_after(drain, run, "interrupted", publisher)
             on_event(DrainFinished(outcome="interrupted", elapsed=drain.last.elapsed if drain.last else 0.0,
-                                    message="Interrupted: consumers restored, nothing was killed."))
+                                   message="Interrupted: consumers restored, nothing was killed."))
             raise
         except BaseException as exc:
             if drain.stopped:

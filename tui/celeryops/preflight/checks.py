@@ -166,7 +166,6 @@ def fence_plugin_check(app: Celery, fleet: str, *, check_id: str = "fence", titl
         from celeryops.fence import fence_status
 
         replies = await asyncio.to_thread(fence_status, app)
-        without = sorted(w for w, r in replies.items() if not r.plugin)
         elsewhere = sorted((r.fleet, w) for w, r in replies.items() if r.plugin and r.fleet and r.fleet != fleet)
         if elsewhere:
             names = sorted({f for f, _ in elsewhere})
@@ -179,6 +178,7 @@ def fence_plugin_check(app: Celery, fleet: str, *, check_id: str = "fence", titl
         if not replies:
             return CheckResult(check_id, title, "warn", "no worker answered the fence status command",
                                "check the workers; the drain still re-broadcasts the stop at every poll")
+        without = sorted(w for w, r in replies.items() if not r.plugin)
         if without:
             return CheckResult(check_id, title, "warn",
                                f"{len(without)} of {len(replies)} worker(s) run without the fence plugin: "
