@@ -9,7 +9,9 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev,gpu]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[console,dev,gpu]"
+	@# the test harness (tests, bench, tools, test workers) is importable in the venv but not part of the wheel
+	@echo "$(CURDIR)/harness" > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/celeryops_harness.pth"
 	@touch $(STAMP)
 
 venv: $(STAMP)
@@ -18,9 +20,9 @@ demo: $(STAMP)
 	$(BIN)/celeryops demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check tui tests bench tools
+	$(BIN)/ruff check tui tests bench tools harness
 	$(BIN)/mypy
-	$(BIN)/python tools/check_layers.py
+	$(BIN)/lint-imports
 
 test: $(STAMP)
 	@bash tools/ensure-test-services.sh

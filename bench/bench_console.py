@@ -22,7 +22,7 @@ from celeryops.console.app import ConsoleApp, make_app
 from celeryops.console.screens.drain import DrainScreen
 from celeryops.console.static import StaticBackend
 from celeryops.console.widgets.task_table import TaskTable
-from celeryops.events import DrainProgress
+from celeryops.core.events import DrainProgress
 
 SIZE = (120, 40)
 

@@ -5,7 +5,7 @@ default, a streak it never reaches) is started; after its first cancel broadcast
 and a new worker is started every ``--every`` seconds, until ``--seconds`` have passed; then the drain is stopped
 with SIGINT (it restores the consumers). Counted from the tasks' own start records (Redis TIME): the tasks that
 started after the drain's first cancel. Without the plugin a new worker fetches until the next re-broadcast reaches
-it; with the plugin (``celeryops.testing.fenceapp``) it must be 0.
+it; with the plugin (``celeryops_harness.fenceapp``) it must be 0.
 
 Usage: .venv/bin/python bench/bench_fence.py [--seconds 60 | --quick] [--every 5] [--interval 15]
 """
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import redis
 
-from celeryops.testing.taskapp import sleep
-from celeryops.testing.workers import WorkerProcess
+from celeryops_harness.taskapp import sleep
+from celeryops_harness.workers import WorkerProcess
 from common import bench_fleet, table
 
 QUEUE = "bench-fence"
@@ -87,7 +87,7 @@ class DrainProcess:
 
 
 def run_case(plugin: bool, seconds: float, every: float, interval: float) -> CaseResult:
-    app = "celeryops.testing.fenceapp" if plugin else "celeryops.testing.taskapp"
+    app = "celeryops_harness.fenceapp" if plugin else "celeryops_harness.taskapp"
     label = "with the fence plugin" if plugin else "without the plugin"
     with bench_fleet() as fleet, tempfile.TemporaryDirectory(prefix="celeryops-bench-state-") as state:
         env = {"CELERYOPS_TEST_RECORD": fleet.broker, "CELERYOPS_FENCE_INTERVAL": "0.5"}

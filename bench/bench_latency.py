@@ -3,12 +3,12 @@
 Time from the last in-flight task finishing to the drained verdict, with interval I and streak S:
 
   seed loop   today's ``Drain.run``: poll, sleep I, poll ... (the seed's loop): up to S x I;
-  task events the same loop plus ``TaskWatch`` (``celeryops.taskevents``): it listens
+  task events the same loop plus ``TaskWatch`` (``celeryops.adapters.taskevents``): it listens
               to Celery task events on the broker and sets ``Drain.wake`` as soon as every task the last poll saw
               in flight (active or reserved) has finished, so the first empty observation comes at once; the
               S-in-a-row rule is untouched (the next S-1 polls still come I apart). Target: <= (S-1) x I + 1 s.
 
-Fleets: simulated workers (``celeryops.testing.simfleet``, ``events=True``: they send ``task-succeeded`` at each
+Fleets: simulated workers (``celeryops_harness.simfleet``, ``events=True``: they send ``task-succeeded`` at each
 task's end) with tasks ending at random times, and one real Celery worker started with task events
 (``CELERYOPS_TEST_EVENTS=1`` -> ``worker_send_task_events``) running a sleep task, whose finish time is read from
 the task's own record (ct:run:<id>, Redis TIME).
@@ -29,18 +29,18 @@ from typing import Any
 import redis
 from celery import Celery
 
-from celeryops.drain import Drain, DrainSettings
-from celeryops.fleet import Fleet
-from celeryops.taskevents import TaskWatch
-from celeryops.testing.redis_server import RedisServer
-from celeryops.testing.simfleet import SimSpec, SimTask, sim_fleet
+from celeryops.adapters.fleet import Fleet
+from celeryops.adapters.taskevents import TaskWatch
+from celeryops.demo.standins.redis_server import RedisServer
+from celeryops.ops.drain import Drain, DrainSettings
+from celeryops_harness.simfleet import SimSpec, SimTask, sim_fleet
 from common import bench_fleet, control_app, table
 
 QUEUE = "celery"
 END_EVENTS = ("task-succeeded", "task-failed", "task-revoked", "task-rejected", "task-retried")
 
 
-# The early re-poll is celeryops.taskevents.TaskWatch + the Drain loop itself (both in the package now).
+# The early re-poll is celeryops.adapters.taskevents.TaskWatch + the Drain loop itself (both in the package now).
 ProposedDrain = Drain
 
 

@@ -4,7 +4,7 @@ One full observation, ``Fleet.observe`` (active + reserved + scheduled + active_
 N = 1, 4, 8 real workers (threads pool, each running two sleep tasks with one more prefetched and one ETA task
 held, so the replies are not empty), side by side in the same run with:
 
-  (a) ``celery -A celeryops.testing.taskapp inspect active``: what an operator runs today (a new process,
+  (a) ``celery -A celeryops_harness.taskapp inspect active``: what an operator runs today (a new process,
       default 1 s timeout: it waits the whole timeout because a broadcast cannot know how many workers exist);
   (b) one in-process ``app.control.inspect(destination=known, limit=N).active()`` round trip: the floor.
 
@@ -19,7 +19,7 @@ not in fleet.py):
        ``celeryops_fence``), sent as one broadcast in a thread like Fleet._broadcast: the floor's round trip with
        a bigger reply.
 
-The bench workers run ``-A bench_observe:worker_app``: the test task app (celeryops.testing.taskapp) plus the
+The bench workers run ``-A bench_observe:worker_app``: the test task app (celeryops_harness.taskapp) plus the
 ``celeryops_observe`` command; every contender talks to the same workers.
 
 Usage: .venv/bin/python bench/bench_observe.py [--repeats 30] [--cli-repeats 5] [--sizes 1,4,8]
@@ -43,8 +43,8 @@ from kombu.connection import Connection
 from kombu.messaging import Consumer
 from kombu.utils.uuid import uuid
 
-from celeryops.fleet import Fleet
-from celeryops.testing.workers import wait_for
+from celeryops.adapters.fleet import Fleet
+from celeryops_harness.workers import wait_for
 from common import BenchFleet, Timing, bench_fleet, control_app, measure, measure_interleaved, ms, ratio, table
 
 COMMANDS = ("active", "reserved", "scheduled", "active_queues")
@@ -72,7 +72,7 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(name)
     from celery.worker.control import Panel, inspect_command
 
-    from celeryops.testing.taskapp import app as worker_app
+    from celeryops_harness.taskapp import app as worker_app
 
     if OBSERVE_COMMAND not in Panel.data:
         inspect_command(name=OBSERVE_COMMAND)(_celeryops_observe)
@@ -107,7 +107,7 @@ def celery_cli() -> list[str]:
 
 def cli_inspect(broker: str, known: list[str]) -> Callable[[], None]:
     env = {**os.environ, "CELERYOPS_TEST_BROKER": broker}
-    cmd = [*celery_cli(), "-A", "celeryops.testing.taskapp", "inspect", "active"]
+    cmd = [*celery_cli(), "-A", "celeryops_harness.taskapp", "inspect", "active"]
 
     def call() -> None:
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)

@@ -2,7 +2,7 @@
 
 One drain poll, exactly as ``Drain.poll`` does it (membership from the pidbox bindings, ``Fleet.observe``: four
 parallel broadcasts with destination + limit, the bindings again, the verdict, then the re-broadcast of
-``cancel_consumer``), at N = 10, 100, 1,000 simulated workers (``celeryops.testing.simfleet``: real kombu pidbox
+``cancel_consumer``), at N = 10, 100, 1,000 simulated workers (``celeryops_harness.simfleet``: real kombu pidbox
 protocol on a private redis-server; each worker runs two tasks, holds one prefetched and one ETA task, so the
 replies are not empty and the verdict is "continue", which re-broadcasts).
 
@@ -32,8 +32,8 @@ from typing import Any
 
 import redis
 
-from celeryops.testing.redis_server import RedisServer
-from celeryops.testing.simfleet import SimSpec, sim_fleet
+from celeryops.demo.standins.redis_server import RedisServer
+from celeryops_harness.simfleet import SimSpec, sim_fleet
 from common import Timing, control_app, ms, table
 
 QUEUE = "celery"
@@ -74,8 +74,8 @@ def delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
 
 def poll_child(broker: str, expect: int, repeats: int) -> dict[str, Any]:
     """Runs in its own process: start a drain (once), then time ``repeats`` polls (after one warm-up)."""
-    from celeryops.drain import Drain, DrainSettings
-    from celeryops.fleet import Fleet
+    from celeryops.adapters.fleet import Fleet
+    from celeryops.ops.drain import Drain, DrainSettings
 
     client = redis.Redis.from_url(broker)
     rss_base = rss_mb()
@@ -134,7 +134,7 @@ def cli_inspect(broker: str, names: list[str], client: redis.Redis) -> tuple[flo
     env = {**os.environ, "CELERYOPS_TEST_BROKER": broker}
     before = commandstats(client)
     t0 = time.perf_counter()
-    out = subprocess.run([*celery_cli(), "-A", "celeryops.testing.taskapp", "inspect", "active"], env=env,
+    out = subprocess.run([*celery_cli(), "-A", "celeryops_harness.taskapp", "inspect", "active"], env=env,
                          capture_output=True, text=True, timeout=300)
     wall = time.perf_counter() - t0
     cmds = sum(delta(before, commandstats(client)).values())

@@ -1,5 +1,5 @@
 """Small helpers shared by the benchmarks in bench/: timing with repeats (median and p95), a plain-text table,
-and a private redis-server with N real Celery workers (``celeryops.testing.workers.WorkerProcess``).
+and a private redis-server with N real Celery workers (``celeryops_harness.workers.WorkerProcess``).
 
 Benchmarks measure speed and print tables; they are not tests and assert nothing about durations.
 """
@@ -18,8 +18,8 @@ from pathlib import Path
 
 from celery import Celery
 
-from celeryops.testing.redis_server import RedisServer
-from celeryops.testing.workers import WorkerProcess
+from celeryops.demo.standins.redis_server import RedisServer
+from celeryops_harness.workers import WorkerProcess
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,11 @@ def cli_env(state_dir: Path, **extra: str) -> dict[str, str]:
 
 
 def run_cli(args: list[str], env: dict[str, str], timeout: float = 120,
-            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True, timeout=timeout,
+            cwd: Path | None = None, kill_after: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``kill_after``: SIGKILL the process right after the journal record of that kind is durable (the harness's
+    ``celeryops_harness.killcli`` wrapper)."""
+    cmd = [sys.executable, "-m", "celeryops_harness.killcli", kill_after] if kill_after else CLI
+    return subprocess.run([*cmd, *args], env=env, capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL, cwd=cwd)
 
 

@@ -17,8 +17,8 @@ import pytest
 import redis
 from celery import Celery
 
-from celeryops.testing.redis_server import RedisServer
-from celeryops.testing.workers import WorkerProcess, control_app, wait_for
+from celeryops.demo.standins.redis_server import RedisServer
+from celeryops_harness.workers import WorkerProcess, control_app, wait_for
 
 AMQP_HOST = "127.0.0.1:5672"
 

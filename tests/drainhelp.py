@@ -6,7 +6,7 @@ from typing import Any
 
 import redis
 
-from celeryops.testing.taskapp import sleep
+from celeryops_harness.taskapp import sleep
 
 
 def enqueue(broker: str, queue: str, seconds: float, n: int = 1, **options: Any) -> list[str]:

@@ -13,9 +13,9 @@ from typing import Any
 import redis
 from celery import Celery
 
-from celeryops.journal import Journal, Run, journal_path
-from celeryops.testing.redis_server import RedisServer
-from celeryops.testing.workers import WorkerProcess, wait_for
+from celeryops.demo.standins.redis_server import RedisServer
+from celeryops.ops.journal import Journal, Run, journal_path
+from celeryops_harness.workers import WorkerProcess, wait_for
 from clihelp import run_cli
 
 Consumers = dict[str, set[str]]

@@ -24,12 +24,12 @@ import pytest
 import redis
 from celery import Celery
 
-from celeryops.journal import Journal
-from celeryops.testing.cloudrun import CloudRunStandIn
-from celeryops.testing.gitfixture import GitFixture
-from celeryops.testing.redis_server import RedisServer
-from celeryops.testing.registry import RegistryStandIn
-from celeryops.testing.workers import WorkerProcess
+from celeryops.demo.standins.cloudrun import CloudRunStandIn
+from celeryops.demo.standins.gitrepo import GitFixture
+from celeryops.demo.standins.redis_server import RedisServer
+from celeryops.demo.standins.registry import RegistryStandIn
+from celeryops.ops.journal import Journal
+from celeryops_harness.workers import WorkerProcess
 from clihelp import cli_env, run_cli
 
 pytestmark = pytest.mark.slow

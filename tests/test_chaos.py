@@ -1,6 +1,6 @@
 """Issue 9, chaos suite (the reduced CI version of ``make chaos``): 10 seeded trials of ``celeryops deploy`` with real
 workers, a private broker per trial that may crash, the Cloud Run stand-in, and faults at random moments (see
-``celeryops.testing.chaos``). After each trial every task ran exactly once or is still queued, and every live worker
+``celeryops_harness.chaos``). After each trial every task ran exactly once or is still queued, and every live worker
 consumes its queue again; the deploy's exit code is the one its faults call for.
 
 The seeds are fixed (chosen so that every fault kind is hit: scale-out, SIGKILL after a journal record followed by
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from celeryops.testing.chaos import FAULT_KINDS, ChaosLab, TrialPlan, TrialResult, summary
+from celeryops_harness.chaos import FAULT_KINDS, ChaosLab, TrialPlan, TrialResult, summary
 
 pytestmark = pytest.mark.slow
 

@@ -18,8 +18,8 @@ from google.cloud.run_v2.services.services.transports import ServicesGrpcTranspo
 from google.cloud.run_v2.services.worker_pools.transports import WorkerPoolsGrpcTransport
 from google.longrunning import operations_pb2
 
-from celeryops.testing.cloudrun import CloudRunStandIn, iter_conditions
-from celeryops.testing.workers import wait_for
+from celeryops.demo.standins.cloudrun import CloudRunStandIn, iter_conditions
+from celeryops_harness.workers import wait_for
 
 State = run_v2.Condition.State
 REVISION = re.compile(r"^projects/p/locations/europe-west1/services/worker/revisions/worker-(\d{5})-[a-z0-9]{3}$")
@@ -204,7 +204,7 @@ def test_restart_keeps_port_and_state(standin: CloudRunStandIn) -> None:
 
 def test_module_entry_point_serves_seeds() -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "celeryops.testing.cloudrun", "--port", "0", "--rollout-seconds", "0.1",
+        [sys.executable, "-m", "celeryops.demo.standins.cloudrun", "--port", "0", "--rollout-seconds", "0.1",
          "--seed-service", "p/europe-west1/worker=img:1", "--seed-worker-pool", "p/europe-west1/pool=img:9"],
         stdout=subprocess.PIPE, text=True)
     try:

@@ -1,4 +1,4 @@
-"""celeryops.config: sources, precedence, every valid key, and one sentence per bad configuration."""
+"""celeryops.core.config: sources, precedence, every valid key, and one sentence per bad configuration."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from celeryops.config import Config, DrainSettings, ReleaseSettings, Target, is_loopback_endpoint, load_config
-from celeryops.errors import EXIT_USAGE, UserError
+from celeryops.core.config import Config, DrainSettings, ReleaseSettings, Target, is_loopback_endpoint, load_config
+from celeryops.core.errors import EXIT_USAGE, UserError
 
 FULL_PYPROJECT = """
 [project]

@@ -19,12 +19,12 @@ import pytest
 import redis
 
 from celeryops.commands.demo import _progress
+from celeryops.commands.output import Printer
+from celeryops.core.errors import EXIT_INTERRUPTED, EXIT_USAGE, UserError
 from celeryops.demo.sandbox import RELEASE, Sandbox
 from celeryops.demo.timing import Timing
-from celeryops.errors import EXIT_INTERRUPTED, EXIT_USAGE, UserError
-from celeryops.output import Printer
 from celeryops.slots import read_all
-from celeryops.testing.workers import wait_for
+from celeryops_harness.workers import wait_for
 from clihelp import CliProcess, cli_env, run_cli
 
 MARK = "DEMO_TEST_MARK"

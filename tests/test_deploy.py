@@ -13,8 +13,7 @@ import pytest
 from google.cloud import run_v2
 from google.cloud.run_v2.services.services.transports import ServicesGrpcTransport
 
-from celeryops.config import Target
-from celeryops.deploy import (
+from celeryops.adapters.deploy import (
     CloudRunDeployer,
     CommandDeployer,
     CommandOutput,
@@ -29,8 +28,9 @@ from celeryops.deploy import (
     deployer_for,
     render_command,
 )
-from celeryops.errors import EXIT_DEPLOY, EXIT_TIMEOUT
-from celeryops.testing.cloudrun import CloudRunStandIn
+from celeryops.core.config import Target
+from celeryops.core.errors import EXIT_DEPLOY, EXIT_TIMEOUT
+from celeryops.demo.standins.cloudrun import CloudRunStandIn
 
 SERVICE = "projects/p/locations/europe-west1/services/worker"
 POOL = "projects/p/locations/europe-west1/workerPools/gpu"

@@ -12,10 +12,10 @@ import pytest
 import redis
 from celery import Celery
 
-from celeryops.testing.cloudrun import CloudRunStandIn, standin_config
-from celeryops.testing.gitfixture import GitFixture
-from celeryops.testing.registry import RegistryStandIn
-from celeryops.testing.workers import WorkerProcess, wait_for
+from celeryops.demo.standins.cloudrun import CloudRunStandIn, standin_config
+from celeryops.demo.standins.gitrepo import GitFixture
+from celeryops.demo.standins.registry import RegistryStandIn
+from celeryops_harness.workers import WorkerProcess, wait_for
 from clihelp import CliProcess, cli_env, run_cli
 from drainhelp import enqueue, finished, runs, started
 
@@ -140,7 +140,7 @@ def test_resume_finishes_an_interrupted_deploy(setup, redis_url: str, redis_clie
     (old,) = fleet.start(1, "worker-00001-old")
     env = cli_env(setup["dir"] / "state", CELERYOPS_LEASE_TTL="1")
     args = ["deploy", "demo-2", "--yes", "--accept-warnings", "--json", "--repo", str(setup["git"].work)]
-    killed = run_cli(args, {**env, "CELERYOPS_TEST_KILL_AFTER": kill_after}, cwd=setup["dir"])
+    killed = run_cli(args, env, cwd=setup["dir"], kill_after=kill_after)
     assert killed.returncode == -signal.SIGKILL, killed.stdout[-1500:] + killed.stderr[-1500:]
     wait_for(lambda: '"orphaned": true' in run_cli(["status", "--json"], env, cwd=setup["dir"]).stdout, 30,
              "the killed run's lease to be orphaned")

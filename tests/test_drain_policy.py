@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from celeryops.drain import DrainSettings, PolicyState, judge
-from celeryops.events import Observation, WorkerObs
+from celeryops.core.events import Observation, WorkerObs
+from celeryops.ops.drain import DrainSettings, PolicyState, judge
 
 S = DrainSettings(interval=15, streak=2, max_wait=1200)
 

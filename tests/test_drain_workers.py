@@ -9,7 +9,7 @@ import pytest
 import redis
 from celery import Celery
 
-from celeryops.testing.workers import WorkerProcess, wait_for
+from celeryops_harness.workers import WorkerProcess, wait_for
 from clihelp import CliProcess, cli_env, run_cli
 from drainhelp import enqueue, finished, runs, started
 

@@ -18,6 +18,7 @@ import redis
 from celery import Celery
 from kombu.exceptions import OperationalError
 
+from celeryops.demo.standins.redis_server import RedisServer
 from celeryops.fence import (
     FenceConflict,
     FenceRecord,
@@ -28,12 +29,11 @@ from celeryops.fence import (
     registry,
     registry_key,
 )
-from celeryops.preflight.checks import fence_plugin_check
-from celeryops.testing.redis_server import RedisServer
-from celeryops.testing.taskapp import noop, sleep
-from celeryops.testing.workers import WorkerProcess, wait_for
+from celeryops.ops.preflight.checks import fence_plugin_check
+from celeryops_harness.taskapp import noop, sleep
+from celeryops_harness.workers import WorkerProcess, wait_for
 
-FENCE_APP = "celeryops.testing.fenceapp"
+FENCE_APP = "celeryops_harness.fenceapp"
 FAST = {"CELERYOPS_FENCE_INTERVAL": "0.2"}
 WAIT = 60.0  # generous: the machine is shared
 

@@ -1,5 +1,5 @@
 """The drain fence wired into real runs (issue 7 acceptance): the real ``celeryops`` CLI as subprocesses, real
-plugin workers (``celeryops.testing.fenceapp``) and plain ones, one real Redis for broker, fence and task records.
+plugin workers (``celeryops_harness.fenceapp``) and plain ones, one real Redis for broker, fence and task records.
 
 "Never executed" is read from the tasks' own start records (``ct:run:<id>``, Redis TIME), after a window in which
 an unfenced worker would certainly have fetched (several plugin heartbeats with tasks waiting in the queue).
@@ -18,18 +18,18 @@ import pytest
 import redis
 from celery import Celery
 
+from celeryops.demo.standins.cloudrun import CloudRunStandIn, standin_config
+from celeryops.demo.standins.gitrepo import GitFixture
+from celeryops.demo.standins.registry import RegistryStandIn
 from celeryops.fence import FenceStore, PluginWorkerInfo, plugin_workers
-from celeryops.testing.cloudrun import CloudRunStandIn, standin_config
-from celeryops.testing.gitfixture import GitFixture
-from celeryops.testing.registry import RegistryStandIn
-from celeryops.testing.workers import WorkerProcess, wait_for
+from celeryops_harness.workers import WorkerProcess, wait_for
 from clihelp import CliProcess, cli_env, run_cli
 from drainhelp import enqueue, finished, runs, started
 from e2ehelp import active_queues
 
 pytestmark = pytest.mark.slow
 
-FENCE_APP = "celeryops.testing.fenceapp"
+FENCE_APP = "celeryops_harness.fenceapp"
 PLUGIN = {"CELERYOPS_FENCE_INTERVAL": "0.3"}
 FENCE_TTL = "3"
 WAIT = 60.0  # generous: the machine is shared

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from celeryops.errors import EXIT_PREFLIGHT, UserError
-from celeryops.gitrepo import (
+from celeryops.adapters.gitrepo import (
     CommitNotFound,
     Divergence,
     GitNotInstalled,
@@ -17,7 +16,8 @@ from celeryops.gitrepo import (
     RemoteMissing,
     RemoteUnreachable,
 )
-from celeryops.testing.gitfixture import GitFixture
+from celeryops.core.errors import EXIT_PREFLIGHT, UserError
+from celeryops.demo.standins.gitrepo import GitFixture
 
 NOW = datetime(2026, 5, 4, 12, 0, 0, tzinfo=UTC)
 

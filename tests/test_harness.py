@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import redis
 
-from celeryops.testing.redis_server import RedisServer
-from celeryops.testing.taskapp import sleep
-from celeryops.testing.workers import wait_for
+from celeryops.demo.standins.redis_server import RedisServer
+from celeryops_harness.taskapp import sleep
+from celeryops_harness.workers import wait_for
 
 
 def test_private_redis_restarts_on_same_port(own_redis: RedisServer) -> None:

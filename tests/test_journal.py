@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from celeryops.errors import UserError
-from celeryops.journal import PHASES, InvalidTransition, Journal, Phase, UnknownRun, journal_path, new_run_id
-from celeryops.recovery import plan
+from celeryops.core.errors import UserError
+from celeryops.ops.journal import PHASES, InvalidTransition, Journal, Phase, UnknownRun, journal_path, new_run_id
+from celeryops.ops.recovery import plan
 
 # The documented transitions, written out independently of the module's table.
 ALLOWED: set[tuple[str, str]] = {
@@ -160,7 +160,7 @@ async def test_async_api(journal: Journal) -> None:
 CHILD = textwrap.dedent("""
     import os, signal, sys
     from pathlib import Path
-    from celeryops.journal import Journal
+    from celeryops.ops.journal import Journal
 
     state, kill_at, effects = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 

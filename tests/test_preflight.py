@@ -10,8 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from celeryops.gitrepo import GitError, GitRepo
-from celeryops.preflight import (
+from celeryops.adapters.gitrepo import GitError, GitRepo
+from celeryops.adapters.registry import ImageRegistry
+from celeryops.demo.standins.gitrepo import GitFixture
+from celeryops.demo.standins.redis_server import free_port
+from celeryops.demo.standins.registry import RegistryStandIn
+from celeryops.ops.preflight import (
     Check,
     CheckFinished,
     CheckResult,
@@ -25,11 +29,7 @@ from celeryops.preflight import (
     release_branch_check,
     run_checks,
 )
-from celeryops.preflight.checks import MissingPermissions
-from celeryops.registry import ImageRegistry
-from celeryops.testing.gitfixture import GitFixture
-from celeryops.testing.redis_server import free_port
-from celeryops.testing.registry import RegistryStandIn
+from celeryops.ops.preflight.checks import MissingPermissions
 
 NOW = datetime(2026, 5, 4, 12, 0, 0, tzinfo=UTC)
 

@@ -8,9 +8,9 @@ import time
 import pytest
 import redis
 
-from celeryops.publish import Publisher, events_key, read_events, read_status, status_key
-from celeryops.runlease import RunLease, read_lease
-from celeryops.testing.redis_server import RedisServer
+from celeryops.demo.standins.redis_server import RedisServer
+from celeryops.ops.publish import Publisher, events_key, read_events, read_status, status_key
+from celeryops.ops.runlease import RunLease, read_lease
 
 
 def make(client: redis.Redis, **kw: object) -> Publisher:

@@ -7,9 +7,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from celeryops.errors import EXIT_DEPLOY, EXIT_OK
-from celeryops.journal import PHASES, TERMINAL_PHASES, Phase, Record, Run
-from celeryops.recovery import ABORT, ABORT_RESTORE, RESUME, ROLLOUTS, Rollout, deploy_state, plan
+from celeryops.core.errors import EXIT_DEPLOY, EXIT_OK
+from celeryops.ops.journal import PHASES, TERMINAL_PHASES, Phase, Record, Run
+from celeryops.ops.recovery import ABORT, ABORT_RESTORE, RESUME, ROLLOUTS, Rollout, deploy_state, plan
 
 
 class Builder:

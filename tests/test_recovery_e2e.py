@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 import redis
 
-from celeryops.journal import Journal, journal_path
-from celeryops.masking import mask_url
-from celeryops.publish import read_events
-from celeryops.runlease import read_lease
-from celeryops.testing.redis_server import RedisServer
-from celeryops.testing.workers import WorkerProcess, control_app, wait_for
+from celeryops.core.masking import mask_url
+from celeryops.demo.standins.redis_server import RedisServer
+from celeryops.ops.journal import Journal, journal_path
+from celeryops.ops.publish import read_events
+from celeryops.ops.runlease import read_lease
+from celeryops_harness.workers import WorkerProcess, control_app, wait_for
 from clihelp import CliProcess, cli_env, run_cli
 from drainhelp import enqueue, finished, runs, started
 from e2ehelp import (
@@ -148,7 +148,7 @@ def assert_no_current_run(after: dict[str, Any], run_id: str) -> None:
 def test_sigkill_in_each_phase_then_abort_restores_exactly(fleet: SharedFleet, env: dict[str, str],
                                                            fleet_name: str, coord: redis.Redis, kill_after: str,
                                                            phase: str, stopped: bool) -> None:
-    drain = run_cli(["drain", "--broker", fleet.url, *FAST, "--json"], {**env, "CELERYOPS_TEST_KILL_AFTER": kill_after})
+    drain = run_cli(["drain", "--broker", fleet.url, *FAST, "--json"], env, kill_after=kill_after)
     assert drain.returncode == -signal.SIGKILL, (drain.returncode, drain.stdout, drain.stderr)
     assert fleet.consuming() == (fleet.all_stopped() if stopped else fleet.baseline)
 
@@ -364,8 +364,7 @@ def test_no_password_in_journal_redis_mirror_or_output(tmp_path: Path, start_wor
 
         # A drain (killed right after its `draining` record), what reads it in both formats, a refused second
         # drain, an unreachable broker given with the password, the recovery; then a full drain and its undo.
-        (killed,) = record(run_cli(["drain", "--broker", url, *FAST, "--json"],
-                                   {**env, "CELERYOPS_TEST_KILL_AFTER": "phase:draining"}))
+        (killed,) = record(run_cli(["drain", "--broker", url, *FAST, "--json"], env, kill_after="phase:draining"))
         assert killed.returncode == -signal.SIGKILL
         bad = url.replace(f"127.0.0.1:{server.port}", "127.0.0.1:1")
         reads = record(*run_together((["status", "--broker", url], env), (["status", "--broker", url, "--json"], env),

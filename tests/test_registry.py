@@ -8,8 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from celeryops.errors import EXIT_PREFLIGHT
-from celeryops.registry import (
+from celeryops.adapters.registry import (
     ACCEPT_HEADER,
     MANIFEST_MEDIA_TYPES,
     ImageRef,
@@ -20,8 +19,9 @@ from celeryops.registry import (
     parse_challenge,
     parse_image_ref,
 )
-from celeryops.testing.redis_server import free_port
-from celeryops.testing.registry import (
+from celeryops.core.errors import EXIT_PREFLIGHT
+from celeryops.demo.standins.redis_server import free_port
+from celeryops.demo.standins.registry import (
     OCI_INDEX,
     OCI_MANIFEST,
     DockerRegistryProcess,

@@ -11,10 +11,10 @@ import textwrap
 import pytest
 import redis
 
-from celeryops.errors import EXIT_PREFLIGHT
-from celeryops.namespace import fleet_key
-from celeryops.runlease import LeaseHeld, RunLease, read_lease
-from celeryops.testing.workers import wait_for
+from celeryops.core.errors import EXIT_PREFLIGHT
+from celeryops.core.namespace import fleet_key
+from celeryops.ops.runlease import LeaseHeld, RunLease, read_lease
+from celeryops_harness.workers import wait_for
 
 
 @pytest.fixture
@@ -110,7 +110,7 @@ async def test_heartbeat_keeps_a_short_lease_alive_and_reports_loss(redis_url: s
 HOLDER = textwrap.dedent("""
     import asyncio, sys
     import redis
-    from celeryops.runlease import RunLease
+    from celeryops.ops.runlease import RunLease
 
     async def main():
         client = redis.Redis.from_url(sys.argv[1])

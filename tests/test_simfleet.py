@@ -1,4 +1,4 @@
-"""The simulated fleet (celeryops.testing.simfleet) against a real redis-server, seen through the real Fleet adapter:
+"""The simulated fleet (celeryops_harness.simfleet) against a real redis-server, seen through the real Fleet adapter:
 members from the pidbox bindings, observe with task counts, cancel/add_consumer, silent workers, evolving tasks
 and the task-succeeded events they send."""
 
@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celeryops.fleet import Fleet
-from celeryops.testing.simfleet import SimFleet, SimSpec, SimTask, sim_fleet
-from celeryops.testing.workers import control_app, wait_for
+from celeryops.adapters.fleet import Fleet
+from celeryops_harness.simfleet import SimFleet, SimSpec, SimTask, sim_fleet
+from celeryops_harness.workers import control_app, wait_for
 
 
 @pytest.fixture

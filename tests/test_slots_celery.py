@@ -1,4 +1,4 @@
-"""Slot-gated tasks on real Celery worker processes (celeryops.testing.slotapp) with a real redis-server."""
+"""Slot-gated tasks on real Celery worker processes (celeryops_harness.slotapp) with a real redis-server."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import redis
 from celery import Celery
 
 from celeryops.slots import SlotStore, read_all
-from celeryops.testing.slotapp import slot_kw, slot_sleep
-from celeryops.testing.workers import WorkerProcess, wait_for
+from celeryops_harness.slotapp import slot_kw, slot_sleep
+from celeryops_harness.workers import WorkerProcess, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +28,7 @@ def test_four_slots_run_two_tasks_of_two_at_a_time(
         queue_name: str) -> None:
     env = {**BASE_ENV, "CELERYOPS_SLOTS_LEASE_TTL": "3", "CELERYOPS_SLOTS_SCOPE": "host",
            "CELERYOPS_SLOTS_HOST": "host-a"}
-    (worker,) = start_workers(redis_url, app="celeryops.testing.slotapp", concurrency=4, queues=[queue_name],
+    (worker,) = start_workers(redis_url, app="celeryops_harness.slotapp", concurrency=4, queues=[queue_name],
                               env=env)
     ids = [send(slot_sleep, redis_url, queue_name, 0.4, f"t{i}") for i in range(12)]
     wait_for(lambda: redis_client.llen("ct:finishes") >= 12, 120, "all 12 tasks to finish")
@@ -48,9 +48,9 @@ def test_slots_of_a_killed_worker_go_to_another_worker_after_the_ttl(
         queue_name: str) -> None:
     env = {**BASE_ENV, "CELERYOPS_SLOTS_LEASE_TTL": "2"}
     q_a, q_b = f"{queue_name}-a", f"{queue_name}-b"
-    (worker_a,) = start_workers(redis_url, app="celeryops.testing.slotapp", concurrency=2, queues=[q_a], env=env,
+    (worker_a,) = start_workers(redis_url, app="celeryops_harness.slotapp", concurrency=2, queues=[q_a], env=env,
                                 wait=False)
-    (worker_b,) = start_workers(redis_url, app="celeryops.testing.slotapp", concurrency=2, queues=[q_b], env=env,
+    (worker_b,) = start_workers(redis_url, app="celeryops_harness.slotapp", concurrency=2, queues=[q_b], env=env,
                                 wait=False)
     control = Celery("slots_test_control", broker=redis_url)
     try:
@@ -88,7 +88,7 @@ def test_an_eight_slot_task_among_a_stream_of_one_slot_tasks_gets_to_run(
         queue_name: str) -> None:
     env = {**BASE_ENV, "CELERYOPS_SLOTS_CPU": "8", "CELERYOPS_SLOTS_LEASE_TTL": "5",
            "CELERYOPS_SLOTS_STARVATION_AFTER": "1"}
-    start_workers(redis_url, app="celeryops.testing.slotapp", concurrency=6, queues=[queue_name], env=env)
+    start_workers(redis_url, app="celeryops_harness.slotapp", concurrency=6, queues=[queue_name], env=env)
     smalls = [send(slot_kw, redis_url, queue_name, 0.3, f"s{i}", resource_type="cpu", resource_slots=1)
               for i in range(20)]
     wait_for(lambda: redis_client.llen("ct:slots:order") >= 3, 60, "the stream to be running")

@@ -10,9 +10,9 @@ import redis
 from click.testing import CliRunner
 
 from celeryops.cli import main
-from celeryops.errors import EXIT_BROKER
+from celeryops.core.errors import EXIT_BROKER
 from celeryops.slots import SlotStore
-from celeryops.testing.redis_server import free_port
+from celeryops.demo.standins.redis_server import free_port
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ import redis
 from redis.cluster import RedisCluster
 
 from celeryops.slots import SlotStore, read_all
-from celeryops.testing.redis_server import free_port
-from celeryops.testing.workers import wait_for
+from celeryops.demo.standins.redis_server import free_port
+from celeryops_harness.workers import wait_for
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from celeryops.slots import SlotStore
-from celeryops.testing.redis_server import RedisServer
+from celeryops.demo.standins.redis_server import RedisServer
 
 TOTALS = {"cpu": 6, "gpu": 2}
 IDS = st.sampled_from([f"t{i}" for i in range(6)])

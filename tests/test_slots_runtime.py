@@ -14,8 +14,8 @@ import pytest
 import redis
 
 from celeryops.slots import LeaseLost, SlotRuntime, SlotSettings, SlotStore, detect_totals, settings_from_env
-from celeryops.testing.redis_server import RedisServer
-from celeryops.testing.workers import wait_for
+from celeryops.demo.standins.redis_server import RedisServer
+from celeryops_harness.workers import wait_for
 
 
 def make_runtime(url: str, **kw: object) -> SlotRuntime:
@@ -206,7 +206,7 @@ def test_environment_contract() -> None:
 
 
 def test_worker_side_import_pulls_in_neither_textual_nor_google() -> None:
-    code = ("import sys, celeryops.slots, celeryops.testing.slotapp; "
+    code = ("import sys, celeryops.slots, celeryops_harness.slotapp; "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('textual', 'google', 'grpc')); "
             "print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -12,7 +12,7 @@ import redis
 from redis.crc import key_slot
 
 from celeryops.slots import SlotStore, read_all
-from celeryops.testing.workers import wait_for
+from celeryops_harness.workers import wait_for
 
 
 @pytest.fixture

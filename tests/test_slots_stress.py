@@ -12,7 +12,7 @@ import time
 import redis
 
 from celeryops.slots import SlotStore
-from celeryops.testing.workers import wait_for
+from celeryops_harness.workers import wait_for
 
 PROCS, OPS, TTL, SEED = 16, 500, 2.0, 20261202
 TOTALS = {"cpu": 12, "gpu": 3}

@@ -11,10 +11,10 @@ import redis
 from click.testing import CliRunner, Result
 
 from celeryops.cli import main
-from celeryops.journal import Journal, journal_path
-from celeryops.publish import Publisher
-from celeryops.runlease import RunLease
-from celeryops.testing.redis_server import free_port
+from celeryops.demo.standins.redis_server import free_port
+from celeryops.ops.journal import Journal, journal_path
+from celeryops.ops.publish import Publisher
+from celeryops.ops.runlease import RunLease
 
 CLEAN_ENV = {"CELERYOPS_REDIS_URL": None, "CELERY_BROKER_URL": None, "CELERYOPS_FLEET": None}
 

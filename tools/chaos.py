@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from celeryops.testing.chaos import FLEET_KINDS, ChaosLab, summary
+from celeryops_harness.chaos import FLEET_KINDS, ChaosLab, summary
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""The console over the real ops layer (``celeryops.backend.OpsBackend``), driven by Pilot against a real
+"""The console over the real ops layer (``celeryops.ops.backend.OpsBackend``), driven by Pilot against a real
 redis-server, real Celery workers and the local Cloud Run stand-in: preflight -> drain -> deploy -> done;
 timeout -> consumers restored; quit mid-drain -> abort restores; detach leaves the run, and a restarted console
 opens the resume/abort panel whose abort restores the consumers."""
@@ -18,20 +18,20 @@ import pytest
 import redis
 from celery import Celery
 
-from celeryops.backend import DrainRequest, OpsBackend, open_backend
-from celeryops.config import Config, load_config
 from celeryops.console.app import ConsoleApp, make_app
 from celeryops.console.screens.confirm import ConfirmScreen
 from celeryops.console.screens.deploy import DeployScreen
 from celeryops.console.screens.quit import QuitScreen
 from celeryops.console.screens.resume import ResumeScreen
-from celeryops.drain import DrainSettings
-from celeryops.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT
-from celeryops.journal import Journal
-from celeryops.testing.cloudrun import CloudRunStandIn, standin_config
-from celeryops.testing.gitfixture import GitFixture
-from celeryops.testing.registry import RegistryStandIn
-from celeryops.testing.workers import WorkerProcess, wait_for
+from celeryops.core.config import Config, load_config
+from celeryops.core.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT
+from celeryops.demo.standins.cloudrun import CloudRunStandIn, standin_config
+from celeryops.demo.standins.gitrepo import GitFixture
+from celeryops.demo.standins.registry import RegistryStandIn
+from celeryops.ops.backend import DrainRequest, OpsBackend, open_backend
+from celeryops.ops.drain import DrainSettings
+from celeryops.ops.journal import Journal
+from celeryops_harness.workers import WorkerProcess, wait_for
 from drainhelp import enqueue, started
 
 SIZE = (120, 40)

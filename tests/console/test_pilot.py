@@ -19,9 +19,9 @@ from celeryops.console.screens.quit import QuitScreen
 from celeryops.console.screens.resume import ResumeScreen
 from celeryops.console.static import StaticBackend
 from celeryops.console.widgets.task_table import TaskTable
-from celeryops.errors import EXIT_INTERRUPTED, UserError
-from celeryops.events import DrainFinished, Notice
-from celeryops.views import PhaseChanged, PreflightDone, ReadOnlyRefused
+from celeryops.core.errors import EXIT_INTERRUPTED, UserError
+from celeryops.core.events import DrainFinished, Notice
+from celeryops.ops.views import PhaseChanged, PreflightDone, ReadOnlyRefused
 
 SIZE = (100, 30)
 DANGEROUS_KEYS = {"S", "G", "X", "F", "R"}

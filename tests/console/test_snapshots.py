@@ -10,8 +10,8 @@ from textual.widgets import DataTable
 
 from celeryops.console import sample
 from celeryops.console.static import StaticBackend
-from celeryops.events import DrainFinished
-from celeryops.views import FleetBack, PhaseChanged
+from celeryops.core.events import DrainFinished
+from celeryops.ops.views import FleetBack, PhaseChanged
 
 SIZE = (100, 30)
 SMALL = (80, 24)
@@ -74,7 +74,7 @@ def test_preflight_warning(snap_compare: Any, app_factory: Any) -> None:
 
 
 def test_preflight_failed(snap_compare: Any, app_factory: Any) -> None:
-    from celeryops.views import PreflightDone
+    from celeryops.ops.views import PreflightDone
     backend = deploy_backend(preflight_script=[*sample.failed_checks(), PreflightDone(failed=1, warnings=1)])
     assert snap_compare(app_factory(backend, start="deploy", release="v2.14.0"), terminal_size=SIZE)
 

@@ -20,7 +20,7 @@ from textual.widgets._data_table import default_cell_formatter
 
 from celeryops.console import fmt
 from celeryops.console.widgets.task_table import COLUMNS, TaskTable, eta_text, matches, plain_width
-from celeryops.events import TaskInfo
+from celeryops.core.events import TaskInfo
 
 ODD_TEXTS = ("[bold]marked[/]", "emoji :smile: and :+1:", "a: b", "wide 任务名", "tab\there", "  spaced  out ",
              "line\nbreak", "\\[escaped]", "", "x" * 70)

@@ -13,13 +13,13 @@ import pytest
 import redis
 from celery import Celery
 
-from celeryops.backend import WATCH_CLIENT_NAME, open_backend
-from celeryops.config import Config
 from celeryops.console.app import ConsoleApp, make_app
 from celeryops.console.screens.home import HomeScreen
-from celeryops.publish import read_status
-from celeryops.testing.workers import wait_for
-from celeryops.views import ReadOnlyRefused
+from celeryops.core.config import Config
+from celeryops.ops.backend import WATCH_CLIENT_NAME, open_backend
+from celeryops.ops.publish import read_status
+from celeryops.ops.views import ReadOnlyRefused
+from celeryops_harness.workers import wait_for
 from clihelp import CliProcess, cli_env
 from drainhelp import enqueue, started
 

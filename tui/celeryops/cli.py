@@ -3,16 +3,32 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pkgutil
 import sys
 from typing import Any
+
+# A worker image installs plain `celeryops` (celery + redis, for celeryops.fence / celeryops.slots); the commands
+# need the console extra. Checked before anything of it is imported, so the message is all the operator sees.
+_CONSOLE_EXTRA = ("textual", "humanize", "platformdirs", "grpc")
+
+
+def _require_console_extra() -> None:
+    missing = [name for name in _CONSOLE_EXTRA if importlib.util.find_spec(name) is None]
+    if missing:
+        sys.stderr.write(f"celeryops: the command line needs the console extra ({', '.join(missing)} not installed): "
+                         "nothing was run; install it with: pip install 'celeryops[console]'\n")
+        sys.exit(2)
+
+
+_require_console_extra()
 
 import click
 
 from celeryops import __version__, commands
 from celeryops.commands.common import FleetSpec, fleet_options
-from celeryops.errors import UserError
-from celeryops.masking import mask_text
+from celeryops.core.errors import UserError
+from celeryops.core.masking import mask_text
 
 
 class _Main(click.Group):

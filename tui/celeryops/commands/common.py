@@ -13,9 +13,9 @@ from typing import Any, TypeVar
 import click
 from celery import Celery
 
-from celeryops.config import Config, load_config
-from celeryops.errors import EXIT_USAGE, UserError
-from celeryops.masking import mask_url
+from celeryops.core.config import Config, load_config
+from celeryops.core.errors import EXIT_USAGE, UserError
+from celeryops.core.masking import mask_url
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -10,8 +10,8 @@ from typing import Literal, NoReturn
 import click
 
 from celeryops.commands.common import FleetSpec, fleet_options
-from celeryops.config import Config, Target
-from celeryops.errors import EXIT_USAGE, UserError
+from celeryops.core.config import Config, Target
+from celeryops.core.errors import EXIT_USAGE, UserError
 
 Start = Literal["home", "deploy", "drain"]
 
@@ -28,8 +28,8 @@ def open_console(fleet: FleetSpec, *, start: Start = "home", read_only: bool = F
     if not (sys.stdout.isatty() and sys.stdin.isatty()):
         raise UserError("The console needs a terminal and this is not one: nothing was contacted; use "
                         "`celeryops status` (or a command with --json) in scripts.", EXIT_USAGE)
-    from celeryops.backend import DrainRequest, open_backend  # Textual and the ops layer load only when needed
     from celeryops.console.app import make_app
+    from celeryops.ops.backend import DrainRequest, open_backend  # Textual and the ops layer load only when needed
 
     cfg = config or fleet.config({"state_dir": state_dir})
     app = fleet.celery_app()

@@ -22,10 +22,10 @@ import click
 
 from celeryops.commands.common import FleetSpec
 from celeryops.commands.drain import open_runner, run_interruptibly
+from celeryops.commands.output import Printer
+from celeryops.core.errors import EXIT_INTERRUPTED, EXIT_USAGE, UserError
+from celeryops.core.events import Notice
 from celeryops.demo.timing import Timing
-from celeryops.errors import EXIT_INTERRUPTED, EXIT_USAGE, UserError
-from celeryops.events import Notice
-from celeryops.output import Printer
 
 if TYPE_CHECKING:
     from celeryops.demo.sandbox import DemoHandoff, Sandbox
@@ -68,7 +68,7 @@ def _signals_ignored() -> Iterator[None]:
 def run_headless(sandbox: Sandbox, printer: Printer) -> int:
     """Deploy ``demo-2`` to the sandbox exactly as ``celeryops deploy demo-2 --yes --accept-warnings`` would."""
     from celeryops.demo.sandbox import RELEASE
-    from celeryops.release import ReleaseFlow
+    from celeryops.ops.release import ReleaseFlow
 
     sandbox.wait_busy(tasks=2, timeout=60)
     config = sandbox.config

@@ -10,8 +10,8 @@ import click
 
 from celeryops.commands.common import FleetSpec, fleet_options
 from celeryops.commands.drain import RECOVERED, open_runner, run_headless, state_dir_option
-from celeryops.errors import EXIT_USAGE, UserError
-from celeryops.output import Printer
+from celeryops.commands.output import Printer
+from celeryops.core.errors import EXIT_USAGE, UserError
 
 
 @click.command()
@@ -29,7 +29,7 @@ def deploy(release: str, fleet: FleetSpec, targets: tuple[str, ...], yes: bool,
            accept_warnings: bool, repo: str, as_json: bool, headless: bool, state_dir: str | None) -> None:
     """Deploy RELEASE (a branch pushed to the release remote): preflight, drain, deploy, verify.
     In a terminal (without --json or --headless) it opens the console on the deploy's preflight."""
-    from celeryops.release import ReleaseFlow  # the Cloud Run client is heavy: load it only when deploying
+    from celeryops.ops.release import ReleaseFlow  # the Cloud Run client is heavy: load it only when deploying
 
     config = fleet.config({"state_dir": state_dir})
     if not config.targets:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -12,14 +11,14 @@ from typing import Any, NoReturn, TypeVar
 import click
 import redis
 
+from celeryops.adapters.fleet import Fleet
 from celeryops.commands.common import FleetSpec, fleet_options
-from celeryops.drain import DrainSettings
-from celeryops.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE, UserError
-from celeryops.fleet import Fleet
-from celeryops.journal import Journal, Run
-from celeryops.namespace import fleet_name
-from celeryops.output import Printer
-from celeryops.runner import Runner
+from celeryops.commands.output import Printer
+from celeryops.core.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE, UserError
+from celeryops.core.namespace import fleet_name
+from celeryops.ops.drain import DrainSettings
+from celeryops.ops.journal import Journal, Run
+from celeryops.ops.runner import Runner
 
 T = TypeVar("T")
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -58,23 +57,9 @@ def run_interruptibly(main: Callable[[], Awaitable[T]]) -> tuple[T | None, bool]
     return result, interrupted
 
 
-def _kill_hook() -> Callable[[str], None] | None:
-    """Test hook: ``CELERYOPS_TEST_KILL_AFTER=<record kind>`` SIGKILLs this process right after that journal
-    record is durable (e.g. ``intent:cancel_consumers``: between the record and the broadcast)."""
-    target = os.environ.get("CELERYOPS_TEST_KILL_AFTER")
-    if not target:
-        return None
-
-    def hook(kind: str) -> None:
-        if kind == target:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return hook
-
-
 def open_runner(fleet_spec: FleetSpec, state_dir: str | None, printer: Printer, **kw: Any) -> Runner:
     """Journal first (a bad state dir stops us before the fleet is touched), then the fleet."""
-    journal = Journal(state_dir=state_dir, after_write=_kill_hook())
+    journal = Journal(state_dir=state_dir)
     app = fleet_spec.celery_app()
     fleet = Fleet(app)
     coord = Runner.coordination_redis(fleet)
@@ -160,7 +145,7 @@ def drain(fleet: FleetSpec, queues: tuple[str, ...], interval: float | None, str
     from celeryops.commands.console import open_console, wants_console
 
     if wants_console(as_json, headless):
-        from celeryops.backend import DrainRequest
+        from celeryops.ops.backend import DrainRequest
 
         open_console(fleet, start="drain", config=cfg, drain=DrainRequest(queues, settings, forget, take_over))
     runner = open_runner(fleet, cfg.state_dir, printer)
@@ -212,7 +197,7 @@ def resume(fleet: FleetSpec, as_json: bool, state_dir: str | None) -> None:
 
 def _resume_release(fleet: FleetSpec, runner: Runner, run: Run, printer: Printer) -> NoReturn:
     """A deploy run: finish it with the release flow (drain -> deploy, or the rollout's outcome)."""
-    from celeryops.release import ReleaseFlow
+    from celeryops.ops.release import ReleaseFlow
 
     config = fleet.config()
     names = list(run.settings.get("targets") or [t.name for t in config.targets])

@@ -14,13 +14,13 @@ import humanize
 import redis
 
 from celeryops.commands.common import FleetSpec, fleet_options
-from celeryops.errors import UserError
-from celeryops.journal import TERMINAL_PHASES, Journal, Run, journal_path
-from celeryops.masking import mask_text, mask_url
-from celeryops.namespace import fleet_name
-from celeryops.publish import PublishedStatus, read_status
-from celeryops.recovery import RecoveryPlan, plan
-from celeryops.runlease import LeaseInfo, ago, read_lease
+from celeryops.core.errors import UserError
+from celeryops.core.masking import mask_text, mask_url
+from celeryops.core.namespace import fleet_name
+from celeryops.ops.journal import TERMINAL_PHASES, Journal, Run, journal_path
+from celeryops.ops.publish import PublishedStatus, read_status
+from celeryops.ops.recovery import RecoveryPlan, plan
+from celeryops.ops.runlease import LeaseInfo, ago, read_lease
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 

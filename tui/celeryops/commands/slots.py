@@ -13,8 +13,8 @@ import humanize
 import redis
 
 from celeryops.commands.common import FleetSpec, fleet_options
-from celeryops.errors import EXIT_BROKER, UserError
-from celeryops.masking import mask_url
+from celeryops.core.errors import EXIT_BROKER, UserError
+from celeryops.core.masking import mask_url
 from celeryops.slots.snapshot import Snapshot
 from celeryops.slots.store import connect, read_all
 

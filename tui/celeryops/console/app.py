@@ -30,10 +30,10 @@ from celeryops.console.screens.quit import QuitChoice, QuitScreen
 from celeryops.console.screens.resume import ResumeScreen
 from celeryops.console.screens.slots import SlotsScreen
 from celeryops.console.stylesheets import stylesheets
-from celeryops.errors import EXIT_INTERRUPTED, UserError
-from celeryops.events import Event
-from celeryops.masking import mask_text
-from celeryops.views import RecoveryChoice, RunView
+from celeryops.core.errors import EXIT_INTERRUPTED, UserError
+from celeryops.core.events import Event
+from celeryops.core.masking import mask_text
+from celeryops.ops.views import RecoveryChoice, RunView
 
 Start = Literal["home", "deploy", "drain"]
 RUN_SCREENS: dict[View, type[ConsoleScreen]] = {"preflight": PreflightScreen, "drain": DrainScreen,
@@ -340,8 +340,8 @@ def run_demo_console(handoff: Any) -> int:
     with the hint line; D deploys ``handoff.release``. Returns the exit code when the operator quits."""
     from celery import Celery
 
-    from celeryops.backend import open_backend
-    from celeryops.masking import mask_url
+    from celeryops.core.masking import mask_url
+    from celeryops.ops.backend import open_backend
 
     celery_app = Celery("celeryops", broker=handoff.broker_url, set_as_current=False)
     display = mask_url(handoff.broker_url) + (f" · {handoff.notice}" if handoff.notice else "")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from textual.message import Message
 
-from celeryops.events import DrainProgress, Event
-from celeryops.views import DeployUpdate, FleetView, SlotsView
+from celeryops.core.events import DrainProgress, Event
+from celeryops.ops.views import DeployUpdate, FleetView, SlotsView
 
 
 class OpsEvent(Message):

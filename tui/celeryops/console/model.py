@@ -7,8 +7,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from celeryops.errors import EXIT_DEPLOY, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREFLIGHT, EXIT_TIMEOUT
-from celeryops.events import (
+from celeryops.core.errors import EXIT_DEPLOY, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREFLIGHT, EXIT_TIMEOUT
+from celeryops.core.events import (
     ConsumersCancelled,
     ConsumersRestored,
     DrainFinished,
@@ -17,8 +17,8 @@ from celeryops.events import (
     Event,
     Notice,
 )
-from celeryops.masking import mask_text
-from celeryops.views import (
+from celeryops.core.masking import mask_text
+from celeryops.ops.views import (
     CheckUpdate,
     DeployUpdate,
     FleetBack,

@@ -1,24 +1,24 @@
 """The narrow interface between the console and the ops layer.
 
-The console only renders views (:mod:`celeryops.views`) and events (:mod:`celeryops.events` and the run events in
-``celeryops.views``) and sends operator decisions back through a :class:`ConsoleBackend`. The ops side implements
-this protocol structurally (it never imports the console); a :class:`~celeryops.console.static.StaticBackend`
-drives snapshot tests and the preview.
+The console only renders views (:mod:`celeryops.ops.views`) and events (:mod:`celeryops.core.events` and the run
+events in ``celeryops.ops.views``) and sends operator decisions back through a :class:`ConsoleBackend`. The ops
+side implements this protocol structurally (it never imports the console); a
+:class:`~celeryops.console.static.StaticBackend` drives snapshot tests and the preview.
 
 Contract for implementations:
 
 - ``read_only`` True (watch mode): every method marked *dangerous* raises
-  :class:`celeryops.views.ReadOnlyRefused` and changes nothing (the console also never offers them).
+  :class:`celeryops.ops.views.ReadOnlyRefused` and changes nothing (the console also never offers them).
 - Snapshots are read-only: they send no control command that changes a worker and write no key.
 - ``on_event`` may be called from any thread; the console posts each event to its message queue.
-- Failures the operator can fix raise :class:`celeryops.errors.UserError` (one sentence); the console shows it.
+- Failures the operator can fix raise :class:`celeryops.core.errors.UserError` (one sentence); the console shows it.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from celeryops.views import EventSink, FleetView, RunView, SlotsView
+from celeryops.ops.views import EventSink, FleetView, RunView, SlotsView
 
 
 class ConsoleBackend(Protocol):

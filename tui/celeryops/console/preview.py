@@ -8,7 +8,7 @@ import sys
 from celeryops.console import sample
 from celeryops.console.app import ConsoleApp, make_app
 from celeryops.console.static import StaticBackend
-from celeryops.views import FleetBack, PhaseChanged
+from celeryops.ops.views import FleetBack, PhaseChanged
 
 
 def build(scenario: str) -> ConsoleApp:

@@ -3,8 +3,8 @@ No real hostnames, no wall-clock times (instants are relative to ``NOW``)."""
 
 from __future__ import annotations
 
-from celeryops.events import ConsumersCancelled, DrainProgress, DrainStarted, Notice, TaskInfo, WorkerObs
-from celeryops.views import (
+from celeryops.core.events import ConsumersCancelled, DrainProgress, DrainStarted, Notice, TaskInfo, WorkerObs
+from celeryops.ops.views import (
     CheckUpdate,
     Condition,
     DeployTarget,

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from celeryops.events import Event
-from celeryops.views import EventSink, FleetView, ReadOnlyRefused, RunView, SlotsView
+from celeryops.core.events import Event
+from celeryops.ops.views import EventSink, FleetView, ReadOnlyRefused, RunView, SlotsView
 
 
 @dataclass

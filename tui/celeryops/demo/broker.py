@@ -19,8 +19,8 @@ from pathlib import Path
 
 import redis
 
-from celeryops.errors import EXIT_USAGE, UserError
-from celeryops.testing.redis_server import RedisServer, free_port
+from celeryops.core.errors import EXIT_USAGE, UserError
+from celeryops.demo.standins.redis_server import RedisServer, free_port
 
 FALLBACK_NOTICE = ("redis-server is not installed: the demo runs on the embedded fakeredis server (pure Python, "
                    "slower); install redis-server for a real broker.")

@@ -20,10 +20,10 @@ from pathlib import Path
 
 from celery import Celery
 
+from celeryops.core.masking import mask_text
 from celeryops.demo.reaper import Reaper
+from celeryops.demo.standins.workers import WorkerProcess
 from celeryops.demo.tasks import QUEUES
-from celeryops.masking import mask_text
-from celeryops.testing.workers import WorkerProcess
 
 FENCED_APP = "celeryops.demo.worker_fenced"
 PLAIN_APP = "celeryops.demo.worker_plain"

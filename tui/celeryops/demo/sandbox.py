@@ -32,17 +32,17 @@ from types import TracebackType
 
 import redis
 
-from celeryops.config import Config, load_config
+from celeryops.core.config import Config, load_config
+from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.demo.autoscaler import Autoscaler
 from celeryops.demo.broker import DemoRedis
 from celeryops.demo.fleet import DemoFleet
 from celeryops.demo.producer import Producer
 from celeryops.demo.reaper import Reaper
+from celeryops.demo.standins.cloudrun import CloudRunStandIn, standin_config
+from celeryops.demo.standins.gitrepo import GitFixture
+from celeryops.demo.standins.registry import RegistryStandIn
 from celeryops.demo.timing import Timing
-from celeryops.errors import EXIT_USAGE, UserError
-from celeryops.testing.cloudrun import CloudRunStandIn, standin_config
-from celeryops.testing.gitfixture import GitFixture
-from celeryops.testing.registry import RegistryStandIn
 
 log = logging.getLogger("celeryops.demo")
 

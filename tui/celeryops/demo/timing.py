@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from celeryops.errors import EXIT_USAGE, UserError
+from celeryops.core.errors import EXIT_USAGE, UserError
 
 MIN_SPEED = 0.1
 MAX_SPEED = 50.0

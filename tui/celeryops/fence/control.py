@@ -15,11 +15,11 @@ from celery import Celery
 from celery.worker.control import Panel, inspect_command
 from kombu.exceptions import OperationalError
 
-from celeryops.errors import BrokerUnreachable
-from celeryops.masking import mask_url
+from celeryops.core.errors import BrokerUnreachable
+from celeryops.core.masking import mask_url
 
 COMMAND = "celeryops_fence"
-OBSERVE_COMMAND = "celeryops_observe"  # keep in sync with celeryops.fleet.OBSERVE_COMMAND
+OBSERVE_COMMAND = "celeryops_observe"  # keep in sync with celeryops.adapters.fleet.OBSERVE_COMMAND
 # The attribute of the Celery consumer where the plugin keeps its guard (see celeryops.fence.plugin).
 CONSUMER_ATTR = "celeryops_fence"
 

@@ -33,12 +33,12 @@ from celery.exceptions import ImproperlyConfigured
 from celery.utils.log import get_logger
 from kombu.entity import Queue
 
+from celeryops.core.masking import mask_text, mask_url
+from celeryops.core.namespace import fleet_name
 from celeryops.fence import registry
 from celeryops.fence.control import CONSUMER_ATTR, register_command
 from celeryops.fence.record import UNKNOWN_HOLD, Hold
 from celeryops.fence.store import FenceStore
-from celeryops.masking import mask_text, mask_url
-from celeryops.namespace import fleet_name
 
 logger: logging.Logger = get_logger(__name__)
 

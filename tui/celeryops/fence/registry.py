@@ -15,8 +15,8 @@ from typing import Any, Literal
 
 import redis
 
+from celeryops.core.namespace import fleet_key, fleet_name
 from celeryops.fence.record import decode
-from celeryops.namespace import fleet_key, fleet_name
 
 PluginState = Literal["consuming", "held", "unknown"]
 

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 import redis
 
-from celeryops.errors import EXIT_PREFLIGHT, UserError
+from celeryops.core.errors import EXIT_PREFLIGHT, UserError
+from celeryops.core.namespace import fleet_key, fleet_name
 from celeryops.fence.record import FenceRecord, decode
-from celeryops.namespace import fleet_key, fleet_name
 
 _NOW = "local t = redis.call('TIME') local now = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))\n"
 

@@ -11,7 +11,7 @@ from textual.widgets import DataTable, Input, Static
 
 from celeryops.console.fmt import bar, left, since, state_text
 from celeryops.console.screens.base import ConsoleScreen, Row, refill
-from celeryops.views import FleetView, SlotsView
+from celeryops.ops.views import FleetView, SlotsView
 
 
 def _worker_matches(worker, needle: str, view: FleetView) -> bool:

@@ -11,7 +11,7 @@ from textual.widgets import DataTable, Sparkline, Static
 
 from celeryops.console.fmt import bar, left, since, slots_text
 from celeryops.console.screens.base import ConsoleScreen
-from celeryops.views import SlotsView
+from celeryops.ops.views import SlotsView
 
 
 class SlotsScreen(ConsoleScreen):

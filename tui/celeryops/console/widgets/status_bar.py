@@ -6,7 +6,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from celeryops.masking import mask_url
+from celeryops.core.masking import mask_url
 
 
 class StatusBar(Static):

@@ -47,7 +47,7 @@ from textual.widgets.data_table import (
 
 from celeryops.console.fmt import shorten
 from celeryops.console.timefmt import natural_span, since
-from celeryops.events import TaskInfo
+from celeryops.core.events import TaskInfo
 
 COLUMNS = (("worker", "Worker"), ("name", "Task"), ("id", "Id"), ("state", "State"), ("running", "Running for"),
            ("args", "Args"))

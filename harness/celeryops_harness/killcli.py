@@ -1,0 +1,39 @@
+"""``python -m celeryops_harness.killcli KIND ARGS...``: the real ``celeryops ARGS...``, SIGKILLed right after the run
+journal made the record KIND durable (``created``, ``phase:draining``, ``intent:cancel_consumers``,
+``settle:deploy_start`` ...): a process killed at an exact point of a run, for recovery tests and chaos trials.
+
+The product has no test hook: this wrapper installs the journal's ``after_write`` callback from outside."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import Any
+
+from celeryops.ops import journal
+
+
+def kill_after(kind: str) -> None:
+    original = journal.Journal.__init__
+
+    def init(self: journal.Journal, *args: Any, **kwargs: Any) -> None:
+        previous = kwargs.pop("after_write", None)
+
+        def after_write(written: str) -> None:
+            if previous is not None:
+                previous(written)
+            if written == kind:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        original(self, *args, after_write=after_write, **kwargs)
+
+    journal.Journal.__init__ = init  # type: ignore[method-assign]
+
+
+if __name__ == "__main__":
+    kill_after(sys.argv[1])
+    sys.argv = ["celeryops", *sys.argv[2:]]
+    from celeryops.cli import main
+
+    main()

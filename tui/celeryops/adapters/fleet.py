@@ -1,0 +1,306 @@
+"""The fleet adapter: an async API over Celery remote control (no Textual).
+
+Blocking Celery/kombu calls run in threads (``asyncio.to_thread``) so the event loop never stalls.
+
+Membership comes from every source the broker offers, not only ping replies: a solo-pool worker that is busy
+answers no control command at all, yet it is running a task. On Redis, kombu keeps each worker's pidbox queue
+in the fanout binding set ``_kombu.binding.<control_exchange>.pidbox`` (also while the worker is busy); extra
+sources (the fence plugin's registry) can be plugged in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from celery import Celery
+
+from celeryops.core.errors import EXIT_USAGE, BrokerUnreachable, UserError
+from celeryops.core.events import Observation, TaskInfo, WorkerObs
+from celeryops.core.masking import mask_text, mask_url
+
+PIDBOX_SEP = "\x06\x16"
+# Answered by workers running the celeryops worker plugin (celeryops.fence): a whole observation in one reply.
+OBSERVE_COMMAND = "celeryops_observe"
+MemberSource = Callable[[], Awaitable[set[str]]]
+
+
+def short_args(args: Any, kwargs: Any = None, width: int = 60) -> str:
+    text = ", ".join(p for p in (_text(args), _text(kwargs)) if p)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _text(value: Any) -> str:
+    if value in (None, "", (), [], {}, "()", "{}", "[]"):
+        return ""
+    return str(value)
+
+
+@dataclass(frozen=True)
+class QueueDepth:
+    queue: str
+    messages: int | None  # None: the broker could not tell
+
+
+class Fleet:
+    """Celery remote control for one fleet.
+
+    ``timeout`` is the reply window of one broadcast round; with ``destination`` + ``limit`` a round returns as
+    soon as every addressed worker has replied.
+    """
+
+    def __init__(self, app: Celery, *, timeout: float = 1.0, extra_members: Iterable[MemberSource] = ()) -> None:
+        self.app = app
+        self.timeout = timeout
+        self.extra_members = list(extra_members)
+        try:
+            self.broker_url: str = app.connection_for_write().as_uri(include_password=True)
+        except KeyError as exc:  # kombu: "No such transport: htp"
+            raise UserError(f"The broker URL names an unknown transport ({exc.args[0]}): nothing was contacted; "
+                            "use redis://, rediss:// or amqp:// in --broker, -A or the config.", EXIT_USAGE) from None
+        self._redis: redis.Redis | None = None
+        self._plain: set[str] = set()  # workers known to answer without the celeryops plugin
+
+    # -- connection ---------------------------------------------------------------------------------------------
+
+    @property
+    def display_url(self) -> str:
+        return mask_url(self.broker_url)
+
+    @property
+    def is_redis(self) -> bool:
+        return self.broker_url.startswith(("redis://", "rediss://"))
+
+    def redis(self) -> redis.Redis | None:
+        """A client for the broker's Redis (None for other brokers)."""
+        if not self.is_redis:
+            return None
+        if self._redis is None:
+            self._redis = redis.Redis.from_url(self.broker_url, socket_connect_timeout=3, socket_timeout=5,
+                                               decode_responses=True)
+        return self._redis
+
+    async def check_broker(self, timeout: float = 3.0) -> None:
+        """Raise BrokerUnreachable (one sentence, exit 4) if the broker does not accept a connection."""
+
+        def connect() -> None:
+            conn = self.app.connection_for_write()
+            try:
+                conn.ensure_connection(max_retries=1, timeout=timeout)
+            finally:
+                conn.release()
+
+        try:
+            await asyncio.wait_for(asyncio.to_thread(connect), timeout + 5)
+        except Exception as exc:  # kombu raises many types: OperationalError, socket errors, auth errors
+            raise BrokerUnreachable(
+                f"Cannot reach the broker at {self.display_url} ({mask_text(_reason(exc))}): nothing was changed; "
+                "check the URL (--broker / -A) and that the broker is up.") from None
+
+    def close(self) -> None:
+        if self._redis is not None:
+            self._redis.close()
+            self._redis = None
+
+    # -- membership ---------------------------------------------------------------------------------------------
+
+    async def ping(self, destination: Iterable[str] | None = None, timeout: float | None = None,
+                   limit: int | None = None) -> set[str]:
+        """Workers that answer ping. Without ``destination``, waits the whole timeout unless ``limit`` replies
+        came first (a broadcast cannot know how many workers exist)."""
+        dest = list(destination) if destination is not None else None
+        replies = await self._broadcast("ping", destination=dest, timeout=timeout, limit=limit)
+        return set(replies)
+
+    def _pidbox_key(self) -> str:
+        opts = self.app.conf.broker_transport_options or {}
+        prefix = str(opts.get("global_keyprefix", ""))
+        return f"{prefix}_kombu.binding.{self.app.conf.control_exchange}.pidbox"
+
+    async def pidbox_members(self) -> set[str] | None:
+        """Workers whose pidbox queue is bound on the Redis broker (None when the broker is not Redis)."""
+        client = self.redis()
+        if client is None:
+            return None
+        suffix = f".{self.app.conf.control_exchange}.pidbox"
+        raw = await asyncio.to_thread(client.smembers, self._pidbox_key())
+        members: set[str] = set()
+        for entry in raw:  # type: ignore[union-attr]
+            queue = str(entry).split(PIDBOX_SEP)[-1]
+            if queue.endswith(suffix):
+                members.add(queue[: -len(suffix)])
+        return members
+
+    async def members(self) -> set[str]:
+        """Every worker any source knows of: on Redis the pidbox bindings (cheap, include busy workers), else ping
+        replies; plus plugged-in registries (the fence plugin's)."""
+        sources: list[Awaitable[set[str] | None]] = [self.pidbox_members() if self.is_redis else self.ping()]
+        results = await asyncio.gather(*sources, *(src() for src in self.extra_members), return_exceptions=True)
+        found: set[str] = set()
+        for result in results:
+            if isinstance(result, set):
+                found |= result
+        return found
+
+    # -- queues -------------------------------------------------------------------------------------------------
+
+    async def active_queues(self, destination: Iterable[str] | None = None) -> dict[str, tuple[str, ...]]:
+        dest = list(destination) if destination is not None else None
+        replies = await self._broadcast("active_queues", destination=dest)
+        return {w: tuple(sorted(q["name"] for q in (qs or []))) for w, qs in replies.items()}
+
+    async def cancel_consumer(self, queue: str, destination: Iterable[str] | None = None, *,
+                              reply: bool = True, expect: int | None = None) -> set[str]:
+        """Stop fetching from ``queue`` (running and prefetched tasks still run). Returns the workers that
+        confirmed (empty when ``reply`` is False). A broadcast returns early once ``expect`` workers replied."""
+        dest = list(destination) if destination is not None else None
+        replies = await self._broadcast("cancel_consumer", {"queue": queue}, destination=dest, reply=reply,
+                                        limit=expect)
+        return {w for w, r in replies.items() if isinstance(r, dict) and "ok" in r}
+
+    async def add_consumer(self, queue: str, destination: Iterable[str] | None = None, *,
+                           reply: bool = True) -> set[str]:
+        dest = list(destination) if destination is not None else None
+        replies = await self._broadcast("add_consumer", {"queue": queue}, destination=dest, reply=reply)
+        return {w for w, r in replies.items() if isinstance(r, dict) and "ok" in r}
+
+    async def queue_depths(self, queues: Iterable[str]) -> list[QueueDepth]:
+        """Messages waiting per queue, read from the broker (they pile up during a drain)."""
+        names = sorted(set(queues))
+
+        def read() -> list[QueueDepth]:
+            out: list[QueueDepth] = []
+            with self.app.connection_for_write() as conn:
+                channel = conn.default_channel
+                for name in names:
+                    try:
+                        if self.is_redis:
+                            client = channel.client
+                            total = sum(int(client.llen(name + (f"\x06\x16{p}" if p else "")))
+                                        for p in (0, 3, 6, 9))
+                            out.append(QueueDepth(name, total))
+                        else:
+                            ok = channel.queue_declare(queue=name, passive=True)
+                            out.append(QueueDepth(name, int(ok.message_count)))
+                    except Exception:  # a queue that does not exist yet, a closed channel
+                        out.append(QueueDepth(name, None))
+                        channel = conn.channel()
+            return out
+
+        return await asyncio.to_thread(read)
+
+    # -- observation --------------------------------------------------------------------------------------------
+
+    async def observe(self, known: Iterable[str], queues: Iterable[str] = (), *,
+                      now: Callable[[], float] = time.time) -> Observation:
+        """One observation: active + reserved + scheduled + active_queues of every known worker, in one parallel
+        round that returns as soon as every known worker has replied. Workers that reply without being known are
+        included (they join the known set)."""
+        known_list = sorted(set(known))
+        drained = set(queues)
+        active, reserved, scheduled, consuming = await self._observe_round(known_list)
+        names = set(known_list) | set(active) | set(reserved) | set(scheduled) | set(consuming)
+        clock = now()
+        tasks: list[TaskInfo] = []
+        workers: dict[str, WorkerObs] = {}
+        for name in sorted(names):
+            replied = all(name in r for r in (active, reserved, scheduled, consuming))
+            acts = active.get(name) or []
+            ress = reserved.get(name) or []
+            schs = scheduled.get(name) or []
+            qs = tuple(sorted(q["name"] for q in (consuming.get(name) or [])))
+            for t in acts:
+                start = t.get("time_start")
+                tasks.append(TaskInfo(worker=name, id=str(t.get("id")), name=str(t.get("name") or t.get("type")),
+                                      state="active", args=short_args(t.get("args"), t.get("kwargs")),
+                                      runtime=max(0.0, clock - float(start)) if start else None))
+            for t in ress:
+                tasks.append(TaskInfo(worker=name, id=str(t.get("id")), name=str(t.get("name") or t.get("type")),
+                                      state="reserved", args=short_args(t.get("args"), t.get("kwargs"))))
+            for entry in schs:
+                req = entry.get("request") or {}
+                tasks.append(TaskInfo(worker=name, id=str(req.get("id")), name=str(req.get("name") or req.get("type")),
+                                      state="scheduled", args=short_args(req.get("args"), req.get("kwargs")),
+                                      eta=entry.get("eta")))
+            if not replied:
+                state = "unknown"
+            elif (drained and not (set(qs) & drained)) or (not drained and not qs):
+                state = "stopped"
+            else:
+                state = "consuming"
+            workers[name] = WorkerObs(name=name, replied=replied, active=len(acts), reserved=len(ress),
+                                      scheduled=len(schs), queues=qs, state=state,  # type: ignore[arg-type]
+                                      plugin=replied and name not in self._plain)
+        return Observation(workers=workers, tasks=tuple(tasks))
+
+    async def _observe_round(self, known: list[str]) -> tuple[dict[str, Any], ...]:
+        """Plugin workers answer one ``celeryops_observe``; the others (learned from their "unknown command"
+        reply) get the four standard inspect commands, in parallel with the first group."""
+        plain = [w for w in known if w in self._plain]
+        rich = [w for w in known if w not in self._plain]
+        out: tuple[dict[str, Any], ...] = ({}, {}, {}, {})
+
+        async def four(dest: list[str] | None) -> tuple[dict[str, Any], ...]:
+            return tuple(await asyncio.gather(*(self._broadcast(c, destination=dest)
+                                                for c in ("active", "reserved", "scheduled", "active_queues"))))
+
+        async def one(dest: list[str]) -> tuple[dict[str, Any], ...]:
+            replies = await self._broadcast(OBSERVE_COMMAND, destination=dest)
+            parts: tuple[dict[str, Any], ...] = ({}, {}, {}, {})
+            fallback: list[str] = []
+            for worker, reply in replies.items():
+                if isinstance(reply, dict) and "active_queues" in reply:
+                    for part, key in zip(parts, ("active", "reserved", "scheduled", "active_queues"), strict=True):
+                        part[worker] = reply.get(key)
+                else:  # answered, but without the plugin: remember, and ask it the standard way now
+                    self._plain.add(worker)
+                    fallback.append(worker)
+            if fallback:
+                extra = await four(fallback)
+                for part, more in zip(parts, extra, strict=True):
+                    part.update(more)
+            return parts
+
+        jobs = []
+        if rich:
+            jobs.append(one(rich))
+        if plain or not known:
+            jobs.append(four(plain or None))
+        for result in await asyncio.gather(*jobs):
+            for part, more in zip(out, result, strict=True):
+                part.update(more)
+        return out
+
+    # -- plumbing -----------------------------------------------------------------------------------------------
+
+    async def _broadcast(self, command: str, arguments: dict[str, Any] | None = None, *,
+                         destination: list[str] | None = None, reply: bool = True,
+                         timeout: float | None = None, limit: int | None = None) -> dict[str, Any]:
+        wait = self.timeout if timeout is None else timeout
+        if destination:
+            limit = len(destination)
+
+        def call() -> dict[str, Any]:
+            replies = self.app.control.broadcast(command, arguments=arguments or {}, destination=destination,
+                                                 reply=reply, timeout=wait, limit=limit)
+            merged: dict[str, Any] = {}
+            for item in replies or []:
+                merged.update(item)
+            return merged
+
+        try:
+            return await asyncio.to_thread(call)
+        except Exception as exc:
+            raise BrokerUnreachable(
+                f"Lost the broker at {self.display_url} while sending {command!r} ({mask_text(_reason(exc))}): "
+                "check that the broker is up, then run `celeryops status` to see what state the fleet is in."
+            ) from None
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -1,0 +1,99 @@
+"""Early re-poll: wake a drain as soon as the fleet reports that every task the last poll saw has finished.
+
+Celery task events (``task-succeeded`` / ``-failed`` / ``-revoked`` / ``-rejected`` / ``-retried``, sent by workers
+running with ``-E`` / ``worker_send_task_events``) are received on the broker in a thread. This only shortens the
+pause before the next poll; the drained verdict still needs ``streak`` empty observations ``interval`` apart, and
+workers without events simply never wake it (no Textual here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from typing import Any
+
+from celery import Celery
+
+from celeryops.core.events import DrainProgress, Event
+
+END_EVENTS = ("task-succeeded", "task-failed", "task-revoked", "task-rejected", "task-retried")
+
+
+class TaskWatch:
+    """Wake a drain early when the fleet reports that every task the last poll saw in flight has finished.
+
+    Listens to Celery task events (``task-succeeded`` / ``-failed`` / ``-revoked`` / ``-rejected`` / ``-retried``)
+    with an event receiver on the broker, in a thread. ``on_event`` is chained into ``Drain.on_event``: each
+    ``DrainProgress`` arms the watch with the ids of its active + reserved tasks; once all of them have an end
+    event, ``wake`` is set (once per poll) from the loop's thread. Workers without task events never wake it:
+    the drain then keeps its interval, so correctness never depends on events."""
+
+    def __init__(self, app: Celery, wake: asyncio.Event, loop: asyncio.AbstractEventLoop) -> None:
+        self.app = app
+        self.wake = wake
+        self.loop = loop
+        self.lock = threading.Lock()
+        self.pending: set[str] = set()
+        self.armed = False
+        self.finished: dict[str, float] = {}  # recent end events (an event may beat the poll's report)
+        self.ready = threading.Event()
+        self.receiver: Any = None
+        self.thread = threading.Thread(target=self._run, name="taskwatch", daemon=True)
+        self.wakes = 0
+
+    def start(self, timeout: float = 30.0) -> TaskWatch:
+        self.thread.start()
+        if not self.ready.wait(timeout):
+            raise TimeoutError("task event receiver not consuming")
+        return self
+
+    def stop(self) -> None:
+        if self.receiver is not None:
+            self.receiver.should_stop = True
+        self.thread.join(3)
+
+    def on_event(self, event: Event) -> None:
+        if not isinstance(event, DrainProgress):
+            return
+        ids = {t.id for t in event.tasks if t.state in ("active", "reserved")}
+        with self.lock:
+            cutoff = time.monotonic() - 60
+            self.finished = {k: v for k, v in self.finished.items() if v > cutoff}
+            self.pending = ids - set(self.finished)
+            self.armed = bool(ids) and event.streak == 0 and not event.unknown
+            if self.armed and not self.pending:
+                self._fire()
+
+    def _on_end(self, event: dict[str, Any]) -> None:
+        task_id = str(event.get("uuid"))
+        with self.lock:
+            self.finished[task_id] = time.monotonic()
+            self.pending.discard(task_id)
+            if self.armed and not self.pending:
+                self._fire()
+
+    def _fire(self) -> None:
+        self.armed = False
+        self.wakes += 1
+        self.loop.call_soon_threadsafe(self.wake.set)
+
+    def _run(self) -> None:
+        with self.app.connection_for_read() as conn:
+            receiver = self.app.events.Receiver(conn, handlers={name: self._on_end for name in END_EVENTS})
+            receiver.on_consume_ready = lambda *a, **kw: self.ready.set()
+            self.receiver = receiver
+            receiver.capture(limit=None, timeout=None, wakeup=False)
+
+
+async def start_watch(app: Celery, wake: asyncio.Event, timeout: float = 5.0) -> TaskWatch | None:
+    """A started watch, or None when the event receiver could not start (the drain then keeps its interval)."""
+    watch = TaskWatch(app, wake, asyncio.get_running_loop())
+    try:
+        await asyncio.to_thread(watch.start, timeout)
+    except Exception:  # no event support on this broker, connection trouble: early re-poll is an optimisation
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(watch.stop)
+        return None
+    return watch

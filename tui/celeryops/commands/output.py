@@ -1,0 +1,111 @@
+"""Headless output: one JSON object per line (``--json``) or readable lines. No Textual."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from typing import Any, TextIO
+
+import humanize
+
+from celeryops.core.events import (
+    ConsumersCancelled,
+    ConsumersRestored,
+    DrainFinished,
+    DrainProgress,
+    DrainStarted,
+    Event,
+    Notice,
+)
+from celeryops.core.masking import mask_text
+
+
+def duration(seconds: float) -> str:
+    return humanize.precisedelta(seconds, minimum_unit="seconds", format="%0.0f") if seconds >= 1 else "0 seconds"
+
+
+FINAL_EVENTS = ("timeout", "interrupted", "error", "deployed", "preflight_failed", "declined", "deploy_failed")
+
+
+class Printer:
+    """Prints ops events to a stream. JSON mode: ``{"event": ...}`` per line, flushed at once (scripts tail it)."""
+
+    def __init__(self, as_json: bool, stream: TextIO | None = None) -> None:
+        self.as_json = as_json
+        self.stream = stream or sys.stdout
+        self.finished = False  # a final event (drained/timeout/interrupted/error) was printed
+        self._warned: tuple[str, ...] = ()  # text mode repeats a warning only when it changes
+        # Held while a line is written (threads such as the demo's autoscaler print too); hold it to check
+        # ``finished`` and print in one step.
+        self.lock = threading.RLock()
+
+    def __call__(self, event: Event) -> None:
+        with self.lock:
+            self._print(event)
+
+    def _print(self, event: Event) -> None:
+        if isinstance(event, DrainFinished) and event.outcome != "drained":
+            self.finished = True
+        if self.as_json:
+            self.json(event.to_json())
+        else:
+            line = self.text(event)
+            if line:
+                self.stream.write(mask_text(line) + "\n")
+                self.stream.flush()
+
+    def json(self, data: dict[str, Any]) -> None:
+        with self.lock:
+            if data.get("event") in FINAL_EVENTS:
+                self.finished = True
+            self.stream.write(mask_text(json.dumps(data, default=str, sort_keys=False)) + "\n")
+            self.stream.flush()
+
+    def text(self, event: Event) -> str:
+        if isinstance(event, DrainStarted):
+            return (f"Draining {', '.join(event.queues)} on {len(event.workers)} worker(s): poll every "
+                    f"{event.interval:g}s, drained after {event.streak} empty polls in a row, give up after "
+                    f"{duration(event.max_wait)}.")
+        if isinstance(event, ConsumersCancelled):
+            return f"Consumers stopped ({len(event.acknowledged)} worker(s) confirmed)."
+        if isinstance(event, DrainProgress):
+            unknown = f"  unknown: {', '.join(event.unknown)}" if event.unknown else ""
+            line = (f"[{duration(event.elapsed)}] streak {event.streak}/{event.required}  active {event.active}  "
+                    f"reserved {event.reserved}  scheduled {event.scheduled}  left {duration(event.remaining)}"
+                    f"{unknown}")
+            if event.warnings != self._warned:
+                for warning in event.warnings:
+                    line += f"\n  warning: {warning}"
+                self._warned = event.warnings
+            return line
+        if isinstance(event, ConsumersRestored):
+            if not event.restored:
+                return "Consumers: nothing needed restoring." if event.verified else ""
+            what = "; ".join(f"{w}: {', '.join(q)}" for w, q in sorted(event.restored.items()))
+            return f"Consumers restored ({what})" + (" and verified." if event.verified else ", not all confirmed.")
+        if isinstance(event, DrainFinished):
+            return event.message
+        if isinstance(event, Notice):
+            return f"{event.level}: {event.message}" if event.level != "info" else event.message
+        return self.release_text(event)
+
+    def release_text(self, event: Event) -> str:
+        from celeryops.ops.release import CheckEvent, DeployProgressEvent, FleetBack, ReleaseFinished, StageEvent
+
+        if isinstance(event, StageEvent):
+            return f"== {event.stage}" + (f": {event.detail}" if event.detail else "")
+        if isinstance(event, CheckEvent):
+            if event.status == "running":
+                return ""
+            mark = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}.get(event.status, event.status)
+            line = f"  [{mark}] {event.title}: {event.detail}"
+            return line + (f"\n         -> {event.remedy}" if event.remedy and event.status != "ok" else "")
+        if isinstance(event, DeployProgressEvent):
+            return f"  {event.text}"
+        if isinstance(event, FleetBack):
+            return "\n".join(f"  {w}: {', '.join(q)}" for w, q in sorted(event.workers.items()))
+        if isinstance(event, ReleaseFinished):
+            self.finished = True
+            return event.message
+        return ""

@@ -1,0 +1,337 @@
+"""The drain: stop every worker from taking new tasks and wait until nothing runs (no Textual).
+
+Policy (pure, see ``judge``): drained only when every known worker replied AND active + reserved == 0, observed
+``streak`` times in a row at ``interval``; any non-zero or unknown observation resets the streak. ETA/countdown
+tasks (scheduled) are reported and warned about, not counted. ``max_wait`` ends the drain as timed out: nothing
+is killed or revoked; the caller restores the consumers (``Drain.restore``) exactly as they were.
+
+The loop (``Drain``) re-broadcasts ``cancel_consumer`` for every queue at every poll, after observing, so a
+worker that scaled out since the last poll is seen with its own queues first, then stopped within one poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Literal, Protocol
+
+from celeryops.adapters.fleet import Fleet
+from celeryops.core.errors import BrokerUnreachable
+from celeryops.core.events import (
+    ConsumersCancelled,
+    ConsumersRestored,
+    DrainProgress,
+    DrainStarted,
+    Event,
+    Notice,
+    Observation,
+    WorkerObs,
+)
+
+BROADCAST = "*"  # in a stop record: queues to restore on workers whose own queues were never seen
+
+
+@dataclass(frozen=True)
+class DrainSettings:
+    interval: float = 15.0
+    streak: int = 2
+    max_wait: float = 1200.0
+
+    def validate(self) -> None:
+        if self.interval <= 0:
+            raise ValueError("interval must be > 0 seconds")
+        if self.streak < 1:
+            raise ValueError("streak must be at least 1")
+        if self.max_wait <= 0:
+            raise ValueError("max_wait must be > 0 seconds")
+
+
+# -- the pure policy --------------------------------------------------------------------------------------------
+
+Status = Literal["continue", "drained", "timeout"]
+
+
+@dataclass(frozen=True)
+class PolicyState:
+    started: float
+    streak: int = 0
+    polls: int = 0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: Status
+    streak: int
+    elapsed: float
+    remaining: float
+
+
+def judge(settings: DrainSettings, state: PolicyState, empty: bool, now: float) -> tuple[PolicyState, Verdict]:
+    """The drain verdict from one observation (``empty``: every known worker replied and none holds an active or
+    reserved task) and the clock. Pure: no I/O."""
+    streak = state.streak + 1 if empty else 0
+    elapsed = max(0.0, now - state.started)
+    remaining = max(0.0, settings.max_wait - elapsed)
+    new = replace(state, streak=streak, polls=state.polls + 1)
+    if streak >= settings.streak:
+        return new, Verdict("drained", streak, elapsed, remaining)
+    if elapsed >= settings.max_wait:
+        return new, Verdict("timeout", streak, elapsed, 0.0)
+    return new, Verdict("continue", streak, elapsed, remaining)
+
+
+# -- the loop ---------------------------------------------------------------------------------------------------
+
+
+class DrainHooks(Protocol):
+    """Durable records around side effects (the run journal). ``before_*`` is awaited BEFORE the side effect."""
+
+    async def before_stop(self, stops: dict[str, tuple[str, ...]], before: dict[str, tuple[str, ...]]) -> None:
+        """About to cancel ``stops`` (worker or "*" -> queues); ``before``: what those workers consumed."""
+
+    async def before_restore(self, restore: dict[str, tuple[str, ...]]) -> None: ...
+
+    async def after_restore(self, event: ConsumersRestored) -> None: ...
+
+
+class NoHooks:
+    async def before_stop(self, stops: dict[str, tuple[str, ...]], before: dict[str, tuple[str, ...]]) -> None:
+        return None
+
+    async def before_restore(self, restore: dict[str, tuple[str, ...]]) -> None:
+        return None
+
+    async def after_restore(self, event: ConsumersRestored) -> None:
+        return None
+
+
+class NoWorkers(BrokerUnreachable):
+    pass
+
+
+@dataclass
+class DrainResult:
+    outcome: Literal["drained", "timeout"]
+    elapsed: float
+    polls: int
+    last: DrainProgress | None
+
+
+@dataclass
+class Drain:
+    """One drain of one fleet. ``start()`` stops the consumers, ``run()`` polls to a verdict, ``restore()`` puts
+    every stopped consumer back. The stop record (``stopped``) is what recovery needs to undo it."""
+
+    fleet: Fleet
+    settings: DrainSettings = field(default_factory=DrainSettings)
+    queues: tuple[str, ...] = ()
+    forget: tuple[str, ...] = ()
+    on_event: Callable[[Event], None] = lambda e: None
+    hooks: DrainHooks = field(default_factory=NoHooks)
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    prior_stopped: dict[str, tuple[str, ...]] = field(default_factory=dict)  # from an interrupted run (resume)
+    # state
+    known: set[str] = field(default_factory=set)
+    stopped: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    baseline: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    gone: set[str] = field(default_factory=set)
+    policy: PolicyState | None = None
+    last: DrainProgress | None = None
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    # -- phases ------------------------------------------------------------------------------------------------
+
+    async def start(self) -> DrainStarted:
+        """Discover the fleet, record what will be stopped (write-ahead), then broadcast cancel_consumer."""
+        self.settings.validate()
+        await self.fleet.check_broker()
+        members = await self.fleet.members()
+        answered = await self.fleet.ping(limit=len(members) or None)
+        members |= answered
+        forgotten = set(self.forget)
+        answered -= forgotten
+        if not answered:
+            silent = sorted(members - forgotten)
+            hint = f" ({len(silent)} registered but silent: {', '.join(silent[:5])})" if silent else ""
+            raise NoWorkers(f"No worker answered on {self.fleet.display_url}{hint}: nothing was stopped; "
+                            "check that workers run against this broker (or --forget dead ones).")
+        self.known = members - forgotten
+        self.baseline = await self.fleet.active_queues(sorted(answered))
+        if not self.queues:
+            self.queues = tuple(sorted({q for qs in (*self.baseline.values(), *self.prior_stopped.values())
+                                        for q in qs}))
+        if not self.queues:
+            raise NoWorkers("The workers that answered consume no queue: nothing was stopped; pass --queue.")
+        drained = set(self.queues)
+        stops = {w: tuple(q for q in qs if q in drained) for w, qs in self.baseline.items()}
+        stops[BROADCAST] = self.queues
+        await self.hooks.before_stop(stops, dict(self.baseline))
+        for worker, qs in self.prior_stopped.items():
+            stops[worker] = tuple(sorted(set(stops.get(worker, ())) | set(qs)))
+        self.stopped = stops
+        event = DrainStarted(queues=self.queues, workers=dict(self.baseline), interval=self.settings.interval,
+                             streak=self.settings.streak, max_wait=self.settings.max_wait,
+                             forgotten=tuple(sorted(forgotten)))
+        self.on_event(event)
+        acked: set[str] = set()
+        for queue in self.queues:
+            acked |= await self.fleet.cancel_consumer(queue, reply=True, expect=len(self.known) or None)
+        self.on_event(ConsumersCancelled(queues=self.queues, acknowledged=tuple(sorted(acked))))
+        self.policy = PolicyState(started=self.clock())
+        return event
+
+    async def poll(self) -> DrainProgress:
+        """Observe, judge, then re-broadcast cancel_consumer (workers that scaled out stop within one poll)."""
+        assert self.policy is not None, "start() first"
+        members = await self.fleet.members()
+        obs = await self.fleet.observe(self.known | (members - set(self.forget)), self.queues)
+        bindings = await self.fleet.pidbox_members()
+        joined, left = await self._update_membership(obs, bindings)
+        obs = self._mark_gone(obs)
+        state, verdict = judge(self.settings, self.policy, obs.empty, self.clock())
+        self.policy = state
+        warnings = []
+        if obs.scheduled:
+            warnings.append(f"{obs.scheduled} ETA/countdown task(s) are held by workers: they are not waited for "
+                            "and will run on their worker when due (or return to the queue on a warm shutdown).")
+        progress = DrainProgress(
+            elapsed=verdict.elapsed, remaining=verdict.remaining, streak=verdict.streak,
+            required=self.settings.streak, active=obs.active, reserved=obs.reserved, scheduled=obs.scheduled,
+            unknown=tuple(obs.unknown), workers=obs.workers, tasks=obs.tasks, warnings=tuple(warnings),
+            joined=tuple(sorted(joined)), left=tuple(sorted(left)))
+        self.last = progress
+        self.on_event(progress)
+        if verdict.status == "continue":
+            for queue in self.queues:
+                await self.fleet.cancel_consumer(queue, reply=False)
+        return progress
+
+    async def run(self) -> DrainResult:
+        """Start (unless started) and poll until drained or timed out. Never kills, never revokes."""
+        if self.policy is None:
+            await self.start()
+        assert self.policy is not None
+        while True:
+            began = self.clock()
+            self.wake.clear()  # a task that ends while we poll still shortens the next pause
+            progress = await self.poll()
+            assert self.policy is not None
+            if progress.streak >= self.settings.streak:
+                return DrainResult("drained", progress.elapsed, self.policy.polls, progress)
+            if progress.remaining <= 0:
+                return DrainResult("timeout", progress.elapsed, self.policy.polls, progress)
+            # Polls start ``interval`` apart (not interval + poll time); ``wake`` may end the pause early, and the
+            # verdict still needs ``streak`` empty observations in a row.
+            await self._pause(min(self.settings.interval - (self.clock() - began), progress.remaining))
+
+    async def restore(self) -> ConsumersRestored:
+        """Put back exactly the consumers this drain stopped, then verify with active_queues."""
+        record = dict(self.stopped)
+        await self.hooks.before_restore(record)
+        event = await restore_consumers(self.fleet, record, known=self.known, exclude=set(self.forget) | self.gone)
+        await self.hooks.after_restore(event)
+        self.on_event(event)
+        return event
+
+    # -- helpers -----------------------------------------------------------------------------------------------
+
+    async def _pause(self, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        if not self.wake.is_set():
+            sleeper = asyncio.ensure_future(self.sleep(seconds))
+            waker = asyncio.ensure_future(self.wake.wait())
+            try:
+                await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                sleeper.cancel()
+                waker.cancel()
+        if self.wake.is_set():
+            self.on_event(Notice(level="info", message="The tasks in flight have finished (task events): "
+                                                       "polling again now."))
+
+    async def _update_membership(self, obs: Observation, bindings: set[str] | None) -> tuple[set[str], set[str]]:
+        joined = {n for n, w in obs.workers.items() if n not in self.known and n not in self.forget}
+        left: set[str] = set()
+        if bindings is not None:
+            # On Redis, a worker that shut down cleanly removes its pidbox binding: it left the fleet.
+            left = {n for n in self.known - self.gone if n not in bindings and not obs.workers.get(n, _NO).replied}
+            self.gone |= left
+        self.known |= joined
+        additions: dict[str, tuple[str, ...]] = {}
+        before: dict[str, tuple[str, ...]] = {}
+        drained = set(self.queues)
+        for name in joined:
+            w = obs.workers[name]
+            if w.replied and name not in self.stopped:
+                additions[name] = tuple(q for q in w.queues if q in drained)
+                before[name] = w.queues
+        if additions:
+            self.baseline.update(before)
+            await self.hooks.before_stop(additions, before)
+            self.stopped.update(additions)
+        if joined:
+            self.on_event(Notice(level="info", message=f"Joined mid-drain (stopped at this poll): "
+                                                       f"{', '.join(sorted(joined))}"))
+        unseen = {n for n, w in obs.workers.items() if w.replied and n not in self.stopped and n not in joined}
+        for name in sorted(unseen):
+            # Busy (silent) when the drain started: its own queues were never seen before our cancel reached it.
+            self.stopped[name] = tuple(self.stopped.get(BROADCAST, ()))
+            self.on_event(Notice(level="warning", message=(
+                f"{name} did not answer when the drain started (busy), so the queues it consumed before were not "
+                f"seen; a restore will give it every drained queue ({', '.join(self.queues)}).")))
+        if left:
+            self.on_event(Notice(level="info", message=f"Left the fleet: {', '.join(sorted(left))}"))
+        return joined, left
+
+    def _mark_gone(self, obs: Observation) -> Observation:
+        if not self.gone:
+            return obs
+        workers = dict(obs.workers)
+        for name in self.gone:
+            if name in workers and not workers[name].replied:
+                workers[name] = replace(workers[name], state="gone")
+        return Observation(workers=workers, tasks=obs.tasks)
+
+
+_NO = WorkerObs(name="", replied=False)
+
+
+async def restore_consumers(fleet: Fleet, record: dict[str, tuple[str, ...]], *, known: Iterable[str] = (),
+                            exclude: Iterable[str] = (), attempts: int = 3) -> ConsumersRestored:
+    """Add back every queue in ``record`` (worker -> queues; ``"*"`` -> queues for workers whose own queues were
+    never seen) that the worker does not consume now, then verify with active_queues. Idempotent. ``exclude``:
+    workers known to be gone (forgotten, or left the fleet), never addressed."""
+    broadcast = set(record.get(BROADCAST, ()))
+    skip = set(exclude)
+    per_worker = {w: set(qs) for w, qs in record.items() if w != BROADCAST and w not in skip}
+    members = (set(known) | await fleet.members()) - skip
+    for name in members - set(per_worker):
+        per_worker[name] = set(broadcast)  # appeared since: its own queues were never recorded
+    restored: dict[str, tuple[str, ...]] = {}
+    missing: dict[str, tuple[str, ...]] = {}
+    for _attempt in range(attempts):
+        current = await fleet.active_queues(sorted(per_worker)) if per_worker else {}
+        missing = {}
+        for worker, queues in per_worker.items():
+            if worker not in current:
+                if queues:
+                    missing[worker] = tuple(sorted(queues))
+                continue
+            lacking = queues - set(current[worker])
+            if lacking:
+                missing[worker] = tuple(sorted(lacking))
+        if not missing:
+            break
+        for worker, lacking_queues in missing.items():
+            for queue in lacking_queues:
+                await fleet.add_consumer(queue, destination=[worker], reply=True)
+            restored[worker] = tuple(sorted(set(restored.get(worker, ())) | set(lacking_queues)))
+    else:
+        final = await fleet.active_queues(sorted(per_worker)) if per_worker else {}
+        missing = {w: tuple(sorted(qs - set(final.get(w, ())))) for w, qs in per_worker.items()
+                   if qs - set(final.get(w, ()))}
+    return ConsumersRestored(restored=restored, verified=not missing, missing=missing)

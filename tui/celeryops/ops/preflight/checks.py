@@ -1,0 +1,189 @@
+"""The deploy preflight checks that need git, the image registry and IAM, built from plain parameters.
+
+Each function returns a ``Check`` (see ``framework``); none depends on the config module's types, so the caller
+expands image templates and picks targets. Every result's detail is one line and every remedy says what to do.
+
+1. ``release_branch_check``: the branch exists on the remote, its commit resolves, the checkout matches (else warn).
+2. ``image_check``: the already-expanded image reference(s) exist in their registry.
+3. ``freshness_check``: the branch tip is not older than ``max_age_days`` (else warn, with the age in words).
+4. ``permissions_check``: per target, an async callable lists missing permissions; any missing -> fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime, timedelta
+
+import humanize
+from celery import Celery
+
+from celeryops.adapters.gitrepo import GitRepo
+from celeryops.adapters.registry import ImageRegistry, ManifestProbe
+from celeryops.ops.preflight.framework import Check, CheckResult, one_line
+
+MissingPermissions = Callable[[], Awaitable[Sequence[str]]]
+Clock = Callable[[], datetime]
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def release_branch_check(
+    repo: GitRepo, remote: str, branch: str, *, check_id: str = "branch", title: str = "Release branch"
+) -> Check:
+    """ok: ``remote/branch`` resolves and the local branch (or HEAD if there is none) is at the same commit;
+    warn: the checkout differs (ahead/behind/diverged is shown); fail: no such branch, remote or repository."""
+    remote_name = f"{remote}/{branch}"
+
+    async def run() -> CheckResult:
+        sha = await repo.ls_remote(remote, branch)
+        if sha is None:
+            return CheckResult(
+                check_id, title, "fail", f"remote {remote} has no branch {branch!r}",
+                f"push the {branch} branch to {remote} or correct the branch name, then run preflight again",
+            )
+        await repo.ensure_commit(sha, remote, branch)
+        subject = await repo.commit_subject(sha)
+        at = f"{remote_name} is at {sha[:12]}" + (f" ({subject})" if subject else "")
+        local_sha = await repo.local_tip(branch)
+        local_name = f"local {branch}"
+        if local_sha is None:
+            local_sha, local_name = await repo.local_tip(None), "local HEAD"
+        if local_sha is None:
+            return CheckResult(
+                check_id, title, "warn", f"{at}; the local checkout has no commits to compare with",
+                f"the deploy uses {remote_name}; check out {branch} (git switch {branch}) to review what ships",
+            )
+        if local_sha == sha:
+            return CheckResult(check_id, title, "ok", f"{at}; {local_name} matches")
+        diff = await repo.divergence(local_sha, sha, remote, branch)
+        return CheckResult(
+            check_id, title, "warn",
+            f"{at}; {diff.describe(f'{local_name} ({local_sha[:12]})', remote_name)}",
+            f"the deploy ships {remote_name}, not your checkout: pull or push {branch} if that is not what you want, "
+            "or accept the warning",
+        )
+
+    return Check(check_id, title, run)
+
+
+def image_check(
+    image_refs: str | Sequence[str], registry: ImageRegistry | None = None, *, check_id: str = "image",
+    title: str = "Image",
+) -> Check:
+    """ok: every image reference has a manifest; fail: any is missing, refused or unreachable (all are named)."""
+    refs = [image_refs] if isinstance(image_refs, str) else list(dict.fromkeys(image_refs))
+    client = registry or ImageRegistry()
+
+    async def run() -> CheckResult:
+        if not refs:
+            return CheckResult(check_id, title, "fail", "no image reference to check",
+                               "configure the image of each deploy target, then run preflight again")
+        probes: list[ManifestProbe] = list(await asyncio.gather(*(client.probe(r) for r in refs)))
+        bad = [p for p in probes if not p.exists]
+        if not bad:
+            if len(probes) == 1:
+                return CheckResult(check_id, title, "ok", probes[0].detail)
+            return CheckResult(check_id, title, "ok", f"all {len(probes)} images exist: {', '.join(refs)}")
+        remedies = list(dict.fromkeys(p.remedy for p in bad if p.remedy))
+        return CheckResult(check_id, title, "fail", "; ".join(p.detail for p in bad), "; ".join(remedies))
+
+    return Check(check_id, title, run)
+
+
+def freshness_check(
+    repo: GitRepo, remote: str, branch: str, max_age_days: float, *, sha: str | None = None,
+    now: Clock = _utcnow, check_id: str = "freshness", title: str = "Commit age",
+) -> Check:
+    """ok: the tip of ``remote/branch`` (or ``sha``) is at most ``max_age_days`` old; warn: older (age in words)."""
+    limit = timedelta(days=max_age_days)
+    limit_words = f"{max_age_days:g}-day"
+
+    async def run() -> CheckResult:
+        tip = sha or await repo.ls_remote(remote, branch)
+        if tip is None:
+            return CheckResult(
+                check_id, title, "fail", f"remote {remote} has no branch {branch!r}, so its age is unknown",
+                f"push the {branch} branch to {remote} or correct the branch name, then run preflight again",
+            )
+        committed = await repo.commit_time(tip, remote, branch)
+        age = max(now() - committed, timedelta(0))
+        words = humanize.naturaldelta(age)
+        where = f"commit {tip[:12]} of {remote}/{branch} was committed {words} ago ({committed:%Y-%m-%d %H:%M} UTC)"
+        if age > limit:
+            return CheckResult(
+                check_id, title, "warn", f"{where}, longer ago than the {limit_words} limit",
+                f"make sure this old commit is what you mean to ship (merge the latest changes into {branch} if not), "
+                "or accept the warning",
+            )
+        return CheckResult(check_id, title, "ok", f"{where}, within the {limit_words} limit")
+
+    return Check(check_id, title, run)
+
+
+def permissions_check(
+    targets: Sequence[tuple[str, MissingPermissions]], *, check_id: str = "permissions", title: str = "Permissions"
+) -> Check:
+    """ok: no target misses a permission; fail: names each target's missing permissions (or why it was unknown)."""
+    pairs = list(targets)
+
+    async def run() -> CheckResult:
+        if not pairs:
+            return CheckResult(check_id, title, "ok", "no deploy target to check")
+        outcomes = await asyncio.gather(*(missing() for _name, missing in pairs), return_exceptions=True)
+        problems: list[str] = []
+        errors = False
+        for (name, _missing), outcome in zip(pairs, outcomes, strict=True):
+            if isinstance(outcome, asyncio.CancelledError):
+                raise outcome
+            if isinstance(outcome, BaseException):
+                errors = True
+                reason = getattr(outcome, "detail", None) or str(outcome) or type(outcome).__name__
+                problems.append(f"{name}: permissions could not be read ({one_line(str(reason))})")
+            elif outcome:
+                problems.append(f"{name} is missing {', '.join(sorted(outcome))}")
+        if not problems:
+            names = ", ".join(name for name, _ in pairs)
+            return CheckResult(check_id, title, "ok", f"every needed permission is granted on {names}")
+        grant = ("grant your account the missing permissions "
+                 "(for example roles/run.developer and roles/iam.serviceAccountUser)")
+        if errors:
+            remedy = f"check your Google credentials and the target names, {grant}, then run preflight again"
+        else:
+            remedy = f"{grant}, then run preflight again"
+        return CheckResult(check_id, title, "fail", "; ".join(problems), remedy)
+
+    return Check(check_id, title, run)
+
+
+def fence_plugin_check(app: Celery, fleet: str, *, check_id: str = "fence", title: str = "Drain fence plugin") -> Check:
+    """ok: every worker that answers runs the drain fence plugin of ``fleet``; warn: some don't (listed), or none
+    answered; fail: plugin workers follow another fleet's fence (the run's fence and lease would not be theirs)."""
+
+    async def run() -> CheckResult:
+        from celeryops.fence import fence_status
+
+        replies = await asyncio.to_thread(fence_status, app)
+        elsewhere = sorted((r.fleet, w) for w, r in replies.items() if r.plugin and r.fleet and r.fleet != fleet)
+        if elsewhere:
+            names = sorted({f for f, _ in elsewhere})
+            return CheckResult(check_id, title, "fail",
+                               f"{len(elsewhere)} worker(s) follow the fence of fleet {', '.join(map(repr, names))}, "
+                               f"not {fleet!r}: {', '.join(w for _, w in elsewhere[:4])}"
+                               + ("..." if len(elsewhere) > 4 else ""),
+                               f"set CELERYOPS_FLEET={names[0]} here (or fix the workers' CELERYOPS_FLEET) so that "
+                               "the fence, the run lease and watchers all name the same fleet")
+        if not replies:
+            return CheckResult(check_id, title, "warn", "no worker answered the fence status command",
+                               "check the workers; the drain still re-broadcasts the stop at every poll")
+        without = sorted(w for w, r in replies.items() if not r.plugin)
+        if without:
+            return CheckResult(check_id, title, "warn",
+                               f"{len(without)} of {len(replies)} worker(s) run without the fence plugin: "
+                               f"{', '.join(without[:6])}" + ("..." if len(without) > 6 else ""),
+                               "install celeryops.fence in the worker app; until then the re-broadcast stops them")
+        return CheckResult(check_id, title, "ok", f"all {len(replies)} worker(s) run the fence plugin")
+
+    return Check(check_id, title, run, timeout=15)

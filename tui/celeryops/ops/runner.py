@@ -1,0 +1,499 @@
+"""A run of celeryops against one fleet: the drain (and, later, the deploy) with every side effect written ahead
+in the journal, one run at a time per fleet (Redis lease), and the live status mirrored to Redis for watchers.
+
+Used by the headless CLI and by the console alike (no Textual here). Interruptions (task cancellation from a
+signal handler or the console) restore the consumers before the run ends: no path leaves workers stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import getpass
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import redis
+
+from celeryops.adapters.fleet import Fleet
+from celeryops.adapters.taskevents import TaskWatch, start_watch
+from celeryops.core.errors import EXIT_FAILURE, UserError
+from celeryops.core.events import ConsumersRestored, DrainFinished, DrainProgress, Event, Notice
+from celeryops.fence import FenceStore
+from celeryops.ops.drain import BROADCAST, Drain, DrainResult, DrainSettings, restore_consumers
+from celeryops.ops.journal import PHASES, Journal, Phase, Run
+from celeryops.ops.publish import Publisher
+from celeryops.ops.recovery import RecoveryPlan, Rollout, plan
+from celeryops.ops.runlease import LeaseHeld, RunLease, drop_dead_lease, read_lease
+
+log = logging.getLogger(__name__)
+
+Outcome = Literal["drained", "timeout", "interrupted", "error"]
+
+
+class ReadOnlyRefused(UserError):
+    def __init__(self, what: str) -> None:
+        super().__init__(f"Refused to {what}: this console is read-only (watch mode); nothing was changed; "
+                         "run celeryops without `watch` to operate the fleet.")
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):
+        return "unknown"
+
+
+@dataclass
+class JournalHooks:
+    """Write-ahead records of a drain's side effects in the run journal."""
+
+    journal: Journal
+    run_id: str
+    on_first_stop: Callable[[tuple[str, ...]], Awaitable[None]] | None = None
+    _restore_intent: int | None = None
+
+    async def before_stop(self, stops: dict[str, tuple[str, ...]], before: dict[str, tuple[str, ...]]) -> None:
+        await self.journal.aio.intend_cancel_consumers(self.run_id, stops, before)
+        if self.on_first_stop is not None:
+            first, self.on_first_stop = self.on_first_stop, None
+            await first(tuple(sorted({q for qs in stops.values() for q in qs})))
+
+    async def before_restore(self, restore: dict[str, tuple[str, ...]]) -> None:
+        self._restore_intent = await self.journal.aio.intend_add_consumers(self.run_id, restore)
+
+    async def after_restore(self, event: ConsumersRestored) -> None:
+        if self._restore_intent is not None:
+            await self.journal.aio.settle(self._restore_intent, {
+                "ok": event.verified, "restored": {w: list(q) for w, q in event.restored.items()},
+                "missing": {w: list(q) for w, q in event.missing.items()}})
+
+
+@dataclass
+class Runner:
+    """One operator session on one fleet."""
+
+    fleet: Fleet
+    journal: Journal
+    fleet_name: str = "default"
+    on_event: Callable[[Event], None] = lambda e: None
+    read_only: bool = False
+    coord: redis.Redis | None = None  # Redis for the lease and the published status (None: not available)
+    lease_ttl: float = field(default_factory=lambda: float(os.environ.get("CELERYOPS_LEASE_TTL", "30")))
+    fence_ttl: float = field(default_factory=lambda: float(os.environ.get("CELERYOPS_FENCE_TTL", "30")))
+    # A drained run outlives its process (consumers stay stopped until a deploy or abort): so does its fence.
+    fence_parked_ttl: float = field(
+        default_factory=lambda: float(os.environ.get("CELERYOPS_FENCE_PARKED_TTL", str(7 * 24 * 3600))))
+    # Re-poll as soon as task events say the in-flight tasks ended (workers with -E); off: CELERYOPS_TASK_EVENTS=0.
+    task_events: bool = field(default_factory=lambda: os.environ.get("CELERYOPS_TASK_EVENTS", "1") != "0")
+    # The console's "detach": an interruption then leaves the consumers stopped and the run open for `resume`.
+    detached: bool = False
+    _drain: Drain | None = field(default=None, init=False)
+    _held: RunLease | None = field(default=None, init=False)
+    _deploy_follows: bool = field(default=False, init=False)
+    _pub: Publisher | None = field(default=None, init=False)
+    _fence: FenceStore | None = field(default=None, init=False)
+    _fence_run: str | None = field(default=None, init=False)
+    _fence_keeper: asyncio.Future[None] | None = field(default=None, init=False)
+
+    @classmethod
+    def coordination_redis(cls, fleet: Fleet) -> redis.Redis | None:
+        url = os.environ.get("CELERYOPS_REDIS_URL")
+        if url:
+            return redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=5, decode_responses=True)
+        return fleet.redis()
+
+    def _refuse_if_read_only(self, what: str) -> None:
+        if self.read_only:
+            raise ReadOnlyRefused(what)
+
+    def emit(self, event: Event) -> None:
+        self.on_event(event)
+
+    # -- the current run ---------------------------------------------------------------------------------------
+
+    def unfinished(self) -> Run | None:
+        runs = self.journal.unfinished_runs(self.fleet_name)
+        return runs[-1] if runs else None
+
+    async def _acquire(self, run: Run, take_over: bool, own_run: str | None = None) -> None:
+        """Take the fleet's run lease (one run at a time), start the status mirror and the fence keeper."""
+        if self.coord is None:
+            self.emit(Notice(level="warning", message="No Redis for the run lease: another operator could start "
+                                                      "a run on this fleet at the same time."))
+            return
+        lease = RunLease(self.coord, self.fleet_name, run.id, ttl=self.lease_ttl)
+        expected = ""
+        try:
+            if take_over:
+                holder = await asyncio.to_thread(read_lease, self.coord, self.fleet_name)
+                if holder is not None and holder.dead_here and (own_run is None or holder.run_id == own_run):
+                    await asyncio.to_thread(drop_dead_lease, self.coord, self.fleet_name, holder.run_id)
+                    holder = await asyncio.to_thread(read_lease, self.coord, self.fleet_name)
+                expected = holder.run_id if holder is not None else ""
+                if holder is not None and own_run is not None and holder.run_id != own_run:
+                    raise LeaseHeld(self.fleet_name, holder, taking_over=own_run)
+            if expected:
+                await asyncio.to_thread(lease.take_over, expected)
+            else:
+                await asyncio.to_thread(lease.acquire)
+        except redis.RedisError as exc:
+            raise UserError(f"Cannot take the run lease in Redis ({exc}): nothing was changed; check Redis.",
+                            EXIT_FAILURE) from None
+        lease.start_heartbeat()
+        self._held = lease
+        self._pub = Publisher(self.coord, self.fleet_name, run_id=run.id, owner=run.user, host=run.host,
+                              release=run.release, started_at=run.created, phase=run.phase)
+        self._pub.start()
+        self._fence = FenceStore(self.coord, self.fleet_name)
+        self._fence_run = run.id
+
+    async def release_lease(self) -> None:
+        """Stop the heartbeats and give the lease back (the fence, if any, is left to expire unless lifted)."""
+        lease, self._held = self._held, None
+        pub, self._pub = self._pub, None
+        await self._stop_fence_keeper()
+        if pub is not None:
+            await pub.close()
+        if lease is not None:
+            await lease.stop_heartbeat()
+            with contextlib.suppress(redis.RedisError):
+                await asyncio.to_thread(lease.release)
+
+    def publish_phase(self, phase: str, **data: Any) -> None:
+        if self._pub is not None:
+            self._pub.phase(phase, **data)
+
+    # -- fence -------------------------------------------------------------------------------------------------
+
+    async def raise_fence(self, queues: tuple[str, ...]) -> None:
+        """Before the first cancel broadcast: plugin workers (also ones that start later) hold these queues."""
+        if self._fence is None or self._fence_run is None:
+            return
+        try:
+            await asyncio.to_thread(self._fence.raise_fence, self._fence_run, list(queues), _user(), self.fence_ttl)
+        except redis.RedisError as exc:
+            self.emit(Notice(level="warning", message=f"Could not raise the drain fence ({exc}); the re-broadcast "
+                                                      "still stops workers."))
+            return
+        if self._fence_keeper is None:
+            self._fence_keeper = asyncio.ensure_future(self._keep_fence())
+
+    async def _stop_fence_keeper(self) -> None:
+        keeper, self._fence_keeper = self._fence_keeper, None
+        if keeper is not None:
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper
+
+    async def _keep_fence(self) -> None:
+        assert self._fence is not None and self._fence_run is not None
+        while True:
+            await asyncio.sleep(self.fence_ttl / 3)
+            with contextlib.suppress(redis.RedisError):
+                await asyncio.to_thread(self._fence.renew, self._fence_run, self.fence_ttl)
+
+    async def exempt_from_fence(self, versions: list[str], revisions: list[str] | None = None) -> None:
+        """During a deploy: workers of the new release consume while the old ones stay held."""
+        if self._fence is None or self._fence_run is None:
+            return
+        with contextlib.suppress(redis.RedisError):
+            record = await asyncio.to_thread(self._fence.read)
+            old_versions = list(getattr(record, "exempt_versions", ()) or ())
+            old_revisions = list(getattr(record, "exempt_revisions", ()) or ())
+            await asyncio.to_thread(
+                lambda: self._fence.rescope(  # type: ignore[union-attr]
+                    self._fence_run or "", exempt_versions=sorted(set(old_versions) | {v for v in versions if v}),
+                    exempt_revisions=sorted(set(old_revisions) | set(revisions or []))))
+
+    async def park_fence(self) -> None:
+        """The run ends drained and stays open after this process: stop renewing the fence every ttl/3 and give
+        it ``fence_parked_ttl`` instead, so plugin workers stay held until a deploy or ``abort`` lifts it."""
+        await self._stop_fence_keeper()
+        if self._fence is None or self._fence_run is None:
+            return
+        try:
+            await asyncio.to_thread(self._fence.renew, self._fence_run, self.fence_parked_ttl)
+        except redis.RedisError as exc:
+            self.emit(Notice(level="warning", message=f"Could not keep the drain fence up after the drain ({exc}): "
+                                                      f"plugin workers resume within {self.fence_ttl:g}s although "
+                                                      "the run stays drained; run `celeryops abort` to end it."))
+
+    async def lift_fence(self, run_id: str | None = None) -> None:
+        fence = self._fence or (FenceStore(self.coord, self.fleet_name) if self.coord is not None else None)
+        rid = run_id or self._fence_run
+        if fence is None or rid is None:
+            return
+        await self._stop_fence_keeper()
+        with contextlib.suppress(redis.RedisError):
+            await asyncio.to_thread(fence.lift, rid)
+
+    # -- drain -------------------------------------------------------------------------------------------------
+
+    async def drain(self, *, queues: tuple[str, ...] = (), settings: DrainSettings = DrainSettings(),
+                    forget: tuple[str, ...] = (), take_over: bool = False, release: str | None = None,
+                    keep_lease: bool = False, extra_settings: dict[str, Any] | None = None) -> tuple[Outcome, Run]:
+        """Stop consumers and wait until drained. ``drained``: consumers stay stopped (the run stays open in
+        phase ``drained`` until a deploy or ``abort``); ``timeout``/``interrupted``: consumers restored, aborted.
+        ``keep_lease``: a drained run keeps the lease (the deploy follows; call ``release_lease`` after)."""
+        self._refuse_if_read_only("stop consumers")
+        self._deploy_follows = keep_lease
+        settings.validate()
+        await self.fleet.check_broker()
+        open_run = self.unfinished()
+        if self.coord is not None and not take_over:
+            holder = await asyncio.to_thread(read_lease, self.coord, self.fleet_name)
+            if holder is not None:
+                raise LeaseHeld(self.fleet_name, holder)
+        if open_run is not None and open_run.stopped_consumers() and not take_over:
+            raise UserError(
+                f"Run {open_run.id} ({open_run.phase}, started by {open_run.user}@{open_run.host}) is unfinished "
+                "and still holds stopped consumers: nothing was changed; run `celeryops abort` to restore them, "
+                "or `celeryops resume` to continue it.", EXIT_FAILURE)
+        if take_over and self.coord is not None:
+            holder = await asyncio.to_thread(read_lease, self.coord, self.fleet_name)
+            if holder is not None and not holder.orphaned and not holder.dead_here:
+                raise LeaseHeld(self.fleet_name, holder, taking_over=holder.run_id)
+            if open_run is not None:
+                await self.abort(run=open_run)
+        run = await self.journal.aio.create_run(
+            fleet=self.fleet_name, broker=self.fleet.broker_url, release=release,
+            settings={"queues": list(queues), "interval": settings.interval, "streak": settings.streak,
+                      "max_wait": settings.max_wait, "forget": list(forget), **(extra_settings or {})})
+        try:
+            await self._acquire(run, take_over)
+        except BaseException as exc:
+            await self.journal.aio.advance(run.id, "aborted", reason=f"not started: {exc}")
+            raise
+        outcome = await self._drain_holding(run, queues, settings, forget, keep_lease)
+        return outcome, await self.journal.aio.get(run.id)
+
+    async def _drain_holding(self, run: Run, queues: tuple[str, ...], settings: DrainSettings,
+                             forget: tuple[str, ...], keep_lease: bool) -> Outcome:
+        """Drain with the lease already held; give it back after, unless a drained run keeps it for its deploy
+        (a drained run that ends here parks its fence: the consumers stay stopped until a deploy or abort)."""
+        outcome: Outcome = "error"
+        try:
+            outcome = await self._drain_run(run, queues, settings, forget, self._pub)
+        finally:
+            if not (keep_lease and outcome == "drained"):
+                if outcome == "drained":
+                    await self.park_fence()
+                await self.release_lease()
+        return outcome
+
+    async def _drain_run(self, run: Run, queues: tuple[str, ...], settings: DrainSettings,
+                         forget: tuple[str, ...], publisher: Publisher | None) -> Outcome:
+        wake = asyncio.Event()
+        watch = await start_watch(self.fleet.app, wake) if self.task_events else None
+        try:
+            return await self._drain_phases(run, queues, settings, forget, publisher, wake, watch)
+        finally:
+            if watch is not None:
+                await asyncio.to_thread(watch.stop)
+
+    async def _drain_phases(self, run: Run, queues: tuple[str, ...], settings: DrainSettings,
+                            forget: tuple[str, ...], publisher: Publisher | None, wake: asyncio.Event,
+                            watch: TaskWatch | None) -> Outcome:
+        hooks = JournalHooks(self.journal, run.id, on_first_stop=self.raise_fence)
+
+        def on_event(event: Event) -> None:
+            if publisher is not None:
+                if isinstance(event, DrainProgress):
+                    publisher.progress(event.to_json())
+                else:
+                    publisher.event(event.kind, event.to_json())
+            self.emit(event)
+
+        prior = {w: tuple(sorted(q)) for w, q in run.stopped_consumers().items()}
+        def chained(event: Event) -> None:
+            if watch is not None:
+                watch.on_event(event)
+            on_event(event)
+
+        drain = Drain(self.fleet, settings, queues=queues, forget=forget, on_event=chained, hooks=hooks,
+                      prior_stopped=prior, wake=wake)
+        self._drain = drain
+        if run.phase == "preflight":
+            for name in forget:
+                await self.journal.aio.note(run.id, {"forget": name, "by": _user()})
+
+        current = run.phase
+
+        async def phase(to: Phase, reason: str | None = None) -> None:
+            nonlocal current
+            if PHASES.index(current) >= PHASES.index(to):
+                return  # resumed past it already
+            await self.journal.aio.advance(run.id, to, reason=reason)
+            current = to
+            if publisher is not None:
+                publisher.phase(to)
+
+        await phase("stopping")
+        try:
+            await drain.start()
+            await phase("draining")
+            result: DrainResult = await drain.run()
+        except asyncio.CancelledError:
+            await self._restore_after(drain, run, "interrupted", publisher)
+            on_event(DrainFinished(outcome="interrupted", elapsed=drain.last.elapsed if drain.last else 0.0,
+                                   message="Interrupted: consumers restored, nothing was killed."))
+            raise
+        except BaseException as exc:
+            if drain.stopped:
+                await self._restore_after(drain, run, "error", publisher)
+            else:
+                await self.journal.aio.advance(run.id, "aborted", reason=f"error: {exc}")
+            raise
+        if result.outcome == "drained":
+            await phase("drained")
+            message = ("Drained: no task is running; deploying next." if self._deploy_follows else
+                       "Drained: no task is running and the consumers stay stopped, ready for a deploy. "
+                       "To undo: celeryops abort")
+            on_event(DrainFinished(outcome="drained", elapsed=result.elapsed, message=message))
+            return "drained"
+        await self._restore_after(drain, run, "timeout", publisher)
+        on_event(DrainFinished(
+            outcome="timeout", elapsed=result.elapsed,
+            message=f"Timed out after {settings.max_wait:g}s with tasks still running: nothing was killed, "
+                    "the consumers were restored and the run aborted; try again when the long tasks are done."))
+        return "timeout"
+
+    async def forget(self, name: str) -> None:
+        """Treat ``name`` as gone in the running drain (known dead: it will not be waited for); recorded."""
+        self._refuse_if_read_only("forget a worker")
+        drain = self._drain
+        if drain is None or drain.policy is None:
+            raise UserError(f"No drain is running, so {name} was not forgotten: nothing was changed.", EXIT_FAILURE)
+        drain.forget = tuple(sorted({*drain.forget, name}))
+        drain.known.discard(name)
+        open_run = self.unfinished()
+        run_id = self._fence_run or (open_run.id if open_run is not None else None)
+        if run_id is not None:
+            await self.journal.aio.note(run_id, {"forget": name, "by": _user()})
+        self.emit(Notice(level="warning", message=f"{name} is treated as gone from now on (recorded)."))
+
+    async def resume(self, *, run: Run | None = None, keep_lease: bool = False) -> tuple[Outcome, Run]:
+        """Continue the fleet's interrupted run from its phase: a run interrupted while stopping or draining
+        re-enters the drain with the same settings (the consumers it stopped stay recorded for a restore).
+        ``keep_lease``: a drained run keeps the lease for the deploy that follows (``release_lease`` after)."""
+        self._refuse_if_read_only("resume the run")
+        run = run or self.unfinished()
+        if run is None:
+            raise UserError("There is no unfinished run for this fleet in the journal: nothing to resume; start one "
+                            "with `celeryops drain` or `celeryops deploy`.", EXIT_FAILURE)
+        if run.phase == "drained" and not run.release:
+            self.emit(Notice(level="info", message=f"Run {run.id} is already drained; its consumers stay stopped. "
+                                                   "Deploy now, or undo with `celeryops abort`."))
+            return "drained", run
+        # A drained deploy run is drained again before its deploy: time has passed since (a fence may have expired).
+        if run.phase not in ("preflight", "stopping", "draining") and not (run.phase == "drained" and run.release):
+            raise UserError(f"Run {run.id} is in phase {run.phase}, which `celeryops resume` cannot continue yet: "
+                            "nothing was changed; use `celeryops abort` to apply the recovery rules.", EXIT_FAILURE)
+        await self.fleet.check_broker()
+        st = run.settings
+        settings = DrainSettings(interval=float(st.get("interval", 15.0)), streak=int(st.get("streak", 2)),
+                                 max_wait=float(st.get("max_wait", 1200.0)))
+        queues = tuple(st.get("queues") or ())
+        forget = tuple(st.get("forget") or ())
+        await self.journal.aio.note(run.id, {"resumed_by": _user(), "pid": os.getpid()})
+        await self._acquire(run, take_over=True, own_run=run.id)
+        self._deploy_follows = keep_lease
+        outcome = await self._drain_holding(run, queues, settings, forget, keep_lease)
+        return outcome, await self.journal.aio.get(run.id)
+
+    async def hold(self, run: Run) -> None:
+        """Take the lease of an interrupted run of ours again (to finish it); ``release_lease`` after."""
+        self._refuse_if_read_only("resume the run")
+        await self._acquire(run, take_over=True, own_run=run.id)
+
+    async def _restore_after(self, drain: Drain, run: Run, why: str, publisher: Publisher | None) -> None:
+        if self.detached and why == "interrupted":
+            if publisher is not None:
+                publisher.event("notice", {"level": "warning", "message": "the operator detached from the run"})
+            return
+        # The fence goes first: a plugin worker that still saw it would stop the queue the restore just added back
+        # (and the restore's check would report it missing).
+        lift = asyncio.ensure_future(self.lift_fence(run.id))
+        while not lift.done():  # a second interrupt must not cut the lift or the restore short
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(lift)
+        task = asyncio.ensure_future(drain.restore())
+        while not task.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(task)
+        event = task.result()
+        await self.journal.aio.advance(run.id, "aborted", reason=why)
+        if publisher is not None:
+            publisher.phase("aborted", reason=why)
+        if not event.verified:
+            self.emit(Notice(level="warning", message=_unverified(event)))
+
+    # -- abort / recovery --------------------------------------------------------------------------------------
+
+    def recovery_plan(self, run: Run, rollout: Rollout | None = None) -> RecoveryPlan:
+        return plan(run, rollout)
+
+    async def abort(self, *, run: Run | None = None, rollout: Rollout | None = None,
+                    force_restore: bool = False) -> tuple[RecoveryPlan, ConsumersRestored | None]:
+        """Apply the recovery rules to the fleet's unfinished run (restore what it stopped, mark it aborted)."""
+        self._refuse_if_read_only("abort the run")
+        run = run or self.unfinished()
+        if run is None:
+            raise UserError("There is no unfinished run for this fleet in the journal: nothing was changed.",
+                            EXIT_FAILURE)
+        await self._refuse_if_live(run, "abort it")
+        decided = self.recovery_plan(run, rollout)
+        if decided.action == "ask" and force_restore:
+            decided = RecoveryPlan("restore", {w: sorted(q) for w, q in run.stopped_consumers().items()},
+                                   "The operator says the old revision still serves: restoring the consumers.",
+                                   mark_as="aborted")
+        restored: ConsumersRestored | None = None
+        if decided.action in ("restore", "nothing"):
+            await self.lift_fence(run.id)  # before the restore: a plugin worker would stop the queue again
+        if decided.action == "restore":
+            record = {w: tuple(qs) for w, qs in decided.restore.items()}
+            intent = await self.journal.aio.intend_add_consumers(run.id, record)
+            restored = await restore_consumers(self.fleet, record, exclude=set(run.settings.get("forget", [])))
+            await self.journal.aio.settle(intent, {"ok": restored.verified,
+                                                   "missing": {w: list(q) for w, q in restored.missing.items()}})
+            self.emit(restored)
+            if not restored.verified:
+                self.emit(Notice(level="warning", message=_unverified(restored)))
+        if decided.mark_as is not None and decided.action != "ask":
+            await self.journal.aio.advance(run.id, decided.mark_as, reason="abort")
+            if self.coord is not None:
+                pub = Publisher(self.coord, self.fleet_name, run_id=run.id, owner=run.user, host=run.host,
+                                release=run.release, started_at=run.created, phase=decided.mark_as)
+                pub.phase(decided.mark_as, reason="abort")
+                await asyncio.to_thread(pub.flush, True)
+                await self._drop_dead_lease(run.id)
+        return decided, restored
+
+    async def _drop_dead_lease(self, run_id: str) -> None:
+        """The run is over: free the fleet from its lease if its owner is gone (a live owner keeps it)."""
+        assert self.coord is not None
+        with contextlib.suppress(redis.RedisError):
+            await asyncio.to_thread(drop_dead_lease, self.coord, self.fleet_name, run_id)
+
+    async def _refuse_if_live(self, run: Run, doing: str) -> None:
+        """Another process still runs ``run`` (its lease is alive): acting on it would fight that process."""
+        if self.coord is None or self._held is not None:
+            return
+        try:
+            holder = await asyncio.to_thread(read_lease, self.coord, self.fleet_name)
+        except redis.RedisError:
+            return
+        if holder is not None and holder.run_id == run.id and not holder.orphaned and not holder.dead_here:
+            raise UserError(f"Run {run.id} is still running ({holder.describe()}): nothing was changed; stop it with "
+                            f"Ctrl-C where it runs (it restores the consumers itself), or wait until its lease "
+                            f"expires before you {doing}.", EXIT_FAILURE)
+
+
+def _unverified(event: ConsumersRestored) -> str:
+    who = ", ".join(f"{w} ({', '.join(q)})" for w, q in sorted(event.missing.items()) if w != BROADCAST)
+    return (f"Could not confirm that these consumers are back: {who}; they may be busy (a solo-pool worker "
+            "answers when its task ends) — check with `celeryops status` and run `celeryops abort` again if needed.")
