@@ -83,7 +83,7 @@ def test_busy_solo_worker_is_unknown_not_zero(redis_url: str, start_workers, red
     solo_q = queue_name + "-solo"
     (solo,) = start_workers(redis_url, pool="solo", queues=[solo_q])
     start_workers(redis_url, n=1, queues=[queue_name])
-    (tid,) = enqueue(redis_url, solo_q, 8.0)
+    (tid,) = enqueue(redis_url, solo_q, 20.0)  # busy well past the drain's preflight and first poll
     wait_for(lambda: started(redis_client, [tid]), 30, "the solo task to start")
     drain = CliProcess(["drain", "--broker", redis_url, "-Q", queue_name, "-Q", solo_q, *FAST, "--json"], env)
     poll = drain.wait_event("poll", 30)

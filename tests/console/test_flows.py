@@ -1,4 +1,4 @@
-"""The console over the real ops layer (``celeryops.ops.backend.OpsBackend``), driven by Pilot against a real
+"""The console over the real ops layer (``celeryops.ops.console_backend.OpsBackend``), driven by Pilot against a real
 redis-server, real Celery workers and the local Cloud Run stand-in: preflight -> drain -> deploy -> done;
 timeout -> consumers restored; quit mid-drain -> abort restores; detach leaves the run, and a restarted console
 opens the resume/abort panel whose abort restores the consumers."""
@@ -23,14 +23,14 @@ from celeryops.console.screens.confirm import ConfirmScreen
 from celeryops.console.screens.deploy import DeployScreen
 from celeryops.console.screens.quit import QuitScreen
 from celeryops.console.screens.resume import ResumeScreen
-from celeryops.core.config import Config, load_config
+from celeryops.core.config import Config, DrainSettings, load_config
 from celeryops.core.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT
 from celeryops.demo.standins.cloudrun import CloudRunStandIn, standin_config
 from celeryops.demo.standins.gitrepo import GitFixture
 from celeryops.demo.standins.registry import RegistryStandIn
-from celeryops.ops.backend import DrainRequest, OpsBackend, open_backend
-from celeryops.ops.drain import DrainSettings
+from celeryops.ops.console_backend import OpsBackend, open_backend
 from celeryops.ops.journal import Journal
+from celeryops.ops.session import DrainRequest
 from celeryops_harness.workers import WorkerProcess, wait_for
 from drainhelp import enqueue, started
 
@@ -43,7 +43,7 @@ def backend_for(broker: str, state: Path, **kw: Any) -> OpsBackend:
     app.conf.broker_connection_retry_on_startup = False
     config = kw.pop("config", None) or Config(broker=broker)
     return open_backend(app, config, read_only=kw.pop("read_only", False), fleet_display="test fleet",
-                        state_dir=str(state), env={}, **kw)
+                        state_dir=str(state), **kw)
 
 
 def console(backend: OpsBackend, **kw: Any) -> ConsoleApp:
@@ -248,17 +248,75 @@ async def test_deploy_preflight_drain_deploy_done(tmp_path: Path, redis_url: str
         app = console(backend, start="deploy", release="demo-2")
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: app.model.preflight is not None, 60, "the preflight")
-            checks = {c.check_id: c.status for c in app.model.checks.values()}
+            checks = {c.id: c.status for c in app.model.checks.values()}
             assert checks["image"] == "ok" and checks["permissions"] == "ok", checks
             await proceed(pilot)
             await until(pilot, lambda: app.model.phase == "done", 120, "the deploy to finish")
             assert isinstance(app.screen, DeployScreen)
             assert app.model.finished is not None and app.model.finished.outcome == "drained"
-            assert app.model.deploy is not None and [t.state for t in app.model.deploy.targets] == ["ready"]
+            assert [t.state for t in app.model.targets] == ["ready"]
             assert app.model.fleet_back and app.model.fleet_back[0].queues == (queue_name,)
             await press(pilot, "q")
         assert app.return_value == EXIT_OK
         assert fleet.replaced.is_set()
+        with Journal(state_dir=str(tmp_path / "state")) as journal:
+            assert journal.unfinished_runs() == []
+    finally:
+        if backend is not None:
+            await backend.close()
+            backend.close_sync()
+        fleet.stop()
+        standin.stop()
+        registry.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill_after", ["phase:drained", "settle:deploy_start"])
+async def test_console_resume_finishes_an_interrupted_deploy_as_the_cli_does(
+        tmp_path: Path, redis_url: str, queue_name: str, kill_after: str) -> None:
+    """A `celeryops deploy` SIGKILLed after its drain (or right after the update was accepted); the console's
+    resume panel resumes it: drain again and deploy (or, the rollout being ready, finish), as `celeryops resume`."""
+    from celeryops.ops.runlease import read_lease
+    from clihelp import cli_env, run_cli
+
+    git = GitFixture(tmp_path / "git", branch="demo-2").create(commits=2, age=timedelta(days=1))
+    registry = RegistryStandIn().start()
+    fleet = Revisions(redis_url, queue_name, tmp_path)
+    standin = CloudRunStandIn(rollout_seconds=0.3, on_update=fleet.on_update)
+    endpoint = standin.start()
+    backend: OpsBackend | None = None
+    try:
+        registry.seed("proj/worker", git.tip(git.remote))
+        standin.add_service("proj", "europe-west1", "worker", f"{registry.host}/proj/worker:old")
+        (tmp_path / "celeryops.toml").write_text(standin_config(broker=redis_url, endpoint=endpoint, interval=0.3,
+                                                                image=f"{registry.host}/proj/worker:{{sha}}"))
+        old = fleet.start("worker-00001-old")
+        env = cli_env(tmp_path / "state", CELERYOPS_LEASE_TTL="1")
+        killed = await asyncio.to_thread(
+            run_cli, ["deploy", "demo-2", "--yes", "--accept-warnings", "--json", "--repo", str(git.work)], env,
+            cwd=tmp_path, kill_after=kill_after)
+        assert killed.returncode == -signal.SIGKILL, killed.stdout[-1500:] + killed.stderr[-1500:]
+        client = redis.Redis.from_url(redis_url)
+        await asyncio.to_thread(wait_for, lambda: (lease := read_lease(client, "default")) is None or lease.orphaned,
+                                30, "the killed run's lease to be orphaned")
+        client.close()
+        config = load_config(str(tmp_path / "celeryops.toml"), tmp_path, {}, {"state_dir": str(tmp_path / "state")})
+        backend = backend_for(redis_url, tmp_path / "state", config=config, repo=git.work)
+        app = console(backend)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: isinstance(app.screen, ResumeScreen), 30, "the resume/abort panel")
+            assert app.screen.run.kind == "deploy" and app.screen.run.release == "demo-2"
+            await press(pilot, "R")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 10, "the confirmation")
+            await press(pilot, "y")
+            await until(pilot, lambda: app.model.result is not None, 120, "the resumed run to finish")
+            assert app.model.result is not None and app.model.result.outcome == "deployed", app.model.result
+            assert app.model.phase == "done" and isinstance(app.screen, DeployScreen)
+            assert app.model.fleet_back and app.model.fleet_back[0].queues == (queue_name,)
+            await press(pilot, "q")
+        assert app.return_value == EXIT_OK
+        assert fleet.replaced.is_set() and old not in fleet.workers[-1:]
+        assert await consumed_async(redis_url, fleet.workers[-1]) == [queue_name]
         with Journal(state_dir=str(tmp_path / "state")) as journal:
             assert journal.unfinished_runs() == []
     finally:

@@ -11,7 +11,7 @@ from textual.widgets import DataTable
 from celeryops.console import sample
 from celeryops.console.static import StaticBackend
 from celeryops.core.events import DrainFinished
-from celeryops.ops.views import FleetBack, PhaseChanged
+from celeryops.core.events import FleetBack, PhaseChanged
 
 SIZE = (100, 30)
 SMALL = (80, 24)
@@ -74,7 +74,7 @@ def test_preflight_warning(snap_compare: Any, app_factory: Any) -> None:
 
 
 def test_preflight_failed(snap_compare: Any, app_factory: Any) -> None:
-    from celeryops.ops.views import PreflightDone
+    from celeryops.core.events import PreflightDone
     backend = deploy_backend(preflight_script=[*sample.failed_checks(), PreflightDone(failed=1, warnings=1)])
     assert snap_compare(app_factory(backend, start="deploy", release="v2.14.0"), terminal_size=SIZE)
 
@@ -120,12 +120,12 @@ def resume_app(app_factory: Any) -> Any:
 
 
 def test_deploy_rolling(snap_compare: Any, app_factory: Any) -> None:
-    app = deploy_app(app_factory, sample.deploy_update("rolling"))
+    app = deploy_app(app_factory, *sample.deploy_events("rolling"))
     assert snap_compare(app, run_before=keys("G", "y"), terminal_size=SIZE)
 
 
 def test_deploy_done(snap_compare: Any, app_factory: Any) -> None:
-    app = deploy_app(app_factory, sample.deploy_update("ready"), FleetBack(sample.workers()),
+    app = deploy_app(app_factory, *sample.deploy_events("ready"), FleetBack(sample.fleet_back()),
                      PhaseChanged("done", "v2.14.0 is live"))
     assert snap_compare(app, run_before=keys("G", "y"), terminal_size=SIZE)
 
@@ -147,7 +147,7 @@ def test_home_small(snap_compare: Any, app_factory: Any) -> None:
 
 
 def test_deploy_rolling_small(snap_compare: Any, app_factory: Any) -> None:
-    app = deploy_app(app_factory, sample.deploy_update("rolling"))
+    app = deploy_app(app_factory, *sample.deploy_events("rolling"))
     assert snap_compare(app, run_before=keys("G", "y"), terminal_size=SMALL)
 
 

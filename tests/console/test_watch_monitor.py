@@ -16,9 +16,10 @@ from celery import Celery
 from celeryops.console.app import ConsoleApp, make_app
 from celeryops.console.screens.home import HomeScreen
 from celeryops.core.config import Config
-from celeryops.ops.backend import WATCH_CLIENT_NAME, open_backend
+from celeryops.ops.console_backend import open_backend
+from celeryops.ops.wiring import WATCH_CLIENT_NAME
 from celeryops.ops.publish import read_status
-from celeryops.ops.views import ReadOnlyRefused
+from celeryops.core.errors import ReadOnlyRefused
 from celeryops_harness.workers import wait_for
 from clihelp import CliProcess, cli_env
 from drainhelp import enqueue, started
@@ -83,7 +84,7 @@ def watcher(redis_url: str, state_dir: Path, follow_interval: float) -> tuple[An
     """A read-only backend for the fleet on ``redis_url`` and the watch console over it (close the backend after)."""
     app = Celery("watcher", broker=redis_url, set_as_current=False)
     backend = open_backend(app, Config(broker=redis_url), read_only=True, fleet_display="watched fleet",
-                           state_dir=str(state_dir), env={}, follow_interval=follow_interval)
+                           state_dir=str(state_dir), follow_interval=follow_interval)
     return backend, make_app(backend, animate=False, poll_interval=0.3)
 
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import click
 
 from celeryops.commands.common import FleetSpec
-from celeryops.commands.drain import open_runner, run_interruptibly
+from celeryops.commands.headless import flag_operator, open_wiring, run_interruptibly
 from celeryops.commands.output import Printer
 from celeryops.core.errors import EXIT_INTERRUPTED, EXIT_USAGE, UserError
 from celeryops.core.events import Notice
@@ -68,18 +68,16 @@ def _signals_ignored() -> Iterator[None]:
 def run_headless(sandbox: Sandbox, printer: Printer) -> int:
     """Deploy ``demo-2`` to the sandbox exactly as ``celeryops deploy demo-2 --yes --accept-warnings`` would."""
     from celeryops.demo.sandbox import RELEASE
-    from celeryops.ops.release import ReleaseFlow
 
     sandbox.wait_busy(tasks=2, timeout=60)
     config = sandbox.config
-    runner = open_runner(FleetSpec(broker=sandbox.url), config.state_dir, printer)
-    flow = ReleaseFlow(runner, config, RELEASE, config.targets, repo=sandbox.repo, accept_warnings=True,
-                       confirm=None)
+    wiring = open_wiring(FleetSpec(broker=sandbox.url), config, printer)
+    session = wiring.session(flag_operator(yes=True, accept_all=True), repo=sandbox.repo)
     try:
         with _signals_interrupt():  # run_interruptibly installs its own handlers while the flow runs
-            result, interrupted = run_interruptibly(flow.run)
+            result, interrupted = run_interruptibly(lambda: session.deploy(RELEASE, config.targets))
     finally:
-        runner.fleet.close()
+        wiring.close()
     if interrupted or result is None:
         if printer.as_json and not printer.finished:
             printer.json({"event": "interrupted", "message": "Interrupted: the recovery rules were applied."})

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from pathlib import Path
 
 import click
 
 from celeryops.commands.common import FleetSpec, fleet_options
-from celeryops.commands.drain import RECOVERED, open_runner, run_headless, state_dir_option
+from celeryops.commands.drain import state_dir_option
+from celeryops.commands.headless import RECOVERED, flag_operator, open_wiring, run_headless
 from celeryops.commands.output import Printer
 from celeryops.core.errors import EXIT_USAGE, UserError
 
@@ -29,8 +29,6 @@ def deploy(release: str, fleet: FleetSpec, targets: tuple[str, ...], yes: bool,
            accept_warnings: bool, repo: str, as_json: bool, headless: bool, state_dir: str | None) -> None:
     """Deploy RELEASE (a branch pushed to the release remote): preflight, drain, deploy, verify.
     In a terminal (without --json or --headless) it opens the console on the deploy's preflight."""
-    from celeryops.ops.release import ReleaseFlow  # the Cloud Run client is heavy: load it only when deploying
-
     config = fleet.config({"state_dir": state_dir})
     if not config.targets:
         raise UserError("No deploy target is configured: nothing was changed; add a [[targets]] table to "
@@ -44,14 +42,9 @@ def deploy(release: str, fleet: FleetSpec, targets: tuple[str, ...], yes: bool,
         raise UserError("celeryops deploy asks before stopping consumers and before deploying, but there is no "
                         "terminal to ask on: nothing was changed; add --yes to run it unattended.", EXIT_USAGE)
     printer = Printer(as_json)
-    runner = open_runner(fleet, config.state_dir, printer)
-
-    async def confirm(question: str) -> bool:
-        return await asyncio.to_thread(click.confirm, question, default=False)
-
-    flow = ReleaseFlow(runner, config, release, chosen, repo=Path(repo), accept_warnings=accept_warnings,
-                       confirm=None if yes else confirm)
-    sys.exit(run_headless(runner, printer, flow.run, RECOVERED).exit_code)
+    wiring = open_wiring(fleet, config, printer)
+    session = wiring.session(flag_operator(yes=yes, accept_all=accept_warnings), repo=Path(repo))
+    sys.exit(run_headless(wiring, printer, lambda: session.deploy(release, chosen), RECOVERED).exit_code)
 
 
 COMMANDS = [deploy]

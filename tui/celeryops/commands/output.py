@@ -9,14 +9,20 @@ from typing import Any, TextIO
 
 import humanize
 
+from celeryops.adapters.deploy.base import RolloutEvent
 from celeryops.core.events import (
+    CheckUpdate,
     ConsumersCancelled,
     ConsumersRestored,
     DrainFinished,
     DrainProgress,
     DrainStarted,
     Event,
+    FleetBack,
     Notice,
+    RunFinished,
+    StageStarted,
+    TargetDeployed,
 )
 from celeryops.core.masking import mask_text
 
@@ -45,10 +51,14 @@ class Printer:
             self._print(event)
 
     def _print(self, event: Event) -> None:
-        if isinstance(event, DrainFinished) and event.outcome != "drained":
+        if (isinstance(event, DrainFinished) and event.outcome != "drained") or isinstance(event, RunFinished):
             self.finished = True
         if self.as_json:
             self.json(event.to_json())
+        elif isinstance(event, RunFinished) and event.outcome == "preflight_failed":
+            # nothing was touched: the one sentence of a user error, where scripts and people look for it
+            sys.stderr.write(mask_text(f"celeryops: {event.message}") + "\n")
+            sys.stderr.flush()
         else:
             line = self.text(event)
             if line:
@@ -88,24 +98,21 @@ class Printer:
             return event.message
         if isinstance(event, Notice):
             return f"{event.level}: {event.message}" if event.level != "info" else event.message
-        return self.release_text(event)
-
-    def release_text(self, event: Event) -> str:
-        from celeryops.ops.release import CheckEvent, DeployProgressEvent, FleetBack, ReleaseFinished, StageEvent
-
-        if isinstance(event, StageEvent):
+        if isinstance(event, StageStarted):
             return f"== {event.stage}" + (f": {event.detail}" if event.detail else "")
-        if isinstance(event, CheckEvent):
-            if event.status == "running":
+        if isinstance(event, CheckUpdate):
+            if event.status in ("running", "pending"):
                 return ""
             mark = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}.get(event.status, event.status)
             line = f"  [{mark}] {event.title}: {event.detail}"
             return line + (f"\n         -> {event.remedy}" if event.remedy and event.status != "ok" else "")
-        if isinstance(event, DeployProgressEvent):
+        if isinstance(event, RolloutEvent):
             return f"  {event.text}"
         if isinstance(event, FleetBack):
             return "\n".join(f"  {w}: {', '.join(q)}" for w, q in sorted(event.workers.items()))
-        if isinstance(event, ReleaseFinished):
-            self.finished = True
-            return event.message
-        return ""
+        if isinstance(event, TargetDeployed):
+            where = [f"revision {event.revision}" if event.revision else "", event.url, event.console_url]
+            return f"  {event.target}: " + "  ".join(w for w in where if w)
+        if isinstance(event, RunFinished):
+            return event.message + (f"\n  logs: {event.logs_url}" if event.logs_url else "")
+        return ""  # phases and the preflight's tally: the lines above already say it

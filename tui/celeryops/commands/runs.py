@@ -4,7 +4,6 @@ and ``celeryops runs`` (the run history of the local journal). Both only read: n
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +15,6 @@ import redis
 from celeryops.commands.common import FleetSpec, fleet_options
 from celeryops.core.errors import UserError
 from celeryops.core.masking import mask_text, mask_url
-from celeryops.core.namespace import fleet_name
 from celeryops.ops.journal import TERMINAL_PHASES, Journal, Run, journal_path
 from celeryops.ops.publish import PublishedStatus, read_status
 from celeryops.ops.recovery import RecoveryPlan, plan
@@ -41,9 +39,9 @@ def open_journal_if_any(state_dir: str | None) -> Journal | None:
 def coordination_url(fleet: FleetSpec) -> tuple[str | None, str | None]:
     """(Redis URL holding the lease/status, or None; a note on why not). ``$CELERYOPS_REDIS_URL`` wins, else the
     broker when it is Redis."""
-    env = os.environ.get("CELERYOPS_REDIS_URL")
-    if env:
-        return env, None
+    configured = fleet.config().run.redis_url
+    if configured:
+        return configured, None
     try:
         broker = fleet.resolve_broker_url()
     except UserError:
@@ -109,7 +107,7 @@ class StatusReport:
 
 def gather_status(fleet_spec: FleetSpec, state_dir: str | None, fleet: str | None = None) -> StatusReport:
     """Read the published status and lease (if Redis answers) and the local journal; decide nothing, write nothing."""
-    name = fleet_name(fleet)
+    name = fleet or fleet_spec.config().run.fleet
     report = StatusReport(fleet=name)
     journal = open_journal_if_any(state_dir)
     try:

@@ -1,4 +1,5 @@
-"""``celeryops slots``: show every slot pool (totals, used, free, holders with their leases, waiting requests).
+"""``celeryops slots``: show every slot pool (totals, used, free, the hosts whose contributions add up to a global
+pool's totals, holders with their leases, waiting requests).
 
 Redis: ``--redis URL``, else ``$CELERYOPS_SLOTS_REDIS_URL``, else the fleet's broker. Read-only.
 """
@@ -60,7 +61,18 @@ def render(snapshot: Snapshot) -> str:
         lines.append(title)
         lines.append(f"  {'TYPE':<12}{'TOTAL':>7}{'USED':>7}{'FREE':>7}")
         for t in p.types:
-            lines.append(f"  {t.type:<12}{t.total:>7}{t.used:>7}{t.free:>7}")
+            note = ""
+            if p.scope == "global":
+                n = sum(1 for h in p.hosts if not h.expired and h.totals.get(t.type))
+                note = "  fixed" if t.fixed else f"  sum of {n} host{'' if n == 1 else 's'}"
+            lines.append(f"  {t.type:<12}{t.total:>7}{t.used:>7}{t.free:>7}{note}")
+        if p.hosts:
+            lines.append(f"  {'HOST':<24}{'ADDS':<20}{'AGE':<14}{'EXPIRES':<18}WORKERS")
+            for hc in p.hosts:
+                adds = ",".join(f"{k}={v}" for k, v in hc.totals.items()) or "-"
+                expires = "EXPIRED" if hc.expired else "in " + _dur(hc.expires_in)
+                lines.append(f"  {hc.host[:23]:<24}{adds[:19]:<20}{_dur(hc.age):<14}{expires:<18}"
+                             f"{' '.join(hc.workers)}")
         if p.holders:
             lines.append(f"  {'TASK':<38}{'NAME':<28}{'WORKER':<22}{'SLOTS':<14}{'AGE':<12}{'LEASE':<12}TOKEN")
             for h in p.holders:
@@ -81,7 +93,8 @@ def render(snapshot: Snapshot) -> str:
               "else the broker).")
 @click.option("--json", "as_json", is_flag=True, help="Print the snapshot as one JSON object.")
 def slots_command(fleet: FleetSpec, redis_url: str | None, as_json: bool) -> None:
-    """Show CPU/GPU slot pools: totals, used, free, holders and their leases, waiting requests."""
+    """Show CPU/GPU slot pools: totals, used, free, the hosts adding to a global pool, holders and their leases,
+    waiting requests."""
     snapshot = load_snapshot(_redis_url(fleet, redis_url))
     if as_json:
         click.echo(json.dumps(snapshot.to_dict(), sort_keys=True))

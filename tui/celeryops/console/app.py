@@ -17,7 +17,7 @@ from textual.binding import Binding
 from textual.screen import ModalScreen, Screen
 from textual.timer import Timer
 
-from celeryops.console.messages import DeployUpdated, DrainUpdated, FleetUpdated, OpsEvent, SlotsUpdated, to_message
+from celeryops.console.messages import DrainUpdated, FleetUpdated, OpsEvent, SlotsUpdated, to_message
 from celeryops.console.model import RunModel, View
 from celeryops.console.ports import ConsoleBackend
 from celeryops.console.screens.base import ConsoleScreen
@@ -167,10 +167,6 @@ class ConsoleApp(App[int]):
 
     def on_drain_updated(self, message: DrainUpdated) -> None:
         self.model.apply(message.progress)
-        self._render_run()
-
-    def on_deploy_updated(self, message: DeployUpdated) -> None:
-        self.model.apply(message.update)
         self._render_run()
 
     # -- fleet polling (one at a time; the next is scheduled when the previous finished) -------------------------
@@ -341,7 +337,7 @@ def run_demo_console(handoff: Any) -> int:
     from celery import Celery
 
     from celeryops.core.masking import mask_url
-    from celeryops.ops.backend import open_backend
+    from celeryops.ops.console_backend import open_backend
 
     celery_app = Celery("celeryops", broker=handoff.broker_url, set_as_current=False)
     display = mask_url(handoff.broker_url) + (f" · {handoff.notice}" if handoff.notice else "")

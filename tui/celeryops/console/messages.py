@@ -6,7 +6,7 @@ from __future__ import annotations
 from textual.message import Message
 
 from celeryops.core.events import DrainProgress, Event
-from celeryops.ops.views import DeployUpdate, FleetView, SlotsView
+from celeryops.ops.views import FleetView, SlotsView
 
 
 class OpsEvent(Message):
@@ -27,17 +27,6 @@ class DrainUpdated(Message):
     def can_replace(self, message: Message) -> bool:
         return (isinstance(message, DrainUpdated) and not message.progress.joined
                 and not message.progress.left)
-
-
-class DeployUpdated(Message):
-    """Rollout progress; only the latest matters."""
-
-    def __init__(self, update: DeployUpdate) -> None:
-        super().__init__()
-        self.update = update
-
-    def can_replace(self, message: Message) -> bool:
-        return isinstance(message, DeployUpdated)
 
 
 class FleetUpdated(Message):
@@ -66,6 +55,4 @@ def to_message(event: Event) -> Message:
     """The message an ops event becomes."""
     if isinstance(event, DrainProgress):
         return DrainUpdated(event)
-    if isinstance(event, DeployUpdate):
-        return DeployUpdated(event)
     return OpsEvent(event)

@@ -7,30 +7,31 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
+from celeryops.adapters.deploy.base import RolloutEvent
 from celeryops.core.errors import EXIT_DEPLOY, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREFLIGHT, EXIT_TIMEOUT
 from celeryops.core.events import (
+    CheckUpdate,
     ConsumersCancelled,
     ConsumersRestored,
     DrainFinished,
     DrainProgress,
     DrainStarted,
     Event,
-    Notice,
-)
-from celeryops.core.masking import mask_text
-from celeryops.ops.views import (
-    CheckUpdate,
-    DeployUpdate,
     FleetBack,
+    Notice,
     PhaseChanged,
     PreflightDone,
+    RunFinished,
     RunFollowed,
     RunPhase,
-    WorkerView,
+    StageStarted,
+    TargetDeployed,
 )
+from celeryops.core.masking import mask_text
+from celeryops.ops.views import DeployTarget, WorkerView, fold_rollout
 
 View = Literal["preflight", "drain", "deploy"]
-ACTIVE_PHASES = ("preflight", "ready", "stopping", "draining", "deploying", "restoring")
+ACTIVE_PHASES = ("preflight", "ready", "stopping", "draining", "deploying", "deployed")
 LEVEL_STYLE = {"info": "", "warning": "yellow", "error": "bold red", "ok": "green"}
 
 
@@ -54,27 +55,32 @@ class RunModel:
     inflight: deque[int] = field(default_factory=lambda: deque(maxlen=240))
     log: deque[LogLine] = field(default_factory=lambda: deque(maxlen=1000))
     log_total: int = 0  # lines ever logged (screens append the ones they have not shown)
-    deploy: DeployUpdate | None = None
+    deploy: dict[str, DeployTarget] | None = None  # target -> its rollout, folded from the typed rollout events
     fleet_back: tuple[WorkerView, ...] = ()
     finished: DrainFinished | None = None
+    result: RunFinished | None = None
     operator_aborted: bool = False
 
     @property
     def active(self) -> bool:
-        return self.phase in ACTIVE_PHASES
+        return self.phase in ACTIVE_PHASES or (self.phase == "drained" and self.kind == "deploy")
 
     @property
     def parked(self) -> bool:
-        """A drain-only run of this console ended drained: its consumers stay stopped until a deploy or an abort."""
-        return (self.kind == "drain" and self.phase == "done" and self.finished is not None
-                and self.finished.outcome == "drained" and not self.operator_aborted)
+        """A drain-only run ended drained: its consumers stay stopped until a deploy or an abort."""
+        return self.kind == "drain" and self.phase == "drained" and not self.operator_aborted
+
+    @property
+    def targets(self) -> tuple[DeployTarget, ...]:
+        return tuple(self.deploy.values()) if self.deploy else ()
 
     @property
     def view(self) -> View | None:
         """The screen that shows the current phase best."""
         if self.phase in ("preflight", "ready") or (self.phase == "failed" and self.started is None):
             return "preflight"
-        if self.phase == "deploying" or (self.phase in ("done", "failed") and self.deploy is not None):
+        if self.phase in ("deploying", "deployed") or (self.phase in ("done", "failed", "aborted")
+                                                        and self.deploy is not None):
             return "deploy"
         if self.phase is not None or self.progress is not None:
             return "drain"
@@ -94,7 +100,9 @@ class RunModel:
         return self.preflight is not None and not self.failed_checks and self.phase in ("preflight", "ready")
 
     def exit_code(self) -> int:
-        if self.phase == "done" or self.phase is None:
+        if self.result is not None:
+            return self.result.exit_code
+        if self.phase in ("done", "drained") or self.phase is None:
             return EXIT_OK
         if self.finished is not None and self.finished.outcome == "timeout":
             return EXIT_TIMEOUT
@@ -114,14 +122,15 @@ class RunModel:
             self.phase = event.phase
             self.say("info", f"phase {event.phase}" + (f": {event.message}" if event.message else ""))
         elif isinstance(event, CheckUpdate):
-            self.checks[event.check_id] = event
+            self.checks[event.id] = event
             if event.status in ("warn", "fail"):
                 self.say("warning" if event.status == "warn" else "error", f"{event.title}: {event.detail}")
         elif isinstance(event, PreflightDone):
             self.preflight = event
             self.phase = "ready" if not event.failed else "failed"
+            accepted = f" ({len(event.accepted)} accepted by the configuration)" if event.accepted else ""
             self.say("error" if event.failed else "ok",
-                     f"preflight: {event.failed} failed, {event.warnings} warning(s)")
+                     f"preflight: {event.failed} failed, {event.warnings} warning(s){accepted}")
         elif isinstance(event, DrainStarted):
             self.started = event
             self.say("info", f"drain of {', '.join(event.queues)}: {len(event.workers)} workers, "
@@ -139,14 +148,34 @@ class RunModel:
         elif isinstance(event, DrainFinished):
             self.finished = event
             self.say("ok" if event.outcome == "drained" else "error", f"drain {event.outcome}: {event.message}")
-        elif isinstance(event, DeployUpdate):
-            self.deploy = event
+        elif isinstance(event, RolloutEvent):
+            targets = dict(self.deploy or {})
+            targets[event.target] = fold_rollout(targets.get(event.target), event)
+            self.deploy = targets
         elif isinstance(event, FleetBack):
-            self.fleet_back = event.workers
+            self.fleet_back = tuple(WorkerView(w, "consuming", tuple(q)) for w, q in sorted(event.workers.items()))
+        elif isinstance(event, StageStarted):
+            self.say("info", event.stage + (f": {event.detail}" if event.detail else ""))
+        elif isinstance(event, TargetDeployed):
+            where = ", ".join(w for w in (event.revision, event.url, event.console_url) if w)
+            self.say("ok", f"{event.target} deployed" + (f": {where}" if where else ""))
+        elif isinstance(event, RunFinished):
+            self._finished(event)
         elif isinstance(event, Notice):
             self.say(event.level, event.message)
         elif isinstance(event, RunFollowed):
             self._follow(event)
+
+    def _finished(self, event: RunFinished) -> None:
+        self.result = event
+        if event.outcome == "deploy_failed":
+            self.phase = "failed"
+            self.deploy = {name: DeployTarget(t.target, t.revision, "failed", t.conditions, t.message)
+                           if t.state != "ready" else t for name, t in (self.deploy or {}).items()} or {
+                "deploy": DeployTarget("deploy", state="failed")}
+        self.say("ok" if event.exit_code == 0 else "error", event.message)
+        if event.logs_url:
+            self.say("info", f"logs: {event.logs_url}")
 
     def _follow(self, event: RunFollowed) -> None:
         """Watch mode: another run begins; what the model knew belongs to the run before (the log stays)."""
@@ -154,6 +183,7 @@ class RunModel:
         self.checks, self.preflight, self.started, self.progress = {}, None, None, None
         self.inflight.clear()
         self.deploy, self.fleet_back, self.finished, self.operator_aborted = None, (), None, False
+        self.result = None
         self.say("info", f"following run {event.run_id} of {event.owner}"
                          + (f", release {event.release}" if event.release else ""))
 

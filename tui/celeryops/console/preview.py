@@ -8,13 +8,13 @@ import sys
 from celeryops.console import sample
 from celeryops.console.app import ConsoleApp, make_app
 from celeryops.console.static import StaticBackend
-from celeryops.ops.views import FleetBack, PhaseChanged
+from celeryops.core.events import FleetBack, PhaseChanged
 
 
 def build(scenario: str) -> ConsoleApp:
     script = [*sample.drain_script(), sample.progress(3, 2, 600.0), sample.progress(0, 3, 630.0),
-              PhaseChanged("deploying"), sample.deploy_update("rolling"), sample.deploy_update("ready"),
-              FleetBack(sample.workers()), PhaseChanged("done", "v2.14.0 is live")]
+              PhaseChanged("deploying"), *sample.deploy_events("ready"), FleetBack(sample.fleet_back()),
+              PhaseChanged("done", "v2.14.0 is live")]
     backend = StaticBackend(fleet=sample.fleet(), slots=sample.slots(),
                             run=sample.unfinished_run() if scenario == "resume" else None,
                             read_only=scenario == "watch", preflight_script=sample.preflight_script())  # type: ignore[arg-type]

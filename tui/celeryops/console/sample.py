@@ -3,15 +3,20 @@ No real hostnames, no wall-clock times (instants are relative to ``NOW``)."""
 
 from __future__ import annotations
 
-from celeryops.core.events import ConsumersCancelled, DrainProgress, DrainStarted, Notice, TaskInfo, WorkerObs
-from celeryops.ops.views import (
+from celeryops.adapters.deploy.base import ConditionChanged, RevisionCreated, RolloutEvent, RolloutReady
+from celeryops.core.events import (
     CheckUpdate,
-    Condition,
-    DeployTarget,
-    DeployUpdate,
-    FleetView,
+    ConsumersCancelled,
+    DrainProgress,
+    DrainStarted,
+    Notice,
     PhaseChanged,
     PreflightDone,
+    TaskInfo,
+    WorkerObs,
+)
+from celeryops.ops.views import (
+    FleetView,
     QueueView,
     RecoveryChoice,
     ResourceView,
@@ -144,15 +149,25 @@ def drain_script() -> list[object]:
             progress(12, 2, 390.0), progress(12, 1, 420.0)]
 
 
-def deploy_update(state: str = "rolling") -> DeployUpdate:
-    ready = state == "ready"
-    return DeployUpdate((
-        DeployTarget("worker-pool (europe-west1)", "worker-pool-00042-xuv", state,  # type: ignore[arg-type]
-                     (Condition("Ready", "CONDITION_SUCCEEDED" if ready else "CONDITION_PENDING"),
-                      Condition("ConfigurationsReady", "CONDITION_SUCCEEDED"),
-                      Condition("RoutesReady", "CONDITION_SUCCEEDED" if ready else "CONDITION_PENDING",
-                                "" if ready else "Waiting for revision to become ready")),
-                     "serving 100%" if ready else "starting 2 instances"),
-        DeployTarget("gpu-pool (us-central1)", "gpu-pool-00017-bax", "ready",
-                     (Condition("Ready", "CONDITION_SUCCEEDED"),), "serving 100%"),
-    ))
+def deploy_events(state: str = "rolling") -> list[RolloutEvent]:
+    """Two targets' typed rollout events: one still rolling out (or ready), one ready."""
+    pool, gpu = "worker-pool (europe-west1)", "gpu-pool (us-central1)"
+    events: list[RolloutEvent] = [
+        RevisionCreated(pool, "projects/p/locations/europe-west1/workerPools/worker-pool/revisions/"
+                              "worker-pool-00042-xuv"),
+        RevisionCreated(gpu, "projects/p/locations/us-central1/workerPools/gpu-pool/revisions/gpu-pool-00017-bax"),
+        ConditionChanged(gpu, "Ready", "succeeded"),
+        RolloutReady(gpu, "gpu-pool-00017-bax"),
+        ConditionChanged(pool, "Ready", "pending"),
+        ConditionChanged(pool, "ConfigurationsReady", "succeeded"),
+        ConditionChanged(pool, "RoutesReady", "pending", "Waiting for revision to become ready"),
+    ]
+    if state == "ready":
+        events += [ConditionChanged(pool, "RoutesReady", "succeeded"), ConditionChanged(pool, "Ready", "succeeded"),
+                   RolloutReady(pool, "worker-pool-00042-xuv")]
+    return events
+
+
+def fleet_back() -> dict[str, tuple[str, ...]]:
+    """The workers consuming again after the deploy (a FleetBack event's payload)."""
+    return {w.name: w.queues for w in workers() if w.queues}

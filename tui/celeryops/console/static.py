@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from celeryops.core.errors import ReadOnlyRefused
 from celeryops.core.events import Event
-from celeryops.ops.views import EventSink, FleetView, ReadOnlyRefused, RunView, SlotsView
+from celeryops.ops.views import EventSink, FleetView, RunView, SlotsView
 
 
 @dataclass

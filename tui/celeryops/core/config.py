@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.core.masking import mask_text
+from celeryops.core.runsettings import RunSettings, run_settings
 
 TargetKind = Literal["cloudrun-service", "cloudrun-worker-pool", "command"]
 TARGET_KINDS: tuple[TargetKind, ...] = ("cloudrun-service", "cloudrun-worker-pool", "command")
@@ -69,6 +70,14 @@ class DrainSettings:
     interval: float = 15.0
     streak: int = 2
     max_wait: float = 1200.0
+
+    def validate(self) -> None:
+        if self.interval <= 0:
+            raise ValueError("interval must be > 0 seconds")
+        if self.streak < 1:
+            raise ValueError("streak must be at least 1")
+        if self.max_wait <= 0:
+            raise ValueError("max_wait must be > 0 seconds")
 
 
 @dataclass(frozen=True)
@@ -133,6 +142,7 @@ class Config:
     release: ReleaseSettings = field(default_factory=ReleaseSettings)
     targets: tuple[Target, ...] = ()
     source: str | None = None
+    run: RunSettings = field(default_factory=RunSettings)  # from CELERYOPS_* only (core.runsettings)
 
     def target(self, name: str) -> Target:
         """The target called ``name``; a UserError (with a did-you-mean) when there is none."""
@@ -240,6 +250,7 @@ def load_config(path: str | None, cwd: Path, env: Mapping[str, str],
         release=ReleaseSettings(**raw["release"]),
         targets=tuple(raw["targets"]),
         source=source,
+        run=run_settings(env),
     )
 
 

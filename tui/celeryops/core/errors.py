@@ -24,3 +24,13 @@ class UserError(Exception):
 class BrokerUnreachable(UserError):
     def __init__(self, message: str) -> None:
         super().__init__(message, EXIT_BROKER)
+
+
+class ReadOnlyRefused(UserError):
+    """A dangerous action was asked of a read-only (watch) console: refused in the ops layer too."""
+
+    def __init__(self, action: str) -> None:
+        super().__init__(
+            f"Refused to {action}: this console is read-only (watch mode), nothing was changed; "
+            "run the action from `celeryops` without `watch`.", EXIT_USAGE)
+        self.action = action

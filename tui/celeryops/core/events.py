@@ -1,7 +1,10 @@
-"""Typed events the ops layer emits while it works. The headless CLI prints them (text or ``--json``),
-the console renders them, and the status publisher mirrors them to Redis. No Textual, no I/O here.
+"""The one event vocabulary: what a run emits, typed from the adapters up to the screens, ``--json`` and the
+published status. The headless CLI prints these events (text or ``--json``), the console folds them into its
+model, and the status publisher mirrors them to Redis, where :mod:`celeryops.ops.decode` turns them back into the
+same types for watchers. No Textual, no I/O here; nothing downstream parses the human text of an event.
 
-Every event has ``kind`` (the ``--json`` event name) and ``to_json()``.
+Every event has ``kind`` (the ``--json`` event name) and ``to_json()``. The deployers' rollout progress events
+(``celeryops.adapters.deploy.base``) are events of this vocabulary too (kind ``deploy``).
 """
 
 from __future__ import annotations
@@ -12,6 +15,16 @@ from typing import Any, Literal
 WorkerState = Literal["consuming", "stopped", "unknown", "gone"]
 TaskState = Literal["active", "reserved", "scheduled"]
 DrainOutcome = Literal["drained", "timeout", "interrupted", "error"]
+#: The phases of a run, in order: the journal's (from ``stopping`` on), plus ``ready`` (preflight done, waiting for
+#: the operator). The console, ``status``, ``runs`` and watchers all use these words.
+RunPhase = Literal["preflight", "ready", "stopping", "draining", "drained", "deploying", "deployed", "done", "aborted",
+                   "failed"]
+RUN_PHASES: tuple[RunPhase, ...] = ("preflight", "ready", "stopping", "draining", "drained", "deploying", "deployed",
+                                    "done", "aborted", "failed")
+CheckStatus = Literal["pending", "running", "ok", "warn", "fail"]
+RunOutcome = Literal["drained", "deployed", "preflight_failed", "declined", "timeout", "deploy_failed",
+                     "interrupted", "aborted", "error"]
+RunKind = Literal["deploy", "drain"]
 
 
 @dataclass(frozen=True)
@@ -68,10 +81,6 @@ class Observation:
     def empty(self) -> bool:
         """Every known worker replied and none runs or holds a prefetched task (ETA tasks don't count)."""
         return not self.unknown and self.active == 0 and self.reserved == 0
-
-
-def _jsonable(obj: Any) -> Any:
-    return asdict(obj) if hasattr(obj, "__dataclass_fields__") else obj
 
 
 @dataclass(frozen=True)
@@ -155,3 +164,97 @@ class Notice(Event):
     level: Literal["info", "warning", "error"]
     message: str
     kind: str = field(init=False, default="notice")
+
+
+# -- the run: preflight, phases, the deploy's end -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CheckUpdate(Event):
+    """A preflight check started (``running``) or finished (ok / warn / fail)."""
+
+    id: str
+    title: str
+    status: CheckStatus
+    detail: str = ""
+    remedy: str = ""
+    kind: str = field(init=False, default="check")
+
+
+@dataclass(frozen=True)
+class PreflightDone(Event):
+    """Every check finished: ``failed`` and ``warnings`` counted; ``accepted``: warnings the fleet or the command
+    accepts up front (their ids). Unless something failed, the run now waits for the operator."""
+
+    failed: int
+    warnings: int
+    accepted: tuple[str, ...] = ()
+    kind: str = field(init=False, default="preflight_done")
+
+
+@dataclass(frozen=True)
+class StageStarted(Event):
+    """A step of the run begins: ``preflight``, ``drain``, ``deploy``, ``verify``."""
+
+    stage: str
+    detail: str = ""
+    kind: str = field(init=False, default="stage")
+
+
+@dataclass(frozen=True)
+class PhaseChanged(Event):
+    """The run moved to another phase (the journal's phase, as the console and watchers show it)."""
+
+    phase: RunPhase
+    message: str = ""
+    kind: str = field(init=False, default="phase")
+
+
+@dataclass(frozen=True)
+class FleetBack(Event):
+    """After the deploy: which workers consume which queues."""
+
+    workers: dict[str, tuple[str, ...]]
+    kind: str = field(init=False, default="fleet")
+
+
+@dataclass(frozen=True)
+class TargetDeployed(Event):
+    """Where a deployed target's result is: its revision, its URL (services) and its Cloud Run console link."""
+
+    target: str
+    revision: str = ""
+    url: str = ""
+    console_url: str = ""
+    kind: str = field(init=False, default="target")
+
+
+@dataclass(frozen=True)
+class RunFinished(Event):
+    """The run ended (for a drain-only run: the drain's outcome). ``exit_code`` is the command's."""
+
+    outcome: RunOutcome
+    exit_code: int
+    message: str
+    targets: tuple[TargetDeployed, ...] = ()
+    logs_url: str = ""
+    kind: str = field(init=False, default="finished")
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"event": self.outcome, "exit_code": self.exit_code, "message": self.message}
+        if self.targets:
+            data["targets"] = [{k: v for k, v in t.to_json().items() if k != "event"} for t in self.targets]
+        if self.logs_url:
+            data["logs_url"] = self.logs_url
+        return data
+
+
+@dataclass(frozen=True)
+class RunFollowed(Event):
+    """Watch mode: the published status names a run this console now follows (what came before was another run)."""
+
+    run_id: str
+    run_kind: RunKind
+    release: str | None
+    owner: str
+    kind: str = field(init=False, default="followed")

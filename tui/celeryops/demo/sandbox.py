@@ -220,7 +220,7 @@ class Sandbox:
         self.standin.add_service(PROJECT, REGION, SERVICE, f"{self.registry.host}/{IMAGE_NAME}:old")
         self.progress(f"Cloud Run stand-in on {endpoint} serving {PROJECT}/{REGION}/{SERVICE}")
         self._write_config(endpoint)
-        self._config = load_config(str(self.config_path), self.root, {})
+        self._config = load_config(str(self.config_path), self.root, self.env())
 
         self.fleet.start()
         self.progress(f"{len(self.fleet.names())} Celery workers: {', '.join(self.fleet.names())}")

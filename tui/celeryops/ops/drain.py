@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
 from celeryops.adapters.fleet import Fleet
+from celeryops.core.config import DrainSettings
 from celeryops.core.errors import BrokerUnreachable
 from celeryops.core.events import (
     ConsumersCancelled,
@@ -31,21 +32,6 @@ from celeryops.core.events import (
 )
 
 BROADCAST = "*"  # in a stop record: queues to restore on workers whose own queues were never seen
-
-
-@dataclass(frozen=True)
-class DrainSettings:
-    interval: float = 15.0
-    streak: int = 2
-    max_wait: float = 1200.0
-
-    def validate(self) -> None:
-        if self.interval <= 0:
-            raise ValueError("interval must be > 0 seconds")
-        if self.streak < 1:
-            raise ValueError("streak must be at least 1")
-        if self.max_wait <= 0:
-            raise ValueError("max_wait must be > 0 seconds")
 
 
 # -- the pure policy --------------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
-"""A run of celeryops against one fleet: the drain (and, later, the deploy) with every side effect written ahead
-in the journal, one run at a time per fleet (Redis lease), and the live status mirrored to Redis for watchers.
+"""The run's engine under :class:`~celeryops.ops.session.RunSession`: the drain with every side effect written
+ahead in the journal, one run at a time per fleet (Redis lease), the fence, the live status mirrored to Redis for
+watchers (every event the run emits goes there too), and the recovery rules applied by ``abort``.
 
-Used by the headless CLI and by the console alike (no Textual here). Interruptions (task cancellation from a
-signal handler or the console) restore the consumers before the run ends: no path leaves workers stopped.
+Interruptions (task cancellation from a signal handler or the console) restore the consumers before the drain ends:
+no path leaves workers stopped.
 """
 
 from __future__ import annotations
@@ -14,16 +15,18 @@ import logging
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import redis
 
 from celeryops.adapters.fleet import Fleet
 from celeryops.adapters.taskevents import TaskWatch, start_watch
-from celeryops.core.errors import EXIT_FAILURE, UserError
-from celeryops.core.events import ConsumersRestored, DrainFinished, DrainProgress, Event, Notice
+from celeryops.core.config import DrainSettings
+from celeryops.core.errors import EXIT_FAILURE, ReadOnlyRefused, UserError
+from celeryops.core.events import ConsumersRestored, DrainFinished, DrainProgress, Event, Notice, PhaseChanged
+from celeryops.core.runsettings import RunSettings
 from celeryops.fence import FenceStore
-from celeryops.ops.drain import BROADCAST, Drain, DrainResult, DrainSettings, restore_consumers
+from celeryops.ops.drain import BROADCAST, Drain, DrainResult, restore_consumers
 from celeryops.ops.journal import PHASES, Journal, Phase, Run
 from celeryops.ops.publish import Publisher
 from celeryops.ops.recovery import RecoveryPlan, Rollout, plan
@@ -31,13 +34,8 @@ from celeryops.ops.runlease import LeaseHeld, RunLease, drop_dead_lease, read_le
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 Outcome = Literal["drained", "timeout", "interrupted", "error"]
-
-
-class ReadOnlyRefused(UserError):
-    def __init__(self, what: str) -> None:
-        super().__init__(f"Refused to {what}: this console is read-only (watch mode); nothing was changed; "
-                         "run celeryops without `watch` to operate the fleet.")
 
 
 def _user() -> str:
@@ -82,13 +80,7 @@ class Runner:
     on_event: Callable[[Event], None] = lambda e: None
     read_only: bool = False
     coord: redis.Redis | None = None  # Redis for the lease and the published status (None: not available)
-    lease_ttl: float = field(default_factory=lambda: float(os.environ.get("CELERYOPS_LEASE_TTL", "30")))
-    fence_ttl: float = field(default_factory=lambda: float(os.environ.get("CELERYOPS_FENCE_TTL", "30")))
-    # A drained run outlives its process (consumers stay stopped until a deploy or abort): so does its fence.
-    fence_parked_ttl: float = field(
-        default_factory=lambda: float(os.environ.get("CELERYOPS_FENCE_PARKED_TTL", str(7 * 24 * 3600))))
-    # Re-poll as soon as task events say the in-flight tasks ended (workers with -E); off: CELERYOPS_TASK_EVENTS=0.
-    task_events: bool = field(default_factory=lambda: os.environ.get("CELERYOPS_TASK_EVENTS", "1") != "0")
+    settings: RunSettings = field(default_factory=RunSettings)  # lease/fence TTLs, task events
     # The console's "detach": an interruption then leaves the consumers stopped and the run open for `resume`.
     detached: bool = False
     _drain: Drain | None = field(default=None, init=False)
@@ -99,19 +91,25 @@ class Runner:
     _fence_run: str | None = field(default=None, init=False)
     _fence_keeper: asyncio.Future[None] | None = field(default=None, init=False)
 
-    @classmethod
-    def coordination_redis(cls, fleet: Fleet) -> redis.Redis | None:
-        url = os.environ.get("CELERYOPS_REDIS_URL")
-        if url:
-            return redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=5, decode_responses=True)
-        return fleet.redis()
-
     def _refuse_if_read_only(self, what: str) -> None:
         if self.read_only:
             raise ReadOnlyRefused(what)
 
     def emit(self, event: Event) -> None:
+        """To the operator's sink, and to the published status while this process holds the run."""
+        if self._pub is not None and not isinstance(event, PhaseChanged):
+            if isinstance(event, DrainProgress):
+                self._pub.progress(event.to_json())
+            else:
+                self._pub.event(event.kind, event.to_json())
         self.on_event(event)
+
+    async def advance(self, run_id: str, phase: Phase, reason: str | None = None) -> None:
+        """The run moves to ``phase``: journalled first, then published and emitted."""
+        await self.journal.aio.advance(run_id, phase, reason=reason)
+        if self._pub is not None:
+            self._pub.phase(phase, **({"reason": reason} if reason else {}))
+        self.on_event(PhaseChanged(phase, reason or ""))
 
     # -- the current run ---------------------------------------------------------------------------------------
 
@@ -125,7 +123,7 @@ class Runner:
             self.emit(Notice(level="warning", message="No Redis for the run lease: another operator could start "
                                                       "a run on this fleet at the same time."))
             return
-        lease = RunLease(self.coord, self.fleet_name, run.id, ttl=self.lease_ttl)
+        lease = RunLease(self.coord, self.fleet_name, run.id, ttl=self.settings.lease_ttl)
         expected = ""
         try:
             if take_over:
@@ -163,10 +161,6 @@ class Runner:
             with contextlib.suppress(redis.RedisError):
                 await asyncio.to_thread(lease.release)
 
-    def publish_phase(self, phase: str, **data: Any) -> None:
-        if self._pub is not None:
-            self._pub.phase(phase, **data)
-
     # -- fence -------------------------------------------------------------------------------------------------
 
     async def raise_fence(self, queues: tuple[str, ...]) -> None:
@@ -174,7 +168,8 @@ class Runner:
         if self._fence is None or self._fence_run is None:
             return
         try:
-            await asyncio.to_thread(self._fence.raise_fence, self._fence_run, list(queues), _user(), self.fence_ttl)
+            await asyncio.to_thread(self._fence.raise_fence, self._fence_run, list(queues), _user(),
+                                    self.settings.fence_ttl)
         except redis.RedisError as exc:
             self.emit(Notice(level="warning", message=f"Could not raise the drain fence ({exc}); the re-broadcast "
                                                       "still stops workers."))
@@ -192,9 +187,9 @@ class Runner:
     async def _keep_fence(self) -> None:
         assert self._fence is not None and self._fence_run is not None
         while True:
-            await asyncio.sleep(self.fence_ttl / 3)
+            await asyncio.sleep(self.settings.fence_ttl / 3)
             with contextlib.suppress(redis.RedisError):
-                await asyncio.to_thread(self._fence.renew, self._fence_run, self.fence_ttl)
+                await asyncio.to_thread(self._fence.renew, self._fence_run, self.settings.fence_ttl)
 
     async def exempt_from_fence(self, versions: list[str], revisions: list[str] | None = None) -> None:
         """During a deploy: workers of the new release consume while the old ones stay held."""
@@ -216,11 +211,12 @@ class Runner:
         if self._fence is None or self._fence_run is None:
             return
         try:
-            await asyncio.to_thread(self._fence.renew, self._fence_run, self.fence_parked_ttl)
+            await asyncio.to_thread(self._fence.renew, self._fence_run, self.settings.fence_parked_ttl)
         except redis.RedisError as exc:
             self.emit(Notice(level="warning", message=f"Could not keep the drain fence up after the drain ({exc}): "
-                                                      f"plugin workers resume within {self.fence_ttl:g}s although "
-                                                      "the run stays drained; run `celeryops abort` to end it."))
+                                                      "plugin workers resume within "
+                                                      f"{self.settings.fence_ttl:g}s although the run stays drained; "
+                                                      "run `celeryops abort` to end it."))
 
     async def lift_fence(self, run_id: str | None = None) -> None:
         fence = self._fence or (FenceStore(self.coord, self.fleet_name) if self.coord is not None else None)
@@ -277,7 +273,7 @@ class Runner:
         (a drained run that ends here parks its fence: the consumers stay stopped until a deploy or abort)."""
         outcome: Outcome = "error"
         try:
-            outcome = await self._drain_run(run, queues, settings, forget, self._pub)
+            outcome = await self._drain_run(run, queues, settings, forget)
         finally:
             if not (keep_lease and outcome == "drained"):
                 if outcome == "drained":
@@ -286,35 +282,26 @@ class Runner:
         return outcome
 
     async def _drain_run(self, run: Run, queues: tuple[str, ...], settings: DrainSettings,
-                         forget: tuple[str, ...], publisher: Publisher | None) -> Outcome:
+                         forget: tuple[str, ...]) -> Outcome:
         wake = asyncio.Event()
-        watch = await start_watch(self.fleet.app, wake) if self.task_events else None
+        watch = await start_watch(self.fleet.app, wake) if self.settings.task_events else None
         try:
-            return await self._drain_phases(run, queues, settings, forget, publisher, wake, watch)
+            return await self._drain_phases(run, queues, settings, forget, wake, watch)
         finally:
             if watch is not None:
                 await asyncio.to_thread(watch.stop)
 
     async def _drain_phases(self, run: Run, queues: tuple[str, ...], settings: DrainSettings,
-                            forget: tuple[str, ...], publisher: Publisher | None, wake: asyncio.Event,
-                            watch: TaskWatch | None) -> Outcome:
+                            forget: tuple[str, ...], wake: asyncio.Event, watch: TaskWatch | None) -> Outcome:
         hooks = JournalHooks(self.journal, run.id, on_first_stop=self.raise_fence)
+        prior = {w: tuple(sorted(q)) for w, q in run.stopped_consumers().items()}
 
         def on_event(event: Event) -> None:
-            if publisher is not None:
-                if isinstance(event, DrainProgress):
-                    publisher.progress(event.to_json())
-                else:
-                    publisher.event(event.kind, event.to_json())
-            self.emit(event)
-
-        prior = {w: tuple(sorted(q)) for w, q in run.stopped_consumers().items()}
-        def chained(event: Event) -> None:
             if watch is not None:
                 watch.on_event(event)
-            on_event(event)
+            self.emit(event)
 
-        drain = Drain(self.fleet, settings, queues=queues, forget=forget, on_event=chained, hooks=hooks,
+        drain = Drain(self.fleet, settings, queues=queues, forget=forget, on_event=on_event, hooks=hooks,
                       prior_stopped=prior, wake=wake)
         self._drain = drain
         if run.phase == "preflight":
@@ -323,14 +310,12 @@ class Runner:
 
         current = run.phase
 
-        async def phase(to: Phase, reason: str | None = None) -> None:
+        async def phase(to: Phase) -> None:
             nonlocal current
             if PHASES.index(current) >= PHASES.index(to):
                 return  # resumed past it already
-            await self.journal.aio.advance(run.id, to, reason=reason)
+            await self.advance(run.id, to)
             current = to
-            if publisher is not None:
-                publisher.phase(to)
 
         await phase("stopping")
         try:
@@ -338,25 +323,24 @@ class Runner:
             await phase("draining")
             result: DrainResult = await drain.run()
         except asyncio.CancelledError:
-            await self._restore_after(drain, run, "interrupted", publisher)
-            on_event(DrainFinished(outcome="interrupted", elapsed=drain.last.elapsed if drain.last else 0.0,
-                                   message="Interrupted: consumers restored, nothing was killed."))
+            await self._restore_after(drain, run, "interrupted", DrainFinished(
+                outcome="interrupted", elapsed=drain.last.elapsed if drain.last else 0.0,
+                message="Interrupted: consumers restored, nothing was killed."))
             raise
         except BaseException as exc:
             if drain.stopped:
-                await self._restore_after(drain, run, "error", publisher)
+                await self._restore_after(drain, run, "error")
             else:
-                await self.journal.aio.advance(run.id, "aborted", reason=f"error: {exc}")
+                await self.advance(run.id, "aborted", reason=f"error: {exc}")
             raise
         if result.outcome == "drained":
             await phase("drained")
             message = ("Drained: no task is running; deploying next." if self._deploy_follows else
                        "Drained: no task is running and the consumers stay stopped, ready for a deploy. "
                        "To undo: celeryops abort")
-            on_event(DrainFinished(outcome="drained", elapsed=result.elapsed, message=message))
+            self.emit(DrainFinished(outcome="drained", elapsed=result.elapsed, message=message))
             return "drained"
-        await self._restore_after(drain, run, "timeout", publisher)
-        on_event(DrainFinished(
+        await self._restore_after(drain, run, "timeout", DrainFinished(
             outcome="timeout", elapsed=result.elapsed,
             message=f"Timed out after {settings.max_wait:g}s with tasks still running: nothing was killed, "
                     "the consumers were restored and the run aborted; try again when the long tasks are done."))
@@ -410,25 +394,19 @@ class Runner:
         self._refuse_if_read_only("resume the run")
         await self._acquire(run, take_over=True, own_run=run.id)
 
-    async def _restore_after(self, drain: Drain, run: Run, why: str, publisher: Publisher | None) -> None:
+    async def _restore_after(self, drain: Drain, run: Run, why: str, finished: DrainFinished | None = None) -> None:
+        """Restore what the drain stopped (the fence first), then say how the drain ended, then mark it aborted."""
         if self.detached and why == "interrupted":
-            if publisher is not None:
-                publisher.event("notice", {"level": "warning", "message": "the operator detached from the run"})
+            self.emit(Notice(level="warning", message="The operator detached from the run: its consumers stay "
+                                                      "stopped until `celeryops resume` or `celeryops abort`."))
             return
         # The fence goes first: a plugin worker that still saw it would stop the queue the restore just added back
-        # (and the restore's check would report it missing).
-        lift = asyncio.ensure_future(self.lift_fence(run.id))
-        while not lift.done():  # a second interrupt must not cut the lift or the restore short
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(lift)
-        task = asyncio.ensure_future(drain.restore())
-        while not task.done():
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(task)
-        event = task.result()
-        await self.journal.aio.advance(run.id, "aborted", reason=why)
-        if publisher is not None:
-            publisher.phase("aborted", reason=why)
+        # (and the restore's check would report it missing). A second interrupt must not cut either short.
+        await _uncut(self.lift_fence(run.id))
+        event = await _uncut(drain.restore())
+        if finished is not None:
+            self.emit(finished)
+        await self.advance(run.id, "aborted", reason=why)
         if not event.verified:
             self.emit(Notice(level="warning", message=_unverified(event)))
 
@@ -464,8 +442,8 @@ class Runner:
             if not restored.verified:
                 self.emit(Notice(level="warning", message=_unverified(restored)))
         if decided.mark_as is not None and decided.action != "ask":
-            await self.journal.aio.advance(run.id, decided.mark_as, reason="abort")
-            if self.coord is not None:
+            await self.advance(run.id, decided.mark_as, reason="abort")
+            if self._pub is None and self.coord is not None:  # not our run's process: publish the end once
                 pub = Publisher(self.coord, self.fleet_name, run_id=run.id, owner=run.user, host=run.host,
                                 release=run.release, started_at=run.created, phase=decided.mark_as)
                 pub.phase(decided.mark_as, reason="abort")
@@ -497,3 +475,13 @@ def _unverified(event: ConsumersRestored) -> str:
     who = ", ".join(f"{w} ({', '.join(q)})" for w, q in sorted(event.missing.items()) if w != BROADCAST)
     return (f"Could not confirm that these consumers are back: {who}; they may be busy (a solo-pool worker "
             "answers when its task ends) — check with `celeryops status` and run `celeryops abort` again if needed.")
+
+
+async def _uncut(work: Awaitable[T]) -> T:
+    """Run ``work`` to its end although the caller is being cancelled (a second interrupt must not cut a restore
+    or a recovery short)."""
+    task = asyncio.ensure_future(work)
+    while not task.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(task)
+    return task.result()

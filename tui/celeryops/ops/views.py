@@ -12,15 +12,19 @@ injected clock, so screens never print wall-clock text.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Literal, TypeAlias
 
-from celeryops.core.errors import EXIT_USAGE, UserError
-from celeryops.core.events import Event, TaskInfo, WorkerState
+from celeryops.adapters.deploy.base import (
+    ConditionChanged,
+    RevisionCreated,
+    RolloutEvent,
+    RolloutReady,
+    RolloutStarted,
+    short_revision,
+)
+from celeryops.core.events import Event, RunKind, RunPhase, TaskInfo, WorkerState
 
-RunPhase = Literal["preflight", "ready", "stopping", "draining", "drained", "deploying", "restoring", "done", "aborted",
-                   "failed"]
-CheckStatus = Literal["pending", "running", "ok", "warn", "fail"]
 RolloutState = Literal["pending", "creating", "rolling", "ready", "failed"]
 ChoiceKind = Literal["resume", "abort", "detach"]
 
@@ -52,7 +56,7 @@ class RunSummary:
     """The run in progress (from the journal or the published status), as one line on the home screen."""
 
     run_id: str
-    kind: Literal["deploy", "drain"]
+    kind: RunKind
     phase: RunPhase
     release: str | None = None
     owner: str = ""
@@ -134,7 +138,7 @@ class RunView:
     """An unfinished run found in the journal."""
 
     run_id: str
-    kind: Literal["deploy", "drain"]
+    kind: RunKind
     phase: RunPhase
     started_at: float  # epoch seconds
     owner: str
@@ -143,42 +147,18 @@ class RunView:
     detail: str = ""  # e.g. "consumers cancelled on 3 workers for queues default, gpu"
 
 
-# Events the console receives besides the drain events (the orchestrator adapts preflight/deploy events to these).
-
-
-@dataclass(frozen=True)
-class CheckUpdate(Event):
-    """A preflight check started or finished."""
-
-    check_id: str
-    title: str
-    status: CheckStatus
-    detail: str = ""
-    remedy: str = ""
-    kind: str = field(init=False, default="check")
-
-
-@dataclass(frozen=True)
-class PreflightDone(Event):
-    """Every check finished: the run now waits for the operator (``proceed``) unless something failed."""
-
-    failed: int
-    warnings: int
-    kind: str = field(init=False, default="preflight_done")
-
-
 @dataclass(frozen=True)
 class Condition:
     """A Cloud Run condition (Ready, ConfigurationsReady, RoutesReady, ...)."""
 
     name: str
-    state: str  # e.g. CONDITION_SUCCEEDED, CONDITION_PENDING, CONDITION_FAILED
+    state: str  # e.g. succeeded, failed, reconciling, pending
     message: str = ""
 
 
 @dataclass(frozen=True)
 class DeployTarget:
-    """One deploy target: a Cloud Run service (or a shell command) and how its rollout goes."""
+    """One deploy target as the deploy screen lists it: folded from its typed rollout events (:func:`fold_rollout`)."""
 
     target: str
     revision: str = ""
@@ -187,54 +167,23 @@ class DeployTarget:
     message: str = ""
 
 
-@dataclass(frozen=True)
-class DeployUpdate(Event):
-    """Rollout progress of every target, from the operation metadata."""
+def fold_rollout(current: DeployTarget | None, event: RolloutEvent) -> DeployTarget:
+    """The target's row after one rollout event (typed: nothing is read from the event's text)."""
+    row = current or DeployTarget(event.target)
+    if isinstance(event, RolloutStarted):
+        return replace(row, state="creating", message=event.detail)
+    if isinstance(event, RevisionCreated):
+        return replace(row, revision=short_revision(event.revision), state="creating", message=event.detail)
+    if isinstance(event, ConditionChanged):
+        conditions = {c.name: c for c in row.conditions}
+        conditions[event.condition] = Condition(event.condition, event.state, event.message)
+        state: RolloutState = "failed" if event.state == "failed" else row.state if row.state == "ready" else "rolling"
+        return replace(row, conditions=tuple(conditions.values()), state=state, message=event.detail)
+    if isinstance(event, RolloutReady):
+        return replace(row, revision=short_revision(event.revision) or row.revision, state="ready",
+                       message=event.detail)
+    return replace(row, message=event.detail)  # trouble polling, a command's output line
 
-    targets: tuple[DeployTarget, ...]
-    kind: str = field(init=False, default="deploy")
-
-
-@dataclass(frozen=True)
-class PhaseChanged(Event):
-    """The run moved to another phase."""
-
-    phase: RunPhase
-    message: str = ""
-    kind: str = field(init=False, default="phase")
-
-
-@dataclass(frozen=True)
-class RunFollowed(Event):
-    """Watch mode: the published status names a run this console now follows (what came before was another run)."""
-
-    run_id: str
-    run_kind: Literal["deploy", "drain"]
-    release: str | None
-    owner: str
-    kind: str = field(init=False, default="followed")
-
-
-@dataclass(frozen=True)
-class FleetBack(Event):
-    """After the deploy: the fleet coming back (workers consuming again)."""
-
-    workers: tuple[WorkerView, ...]
-    kind: str = field(init=False, default="fleet_back")
-
-
-ConsoleEvent: TypeAlias = Event
-"""Anything the console renders: drain events (``celeryops.core.events``) or the events above."""
 
 EventSink: TypeAlias = Callable[[Event], None]
 """Where ops sends events for the console; may be called from any thread."""
-
-
-class ReadOnlyRefused(UserError):
-    """A dangerous action was asked of a read-only (watch) console."""
-
-    def __init__(self, action: str) -> None:
-        super().__init__(
-            f"Refused to {action}: this console is read-only (watch mode), nothing was changed; "
-            "run the action from `celeryops` without `watch`.", EXIT_USAGE)
-        self.action = action

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, fields
-from typing import Any, Literal, Protocol
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar, Literal, Protocol
 
 from celeryops.core.config import Target
 from celeryops.core.errors import EXIT_DEPLOY, UserError
+from celeryops.core.events import Event
 
 Outcome = Literal["ready", "failed", "in_progress", "unknown"]
 """What :meth:`Deployer.rollout_outcome` found: the new image serves (``ready``), it does not and nothing is
@@ -62,7 +63,32 @@ def short_revision(name: str) -> str:
 
 
 @dataclass(frozen=True)
-class RolloutStarted:
+class RolloutEvent(Event):
+    """Rollout progress of one target (``--json`` event ``deploy``): ``step`` names the type (``started``,
+    ``revision``, ``condition``, ``ready``, ``trouble``, ``output``); ``text`` is the line a person reads, and
+    the typed fields are what programs use."""
+
+    target: str
+    step: ClassVar[str] = ""
+    kind: str = field(init=False, default="deploy")
+
+    @property
+    def text(self) -> str:
+        return f"{self.target}: {self.detail}"
+
+    @property
+    def detail(self) -> str:
+        """What happened, without the target's name (a screen shows it in the target's row)."""
+        return ""
+
+    def to_json(self) -> dict[str, Any]:
+        data = super().to_json()
+        data.update(step=self.step, text=self.text)
+        return data
+
+
+@dataclass(frozen=True)
+class RolloutStarted(RolloutEvent):
     """The update was accepted; ``operation`` is Cloud Run's long-running operation (empty for commands)."""
 
     target: str
@@ -70,23 +96,27 @@ class RolloutStarted:
     operation: str = ""
     previous_revision: str = ""
 
+    step: ClassVar[str] = "started"
+
     @property
-    def text(self) -> str:
-        return f"{self.target}: rolling out {self.image}"
+    def detail(self) -> str:
+        return f"rolling out {self.image}"
 
 
 @dataclass(frozen=True)
-class RevisionCreated:
+class RevisionCreated(RolloutEvent):
     target: str
     revision: str
 
+    step: ClassVar[str] = "revision"
+
     @property
-    def text(self) -> str:
-        return f"{self.target}: revision {short_revision(self.revision)} created"
+    def detail(self) -> str:
+        return f"revision {short_revision(self.revision)} created"
 
 
 @dataclass(frozen=True)
-class ConditionChanged:
+class ConditionChanged(RolloutEvent):
     """A Cloud Run condition (``Ready``, ``ConfigurationsReady``, ``RoutesReady``) changed state or message."""
 
     target: str
@@ -94,44 +124,51 @@ class ConditionChanged:
     state: str  # "succeeded" | "failed" | "reconciling" | "pending" | ""
     message: str = ""
 
+    step: ClassVar[str] = "condition"
+
     @property
-    def text(self) -> str:
-        return f"{self.target}: {self.condition} {self.state}" + (f": {self.message}" if self.message else "")
+    def detail(self) -> str:
+        return f"{self.condition} {self.state}" + (f": {self.message}" if self.message else "")
 
 
 @dataclass(frozen=True)
-class RolloutReady:
+class RolloutReady(RolloutEvent):
     target: str
     revision: str
 
+    step: ClassVar[str] = "ready"
+
     @property
-    def text(self) -> str:
-        return f"{self.target}: revision {short_revision(self.revision)} is ready" if self.revision else \
-            f"{self.target}: done"
+    def detail(self) -> str:
+        return f"revision {short_revision(self.revision)} is ready" if self.revision else "done"
 
 
 @dataclass(frozen=True)
-class PollTrouble:
+class PollTrouble(RolloutEvent):
     """Polling failed transiently; the deployer keeps trying until its grace period ends."""
 
     target: str
     message: str
 
+    step: ClassVar[str] = "trouble"
+
     @property
-    def text(self) -> str:
-        return f"{self.target}: {self.message}"
+    def detail(self) -> str:
+        return self.message
 
 
 @dataclass(frozen=True)
-class CommandOutput:
+class CommandOutput(RolloutEvent):
     """One output line of a command target (passwords in URLs masked)."""
 
     target: str
     line: str
 
+    step: ClassVar[str] = "output"
+
     @property
-    def text(self) -> str:
-        return f"{self.target}: {self.line}"
+    def detail(self) -> str:
+        return self.line
 
 
 ProgressEvent = RolloutStarted | RevisionCreated | ConditionChanged | RolloutReady | PollTrouble | CommandOutput

@@ -76,7 +76,7 @@ class DeployScreen(ConsoleScreen):
         self.query_one("#deploy-title", Static).update(title)
         refill(self.query_one("#targets", DataTable), [(t.target, (
             t.target, Text(t.state, style=ROLLOUT_STYLE.get(t.state, "")), t.revision or "-",
-            conditions_text(t.conditions), t.message)) for t in (model.deploy.targets if model.deploy else ())],
+            conditions_text(t.conditions), t.message)) for t in model.targets],
             fit="message")
         rows: list[Row] = [(w.name, (w.name, state_text(w.state), ", ".join(w.queues) or "-"))
                            for w in model.fleet_back]

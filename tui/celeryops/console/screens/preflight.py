@@ -78,14 +78,14 @@ class PreflightScreen(ConsoleScreen):
         box = self.query_one("#checks", VerticalScroll)
         for check in model.checks.values():
             shown = (self._status(check.status).plain, check.title, check.detail, check.remedy)
-            old = self._rows.get(check.check_id)
+            old = self._rows.get(check.id)
             if old is None:
-                box.mount(Static(self._row(check), classes=f"check {check.status}", id=f"check-{check.check_id}"))
+                box.mount(Static(self._row(check), classes=f"check {check.status}", id=f"check-{check.id}"))
             elif old != shown:
-                widget = box.query_one(f"#check-{check.check_id}", Static)
+                widget = box.query_one(f"#check-{check.id}", Static)
                 widget.update(self._row(check))
                 widget.set_classes(f"check {check.status}")
-            self._rows[check.check_id] = shown
+            self._rows[check.id] = shown
         verdict = Text()
         failed, warned = model.failed_checks, model.warned_checks
         if model.preflight is None:

@@ -1,0 +1,97 @@
+"""Running a run session without the console: signals interrupt it (so it applies the recovery rules before the
+process ends), and user errors and interruptions end the ``--json`` stream with a final event."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import click
+
+from celeryops.commands.common import FleetSpec
+from celeryops.commands.output import Printer
+from celeryops.core.config import Config
+from celeryops.core.errors import EXIT_INTERRUPTED, UserError
+from celeryops.ops.operator import FlagOperator
+from celeryops.ops.wiring import Wiring, wire
+
+T = TypeVar("T")
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+RESTORED = "Interrupted: consumers restored, nothing was killed."
+RECOVERED = "Interrupted: the recovery rules were applied."
+
+
+def run_interruptibly(main: Callable[[], Awaitable[T]]) -> tuple[T | None, bool]:
+    """Run ``main`` in a fresh loop; SIGINT/SIGTERM/SIGHUP cancel it (so it can restore consumers before it ends).
+    Returns (result, interrupted)."""
+    interrupted = False
+
+    async def runner() -> T | None:
+        nonlocal interrupted
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(main())
+
+        def on_signal(signum: int) -> None:
+            nonlocal interrupted
+            if not interrupted:
+                interrupted = True
+                sys.stderr.write(f"\n{signal.Signals(signum).name}: applying the recovery rules before exiting...\n")
+                task.cancel()
+
+        for sig in SIGNALS:
+            loop.add_signal_handler(sig, on_signal, sig)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if interrupted:
+                return None
+            raise
+        finally:
+            for sig in SIGNALS:
+                loop.remove_signal_handler(sig)
+
+    result = asyncio.run(runner())
+    return result, interrupted
+
+
+def open_wiring(fleet: FleetSpec, config: Config, printer: Printer) -> Wiring:
+    """Journal first (a bad state dir stops us before the fleet is touched), then the fleet."""
+    from celeryops.core.errors import EXIT_USAGE
+
+    app = fleet.celery_app()
+    wiring = wire(app, config, on_event=printer)
+    if wiring.runner is None:  # pragma: no cover - wire() opens a writable journal unless read-only
+        raise UserError("The run journal could not be opened: nothing was changed.", EXIT_USAGE)
+    return wiring
+
+
+def run_headless(wiring: Wiring, printer: Printer, main: Callable[[], Awaitable[T]], interrupted: str) -> T:
+    """Run ``main`` interruptibly; errors and interruptions end the --json stream with a final event. Exits 130 when
+    interrupted (after ``main`` applied the recovery rules)."""
+    try:
+        result, was_interrupted = run_interruptibly(main)
+    except UserError as err:
+        if printer.as_json and not printer.finished:
+            printer.json({"event": "error", "message": str(err), "exit_code": err.exit_code})
+        raise
+    finally:
+        wiring.close()
+    if was_interrupted or result is None:
+        if printer.as_json and not printer.finished:
+            printer.json({"event": "interrupted", "message": interrupted})
+        sys.exit(EXIT_INTERRUPTED)
+    return result
+
+
+def terminal_ask() -> Callable[[str], Awaitable[bool]]:
+    async def ask(question: str) -> bool:
+        return await asyncio.to_thread(click.confirm, question, default=False)
+
+    return ask
+
+
+def flag_operator(*, yes: bool, accept_all: bool, accepted: tuple[str, ...] = ()) -> FlagOperator:
+    return FlagOperator(accept_all=accept_all, accepted=frozenset(accepted), ask=None if yes else terminal_ask())

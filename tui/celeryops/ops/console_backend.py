@@ -1,0 +1,234 @@
+"""The console's ops side (no Textual): :class:`OpsBackend` implements ``celeryops.console.ports.ConsoleBackend``
+by driving the same :class:`~celeryops.ops.session.RunSession` the headless commands drive. It holds no flow of
+its own: the console's keys become the session's operator decisions (:class:`ConsoleOperator`), and the session's
+events go to the console as they are.
+
+- A run runs as a task in the console's event loop. Cancelling it applies the recovery rules (the session's and
+  the runner's); a detached run is left in the journal, stopped, for ``celeryops resume``.
+- Read-only (watch mode): every dangerous method raises ``ReadOnlyRefused``; the live run comes from its published
+  status (reads only), over Redis connections named ``celeryops-watch``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+
+from celeryops.core.config import Config, Target
+from celeryops.core.errors import EXIT_USAGE, ReadOnlyRefused, UserError
+from celeryops.core.events import DrainProgress, Event, Notice, PhaseChanged, RunKind, RunPhase
+from celeryops.core.masking import mask_text
+from celeryops.ops.operator import ConsoleOperator
+from celeryops.ops.runner import Runner
+from celeryops.ops.session import DrainRequest, RunSession
+from celeryops.ops.snapshots import Snapshots
+from celeryops.ops.views import EventSink, FleetView, RunSummary, RunView, SlotsView
+from celeryops.ops.watch import follow
+from celeryops.ops.wiring import CONSOLE_CLIENT_NAME, Wiring, wire
+
+
+@dataclass
+class _Live:
+    """The run this console drives."""
+
+    kind: RunKind
+    release: str | None
+    sink: EventSink
+    started_at: float
+    operator: ConsoleOperator = field(default_factory=ConsoleOperator)
+    phase: RunPhase = "preflight"
+    task: asyncio.Task[None] | None = None
+    detached: bool = False
+    progress: DrainProgress | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+    def summary(self) -> RunSummary:
+        p = self.progress
+        return RunSummary(run_id="this console", kind=self.kind, phase=self.phase, release=self.release,
+                          owner="you", started_at=self.started_at, streak=p.streak if p else 0,
+                          required=p.required if p else 0, remaining=p.remaining if p else None)
+
+
+class OpsBackend:
+    """:class:`~celeryops.console.ports.ConsoleBackend` over the real ops layer."""
+
+    def __init__(self, wiring: Wiring, *, read_only: bool = False, fleet_display: str = "",
+                 drain: DrainRequest | None = None, targets: tuple[Target, ...] | None = None,
+                 repo: Path | None = None, clock: Callable[[], float] = time.time,
+                 follow_interval: float = 1.0) -> None:
+        self.wiring = wiring
+        self.read_only = read_only
+        self.fleet_display = fleet_display or wiring.fleet.display_url
+        self.drain_request = drain or DrainRequest()
+        self.targets = targets
+        self.repo = repo or Path.cwd()
+        self.clock = clock
+        self.follow_interval = follow_interval
+        self.snapshots = Snapshots(wiring, queues=set(self.drain_request.queues))
+        self._live: _Live | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def config(self) -> Config:
+        return self.wiring.config
+
+    def _runner(self, action: str) -> Runner:
+        if self.read_only:
+            raise ReadOnlyRefused(action)
+        if self.wiring.runner is None:
+            raise UserError(f"Cannot {action}: this console has no run journal, nothing was changed; "
+                            "start it with --state-dir pointing at a writable directory.", EXIT_USAGE)
+        return self.wiring.runner
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def close(self) -> None:
+        """Stop following; a run still going is cancelled (which applies the recovery rules)."""
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await task
+
+    def close_sync(self) -> None:
+        self.wiring.close()
+
+    # -- views (read-only) -----------------------------------------------------------------------------------------
+
+    async def fleet_snapshot(self) -> FleetView:
+        live = self._live if self._live is not None and self._live.running else None
+        return await self.snapshots.fleet(live.summary() if live else None, live.progress if live else None)
+
+    async def slots_snapshot(self) -> SlotsView | None:
+        return await self.snapshots.slots()
+
+    def unfinished_run(self) -> RunView | None:
+        return self.snapshots.unfinished_run()
+
+    # -- runs ------------------------------------------------------------------------------------------------------
+
+    def _begin(self, runner: Runner, kind: RunKind, release: str | None, sink: EventSink,
+               work: Callable[[RunSession], Coroutine[Any, Any, object]]) -> None:
+        if self._live is not None and self._live.running:
+            raise UserError("A run is already in progress in this console: nothing was changed; finish or abort it "
+                            "first.", EXIT_USAGE)
+        live = _Live(kind=kind, release=release, sink=sink, started_at=self.clock())
+        runner.on_event = lambda event: self._to(live, event)
+        runner.detached = False
+        session = self.wiring.session(live.operator, repo=self.repo)
+        self._live = live
+        live.task = self._spawn(self._guard(live, work(session)))
+
+    def _to(self, live: _Live, event: Event) -> None:
+        if isinstance(event, PhaseChanged):
+            live.phase = event.phase
+        elif isinstance(event, DrainProgress):
+            live.progress = event
+        live.sink(event)
+
+    async def _guard(self, live: _Live, work: Coroutine[Any, Any, object]) -> None:
+        """Run a session call; its failures reach the operator as one sentence and end the run."""
+        try:
+            await work
+        except asyncio.CancelledError:
+            if live.phase in ("preflight", "ready"):
+                self._to(live, PhaseChanged("aborted", "stopped before anything was changed"))
+            raise
+        except UserError as err:
+            self._to(live, Notice(level="error", message=mask_text(str(err))))
+            self._to(live, PhaseChanged("failed", "the run could not go on"))
+        except Exception as exc:  # an unexpected failure must still end the run visibly
+            self._to(live, Notice(level="error", message=mask_text(f"{type(exc).__name__}: {exc}")))
+            self._to(live, PhaseChanged("failed", "unexpected error"))
+
+    async def start_deploy(self, release: str, on_event: EventSink) -> None:
+        runner = self._runner("start a deploy")
+        targets = self.targets if self.targets is not None else self.config.targets
+        self._begin(runner, "deploy", release, on_event, lambda s: s.deploy(release, targets))
+
+    async def start_drain(self, on_event: EventSink) -> None:
+        runner = self._runner("start a drain")
+        self._begin(runner, "drain", None, on_event, lambda s: s.drain(self.drain_request))
+
+    async def resume_run(self, on_event: EventSink) -> None:
+        runner = self._runner("resume the run")
+        run = runner.unfinished()
+        if run is None:
+            raise UserError("There is no unfinished run to resume: nothing was changed.", EXIT_USAGE)
+        self._begin(runner, "deploy" if run.release else "drain", run.release, on_event, lambda s: s.resume(run))
+
+    async def accept_warnings(self) -> None:
+        self._runner("accept the preflight warnings")
+        if self._live is not None:
+            self._live.operator.accept_warnings()
+
+    async def proceed(self) -> None:
+        self._runner("stop consumers")
+        live = self._live
+        if live is None or not live.running:
+            raise UserError("There is no run waiting to proceed: nothing was changed.", EXIT_USAGE)
+        live.operator.proceed()
+
+    async def abort_run(self) -> None:
+        runner = self._runner("abort the run")
+        live = self._live
+        if live is not None and live.running and live.task is not None:
+            live.task.cancel()  # the session restores what it stopped (or applies the recovery rules) first
+            with contextlib.suppress(asyncio.CancelledError):
+                await live.task
+            return
+        run = runner.unfinished()
+        if run is None:
+            raise UserError("There is no run to abort: nothing was changed.", EXIT_USAGE)
+        sink = live.sink if live is not None else (lambda event: None)
+        runner.on_event = sink if live is None else (lambda event: self._to(live, event))
+        decided = await self.wiring.session(ConsoleOperator(), repo=self.repo).abort(run)
+        sink(Notice(level="info" if decided.action != "ask" else "warning", message=decided.explanation))
+
+    async def detach(self) -> None:
+        runner = self._runner("detach from the run")
+        live = self._live
+        if live is None or not live.running or live.task is None:
+            return
+        live.detached = True
+        runner.detached = True
+        live.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await live.task
+
+    async def forget_worker(self, name: str) -> None:
+        await self._runner("forget a worker").forget(name)
+
+    async def follow_run(self, on_event: EventSink) -> None:
+        coord = self.wiring.coord
+        if coord is None:
+            on_event(Notice(level="warning", message="No Redis holds the published status (the broker is not Redis "
+                                                     "and CELERYOPS_REDIS_URL is not set): only the fleet is shown."))
+            return
+        self._spawn(follow(coord, self.wiring.fleet_name, on_event, self.follow_interval))
+
+
+def open_backend(app: Celery, config: Config, *, read_only: bool, fleet_display: str, state_dir: str | None = None,
+                 drain: DrainRequest | None = None, targets: tuple[Target, ...] | None = None,
+                 repo: Path | None = None, follow_interval: float = 1.0) -> OpsBackend:
+    """The console's backend for the fleet of ``app`` (``state_dir`` overrides the config's)."""
+    if state_dir is not None:
+        config = dataclasses.replace(config, state_dir=state_dir)
+    wiring = wire(app, config, read_only=read_only, client_name=None if read_only else CONSOLE_CLIENT_NAME)
+    return OpsBackend(wiring, read_only=read_only, fleet_display=fleet_display, drain=drain, targets=targets,
+                      repo=repo, follow_interval=follow_interval)

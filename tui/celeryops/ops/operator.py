@@ -1,0 +1,100 @@
+"""How the operator's decisions reach a run: the :class:`Operator` protocol the run session asks, and the two
+operators there are: one that answers from a command's flags (and a terminal prompt), one that waits for the
+console's keys (:class:`ConsoleOperator`). The session holds the flow; an operator only answers its questions."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from celeryops.core.errors import EXIT_USAGE, UserError
+from celeryops.ops.preflight import PreflightReport
+
+
+@dataclass(frozen=True)
+class Review:
+    """The operator's answer after preflight: go ahead (stop the consumers) or not, and which warnings are accepted
+    (``accept_all``, or by check id)."""
+
+    proceed: bool
+    accepted: frozenset[str] = frozenset()
+    accept_all: bool = False
+
+    def accepts(self, check_id: str) -> bool:
+        return self.accept_all or check_id in self.accepted
+
+
+class Operator(Protocol):
+    async def review(self, report: PreflightReport, accepted: frozenset[str]) -> Review:
+        """Preflight found nothing failing (``accepted``: warnings the config accepts up front): go ahead?"""
+        ...
+
+    async def confirm_deploy(self, release: str, targets: tuple[str, ...]) -> bool:
+        """The fleet is drained: deploy ``release`` to ``targets`` now?"""
+        ...
+
+
+Ask = Callable[[str], Awaitable[bool]]
+
+
+@dataclass
+class FlagOperator:
+    """Answers from a command's flags: ``--accept-warnings`` / ``--accept-warning ID``, and ``--yes`` (else ``ask``,
+    a terminal prompt). A warning left unaccepted fails the preflight; nothing is asked then."""
+
+    accept_all: bool = False
+    accepted: frozenset[str] = frozenset()
+    ask: Ask | None = None  # None: --yes
+
+    async def review(self, report: PreflightReport, accepted: frozenset[str]) -> Review:
+        review = Review(True, self.accepted | accepted, self.accept_all)
+        if any(not review.accepts(w.id) for w in report.warnings):
+            return Review(False, review.accepted, self.accept_all)
+        if self.ask is not None and not await self.ask("Stop the consumers of the fleet and drain it?"):
+            return Review(False, review.accepted, self.accept_all)
+        return review
+
+    async def confirm_deploy(self, release: str, targets: tuple[str, ...]) -> bool:
+        if self.ask is None:
+            return True
+        return await self.ask(f"Drained. Deploy release {release} to {', '.join(targets)} now?")
+
+
+@dataclass
+class ConsoleOperator:
+    """Waits for the console: :meth:`proceed` (after the operator confirmed, warnings included) answers the review;
+    the operator's one confirmation covers the deploy that follows the drain."""
+
+    _waiting: asyncio.Future[Review] | None = field(default=None, init=False)
+    _report: PreflightReport | None = field(default=None, init=False)
+    _accepted: frozenset[str] = field(default=frozenset(), init=False)
+    accept_all: bool = False
+
+    @property
+    def waiting(self) -> bool:
+        return self._waiting is not None and not self._waiting.done()
+
+    async def review(self, report: PreflightReport, accepted: frozenset[str]) -> Review:
+        self._report, self._accepted = report, accepted
+        self._waiting = asyncio.get_running_loop().create_future()
+        try:
+            return await self._waiting
+        finally:
+            self._waiting = None
+
+    def accept_warnings(self) -> None:
+        self.accept_all = True
+
+    def proceed(self) -> None:
+        """The operator pressed the key that stops the consumers (UserError if the run is not waiting for it)."""
+        if self._waiting is None or self._waiting.done() or self._report is None:
+            raise UserError("There is no run waiting to proceed: nothing was changed.", EXIT_USAGE)
+        if any(w.id not in self._accepted for w in self._report.warnings) and not self.accept_all:
+            raise UserError("Preflight warned and the warnings were not accepted: nothing was stopped; review "
+                            "them and confirm.", EXIT_USAGE)
+        self._waiting.set_result(Review(True, self._accepted, accept_all=self.accept_all))
+
+    async def confirm_deploy(self, release: str, targets: tuple[str, ...]) -> bool:
+        return True

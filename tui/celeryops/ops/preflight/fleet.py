@@ -1,0 +1,68 @@
+"""The fleet's preflight checks, the same for a drain and a deploy, in the console and headless:
+the broker answers, every known worker replies, no other run holds the fleet, the workers run the fence plugin."""
+
+from __future__ import annotations
+
+import asyncio
+
+import redis
+
+from celeryops.adapters.fleet import Fleet
+from celeryops.core.errors import UserError
+from celeryops.ops.journal import Journal
+from celeryops.ops.preflight.checks import fence_plugin_check
+from celeryops.ops.preflight.framework import Check, CheckResult
+from celeryops.ops.runlease import read_lease
+
+#: Checks whose failure means the fleet cannot be reached at all (a drain exits 4 for these, as documented).
+UNREACHABLE = frozenset({"broker", "workers"})
+
+
+def fleet_checks(fleet: Fleet, journal: Journal, coord: redis.Redis | None, fleet_name: str, *,
+                 take_over: bool = False) -> list[Check]:
+    async def broker() -> CheckResult:
+        try:
+            await fleet.check_broker()
+        except UserError as err:
+            return CheckResult("broker", "", "fail", str(err), "start the broker or fix --broker / -A")
+        return CheckResult("broker", "", "ok", fleet.display_url)
+
+    async def workers() -> CheckResult:
+        answered = await fleet.ping()
+        members = await fleet.members()
+        silent = sorted(members - answered)
+        if not answered:
+            hint = f" ({len(silent)} registered but silent: {', '.join(silent[:4])})" if silent else ""
+            return CheckResult("workers", "", "fail", f"no worker answered on {fleet.display_url}{hint}",
+                               "start the workers (or check that they use this broker; --forget dead ones)")
+        if silent:
+            return CheckResult("workers", "", "warn", f"{len(silent)} registered worker(s) did not answer ping: "
+                               f"{', '.join(silent[:4])}", "they count as unknown until they reply; forget "
+                               "them with --forget (F in the console) if they are gone")
+        return CheckResult("workers", "", "ok", f"{len(answered)} worker(s) answer")
+
+    async def lease() -> CheckResult:
+        if coord is None:
+            return CheckResult("lease", "", "warn", "no Redis for the run lease",
+                               "set CELERYOPS_REDIS_URL so that two operators cannot drain at once")
+        try:
+            holder = await asyncio.to_thread(read_lease, coord, fleet_name)
+        except redis.RedisError as exc:
+            return CheckResult("lease", "", "fail", f"the run lease could not be read ({exc})",
+                               "check that Redis answers, then try again")
+        if holder is not None and not (holder.orphaned and take_over):
+            state = "orphaned" if holder.orphaned else "live"
+            return CheckResult("lease", "", "fail", f"another run holds the fleet ({state}): {holder.describe()}",
+                               "wait for it, or take over an orphaned run with --take-over")
+        runs = await asyncio.to_thread(journal.unfinished_runs, fleet_name)
+        open_run = runs[-1] if runs else None
+        if open_run is not None and open_run.stopped_consumers() and not take_over:
+            return CheckResult("lease", "", "fail", f"run {open_run.id} ({open_run.phase}, started by "
+                               f"{open_run.user}@{open_run.host}) is unfinished and holds stopped consumers",
+                               "run `celeryops resume` to continue it or `celeryops abort` to restore them")
+        return CheckResult("lease", "", "ok", "the lease is free")
+
+    return [Check("broker", "Broker reachable", broker, timeout=15),
+            Check("workers", "Every known worker replies", workers, timeout=20),
+            Check("lease", "No other run holds the fleet", lease, timeout=10),
+            fence_plugin_check(fleet.app, fleet_name)]

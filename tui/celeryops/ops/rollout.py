@@ -1,0 +1,112 @@
+"""The deploy step of a run: roll the release's image out to every target (each start written ahead in the journal),
+ask a target how an interrupted rollout went, and wait for the fleet to come back. Used by the run session only."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+
+from celeryops.adapters.deploy import DeployError, deployer_for
+from celeryops.adapters.deploy.base import Deployer, DeployResult, RevisionCreated, RolloutEvent, RolloutState
+from celeryops.core.config import Config, Target
+from celeryops.core.events import Event, Notice
+from celeryops.ops.journal import Run
+from celeryops.ops.recovery import Rollout
+from celeryops.ops.runner import Runner
+
+
+@dataclass
+class DeployFailure:
+    """A target refused or failed the rollout; ``started``: the update reached it (its outcome decides recovery)."""
+
+    target: Target
+    message: str
+    started: bool
+    rollout: Rollout = "not_started"
+
+
+@dataclass
+class Rollouts:
+    """Deployers for the run's targets (one per target, kept for the whole run)."""
+
+    runner: Runner
+    config: Config
+    deployers: dict[str, Deployer] = field(default_factory=dict)
+    _pending: set[asyncio.Future[None]] = field(default_factory=set)
+
+    def emit(self, event: Event) -> None:
+        self.runner.emit(event)
+
+    def deployer(self, target: Target) -> Deployer:
+        if target.name not in self.deployers:
+            self.deployers[target.name] = deployer_for(target)
+        return self.deployers[target.name]
+
+    async def deploy(self, run_id: str, targets: tuple[Target, ...], sha: str,
+                     release: str) -> list[DeployResult] | DeployFailure:
+        """Roll out every target in turn; the first failure stops (the caller applies the recovery rules)."""
+        journal = self.runner.journal.aio
+        results: list[DeployResult] = []
+        for target in targets:
+            deployer = self.deployer(target)
+            image = target.image_for(sha, release, release)
+            try:
+                before = await deployer.current(target)
+            except DeployError as err:
+                return DeployFailure(target, str(err), started=False)
+            intent = await journal.intend_deploy(run_id, target=target.name, image=image, previous=before.to_dict())
+            try:
+                result = await deployer.deploy(target, image, self._progress, sha=sha, release=release)
+            except DeployError as err:
+                await journal.settle(intent, {"ok": False, "error": str(err)})
+                rollout: Rollout = "unknown"
+                with contextlib.suppress(Exception):
+                    rollout = await deployer.rollout_outcome(target, before, image)
+                return DeployFailure(target, str(err), started=True, rollout=rollout)
+            await journal.settle(intent, {"ok": True, "revision": result.revision})
+            results.append(result)
+        return results
+
+    def _progress(self, event: RolloutEvent) -> None:
+        self.emit(event)
+        if isinstance(event, RevisionCreated):  # the new revision's workers consume while the old ones stay held
+            self._pending.add(asyncio.ensure_future(
+                self.runner.exempt_from_fence([], revisions=[event.revision.rsplit("/", 1)[-1]])))
+
+    async def outcome(self, run: Run) -> Rollout:
+        """``ready`` only when every started target serves the new image; ``unknown`` if any cannot be asked."""
+        outcomes: list[str] = []
+        for start in run.intents("deploy_start"):
+            payload = start.payload
+            try:
+                target = self.config.target(str(payload.get("target")))
+                before = RolloutState.from_dict(dict(payload.get("previous") or {}))
+                outcomes.append(await self.deployer(target).rollout_outcome(target, before, str(payload["image"])))
+            except Exception:  # the target cannot be asked: unknown, never guessed
+                outcomes.append("unknown")
+        if not outcomes:
+            return "not_started"
+        for worst in ("unknown", "in_progress", "failed"):
+            if worst in outcomes:
+                return worst  # type: ignore[return-value]
+        return "ready"
+
+    async def fleet_back(self, timeout: float = 120.0) -> dict[str, tuple[str, ...]]:
+        """Which workers consume again after the deploy (waits up to ``timeout`` for the first)."""
+        fleet = self.runner.fleet
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            try:
+                answered = await fleet.ping()
+                queues = await fleet.active_queues(sorted(answered)) if answered else {}
+            except Exception:  # the broker blinked (restart, failover): the deploy is done, keep verifying
+                answered, queues = set(), {}
+            consuming = {w: q for w, q in queues.items() if q}
+            if consuming or loop.time() > deadline:
+                if not consuming:
+                    self.emit(Notice(level="warning", message="No worker consumes yet after the deploy; check the "
+                                                              "new revision's logs."))
+                return consuming
+            await asyncio.sleep(1.0)

@@ -1,0 +1,111 @@
+"""The one place that assembles a run's objects from the configuration: the journal (first: a bad state dir stops
+us before the fleet is touched), the fleet, the coordination Redis (lease, fence, published status), the runner
+and the run session. The headless commands, the console and the demo all build through here."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+from celery import Celery
+
+from celeryops.adapters.fleet import Fleet
+from celeryops.core.config import Config
+from celeryops.core.events import Event
+from celeryops.ops.journal import Journal, journal_path
+from celeryops.ops.operator import Operator
+from celeryops.ops.runner import Runner
+from celeryops.ops.session import RunSession
+
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+CONSOLE_CLIENT_NAME = "celeryops-console"
+WATCH_CLIENT_NAME = "celeryops-watch"
+
+
+def is_redis_url(url: str | None) -> bool:
+    return bool(url) and str(url).startswith(REDIS_SCHEMES)
+
+
+def coordination_url(config: Config, broker_url: str | None) -> str | None:
+    """The Redis holding the fleet's lease, fence and published status: ``$CELERYOPS_REDIS_URL``, else the broker
+    when it is Redis, else None."""
+    return config.run.redis_url or (broker_url if is_redis_url(broker_url) else None)
+
+
+def slots_url(config: Config, broker_url: str | None) -> str | None:
+    return config.run.slots_redis_url or (broker_url if is_redis_url(broker_url) else None)
+
+
+def named_redis(url: str, name: str | None = None) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=5, decode_responses=True,
+                                client_name=name)
+
+
+@dataclass
+class Wiring:
+    """What a command or the console works with; ``close()`` closes every connection it opened."""
+
+    config: Config
+    fleet: Fleet
+    journal: Journal | None
+    coord: redis.Redis | None
+    slots_client: redis.Redis | None
+    runner: Runner | None  # None: read-only without a journal
+
+    @property
+    def fleet_name(self) -> str:
+        return self.config.run.fleet
+
+    def session(self, operator: Operator, *, repo: Path | None = None) -> RunSession:
+        assert self.runner is not None, "a session needs the journal"
+        return RunSession(self.runner, self.config, operator, repo=repo or Path.cwd(),
+                          accepted=frozenset(self.config_accepts()))
+
+    def config_accepts(self) -> tuple[str, ...]:
+        return tuple(getattr(getattr(self.config, "preflight", None), "accept", ()) or ())
+
+    def close(self) -> None:
+        for client in {id(c): c for c in (self.coord, self.slots_client) if c is not None}.values():
+            with contextlib.suppress(Exception):
+                client.close()
+        self.fleet.close()
+        if self.journal is not None:
+            self.journal.close()
+
+
+def wire(app: Celery, config: Config, *, on_event: Callable[[Event], None] = lambda e: None,
+         read_only: bool = False, client_name: str | None = None) -> Wiring:
+    """Everything for the fleet of ``app``. Read-only (watch mode): the journal is opened read-only (if it exists)
+    and every Redis connection is named ``celeryops-watch`` so a MONITOR log can tell them apart."""
+    name = client_name or (WATCH_CLIENT_NAME if read_only else None)
+    if read_only:
+        options = dict(app.conf.broker_transport_options or {})
+        options.setdefault("client_name", name)
+        app.conf.broker_transport_options = options
+        path = journal_path(config.state_dir)
+        journal: Journal | None = Journal(path, read_only=True) if path.exists() else None
+    else:
+        journal = Journal(state_dir=config.state_dir)
+    fleet = Fleet(app)
+    coord_at = coordination_url(config, fleet.broker_url)
+    slots_at = slots_url(config, fleet.broker_url)
+    coord = named_redis(coord_at, name) if coord_at else None
+    slots_client = coord if slots_at == coord_at else (named_redis(slots_at, name) if slots_at else None)
+    fleet_id = config.run.fleet
+    if coord is not None:
+        # The fence plugin's registry is a membership source: it lists plugin workers even while they are busy.
+        fleet.extra_members.append(lambda: _plugin_members(coord, fleet_id))
+    runner = None if journal is None else Runner(fleet=fleet, journal=journal, fleet_name=fleet_id,
+                                                 on_event=on_event, read_only=read_only, coord=coord,
+                                                 settings=config.run)
+    return Wiring(config, fleet, journal, coord, slots_client, runner)
+
+
+async def _plugin_members(coord: redis.Redis, fleet: str) -> set[str]:
+    from celeryops.fence import plugin_workers
+
+    return set(await asyncio.to_thread(plugin_workers, coord, fleet))
