@@ -19,18 +19,22 @@ from celeryops.core.errors import EXIT_USAGE, UserError
 @fleet_options
 @click.option("--target", "targets", multiple=True, metavar="NAME", help="Deploy only this target (repeatable).")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before stopping consumers and before deploying.")
-@click.option("--accept-warnings", is_flag=True, help="Go ahead although preflight checks warned.")
+@click.option("--accept-warnings", is_flag=True, help="Go ahead although preflight checks warned (all of them).")
+@click.option("--accept-warning", "accept", multiple=True, metavar="ID",
+              help="Accept the warnings of this check (repeatable): branch, freshness or fence.")
 @click.option("--repo", type=click.Path(file_okay=False, exists=True), default=".",
               help="The git checkout of the release (default: the current directory).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.option("--headless", is_flag=True, help="Plain output even in a terminal (no console).")
 @state_dir_option
-def deploy(release: str, fleet: FleetSpec, targets: tuple[str, ...], yes: bool,
-           accept_warnings: bool, repo: str, as_json: bool, headless: bool, state_dir: str | None) -> None:
+def deploy(release: str, fleet: FleetSpec, targets: tuple[str, ...], yes: bool, accept_warnings: bool,
+           accept: tuple[str, ...], repo: str, as_json: bool, headless: bool, state_dir: str | None) -> None:
     """Deploy RELEASE (a branch pushed to the release remote): preflight, drain, deploy, verify.
     In a terminal (without --json or --headless) it opens the console on the deploy's preflight."""
+    from celeryops.ops.preflight.accept import check_accept_ids
     from celeryops.ops.release import ReleaseFlow  # the Cloud Run client is heavy: load it only when deploying
 
+    accept = check_accept_ids(accept)
     config = fleet.config({"state_dir": state_dir})
     if not config.targets:
         raise UserError("No deploy target is configured: nothing was changed; add a [[targets]] table to "
@@ -50,7 +54,7 @@ def deploy(release: str, fleet: FleetSpec, targets: tuple[str, ...], yes: bool,
         return await asyncio.to_thread(click.confirm, question, default=False)
 
     flow = ReleaseFlow(runner, config, release, chosen, repo=Path(repo), accept_warnings=accept_warnings,
-                       confirm=None if yes else confirm)
+                       confirm=None if yes else confirm, accept=accept)
     sys.exit(run_headless(runner, printer, flow.run, RECOVERED).exit_code)
 
 

@@ -99,7 +99,7 @@ class Printer:
             if event.status == "running":
                 return ""
             mark = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}.get(event.status, event.status)
-            line = f"  [{mark}] {event.title}: {event.detail}"
+            line = f"  [{mark}] {event.title}: {event.detail}" + (" (accepted)" if event.accepted else "")
             return line + (f"\n         -> {event.remedy}" if event.remedy and event.status != "ok" else "")
         if isinstance(event, DeployProgressEvent):
             return f"  {event.text}"
@@ -107,5 +107,13 @@ class Printer:
             return "\n".join(f"  {w}: {', '.join(q)}" for w, q in sorted(event.workers.items()))
         if isinstance(event, ReleaseFinished):
             self.finished = True
-            return event.message
+            lines = [event.message]
+            for t in event.targets:  # where the result is: revision, service URL, console page
+                lines.append(f"  {t['target']}: revision {t['revision'] or '-'}"
+                             + (f"  {t['url']}" if t.get("url") else ""))
+                if t.get("console_url"):
+                    lines.append(f"    console: {t['console_url']}")
+            if event.logs_url:
+                lines.append(f"Logs URL: {event.logs_url}")
+            return "\n".join(lines)
         return ""

@@ -14,16 +14,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from celeryops.adapters.deploy import DeployError, deployer_for
-from celeryops.adapters.deploy.base import Deployer, RolloutState
+from celeryops.adapters.deploy import DeployError, Deployers
+from celeryops.adapters.deploy.base import Deployer, DeployResult, RolloutState
 from celeryops.adapters.gitrepo import GitRepo
 from celeryops.core.config import Config, Target
 from celeryops.core.errors import EXIT_DEPLOY, EXIT_OK, EXIT_PREFLIGHT, EXIT_TIMEOUT, UserError
 from celeryops.core.events import Event, Notice
 from celeryops.ops.drain import DrainSettings
 from celeryops.ops.journal import Run
-from celeryops.ops.preflight import Check, CheckResult, PreflightReport, run_checks
+from celeryops.ops.preflight import Check, CheckResult, PreflightReport, is_accepted, run_checks, unaccepted_warnings
 from celeryops.ops.preflight.checks import (
+    cloudrun_checks,
     fence_plugin_check,
     freshness_check,
     image_check,
@@ -56,6 +57,7 @@ class CheckEvent(Event):
     status: str
     detail: str = ""
     remedy: str = ""
+    accepted: bool = False  # a warning the operator accepted (--accept-warning(s) or [preflight] accept)
     kind: str = field(init=False, default="check")
 
 
@@ -79,10 +81,17 @@ class ReleaseFinished(Event):
     outcome: str  # deployed | preflight_failed | declined | timeout | deploy_failed | interrupted
     exit_code: int
     message: str
+    targets: tuple[dict[str, str], ...] = ()  # deployed: per target, DeployResult.summary() (revision, URLs)
+    logs_url: str = ""  # deploy_failed: the Logs URL Cloud Run attached to the failure
     kind: str = field(init=False, default="finished")
 
     def to_json(self) -> dict[str, Any]:
-        return {"event": self.outcome, "exit_code": self.exit_code, "message": self.message}
+        data: dict[str, Any] = {"event": self.outcome, "exit_code": self.exit_code, "message": self.message}
+        if self.targets:
+            data["targets"] = [dict(t) for t in self.targets]
+        if self.logs_url:
+            data["logs_url"] = self.logs_url
+        return data
 
 
 @dataclass
@@ -94,18 +103,29 @@ class ReleaseFlow:
     repo: Path = field(default_factory=Path.cwd)
     accept_warnings: bool = False
     confirm: Confirm | None = None  # None: --yes
-    deployers: dict[str, Deployer] = field(default_factory=dict)
+    deployers: dict[str, Deployer] = field(default_factory=dict)  # overrides by target name
     sha: str = ""
     report: PreflightReport | None = None
+    accept: tuple[str, ...] = ()  # ids of checks whose warnings are accepted (--accept-warning), with the config's
     _pending: set[asyncio.Future[None]] = field(default_factory=set)
+    _deployer_set: Deployers | None = None
 
     def emit(self, event: Event) -> None:
         self.runner.emit(event)
 
     def deployer(self, target: Target) -> Deployer:
-        if target.name not in self.deployers:
-            self.deployers[target.name] = deployer_for(target)
-        return self.deployers[target.name]
+        if self._deployer_set is None:  # one set per run: credentials once, one channel per target
+            self._deployer_set = Deployers(self.deployers)
+        return self._deployer_set(target)
+
+    @property
+    def accepted_ids(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys((*self.accept, *self.config.preflight.accept)))
+
+    async def close_deployers(self) -> None:
+        if self._deployer_set is not None:
+            with contextlib.suppress(Exception):
+                await self._deployer_set.close()
 
     # -- preflight ---------------------------------------------------------------------------------------------
 
@@ -117,6 +137,7 @@ class ReleaseFlow:
             release_branch_check(git, rel.remote, self.release),
             freshness_check(git, rel.remote, self.release, rel.max_age_days, sha=self.sha or None),
             permissions_check([(t.name, _missing(self.deployer(t), t)) for t in self.targets]),
+            *cloudrun_checks(self.targets, self.deployer, lambda t: t.image_for(self.sha, self.release, self.release)),
             Check("fleet", "Broker, workers and run lease", self._fleet_check, timeout=20),
             fence_plugin_check(self.runner.fleet.app, self.runner.fleet_name),
         ]
@@ -152,7 +173,8 @@ class ReleaseFlow:
                 self.emit(CheckEvent(id=event.id, title=event.title, status="running"))
             else:
                 self.emit(CheckEvent(id=result.id, title=result.title, status=result.status, detail=result.detail,
-                                     remedy=result.remedy))
+                                     remedy=result.remedy,
+                                     accepted=is_accepted(result, self.accept_warnings, self.accepted_ids)))
 
         self.report = await run_checks(self.checks(), on_check)
         return self.report
@@ -167,11 +189,13 @@ class ReleaseFlow:
             return self._finish("preflight_failed", EXIT_PREFLIGHT,
                                 f"Preflight failed ({names}): nothing was stopped or deployed; fix what the checks "
                                 "say and run the deploy again.")
-        if report.warnings and not self.accept_warnings:
-            names = ", ".join(r.title for r in report.warnings)
+        unaccepted = unaccepted_warnings(report, self.accept_warnings, self.accepted_ids)
+        if unaccepted:
+            names = ", ".join(r.title for r in unaccepted)
+            flags = " ".join(f"--accept-warning {r.id}" for r in unaccepted)
             return self._finish("preflight_failed", EXIT_PREFLIGHT,
                                 f"Preflight has warnings ({names}): nothing was stopped or deployed; read them, then "
-                                "run again with --accept-warnings to go ahead anyway.")
+                                f"run again with {flags} (or --accept-warnings) to go ahead anyway.")
         if not await self._ask(f"Stop the consumers of the fleet and drain it for release {self.release}?"):
             return self._finish("declined", EXIT_OK, "Declined before stopping consumers: nothing was changed.")
         cfg = self.config.drain
@@ -198,6 +222,7 @@ class ReleaseFlow:
             raise
         finally:
             await self.runner.release_lease()
+            await self.close_deployers()
 
     async def _recover_interrupted(self, run: Run) -> None:
         """Recovery with the rollout's real outcome (a second interrupt does not cut it short)."""
@@ -228,6 +253,7 @@ class ReleaseFlow:
                 return await self._deploy(run.id)
             finally:
                 await self.runner.release_lease()
+                await self.close_deployers()
         # deploying / deployed: the deploy was started; its outcome decides.
         await self.runner.hold(run)
         try:
@@ -245,6 +271,7 @@ class ReleaseFlow:
                                                          "ready): the run is finished.")
         finally:
             await self.runner.release_lease()
+            await self.close_deployers()
         decided, _restored = await self.runner.abort(run=run, rollout=rollout)
         if decided.action == "ask":
             return self._finish("deploy_failed", EXIT_DEPLOY, decided.explanation)
@@ -274,6 +301,7 @@ class ReleaseFlow:
         self.runner.publish_phase("deploying")
         self.emit(StageEvent(stage="deploy", detail=", ".join(t.name for t in self.targets)))
         await self.runner.exempt_from_fence([self.sha, self.sha[:7], self.release])
+        results: list[DeployResult] = []
         for target in self.targets:
             deployer = self.deployer(target)
             image = target.image_for(self.sha, self.release, self.release)
@@ -296,8 +324,10 @@ class ReleaseFlow:
                 result = await deployer.deploy(target, image, progress, sha=self.sha, release=self.release)
             except DeployError as err:
                 await journal.settle(intent, {"ok": False, "error": str(err)})
-                return await self._deploy_failed(run_id, target, str(err), started=True, before=before, image=image)
+                return await self._deploy_failed(run_id, target, str(err), started=True, before=before, image=image,
+                                                 logs_url=err.logs_url)
             await journal.settle(intent, {"ok": True, "revision": result.revision})
+            results.append(result)
         await journal.advance(run_id, "deployed")
         self.runner.publish_phase("deployed")
         self.emit(StageEvent(stage="verify", detail="waiting for the fleet to answer"))
@@ -307,10 +337,12 @@ class ReleaseFlow:
         self.runner.publish_phase("done")
         await self.runner.lift_fence()
         return self._finish("deployed", EXIT_OK,
-                            f"Release {self.release} deployed: {len(workers)} worker(s) consume again.")
+                            f"Release {self.release} deployed: {len(workers)} worker(s) consume again.",
+                            targets=tuple(r.summary() for r in results))
 
     async def _deploy_failed(self, run_id: str, target: Target, message: str, *, started: bool,
-                             before: RolloutState | None = None, image: str = "") -> ReleaseFinished:
+                             before: RolloutState | None = None, image: str = "",
+                             logs_url: str = "") -> ReleaseFinished:
         rollout: Any = "not_started"
         if started and before is not None:
             with contextlib.suppress(Exception):
@@ -318,7 +350,8 @@ class ReleaseFlow:
         run = await self.runner.journal.aio.get(run_id)
         plan, _restored = await self.runner.abort(run=run, rollout=rollout)
         state = ("consumers restored on the old workers" if plan.action == "restore" else plan.explanation)
-        return self._finish("deploy_failed", EXIT_DEPLOY, f"Deploy to {target.name} failed: {message} — {state}.")
+        return self._finish("deploy_failed", EXIT_DEPLOY, f"Deploy to {target.name} failed: {message} — {state}.",
+                            logs_url=logs_url)
 
     async def _fleet_back(self, timeout: float = 120.0) -> dict[str, tuple[str, ...]]:
         loop = asyncio.get_running_loop()
@@ -340,8 +373,9 @@ class ReleaseFlow:
     async def _ask(self, question: str) -> bool:
         return True if self.confirm is None else await self.confirm(question)
 
-    def _finish(self, outcome: str, code: int, message: str) -> ReleaseFinished:
-        event = ReleaseFinished(outcome=outcome, exit_code=code, message=message)
+    def _finish(self, outcome: str, code: int, message: str, *, targets: tuple[dict[str, str], ...] = (),
+                logs_url: str = "") -> ReleaseFinished:
+        event = ReleaseFinished(outcome=outcome, exit_code=code, message=message, targets=targets, logs_url=logs_url)
         self.emit(event)
         return event
 
