@@ -207,3 +207,25 @@ def test_resume_finishes_an_interrupted_deploy(setup, redis_url: str, redis_clie
     history = run_cli(["runs", "--json"], env, cwd=setup["dir"])
     assert history.returncode == 0
     assert ('"done"' in history.stdout) == (resumed_exit == 0)
+
+
+def test_warnings_accepted_per_check(setup, redis_url: str) -> None:
+    """The fence check warns (plain workers): without acceptance nothing is touched (exit 5) and the message
+    names the flag; `[preflight] accept = ["fence"]` in the config lets the same deploy through."""
+    fleet: Fleet = setup["fleet"]
+    fleet.start(1, "worker-00001-old")
+    env = cli_env(setup["dir"] / "state")
+    args = ["deploy", "demo-2", "--yes", "--json", "--repo", str(setup["git"].work)]
+    refused = run_cli(args, env, cwd=setup["dir"])
+    assert refused.returncode == 5, refused.stdout + refused.stderr
+    final = json.loads(refused.stdout.splitlines()[-1])
+    assert final["event"] == "preflight_failed" and "--accept-warning fence" in final["message"]
+    assert setup["standin"].updates == [] and not fleet.replaced.is_set()
+    config = setup["dir"] / "celeryops.toml"
+    config.write_text(config.read_text().replace("[release]", '[preflight]\naccept = ["fence"]\n\n[release]'))
+    accepted = run_cli(args, env, cwd=setup["dir"])
+    assert accepted.returncode == 0, accepted.stdout[-2000:] + accepted.stderr[-2000:]
+    events = [json.loads(line) for line in accepted.stdout.splitlines() if line.startswith("{")]
+    fence = [e for e in events if e["event"] == "check" and e["id"] == "fence" and e["status"] != "running"]
+    assert fence and fence[0]["status"] == "warn" and fence[0]["accepted"] is True
+    assert events[-1]["event"] == "deployed" and fleet.replaced.is_set()
