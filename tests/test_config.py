@@ -81,6 +81,20 @@ def test_every_valid_key_from_pyproject(tmp_path: Path) -> None:
     assert config.target("gpu") is gpu
 
 
+def test_preflight_accept_and_traffic(tmp_path: Path) -> None:
+    section = '[tool.celeryops.preflight]\naccept = ["fence", "branch", "fence"]\n\n[[tool.celeryops.targets]]'
+    text = FULL_PYPROJECT.replace("[[tool.celeryops.targets]]", section, 1)
+    write(tmp_path / "pyproject.toml", text.replace("timeout = 900", 'timeout = 900\ntraffic = "latest"'))
+    config = load_config(None, tmp_path, {}, {})
+    assert config.preflight.accept == ("fence", "branch")
+    assert config.targets[0].traffic == "latest" and config.targets[1].traffic == ""
+    assert config.targets[0].console_url == ("https://console.cloud.google.com/run/detail/europe-west1/celery-worker"
+                                             "/revisions?project=my-project")
+    empty = tmp_path / "nothing-here"
+    empty.mkdir()
+    assert load_config(None, empty, {}, {}).preflight.accept == ()
+
+
 def test_image_placeholders_expand() -> None:
     target = Target(name="t", kind="cloudrun-service", image="reg/app:{sha}|{short_sha}|{branch}|{release}|{{x}}")
     sha = "0123456789abcdef0123456789abcdef01234567"
@@ -205,6 +219,19 @@ BAD_CONFIGS = [
      "target 'c': command uses the unknown placeholder {img} (did you mean {image}?)"),
     ("command image without template", '[[targets]]\nname = "c"\nkind = "command"\ncommand = "deploy {image}"\n',
      "target 'c': command uses {image} but the target has no image template"),
+    ("accept unknown check", '[preflight]\naccept = ["fense"]',
+     "preflight.accept names the check 'fense', which does not exist (did you mean 'fence'?); the checks whose "
+     "warnings can be accepted are branch, freshness, fence."),
+    ("accept never-warning check", '[preflight]\naccept = ["validate"]',
+     "preflight.accept names the check 'validate', which passes or fails but never warns;"),
+    ("accept not a list", '[preflight]\naccept = "fence"',
+     "preflight.accept must be an array of check ids such as [\"fence\"], not a string 'fence'."),
+    ("preflight typo", '[preflight]\naccepts = ["fence"]',
+     "preflight.accepts is not a setting (did you mean 'accept'?)."),
+    ("traffic mode", TARGET + 'traffic = "all"\n',
+     "target 'worker': traffic 'all' is not a traffic mode; use traffic = \"latest\""),
+    ("traffic on a command", '[[targets]]\nname = "c"\nkind = "command"\ncommand = "true"\ntraffic = "latest"\n',
+     "target 'c': traffic only apply to Cloud Run targets"),
 ]
 
 

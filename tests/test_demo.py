@@ -160,10 +160,15 @@ def test_headless_demo_deploys_on_fakeredis_when_redis_server_is_missing(tmp_pat
     assert deployed["exit_code"] == 0
     events = proc.events
     assert "fakeredis on redis://127.0.0.1:" in sandbox_parts(events)
-    # Every preflight check really ran: the git remote, the registry, Cloud Run IAM, the fleet, the fence plugin.
+    # Every preflight check really ran: the git remote, the registry, Cloud Run IAM, the traffic split, the update
+    # validated by Cloud Run (validate_only), the fleet, the fence plugin.
     checks = {e["id"]: e["status"] for e in events if e["event"] == "check" and e["status"] != "running"}
-    assert checks == {"branch": "ok", "image": "ok", "freshness": "ok", "permissions": "ok", "fleet": "ok",
+    assert checks == {"branch": "ok", "image": "ok", "freshness": "ok", "permissions": "ok", "traffic": "ok",
+                      "validate": "ok", "broker": "ok", "workers": "ok", "lease": "ok",
                       "fence": "warn"}
+    (summary,) = deployed["targets"]  # where the result is: revision, service URL, console link
+    assert summary["revision"] and summary["url"].startswith("https://") and summary["console_url"].startswith(
+        "https://console.cloud.google.com/run/detail/")
     # The drain stopped the old revision's workers, one with the fence plugin and one without.
     started = next(e for e in events if e["event"] == "started")
     old = set(started["workers"])

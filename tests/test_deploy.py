@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 
 import grpc
@@ -59,8 +59,10 @@ def pool(standin: CloudRunStandIn) -> Target:
 
 
 @pytest.fixture
-def deployer() -> CloudRunDeployer:
-    return CloudRunDeployer(poll_interval=0.05, rpc_timeout=10, outcome_timeout=3, poll_grace=5, read_retry=1.0)
+async def deployer() -> AsyncIterator[CloudRunDeployer]:
+    made = CloudRunDeployer(poll_interval=0.05, rpc_timeout=10, outcome_timeout=3, poll_grace=5, read_retry=1.0)
+    yield made
+    await made.close()
 
 
 class Events(list[ProgressEvent]):
@@ -188,14 +190,19 @@ async def test_permission_denied_and_missing_permissions(standin: CloudRunStandI
                                                          deployer: CloudRunDeployer) -> None:
     assert await deployer.missing_permissions(service) == []
     assert await deployer.missing_permissions(pool) == []
-    standin.grant({"run.services.get", "run.workerpools.update"})
+    standin.grant({"run.services.get", "run.workerpools.update", "run.operations.get"})
     assert await deployer.missing_permissions(service) == ["run.services.update"]
     assert await deployer.missing_permissions(pool) == ["run.workerpools.get"]
+    standin.grant({"run.services.get", "run.services.update"})
+    assert await deployer.missing_permissions(service) == ["run.operations.get"]
+    standin.grant({"run.services.get", "run.workerpools.update"})
     with pytest.raises(DeployError) as info:
         await deployer.deploy(service, "app:2", Events())
     assert info.value.code == "PERMISSION_DENIED" and info.value.permission == "run.services.update"
-    assert str(info.value).startswith("The permission run.services.update is missing on Cloud Run service worker in "
-                                      "p/europe-west1: nothing was changed;")
+    assert str(info.value) == ("The permission run.services.update is missing on Cloud Run service worker in "
+                               "p/europe-west1: nothing was changed; grant it (with roles/run.developer) to the "
+                               "account celeryops runs as.")
+    assert info.value.role == "roles/run.developer"
     assert standin.resource(SERVICE).generation == 1
     with pytest.raises(DeployError, match=r"The permission run\.workerpools\.get is missing on Cloud Run worker pool"):
         await deployer.current(pool)
@@ -234,9 +241,21 @@ async def test_worker_pool_deploy_and_outcome(standin: CloudRunStandIn, pool: Ta
     assert events.of(RevisionCreated) and isinstance(events[-1], RolloutReady)
     assert await deployer.rollout_outcome(pool, before, "gpu:2") == "ready"
 
-    standin.fail_next_rollout("gpu")
-    with pytest.raises(DeployError, match="is not ready and cannot serve traffic"):
-        await deployer.deploy(pool, "gpu:3", Events())
+    standin.fail_next_rollout("gpu")  # Cloud Run's own message: sentences, a Logs URL, a troubleshooting link
+    events = Events()
+    with pytest.raises(DeployError) as info:
+        await deployer.deploy(pool, "gpu:3", events)
+    text = str(info.value)
+    assert "\n" not in text and "Logs URL" not in text and "troubleshooting" not in text
+    assert text.startswith("Cloud Run could not roll out gpu:3 to Cloud Run worker pool gpu in p/europe-west1: The "
+                           "user-provided container failed to start and listen on the port")
+    assert text.endswith(f"; the previous revision {result.revision.rsplit('/', 1)[-1]} keeps serving; fix the image "
+                         "and deploy again.")
+    assert info.value.logs_url.startswith("https://console.cloud.google.com/logs/viewer?project=p&")
+    failed = [e for e in events.of(ConditionChanged) if e.state == "failed"]  # type: ignore[attr-defined]
+    assert failed and all("\n" not in e.message and "Logs URL" not in e.message  # type: ignore[attr-defined]
+                          for e in failed)
+    assert failed[0].logs_url == info.value.logs_url  # type: ignore[attr-defined]
     assert standin.resource(POOL).latest_ready_revision == result.revision
 
 
@@ -340,7 +359,7 @@ async def test_polling_survives_a_short_outage_and_gives_up_on_a_long_one(standi
     standin.unavailable = False
     result = await asyncio.wait_for(task, 60)
     assert result.revision == standin.resource(SERVICE).latest_ready_revision
-    assert "polling failed (The service is currently unavailable.); retrying" in events.of(PollTrouble)[0].text
+    assert "polling failed (The service is currently unavailable); retrying" in events.of(PollTrouble)[0].text
 
     impatient = CloudRunDeployer(poll_interval=0.05, rpc_timeout=10, poll_grace=0.3, read_retry=1.0)
     standin.slow_next_rollout("worker", 30.0)

@@ -3,14 +3,18 @@ the local Cloud Run stand-in, real Celery workers that the stand-in restarts as 
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 from datetime import timedelta
 from pathlib import Path
 
+import grpc
 import pytest
 import redis
 from celery import Celery
+from google.cloud import run_v2
+from google.cloud.run_v2.services.services.transports import ServicesGrpcTransport
 
 from celeryops.demo.standins.cloudrun import CloudRunStandIn, standin_config
 from celeryops.demo.standins.gitrepo import GitFixture
@@ -96,19 +100,59 @@ def test_deploy_drains_deploys_and_every_task_runs_once(setup, redis_url: str, r
     checks = {e["id"]: e["status"] for e in proc.events if e["event"] == "check" and e["status"] != "running"}
     assert checks["branch"] in ("ok", "warn") and checks["image"] == "ok" and checks["permissions"] == "ok"
     assert "deployed" in done["message"] or done["exit_code"] == 0
+    live = setup["standin"].resource("worker")
+    (summary,) = done["targets"]  # where the result is
+    assert summary == {"target": "worker", "image": f"{setup['registry'].host}/proj/worker:{setup['sha']}",
+                       "revision": live.latest_ready_revision.rsplit("/", 1)[-1],
+                       "previous_revision": summary["previous_revision"], "url": live.uri,
+                       "console_url": "https://console.cloud.google.com/run/detail/europe-west1/worker/revisions"
+                                      "?project=proj"}
+    assert checks["traffic"] == "ok" and checks["validate"] == "ok"
+    assert setup["standin"].validations == [live.name]  # validated once, before any consumer stopped
     history = run_cli(["runs", "--json"], env)
     assert '"done"' in history.stdout or '"succeeded"' in history.stdout
 
 
-def test_preflight_failure_touches_nothing_exit_5(setup, redis_url: str, redis_client: redis.Redis) -> None:
+def pin_traffic(standin: CloudRunStandIn) -> str:
+    """A rollback in the console: all traffic pinned to the serving revision by name."""
+    name = standin.resource("worker").name
+    with grpc.insecure_channel(standin.address) as chan:
+        client = run_v2.ServicesClient(transport=ServicesGrpcTransport(channel=chan))
+        svc = client.get_service(name=name)
+        revision = svc.latest_ready_revision.rsplit("/", 1)[-1]
+        svc.traffic = [run_v2.TrafficTarget(
+            type_=run_v2.TrafficTargetAllocationType.TRAFFIC_TARGET_ALLOCATION_TYPE_REVISION, revision=revision,
+            percent=100)]
+        client.update_service(service=svc).result(timeout=30)
+    return revision
+
+
+@pytest.mark.parametrize(("fault", "check", "words"), [
+    ("update-permission", "permissions", "roles/run.developer"),
+    ("act-as", "validate", "roles/iam.serviceAccountUser on the runtime service account"),
+    ("pinned-traffic", "traffic", 'set traffic = \\"latest\\"'),
+])
+def test_preflight_failure_touches_nothing_exit_5(setup, redis_url: str, redis_client: redis.Redis, fault: str,
+                                                  check: str, words: str) -> None:
+    """Found before a consumer is stopped: a missing Run permission, a missing actAs on the runtime service account
+    (only Cloud Run's validate_only can tell), a traffic split pinned by a console rollback."""
     fleet: Fleet = setup["fleet"]
     (worker,) = fleet.start(1, "worker-00001-old")
-    setup["standin"].grant(["run.services.get"])  # update permission missing
+    standin: CloudRunStandIn = setup["standin"]
+    if fault == "update-permission":
+        standin.grant(["run.services.get", "run.operations.get"])
+    elif fault == "act-as":
+        standin.act_as(["someone-else@proj.iam.gserviceaccount.com"])
+    else:
+        pin_traffic(standin)
+    generation = standin.resource("worker").generation
     env = cli_env(setup["dir"] / "state")
     result = run_cli(["deploy", "demo-2", "--yes", "--accept-warnings", "--json", "--repo",
                       str(setup["git"].work)], env, cwd=setup["dir"])
     assert result.returncode == 5, result.stdout + result.stderr
-    assert "run.services.update" in result.stdout
+    failed = [line for line in result.stdout.splitlines() if f'"id": "{check}"' in line and '"fail"' in line]
+    assert failed and words in failed[0], result.stdout
+    assert standin.updates == [] and standin.resource("worker").generation == generation
     app = Celery("t", broker=redis_url)
     replies = app.control.inspect(destination=[worker.nodename], timeout=2, limit=1).active_queues() or {}
     assert [q["name"] for q in replies[worker.nodename]] == [fleet.queue]  # consumers untouched
@@ -117,12 +161,15 @@ def test_preflight_failure_touches_nothing_exit_5(setup, redis_url: str, redis_c
 def test_failed_rollout_restores_consumers_exit_6(setup, redis_url: str) -> None:
     fleet: Fleet = setup["fleet"]
     (worker,) = fleet.start(1, "worker-00001-old")
-    setup["standin"].fail_next_rollout("worker", "container failed to start: exec format error")
+    setup["standin"].fail_next_rollout("worker")  # Cloud Run's own several-line message with a Logs URL
     env = cli_env(setup["dir"] / "state")
     result = run_cli(["deploy", "demo-2", "--yes", "--accept-warnings", "--json", "--repo",
                       str(setup["git"].work)], env, cwd=setup["dir"])
     assert result.returncode == 6, result.stdout + result.stderr
-    assert "exec format error" in result.stdout
+    final = json.loads(result.stdout.splitlines()[-1])
+    assert final["event"] == "deploy_failed" and "user-provided container failed to start" in final["message"]
+    assert "Logs URL" not in final["message"] and "troubleshooting" not in final["message"]
+    assert final["logs_url"].startswith("https://console.cloud.google.com/logs/viewer?project=proj&")
     app = Celery("t", broker=redis_url)
     replies = app.control.inspect(destination=[worker.nodename], timeout=2, limit=1).active_queues() or {}
     assert [q["name"] for q in replies[worker.nodename]] == [fleet.queue]  # old workers consume again
@@ -160,3 +207,25 @@ def test_resume_finishes_an_interrupted_deploy(setup, redis_url: str, redis_clie
     history = run_cli(["runs", "--json"], env, cwd=setup["dir"])
     assert history.returncode == 0
     assert ('"done"' in history.stdout) == (resumed_exit == 0)
+
+
+def test_warnings_accepted_per_check(setup, redis_url: str) -> None:
+    """The fence check warns (plain workers): without acceptance nothing is touched (exit 5) and the message
+    names the flag; `[preflight] accept = ["fence"]` in the config lets the same deploy through."""
+    fleet: Fleet = setup["fleet"]
+    fleet.start(1, "worker-00001-old")
+    env = cli_env(setup["dir"] / "state")
+    args = ["deploy", "demo-2", "--yes", "--json", "--repo", str(setup["git"].work)]
+    refused = run_cli(args, env, cwd=setup["dir"])
+    assert refused.returncode == 5, refused.stdout + refused.stderr
+    final = json.loads(refused.stdout.splitlines()[-1])
+    assert final["event"] == "preflight_failed" and "--accept-warning fence" in final["message"]
+    assert setup["standin"].updates == [] and not fleet.replaced.is_set()
+    config = setup["dir"] / "celeryops.toml"
+    config.write_text(config.read_text().replace("[release]", '[preflight]\naccept = ["fence"]\n\n[release]'))
+    accepted = run_cli(args, env, cwd=setup["dir"])
+    assert accepted.returncode == 0, accepted.stdout[-2000:] + accepted.stderr[-2000:]
+    events = [json.loads(line) for line in accepted.stdout.splitlines() if line.startswith("{")]
+    fence = [e for e in events if e["event"] == "check" and e["id"] == "fence" and e["status"] != "running"]
+    assert fence and fence[0]["status"] == "warn" and fence[0]["accepted"] is True
+    assert events[-1]["event"] == "deployed" and fleet.replaced.is_set()

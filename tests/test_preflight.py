@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import grpc
 import pytest
+from google.cloud import run_v2
+from google.cloud.run_v2.services.services.transports import ServicesGrpcTransport
 
+from celeryops.adapters.deploy import CloudRunDeployer
 from celeryops.adapters.gitrepo import GitError, GitRepo
 from celeryops.adapters.registry import ImageRegistry
+from celeryops.core.config import Target
+from celeryops.core.errors import EXIT_USAGE, UserError
+from celeryops.demo.standins.cloudrun import CloudRunStandIn, default_service_account
 from celeryops.demo.standins.gitrepo import GitFixture
 from celeryops.demo.standins.redis_server import free_port
 from celeryops.demo.standins.registry import RegistryStandIn
@@ -23,11 +31,17 @@ from celeryops.ops.preflight import (
     CheckStatus,
     PreflightEvent,
     PreflightReport,
+    check_accept_ids,
+    cloudrun_checks,
     freshness_check,
     image_check,
+    is_accepted,
     permissions_check,
     release_branch_check,
     run_checks,
+    traffic_check,
+    unaccepted_warnings,
+    validate_check,
 )
 from celeryops.ops.preflight.checks import MissingPermissions
 
@@ -376,3 +390,104 @@ async def test_full_preflight_against_git_and_registry(repos: GitFixture, standi
         ("branch", "ok"), ("image", "ok"), ("freshness", "warn"), ("permissions", "ok")]
     assert report.ok_to_proceed(accept_warnings=True) and not report.ok_to_proceed(accept_warnings=False)
     assert len(events) == 8
+
+
+# -- 5./6. Cloud Run: traffic split and the validated update (the real client against the stand-in) --
+@pytest.fixture
+def cloudrun() -> Iterator[CloudRunStandIn]:
+    with CloudRunStandIn(rollout_seconds=0.1) as server:
+        server.add_service("p", "europe-west1", "worker", "app:1")
+        yield server
+
+
+def cr_target(server: CloudRunStandIn, **extra: str) -> Target:
+    return Target(name="web", kind="cloudrun-service", project="p", region="europe-west1", resource="worker",
+                  image="app:{sha}", api_endpoint=server.address, insecure=True, **extra)  # type: ignore[arg-type]
+
+
+def pin_to_first_revision(server: CloudRunStandIn) -> str:
+    """A console rollback: all traffic pinned to the first revision (after a second one was deployed)."""
+    name = "projects/p/locations/europe-west1/services/worker"
+    with grpc.insecure_channel(server.address) as chan:
+        client = run_v2.ServicesClient(transport=ServicesGrpcTransport(channel=chan))
+        svc = client.get_service(name=name)
+        first = svc.latest_ready_revision.rsplit("/", 1)[-1]
+        svc.template.containers[0].image = "app:2"
+        client.update_service(service=svc).result(timeout=30)
+        svc = client.get_service(name=name)
+        svc.traffic = [run_v2.TrafficTarget(
+            type_=run_v2.TrafficTargetAllocationType.TRAFFIC_TARGET_ALLOCATION_TYPE_REVISION, revision=first,
+            percent=100)]
+        client.update_service(service=svc).result(timeout=30)
+    return first
+
+
+async def test_traffic_check_fails_on_a_pinned_split_unless_the_target_routes_it(cloudrun: CloudRunStandIn) -> None:
+    deployer = CloudRunDeployer(read_retry=1.0)
+    try:
+        target = cr_target(cloudrun)
+        res = await run_one(traffic_check([(target, deployer)]))
+        assert res.status == "ok" and res.detail == "all traffic goes to the latest revision on web"
+        first = pin_to_first_revision(cloudrun)
+        res = await run_one(traffic_check([(target, deployer)]))
+        assert res.status == "fail"
+        assert res.detail == (f"web pins traffic to {first} 100%: every update keeps that split, so the new revision "
+                              "would get only the unpinned share while the deploy looked successful")
+        assert res.remedy.startswith('set traffic = "latest" on target(s) web to route everything to the new revision')
+        routed = await run_one(traffic_check([(replace(target, traffic="latest"), deployer)]))
+        assert routed.status == "ok" and routed.detail.endswith('the deploy routes everything to the new revision '
+                                                                '(traffic = "latest")')
+    finally:
+        await deployer.close()
+
+
+async def test_validate_check_finds_a_missing_act_as_before_anything_stops(cloudrun: CloudRunStandIn) -> None:
+    deployer = CloudRunDeployer(read_retry=1.0)
+    try:
+        target = cr_target(cloudrun)
+        checks = cloudrun_checks([target, Target(name="k8s", kind="command", command="true")], lambda t: deployer,
+                                 lambda t: "app:2")
+        assert [c.id for c in checks] == ["traffic", "validate"]
+        res = await run_one(validate_check([(target, deployer, "app:2")]))
+        assert res.status == "ok" and "accepted the update of web (validate only" in res.detail
+        cloudrun.act_as(set())
+        res = await run_one(validate_check([(target, deployer, "app:2")]))
+        account = default_service_account("p")
+        assert res.status == "fail"
+        assert res.detail == ("web: Cloud Run refused the update (validate only): iam.serviceAccounts.actAs is "
+                              "missing")
+        assert res.remedy == (f"grant roles/iam.serviceAccountUser on the runtime service account {account} to the "
+                              "account celeryops runs as, then run preflight again")
+        assert cloudrun.updates == [] and cloudrun.resource("worker").generation == 1
+    finally:
+        await deployer.close()
+
+
+async def test_permissions_remedy_names_the_role_of_each_missing_permission() -> None:
+    res = await run_one(permissions_check([("web", missing(["run.operations.get", "run.services.update"]))]))
+    assert res.detail == "web is missing run.operations.get, run.services.update"
+    assert res.remedy == ("grant the account celeryops runs as roles/run.developer (for run.operations.get, "
+                          "run.services.update), then run preflight again")
+
+
+# -- accepting warnings per check --
+def test_accepting_warnings_by_id() -> None:
+    report = PreflightReport((result("branch", "warn"), result("fence", "warn"), result("image")))
+    assert [r.id for r in unaccepted_warnings(report, False, ["fence"])] == ["branch"]
+    assert unaccepted_warnings(report, False, ["fence", "branch"]) == ()
+    assert unaccepted_warnings(report, True) == ()
+    assert report.ok_to_proceed(False, ["branch", "fence"]) and not report.ok_to_proceed(False, ["fence"])
+    assert is_accepted(report.results[1], False, ["fence"]) and not is_accepted(report.results[2], True)
+    assert check_accept_ids(["fence", "fence", "branch"]) == ("fence", "branch")
+
+
+@pytest.mark.parametrize(("ids", "sentence"), [
+    (["fense"], "--accept-warning names the check 'fense', which does not exist (did you mean 'fence'?): nothing "
+                "was run; name a check whose warnings can be accepted (branch, freshness, fence)."),
+    (["permissions"], "--accept-warning names the check 'permissions', which passes or fails but never warns: "
+                      "nothing was run; name a check whose warnings can be accepted (branch, freshness, fence)."),
+])
+def test_accepting_an_unknown_or_never_warning_check_is_one_sentence(ids: list[str], sentence: str) -> None:
+    with pytest.raises(UserError) as info:
+        check_accept_ids(ids)
+    assert str(info.value) == sentence and info.value.exit_code == EXIT_USAGE

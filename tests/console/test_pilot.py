@@ -19,10 +19,8 @@ from celeryops.console.screens.quit import QuitScreen
 from celeryops.console.screens.resume import ResumeScreen
 from celeryops.console.static import StaticBackend
 from celeryops.console.widgets.task_table import TaskTable
-from celeryops.core.errors import EXIT_INTERRUPTED, UserError
-from celeryops.core.events import DrainFinished, Notice
-from celeryops.core.errors import ReadOnlyRefused
-from celeryops.core.events import PhaseChanged, PreflightDone
+from celeryops.core.errors import EXIT_INTERRUPTED, ReadOnlyRefused, UserError
+from celeryops.core.events import DrainFinished, Notice, PhaseChanged, PreflightDone
 
 SIZE = (100, 30)
 DANGEROUS_KEYS = {"S", "G", "X", "F", "R"}

@@ -10,8 +10,7 @@ from textual.widgets import DataTable
 
 from celeryops.console import sample
 from celeryops.console.static import StaticBackend
-from celeryops.core.events import DrainFinished
-from celeryops.core.events import FleetBack, PhaseChanged
+from celeryops.core.events import DrainFinished, FleetBack, PhaseChanged
 
 SIZE = (100, 30)
 SMALL = (80, 24)

@@ -16,10 +16,10 @@ from celery import Celery
 from celeryops.console.app import ConsoleApp, make_app
 from celeryops.console.screens.home import HomeScreen
 from celeryops.core.config import Config
-from celeryops.ops.console_backend import open_backend
-from celeryops.ops.wiring import WATCH_CLIENT_NAME
-from celeryops.ops.publish import read_status
 from celeryops.core.errors import ReadOnlyRefused
+from celeryops.ops.console_backend import open_backend
+from celeryops.ops.publish import read_status
+from celeryops.ops.wiring import WATCH_CLIENT_NAME
 from celeryops_harness.workers import wait_for
 from clihelp import CliProcess, cli_env
 from drainhelp import enqueue, started

@@ -19,16 +19,21 @@ from celeryops.core.errors import EXIT_USAGE, UserError
 @fleet_options
 @click.option("--target", "targets", multiple=True, metavar="NAME", help="Deploy only this target (repeatable).")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before stopping consumers and before deploying.")
-@click.option("--accept-warnings", is_flag=True, help="Go ahead although preflight checks warned.")
+@click.option("--accept-warnings", is_flag=True, help="Go ahead although preflight checks warned (all of them).")
+@click.option("--accept-warning", "accept", multiple=True, metavar="ID",
+              help="Accept the warnings of this check (repeatable): branch, freshness, workers, lease or fence.")
 @click.option("--repo", type=click.Path(file_okay=False, exists=True), default=".",
               help="The git checkout of the release (default: the current directory).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.option("--headless", is_flag=True, help="Plain output even in a terminal (no console).")
 @state_dir_option
-def deploy(release: str, fleet: FleetSpec, targets: tuple[str, ...], yes: bool,
-           accept_warnings: bool, repo: str, as_json: bool, headless: bool, state_dir: str | None) -> None:
+def deploy(release: str, fleet: FleetSpec, targets: tuple[str, ...], yes: bool, accept_warnings: bool,
+           accept: tuple[str, ...], repo: str, as_json: bool, headless: bool, state_dir: str | None) -> None:
     """Deploy RELEASE (a branch pushed to the release remote): preflight, drain, deploy, verify.
     In a terminal (without --json or --headless) it opens the console on the deploy's preflight."""
+    from celeryops.ops.preflight.accept import check_accept_ids
+
+    accept = check_accept_ids(accept)
     config = fleet.config({"state_dir": state_dir})
     if not config.targets:
         raise UserError("No deploy target is configured: nothing was changed; add a [[targets]] table to "
@@ -43,7 +48,7 @@ def deploy(release: str, fleet: FleetSpec, targets: tuple[str, ...], yes: bool,
                         "terminal to ask on: nothing was changed; add --yes to run it unattended.", EXIT_USAGE)
     printer = Printer(as_json)
     wiring = open_wiring(fleet, config, printer)
-    session = wiring.session(flag_operator(yes=yes, accept_all=accept_warnings), repo=Path(repo))
+    session = wiring.session(flag_operator(yes=yes), repo=Path(repo), accept_all=accept_warnings, accept=accept)
     sys.exit(run_headless(wiring, printer, lambda: session.deploy(release, chosen), RECOVERED).exit_code)
 
 

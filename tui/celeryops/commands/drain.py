@@ -67,7 +67,7 @@ def drain(fleet: FleetSpec, queues: tuple[str, ...], interval: float | None, str
         open_console(fleet, start="drain", config=cfg, drain=request)
     wiring = open_wiring(fleet, cfg, printer)
     # A drain asks nothing: the drain itself waits for silent workers, so its preflight warnings are shown, not asked.
-    session = wiring.session(flag_operator(yes=True, accept_all=True))
+    session = wiring.session(flag_operator(yes=True), accept_all=True)
     sys.exit(run_headless(wiring, printer, lambda: session.drain(request), RESTORED))
 
 
@@ -81,7 +81,7 @@ def abort(fleet: FleetSpec, force_restore: bool, as_json: bool, state_dir: str |
     """Restore the consumers stopped by the current run (recovery rules), and end it."""
     printer = Printer(as_json)
     wiring = open_wiring(fleet, fleet.config({"state_dir": state_dir}), printer)
-    session = wiring.session(flag_operator(yes=True, accept_all=False))
+    session = wiring.session(flag_operator(yes=True))
     decided = run_headless(wiring, printer, lambda: session.abort(force_restore=force_restore), RECOVERED)
     if as_json:
         printer.json({"event": "abort", "action": decided.action, "message": decided.explanation,
@@ -100,7 +100,7 @@ def resume(fleet: FleetSpec, as_json: bool, state_dir: str | None) -> None:
     deploy run; a deploy already started finishes by the rollout's outcome."""
     printer = Printer(as_json)
     wiring = open_wiring(fleet, fleet.config({"state_dir": state_dir}), printer)
-    session = wiring.session(flag_operator(yes=True, accept_all=True))
+    session = wiring.session(flag_operator(yes=True), accept_all=True)
     sys.exit(run_headless(wiring, printer, session.resume, RECOVERED))
 
 

@@ -93,5 +93,5 @@ def terminal_ask() -> Callable[[str], Awaitable[bool]]:
     return ask
 
 
-def flag_operator(*, yes: bool, accept_all: bool, accepted: tuple[str, ...] = ()) -> FlagOperator:
-    return FlagOperator(accept_all=accept_all, accepted=frozenset(accepted), ask=None if yes else terminal_ask())
+def flag_operator(*, yes: bool) -> FlagOperator:
+    return FlagOperator(ask=None if yes else terminal_ask())

@@ -104,15 +104,15 @@ class Printer:
             if event.status in ("running", "pending"):
                 return ""
             mark = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}.get(event.status, event.status)
-            line = f"  [{mark}] {event.title}: {event.detail}"
+            line = f"  [{mark}] {event.title}: {event.detail}" + (" (accepted)" if event.accepted else "")
             return line + (f"\n         -> {event.remedy}" if event.remedy and event.status != "ok" else "")
         if isinstance(event, RolloutEvent):
             return f"  {event.text}"
         if isinstance(event, FleetBack):
             return "\n".join(f"  {w}: {', '.join(q)}" for w, q in sorted(event.workers.items()))
-        if isinstance(event, TargetDeployed):
-            where = [f"revision {event.revision}" if event.revision else "", event.url, event.console_url]
-            return f"  {event.target}: " + "  ".join(w for w in where if w)
+        if isinstance(event, TargetDeployed):  # where the result is: revision, service URL, console page
+            line = f"  {event.target}: revision {event.revision or '-'}" + (f"  {event.url}" if event.url else "")
+            return line + (f"\n    console: {event.console_url}" if event.console_url else "")
         if isinstance(event, RunFinished):
-            return event.message + (f"\n  logs: {event.logs_url}" if event.logs_url else "")
+            return event.message + (f"\nLogs URL: {event.logs_url}" if event.logs_url else "")
         return ""  # phases and the preflight's tally: the lines above already say it

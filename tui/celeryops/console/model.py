@@ -92,7 +92,7 @@ class RunModel:
 
     @property
     def warned_checks(self) -> list[CheckUpdate]:
-        return [c for c in self.checks.values() if c.status == "warn"]
+        return [c for c in self.checks.values() if c.status == "warn" and not c.accepted]
 
     @property
     def may_proceed(self) -> bool:

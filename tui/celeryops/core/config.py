@@ -39,6 +39,24 @@ COMMAND_PLACEHOLDERS = ("image", "sha", "short_sha", "release")
 
 DEFAULT_TARGET_TIMEOUT = 1800.0
 
+#: The preflight checks of a deploy, by id (``--accept-warning ID``, ``[preflight] accept``), with what each checks.
+PREFLIGHT_CHECKS: dict[str, str] = {
+    "branch": "the release branch exists on the remote and matches your checkout (warns when it differs)",
+    "image": "each target's image exists in its registry",
+    "freshness": "the release commit is not older than release.max_age_days (warns when older)",
+    "permissions": "the Cloud Run permissions a deploy needs are granted",
+    "traffic": "all traffic (worker pools: instances) will go to the new revision",
+    "validate": "Cloud Run accepts the exact update (sent with validate_only: nothing changes)",
+    "broker": "the broker answers",
+    "workers": "every known worker answers ping (warns when registered workers are silent)",
+    "lease": "no other run holds the fleet (warns when no Redis holds the run lease)",
+    "fence": "every worker runs the drain fence plugin of this fleet (warns when some don't)",
+}
+#: The checks that can warn, hence whose warnings can be accepted; the others only pass or fail.
+WARNING_CHECKS = ("branch", "freshness", "workers", "lease", "fence")
+#: Values of a target's ``traffic`` key.
+TRAFFIC_MODES = ("latest",)
+
 #: Environment variable -> dotted configuration key.
 ENV_KEYS: dict[str, str] = {
     "CELERYOPS_BROKER": "broker",
@@ -51,12 +69,13 @@ ENV_KEYS: dict[str, str] = {
     "CELERYOPS_RELEASE_MAX_AGE_DAYS": "release.max_age_days",
 }
 
-_TOP_KEYS = ("broker", "app", "state_dir", "drain", "release", "targets")
+_TOP_KEYS = ("broker", "app", "state_dir", "drain", "release", "preflight", "targets")
 _DRAIN_KEYS = ("interval", "streak", "max_wait")
 _RELEASE_KEYS = ("remote", "max_age_days")
+_PREFLIGHT_KEYS = ("accept",)
 _TARGET_KEYS = ("name", "kind", "project", "region", "resource", "container", "image", "api_endpoint", "insecure",
-                "command", "timeout")
-_CLOUDRUN_ONLY = ("project", "region", "resource", "container", "api_endpoint", "insecure")
+                "command", "timeout", "traffic")
+_CLOUDRUN_ONLY = ("project", "region", "resource", "container", "api_endpoint", "insecure", "traffic")
 _SCALAR_KEYS = ("broker", "app", "state_dir", *(f"drain.{k}" for k in _DRAIN_KEYS),
                 *(f"release.{k}" for k in _RELEASE_KEYS))
 _TAG_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -89,6 +108,23 @@ class ReleaseSettings:
 
 
 @dataclass(frozen=True)
+class PreflightSettings:
+    """``accept``: ids of preflight checks whose warnings this fleet lives with (accepted on every deploy)."""
+
+    accept: tuple[str, ...] = ()
+
+
+def accept_problem(check_id: str, where: str) -> str | None:
+    """Why ``check_id`` cannot be accepted, as a clause naming ``where`` it came from (no final period), or None."""
+    if check_id in WARNING_CHECKS:
+        return None
+    if check_id in PREFLIGHT_CHECKS:
+        return f"{where} names the check {check_id!r}, which passes or fails but never warns"
+    hint = _did_you_mean(check_id, tuple(PREFLIGHT_CHECKS))
+    return f"{where} names the check {check_id!r}, which does not exist{hint}"
+
+
+@dataclass(frozen=True)
 class Target:
     """One place a release is deployed to: a Cloud Run service or worker pool, or a shell command."""
 
@@ -103,10 +139,22 @@ class Target:
     insecure: bool = False
     command: str = ""
     timeout: float = DEFAULT_TARGET_TIMEOUT
+    traffic: str = ""  # "latest": the update also routes all traffic (instances) to the new revision
 
     @property
     def is_cloudrun(self) -> bool:
         return self.kind in CLOUDRUN_KINDS
+
+    @property
+    def console_url(self) -> str:
+        """The Cloud console page of the target's revisions (empty for a command target)."""
+        if self.kind == "cloudrun-service":
+            return (f"https://console.cloud.google.com/run/detail/{self.region}/{self.resource}/revisions"
+                    f"?project={self.project}")
+        if self.kind == "cloudrun-worker-pool":
+            return (f"https://console.cloud.google.com/run/worker-pools/details/{self.region}/{self.resource}"
+                    f"/revisions?project={self.project}")
+        return ""
 
     @property
     def resource_path(self) -> str:
@@ -143,6 +191,7 @@ class Config:
     targets: tuple[Target, ...] = ()
     source: str | None = None
     run: RunSettings = field(default_factory=RunSettings)  # from CELERYOPS_* only (core.runsettings)
+    preflight: PreflightSettings = field(default_factory=PreflightSettings)
 
     def target(self, name: str) -> Target:
         """The target called ``name``; a UserError (with a did-you-mean) when there is none."""
@@ -251,6 +300,7 @@ def load_config(path: str | None, cwd: Path, env: Mapping[str, str],
         targets=tuple(raw["targets"]),
         source=source,
         run=run_settings(env),
+        preflight=PreflightSettings(**raw["preflight"]),
     )
 
 
@@ -308,7 +358,7 @@ def _normalise_override_key(key: str) -> str | None:
 
 def _validate_file(data: dict[str, Any], base_dir: Path, problems: list[str]) -> dict[str, Any]:
     """Check the file's keys and types; returns a working dict with ``drain``/``release`` kwargs and targets."""
-    raw: dict[str, Any] = {"drain": {}, "release": {}, "targets": []}
+    raw: dict[str, Any] = {"drain": {}, "release": {}, "preflight": {}, "targets": []}
     _unknown_keys(data, _TOP_KEYS, "", problems)
     for key in ("broker", "app", "state_dir"):
         if key in data:
@@ -324,6 +374,8 @@ def _validate_file(data: dict[str, Any], base_dir: Path, problems: list[str]) ->
         for key in keys:
             if key in table:
                 _apply_scalar(raw, f"{section}.{key}", table[key], f"{section}.{key}", problems, from_text=False)
+    if "preflight" in data:
+        _validate_preflight(data["preflight"], raw, problems)
     if "targets" in data:
         targets = data["targets"]
         if not isinstance(targets, list) or not all(isinstance(t, dict) for t in targets):
@@ -331,6 +383,24 @@ def _validate_file(data: dict[str, Any], base_dir: Path, problems: list[str]) ->
         else:
             raw["targets"] = _validate_targets(targets, problems)
     return raw
+
+
+def _validate_preflight(table: Any, raw: dict[str, Any], problems: list[str]) -> None:
+    if not isinstance(table, dict):
+        problems.append(f"preflight must be a table ([preflight]), not {_type_name(table)}.")
+        return
+    _unknown_keys(table, _PREFLIGHT_KEYS, "preflight.", problems)
+    if "accept" not in table:
+        return
+    ids = table["accept"]
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        problems.append(f"preflight.accept must be an array of check ids such as [\"fence\"], not "
+                        f"{_type_name(ids)} {ids!r}.")
+        return
+    bad = [p for p in (accept_problem(i, "preflight.accept") for i in ids) if p]
+    problems.extend(f"{p}; the checks whose warnings can be accepted are {', '.join(WARNING_CHECKS)}." for p in bad)
+    if not bad:
+        raw["preflight"]["accept"] = tuple(dict.fromkeys(ids))
 
 
 def _apply_scalar(raw: dict[str, Any], key: str, value: Any, where: str, problems: list[str], *,
@@ -431,6 +501,10 @@ def _check_cloudrun_target(label: str, table: dict[str, Any], values: dict[str, 
             problems.append(f"{label}: {key} is empty.")
     if "command" in table:
         problems.append(f"{label}: command only applies to kind = \"command\"; remove it or change the kind.")
+    traffic = values.get("traffic")
+    if isinstance(traffic, str) and traffic not in TRAFFIC_MODES:
+        problems.append(f"{label}: traffic {traffic!r} is not a traffic mode; use traffic = \"latest\" to route all "
+                        "traffic (worker pools: all instances) to the new revision, or remove it.")
     if isinstance(values.get("image"), str):
         problem = _template_problem(f"{label}: image", values["image"], IMAGE_PLACEHOLDERS)
         if problem:
@@ -558,12 +632,17 @@ __all__ = [
     "COMMAND_PLACEHOLDERS",
     "ENV_KEYS",
     "IMAGE_PLACEHOLDERS",
+    "PREFLIGHT_CHECKS",
     "TARGET_KINDS",
+    "TRAFFIC_MODES",
+    "WARNING_CHECKS",
     "Config",
     "DrainSettings",
+    "PreflightSettings",
     "ReleaseSettings",
     "Target",
     "TargetKind",
+    "accept_problem",
     "expand",
     "is_loopback_endpoint",
     "load_config",

@@ -178,6 +178,7 @@ class CheckUpdate(Event):
     status: CheckStatus
     detail: str = ""
     remedy: str = ""
+    accepted: bool = False  # a warning accepted up front (--accept-warning(s) or [preflight] accept)
     kind: str = field(init=False, default="check")
 
 
@@ -226,6 +227,8 @@ class TargetDeployed(Event):
     revision: str = ""
     url: str = ""
     console_url: str = ""
+    image: str = ""
+    previous_revision: str = ""
     kind: str = field(init=False, default="target")
 
 

@@ -70,12 +70,15 @@ def _phase(data: Data) -> Event | None:
     return PhaseChanged(phase, str(data.get("reason", "") or data.get("message", "") or ""))  # type: ignore[arg-type]
 
 
+def _target(data: Data) -> TargetDeployed:
+    return TargetDeployed(**{k: str(data.get(k, "")) for k in ("target", "revision", "url", "console_url", "image",
+                                                                "previous_revision")})
+
+
 def _finished(data: Data) -> Event:
     outcome = str(data.get("event", "error"))
     if "exit_code" in data:  # the run's end (RunFinished); a drain's own end has no exit code
-        targets = tuple(TargetDeployed(target=str(t.get("target", "")), revision=str(t.get("revision", "")),
-                                       url=str(t.get("url", "")), console_url=str(t.get("console_url", "")))
-                        for t in data.get("targets") or ())
+        targets = tuple(_target(t) for t in data.get("targets") or ())
         return RunFinished(outcome=outcome, exit_code=int(data["exit_code"]),  # type: ignore[arg-type]
                            message=str(data.get("message", "")), targets=targets,
                            logs_url=str(data.get("logs_url", "")))
@@ -118,13 +121,12 @@ _DECODERS: dict[str, Callable[[Data], Event | None]] = {
     "notice": lambda d: Notice(level=d.get("level") if d.get("level") in ("info", "warning", "error")  # type: ignore[arg-type]
                                else "info", message=str(d.get("message", ""))),
     "check": lambda d: CheckUpdate(str(d.get("id", "")), str(d.get("title", "")), d.get("status", "pending"),
-                                   str(d.get("detail", "")), str(d.get("remedy", ""))),
+                                   str(d.get("detail", "")), str(d.get("remedy", "")), bool(d.get("accepted"))),
     "preflight_done": lambda d: PreflightDone(failed=int(d.get("failed", 0)), warnings=int(d.get("warnings", 0)),
                                               accepted=tuple(d.get("accepted") or ())),
     "stage": lambda d: StageStarted(stage=str(d.get("stage", "")), detail=str(d.get("detail", ""))),
     "fleet": lambda d: FleetBack(workers=_queues(d.get("workers"))),
-    "target": lambda d: TargetDeployed(target=str(d.get("target", "")), revision=str(d.get("revision", "")),
-                                       url=str(d.get("url", "")), console_url=str(d.get("console_url", ""))),
+    "target": lambda d: _target(d),
     "deploy": _rollout,
 }
 

@@ -41,20 +41,18 @@ Ask = Callable[[str], Awaitable[bool]]
 
 @dataclass
 class FlagOperator:
-    """Answers from a command's flags: ``--accept-warnings`` / ``--accept-warning ID``, and ``--yes`` (else ``ask``,
-    a terminal prompt). A warning left unaccepted fails the preflight; nothing is asked then."""
+    """A command without the console: the warnings accepted up front (``--accept-warning(s)``, the config) are all
+    it accepts, and ``--yes`` answers the questions (else ``ask``, a terminal prompt). A warning left unaccepted
+    fails the preflight; nothing is asked then."""
 
-    accept_all: bool = False
-    accepted: frozenset[str] = frozenset()
     ask: Ask | None = None  # None: --yes
 
     async def review(self, report: PreflightReport, accepted: frozenset[str]) -> Review:
-        review = Review(True, self.accepted | accepted, self.accept_all)
-        if any(not review.accepts(w.id) for w in report.warnings):
-            return Review(False, review.accepted, self.accept_all)
+        if any(w.id not in accepted for w in report.warnings):
+            return Review(False, accepted)
         if self.ask is not None and not await self.ask("Stop the consumers of the fleet and drain it?"):
-            return Review(False, review.accepted, self.accept_all)
-        return review
+            return Review(False, accepted)
+        return Review(True, accepted)
 
     async def confirm_deploy(self, release: str, targets: tuple[str, ...]) -> bool:
         if self.ask is None:

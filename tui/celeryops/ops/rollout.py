@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 from dataclasses import dataclass, field
 
-from celeryops.adapters.deploy import DeployError, deployer_for
+from celeryops.adapters.deploy import DeployError, Deployers
 from celeryops.adapters.deploy.base import Deployer, DeployResult, RevisionCreated, RolloutEvent, RolloutState
 from celeryops.core.config import Config, Target
 from celeryops.core.events import Event, Notice
@@ -24,24 +24,33 @@ class DeployFailure:
     message: str
     started: bool
     rollout: Rollout = "not_started"
+    logs_url: str = ""
 
 
 @dataclass
 class Rollouts:
-    """Deployers for the run's targets (one per target, kept for the whole run)."""
+    """The deployers of the run's targets (credentials resolved once, one channel per target, for the whole run;
+    ``overrides`` by target name win); ``close()`` when the run ends."""
 
     runner: Runner
     config: Config
-    deployers: dict[str, Deployer] = field(default_factory=dict)
+    overrides: dict[str, Deployer] = field(default_factory=dict)
     _pending: set[asyncio.Future[None]] = field(default_factory=set)
+    _set: Deployers | None = None
 
     def emit(self, event: Event) -> None:
         self.runner.emit(event)
 
     def deployer(self, target: Target) -> Deployer:
-        if target.name not in self.deployers:
-            self.deployers[target.name] = deployer_for(target)
-        return self.deployers[target.name]
+        if self._set is None:
+            self._set = Deployers(self.overrides)
+        return self._set(target)
+
+    async def close(self) -> None:
+        deployers, self._set = self._set, None
+        if deployers is not None:
+            with contextlib.suppress(Exception):
+                await deployers.close()
 
     async def deploy(self, run_id: str, targets: tuple[Target, ...], sha: str,
                      release: str) -> list[DeployResult] | DeployFailure:
@@ -54,7 +63,7 @@ class Rollouts:
             try:
                 before = await deployer.current(target)
             except DeployError as err:
-                return DeployFailure(target, str(err), started=False)
+                return DeployFailure(target, str(err), started=False, logs_url=err.logs_url)
             intent = await journal.intend_deploy(run_id, target=target.name, image=image, previous=before.to_dict())
             try:
                 result = await deployer.deploy(target, image, self._progress, sha=sha, release=release)
@@ -63,7 +72,7 @@ class Rollouts:
                 rollout: Rollout = "unknown"
                 with contextlib.suppress(Exception):
                     rollout = await deployer.rollout_outcome(target, before, image)
-                return DeployFailure(target, str(err), started=True, rollout=rollout)
+                return DeployFailure(target, str(err), started=True, rollout=rollout, logs_url=err.logs_url)
             await journal.settle(intent, {"ok": True, "revision": result.revision})
             results.append(result)
         return results

@@ -48,7 +48,13 @@ from celeryops.core.events import (
 from celeryops.ops.journal import Run
 from celeryops.ops.operator import Operator
 from celeryops.ops.preflight import Check, PreflightEvent, PreflightReport, run_checks
-from celeryops.ops.preflight.checks import freshness_check, image_check, permissions_check, release_branch_check
+from celeryops.ops.preflight.checks import (
+    cloudrun_checks,
+    freshness_check,
+    image_check,
+    permissions_check,
+    release_branch_check,
+)
 from celeryops.ops.preflight.fleet import UNREACHABLE, fleet_checks
 from celeryops.ops.recovery import RecoveryPlan, Rollout
 from celeryops.ops.rollout import DeployFailure, Rollouts
@@ -75,7 +81,8 @@ class RunSession:
     config: Config
     operator: Operator
     repo: Path = field(default_factory=Path.cwd)
-    accepted: frozenset[str] = frozenset()
+    accepted: frozenset[str] = frozenset()  # check ids whose warnings are accepted up front (flags, config)
+    accept_all: bool = False  # --accept-warnings
     rollouts: Rollouts | None = None
 
     def __post_init__(self) -> None:
@@ -106,7 +113,8 @@ class RunSession:
         images = [t.image_for(sha, release, release) for t in targets if t.image]
         checks = [release_branch_check(git, rel.remote, release),
                   freshness_check(git, rel.remote, release, rel.max_age_days, sha=sha or None),
-                  permissions_check([(t.name, _missing(self._rollouts, t)) for t in targets])]
+                  permissions_check([(t.name, _missing(self._rollouts, t)) for t in targets]),
+                  *cloudrun_checks(targets, self._rollouts.deployer, lambda t: t.image_for(sha, release, release))]
         if images:
             checks.insert(1, image_check(images))
         return checks
@@ -119,13 +127,17 @@ class RunSession:
             if result is None:
                 self.emit(CheckUpdate(event.id, event.title, "running"))  # type: ignore[union-attr]
             else:
-                self.emit(CheckUpdate(result.id, result.title, result.status, result.detail, result.remedy))
+                self.emit(CheckUpdate(result.id, result.title, result.status, result.detail, result.remedy,
+                                      accepted=result.status == "warn" and self._accepts(result.id)))
 
         return await run_checks(checks, on_check)
 
+    def _accepts(self, check_id: str) -> bool:
+        return self.accept_all or check_id in self.accepted
+
     async def _review(self, report: PreflightReport, *, unreachable_exit: int) -> RunFinished | None:
         """None: the operator said go. Else the run ends here, having touched nothing."""
-        accepted = frozenset(w.id for w in report.warnings if w.id in self.accepted)
+        accepted = frozenset(w.id for w in report.warnings if self._accepts(w.id))
         self.emit(PreflightDone(failed=len(report.failed), warnings=len(report.warnings),
                                 accepted=tuple(sorted(accepted))))
         if report.failed:
@@ -134,12 +146,13 @@ class RunSession:
             return self._finish("preflight_failed", code, _failure_sentence(report))
         self.emit(PhaseChanged("ready", "waiting for the operator"))
         review = await self.operator.review(report, accepted)
-        unaccepted = [w for w in report.warnings if not review.accepts(w.id)]
+        unaccepted = [w for w in report.warnings if not (w.id in accepted or review.accepts(w.id))]
         if unaccepted:
+            flags = " ".join(f"--accept-warning {w.id}" for w in unaccepted)
             return self._finish("preflight_failed", EXIT_PREFLIGHT,
                                 f"Preflight has warnings ({', '.join(w.title for w in unaccepted)}): nothing was "
-                                "stopped or deployed; read them, then run again with --accept-warnings (or "
-                                f"--accept-warning {unaccepted[0].id}) to go ahead anyway.")
+                                f"stopped or deployed; read them, then run again with {flags} (or --accept-warnings) "
+                                "to go ahead anyway.")
         if not review.proceed:
             return self._finish("declined", EXIT_OK, "Declined before stopping consumers: nothing was changed.")
         return None
@@ -196,6 +209,7 @@ class RunSession:
             raise
         finally:
             await self.runner.release_lease()
+            await self._rollouts.close()
 
     async def _after_drain(self, outcome: Outcome, run: Run, targets: tuple[Target, ...], sha: str,
                            *, ask: bool) -> RunFinished:
@@ -217,7 +231,7 @@ class RunSession:
         if isinstance(result, DeployFailure):
             return await self._deploy_failed(run.id, result)
         await self.runner.advance(run.id, "deployed")
-        deployed = tuple(TargetDeployed(target=r.target, revision=r.revision) for r in result)
+        deployed = tuple(TargetDeployed(**r.summary()) for r in result)
         for event in deployed:
             self.emit(event)
         return await self._verify(run, f"Release {release} deployed", deployed)
@@ -235,7 +249,7 @@ class RunSession:
         plan, _restored = await self.runner.abort(run=run, rollout=failure.rollout)
         state = "consumers restored on the old workers" if plan.action == "restore" else plan.explanation
         return self._finish("deploy_failed", EXIT_DEPLOY, f"Deploy to {failure.target.name} failed: {failure.message} "
-                                                          f"— {state}.")
+                                                          f"— {state}.", logs_url=failure.logs_url)
 
     async def _recover(self, run: Run) -> RecoveryPlan:
         """The recovery rules for an interrupted deploy run, with the rollout's real outcome."""
@@ -273,6 +287,7 @@ class RunSession:
                 raise
             finally:
                 await self.runner.release_lease()
+                await self._rollouts.close()
         # deploying / deployed: the deploy was started; its outcome decides.
         await self.runner.hold(run)
         try:
@@ -284,6 +299,7 @@ class RunSession:
                 return await self._verify(run, f"Release {run.release} is deployed (the new revision is ready)")
         finally:
             await self.runner.release_lease()
+            await self._rollouts.close()
         return await self._recovered(run, rollout)
 
     async def _recovered(self, run: Run, rollout: Rollout) -> RunFinished:

@@ -60,13 +60,12 @@ class Wiring:
     def fleet_name(self) -> str:
         return self.config.run.fleet
 
-    def session(self, operator: Operator, *, repo: Path | None = None) -> RunSession:
+    def session(self, operator: Operator, *, repo: Path | None = None, accept_all: bool = False,
+                accept: tuple[str, ...] = ()) -> RunSession:
+        """A run session; warnings accepted up front: ``accept_all``, or these check ids and the config's."""
         assert self.runner is not None, "a session needs the journal"
-        return RunSession(self.runner, self.config, operator, repo=repo or Path.cwd(),
-                          accepted=frozenset(self.config_accepts()))
-
-    def config_accepts(self) -> tuple[str, ...]:
-        return tuple(getattr(getattr(self.config, "preflight", None), "accept", ()) or ())
+        return RunSession(self.runner, self.config, operator, repo=repo or Path.cwd(), accept_all=accept_all,
+                          accepted=frozenset((*accept, *self.config.preflight.accept)))
 
     def close(self) -> None:
         for client in {id(c): c for c in (self.coord, self.slots_client) if c is not None}.values():

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from celeryops.adapters.deploy.base import (
+    PERMISSION_ROLES,
     CommandOutput,
     ConditionChanged,
     Deployer,
@@ -20,9 +21,18 @@ from celeryops.adapters.deploy.base import (
     RolloutReady,
     RolloutStarted,
     RolloutState,
+    condense,
+    describe_split,
+    role_for,
     short_revision,
 )
-from celeryops.adapters.deploy.cloudrun import CloudRunClients, CloudRunDeployer, default_clients, state_of
+from celeryops.adapters.deploy.cloudrun import (
+    CloudRunClients,
+    CloudRunDeployer,
+    default_clients,
+    resolve_credentials,
+    state_of,
+)
 from celeryops.adapters.deploy.command import CommandDeployer, render_command
 from celeryops.core.config import Target
 
@@ -35,7 +45,33 @@ def deployer_for(target: Target, *, cloudrun: CloudRunDeployer | None = None,
     return command or CommandDeployer()
 
 
+class Deployers:
+    """The deployers of one run: one CloudRunDeployer shared by every Cloud Run target (credentials resolved
+    once, one channel per target), one CommandDeployer; ``overrides`` (by target name) win. ``close()`` at the
+    end of the run closes the channels."""
+
+    def __init__(self, overrides: dict[str, Deployer] | None = None) -> None:
+        self.overrides = overrides if overrides is not None else {}
+        self._cloudrun: CloudRunDeployer | None = None
+        self._command: CommandDeployer | None = None
+
+    def __call__(self, target: Target) -> Deployer:
+        if target.name in self.overrides:
+            return self.overrides[target.name]
+        if target.is_cloudrun:
+            self._cloudrun = self._cloudrun or CloudRunDeployer()
+            return self._cloudrun
+        self._command = self._command or CommandDeployer()
+        return self._command
+
+    async def close(self) -> None:
+        for deployer in {id(d): d for d in (*self.overrides.values(), self._cloudrun, self._command)
+                         if d is not None}.values():
+            await deployer.close()
+
+
 __all__ = [
+    "PERMISSION_ROLES",
     "CloudRunClients",
     "CloudRunDeployer",
     "CommandDeployer",
@@ -44,6 +80,7 @@ __all__ = [
     "DeployError",
     "DeployResult",
     "Deployer",
+    "Deployers",
     "Outcome",
     "PollTrouble",
     "ProgressCallback",
@@ -52,9 +89,13 @@ __all__ = [
     "RolloutReady",
     "RolloutStarted",
     "RolloutState",
+    "condense",
     "default_clients",
     "deployer_for",
+    "describe_split",
     "render_command",
+    "resolve_credentials",
+    "role_for",
     "short_revision",
     "state_of",
 ]

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar, Literal, Protocol
 
@@ -18,13 +19,69 @@ or the target could not be asked (``unknown``)."""
 
 class DeployError(UserError):
     """A deploy step failed; ``str()`` is one sentence. ``code`` is the API status name (``NOT_FOUND``,
-    ``PERMISSION_DENIED``, ``UNAVAILABLE``, ``ROLLOUT_FAILED``, ``TIMEOUT``, ``EXIT_STATUS`` ...),
-    ``permission`` the missing IAM permission when there is one."""
+    ``PERMISSION_DENIED``, ``UNAVAILABLE``, ``ROLLOUT_FAILED``, ``TRAFFIC_PINNED``, ``TIMEOUT``, ``EXIT_STATUS``
+    ...), ``permission`` the missing IAM permission when there is one, ``role`` the role that grants it (with
+    where to grant it), ``logs_url`` the Logs URL Cloud Run attached to a failure (kept out of the sentence)."""
 
-    def __init__(self, message: str, *, code: str = "", permission: str = "", exit_code: int = EXIT_DEPLOY) -> None:
+    def __init__(self, message: str, *, code: str = "", permission: str = "", exit_code: int = EXIT_DEPLOY,
+                 role: str = "", logs_url: str = "") -> None:
         super().__init__(message, exit_code)
         self.code = code
         self.permission = permission
+        self.role = role
+        self.logs_url = logs_url
+
+
+#: The role that grants each permission a deploy needs (``iam.serviceAccounts.actAs`` is granted on the runtime
+#: service account itself, not on the project or the Cloud Run resource).
+PERMISSION_ROLES: dict[str, str] = {
+    "run.services.get": "roles/run.developer",
+    "run.services.update": "roles/run.developer",
+    "run.workerpools.get": "roles/run.developer",
+    "run.workerpools.update": "roles/run.developer",
+    "run.operations.get": "roles/run.developer",
+    "iam.serviceAccounts.actAs": "roles/iam.serviceAccountUser",
+}
+
+
+def role_for(permission: str, service_account: str = "") -> str:
+    """How to grant ``permission``: ``roles/run.developer``, or ``roles/iam.serviceAccountUser on the runtime
+    service account X`` for actAs (an unknown permission: a role that contains it)."""
+    role = PERMISSION_ROLES.get(permission, "")
+    if permission == "iam.serviceAccounts.actAs":
+        account = f"the runtime service account {service_account}" if service_account else \
+            "the runtime service account (the default compute service account when none is set)"
+        return f"{role} on {account}"
+    return role or f"a role that contains {permission}"
+
+
+_LOGS_URL = re.compile(r"Logs URL:\s*(\S+)", re.I)
+_BOILERPLATE = re.compile(
+    r"(For more troubleshooting guidance, see \S+|Logs for this revision might contain more information\.?"
+    r"|Logs URL:\s*\S+)", re.I)
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
+REASON_LIMIT = 300
+
+
+def condense(message: str) -> tuple[str, str]:
+    """A Cloud Run failure message (several lines: a sentence or two, a Logs URL, a troubleshooting link) as
+    ``(reason, logs_url)``: the reason is one line without the links (a "Revision X is not ready" preamble is
+    dropped when a cause follows), shortened to about ``REASON_LIMIT`` characters, without a final period."""
+    found = _LOGS_URL.search(message)
+    logs_url = found.group(1).rstrip(".,;") if found else ""
+    text = " ".join(_BOILERPLATE.sub(" ", message).split())
+    sentences = [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
+    if len(sentences) > 1 and re.match(r"Revision '?[\w-]+'? is not ready", sentences[0]):
+        sentences = sentences[1:]
+    reason = ""
+    for sentence in sentences:
+        candidate = f"{reason} {sentence}".strip()
+        if reason and len(candidate) > REASON_LIMIT:
+            break
+        reason = candidate
+    if len(reason) > REASON_LIMIT:
+        reason = reason[:REASON_LIMIT - 1].rsplit(" ", 1)[0] + "…"
+    return reason.rstrip(". ") or "no message", logs_url
 
 
 @dataclass(frozen=True)
@@ -40,12 +97,38 @@ class RolloutState:
     image: str = ""
     terminal_state: str = ""  # "succeeded" | "failed" | "reconciling" | "pending" | ""
     terminal_message: str = ""
+    #: The split asked for (a service's ``traffic``, a worker pool's ``instance_splits``) and the split Cloud Run
+    #: reports (``traffic_statuses`` / ``instance_split_statuses``): ``(revision, percent)`` pairs, the revision
+    #: as its short name, ``""`` for "the latest ready revision". Both empty: not reported (all to the latest).
+    traffic: tuple[tuple[str, int], ...] = ()
+    traffic_statuses: tuple[tuple[str, int], ...] = ()
+    uri: str = ""  # a service's URL
+    service_account: str = ""  # the runtime service account of the template ("" = the default one)
 
     @property
     def settled(self) -> bool:
         """Cloud Run's own "done": not reconciling, the newest generation observed, the newest revision ready."""
         return (not self.reconciling and self.observed_generation == self.generation
                 and self.latest_ready_revision == self.latest_created_revision)
+
+    @property
+    def pinned(self) -> tuple[tuple[str, int], ...]:
+        """Entries of the asked-for split that send a share to a named revision instead of the latest: a service
+        rolled back in the console keeps them on every update, and the new revision gets what is left."""
+        return tuple((rev, pct) for rev, pct in self.traffic if rev and pct > 0)
+
+    @property
+    def latest_share(self) -> int:
+        """Percent of traffic (a worker pool: of instances) the latest ready revision serves now."""
+        if not self.traffic and not self.traffic_statuses:
+            return 100
+        latest = short_revision(self.latest_ready_revision)
+        return sum(pct for rev, pct in self.traffic_statuses if not rev or rev == latest)
+
+    @property
+    def ready(self) -> bool:
+        """Settled, not failed, and the latest revision serves everything (what the operator expects)."""
+        return self.settled and self.terminal_state != "failed" and self.latest_share == 100
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able data, e.g. for the run journal."""
@@ -54,7 +137,18 @@ class RolloutState:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RolloutState:
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        values = {k: v for k, v in data.items() if k in known}
+        for key in ("traffic", "traffic_statuses"):
+            if key in values:
+                values[key] = tuple((str(rev), int(pct)) for rev, pct in values[key])
+        return cls(**values)
+
+
+def describe_split(split: Sequence[tuple[str, int]], latest: str = "") -> str:
+    """``worker-00001-abc 100%`` / ``latest (worker-00002-def) 90%, worker-00001-abc 10%``."""
+    named = [f"{rev or ('latest (' + short_revision(latest) + ')' if latest else 'latest')} {pct}%"
+             for rev, pct in split if pct > 0]
+    return ", ".join(named) or "no revision"
 
 
 def short_revision(name: str) -> str:
@@ -122,7 +216,8 @@ class ConditionChanged(RolloutEvent):
     target: str
     condition: str
     state: str  # "succeeded" | "failed" | "reconciling" | "pending" | ""
-    message: str = ""
+    message: str = ""  # condensed to one line (see :func:`condense`)
+    logs_url: str = ""  # the Logs URL Cloud Run attached to the message, if any
 
     step: ClassVar[str] = "condition"
 
@@ -177,13 +272,33 @@ ProgressCallback = Callable[[ProgressEvent], None]
 
 @dataclass(frozen=True)
 class DeployResult:
-    """A finished deploy: the image now serves as ``revision`` (Cloud Run) on target ``target``."""
+    """A finished deploy: the image now serves as ``revision`` (Cloud Run) on target ``target``; ``url`` is a
+    service's URL, ``console_url`` the Cloud console page of the target's revisions (both empty for commands)."""
 
     target: str
     image: str
     revision: str = ""
     previous_revision: str = ""
     operation: str = ""
+    url: str = ""
+    console_url: str = ""
+
+    def summary(self) -> dict[str, str]:
+        """What the operator needs at the end of a deploy (the ``targets`` of the final JSON event)."""
+        return {"target": self.target, "image": self.image, "revision": short_revision(self.revision),
+                "previous_revision": short_revision(self.previous_revision), "url": self.url,
+                "console_url": self.console_url}
+
+    @property
+    def text(self) -> str:
+        parts = [f"{self.target}: {self.image}"]
+        if self.revision:
+            parts.append(f"revision {short_revision(self.revision)}")
+        if self.url:
+            parts.append(self.url)
+        if self.console_url:
+            parts.append(f"console {self.console_url}")
+        return "  ".join(parts)
 
 
 class Deployer(Protocol):
@@ -200,6 +315,15 @@ class Deployer(Protocol):
 
     async def missing_permissions(self, target: Target) -> list[str]:
         """IAM permissions the deploy needs and the caller lacks (empty: all granted)."""
+        ...
+
+    async def validate(self, target: Target, image: str) -> None:
+        """Ask the platform to check the exact update that :meth:`deploy` would send, changing nothing; raises
+        DeployError with its refusal (a no-op where the platform cannot check in advance)."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections held for the run (the deployer can still be used: it reconnects)."""
         ...
 
     async def rollout_outcome(self, target: Target, started: RolloutState, image: str) -> Outcome:

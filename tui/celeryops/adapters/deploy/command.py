@@ -53,6 +53,12 @@ class CommandDeployer:
         """A command's permissions cannot be checked in advance."""
         return []
 
+    async def validate(self, target: Target, image: str) -> None:
+        """A command cannot be tried without running it: nothing to validate."""
+
+    async def close(self) -> None:
+        """A command holds no connection."""
+
     async def rollout_outcome(self, target: Target, started: RolloutState, image: str) -> Outcome:
         """A command's effect cannot be verified: always ``unknown``."""
         return "unknown"

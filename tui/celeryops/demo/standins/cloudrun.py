@@ -8,15 +8,28 @@ same client code as production. It implements:
 - ``google.cloud.run.v2.Revisions``: GetRevision, ListRevisions
 - ``google.longrunning.Operations``: GetOperation
 
-An update creates a revision named ``<resource>-0000N-abc``, marks the resource as reconciling and returns a
-long-running operation whose metadata is the resource being reconciled; after ``rollout_seconds`` (per rollout
-adjustable) the operation finishes with the resource as response, or, for an injected failure, with an error while
-``latest_ready_revision`` stays the old revision and the terminal condition carries the message.
+An update whose template changed (or, for a worker pool, with ``force_new_revision``) creates a revision named
+``<resource>-0000N-abc``; an unchanged template makes none (only the split changes). The resource is marked as
+reconciling and a long-running operation is returned whose metadata is the resource being reconciled; after
+``rollout_seconds`` (per rollout adjustable) the operation finishes with the resource as response, or, for an
+injected failure, with an error while ``latest_ready_revision`` stays the old revision and the terminal condition
+carries the message (several lines with a Logs URL, as Cloud Run writes it).
+
+Like Cloud Run, it keeps the split of a service's ``traffic`` (a worker pool's ``instance_splits``) on every
+update that sends it back (an empty one means all to the latest revision), checks it (percentages add up to 100,
+named revisions exist) and reports what serves in ``traffic_statuses`` / ``instance_split_statuses``: a split
+pinned to a named revision keeps the new revision at 0%. ``validate_only`` checks an update (permissions, actAs
+on the runtime service account, etag, split) and changes nothing; ``allow_missing`` creates a missing resource
+(needs ``run.*.create``); a stale ``etag`` answers ABORTED.
 
 Faults: unknown resources answer NOT_FOUND; :meth:`CloudRunStandIn.grant` limits the permissions (RPCs needing a
 missing one answer PERMISSION_DENIED, TestIamPermissions returns only the granted ones);
-:meth:`~CloudRunStandIn.fail_next_rollout`, :meth:`~CloudRunStandIn.slow_next_rollout`;
-:attr:`~CloudRunStandIn.unavailable` makes every RPC answer UNAVAILABLE.
+:meth:`~CloudRunStandIn.act_as` limits the service accounts the caller may act as (an update whose runtime service
+account is not among them is refused as Cloud Run refuses a missing ``iam.serviceAccounts.actAs``);
+:meth:`~CloudRunStandIn.fail_next_rollout`, :meth:`~CloudRunStandIn.slow_next_rollout`,
+:meth:`~CloudRunStandIn.race_next_update` (someone else changes the resource between a read and the next update);
+:attr:`~CloudRunStandIn.unavailable` makes every RPC answer UNAVAILABLE, :attr:`~CloudRunStandIn.refusal` makes
+every RPC answer the given status and message (e.g. insufficient scopes).
 
 ``on_update(resource, revision, image)`` is called (on a background thread) when a rollout that will succeed
 starts, before the revision becomes ready: the demo restarts its workers there as "the new revision". If the hook
@@ -28,6 +41,7 @@ Run standalone: ``python -m celeryops.demo.standins.cloudrun --port 8089 --seed-
 from __future__ import annotations
 
 import argparse
+import hashlib
 import itertools
 import random
 import signal
@@ -46,11 +60,17 @@ from google.cloud.run_v2 import (
     GetRevisionRequest,
     GetServiceRequest,
     GetWorkerPoolRequest,
+    InstanceSplit,
+    InstanceSplitAllocationType,
+    InstanceSplitStatus,
     ListRevisionsRequest,
     ListRevisionsResponse,
     Revision,
     RevisionTemplate,
     Service,
+    TrafficTarget,
+    TrafficTargetAllocationType,
+    TrafficTargetStatus,
     UpdateServiceRequest,
     UpdateWorkerPoolRequest,
     WorkerPool,
@@ -64,13 +84,15 @@ from google.rpc import code_pb2, status_pb2
 OnUpdate = Callable[[str, str, str], None]
 
 ALL_PERMISSIONS = frozenset({
-    "run.services.get", "run.services.update",
-    "run.workerpools.get", "run.workerpools.update",
+    "run.services.get", "run.services.update", "run.services.create",
+    "run.workerpools.get", "run.workerpools.update", "run.workerpools.create",
     "run.revisions.get", "run.revisions.list",
     "run.operations.get",
 })
 
 _State = Condition.State
+_LATEST_TRAFFIC = TrafficTargetAllocationType.TRAFFIC_TARGET_ALLOCATION_TYPE_LATEST
+_LATEST_SPLIT = InstanceSplitAllocationType.INSTANCE_SPLIT_ALLOCATION_TYPE_LATEST
 _SERVICE_CONDITIONS = ("ConfigurationsReady", "RoutesReady")
 _POOL_CONDITIONS = ("ConfigurationsReady",)
 
@@ -85,6 +107,28 @@ def _condition(type_: str, state: Any, message: str = "") -> Condition:
     return Condition(type_=type_, state=state, message=message, last_transition_time=_now())
 
 
+def project_number(project: str) -> int:
+    """A stable 12-digit stand-in for the project's number."""
+    return 100000000000 + int(hashlib.sha256(project.encode()).hexdigest()[:12], 16) % 900000000000
+
+
+def default_service_account(project: str) -> str:
+    """The account a revision runs as when its template names none (the default compute service account)."""
+    return f"{project_number(project)}-compute@developer.gserviceaccount.com"
+
+
+def failure_message(short: str, project: str, region: str, resource: str) -> str:
+    """A rollout failure as Cloud Run writes it: sentences, a Logs URL, a troubleshooting link, on several lines."""
+    return (f"Revision '{short}' is not ready and cannot serve traffic. The user-provided container failed to start "
+            "and listen on the port defined provided by the PORT=8080 environment variable within the allocated "
+            "timeout. This can happen when the container port is misconfigured or if the timeout is too short. "
+            "Logs for this revision might contain more information.\n\n"
+            f"Logs URL: https://console.cloud.google.com/logs/viewer?project={project}&resource=cloud_run_revision"
+            f"/service_name/{resource}/revision_name/{short}\n"
+            "For more troubleshooting guidance, see https://cloud.google.com/run/docs/troubleshooting"
+            "#container-failed-to-start")
+
+
 @dataclass
 class _Resource:
     """One service or worker pool and its revisions (the proto-plus message is the stored state)."""
@@ -97,6 +141,7 @@ class _Resource:
     fail_next: str | None = None
     next_delay: float | None = None
     busy: bool = False
+    race_next: bool = False
 
     @property
     def short(self) -> str:
@@ -114,11 +159,19 @@ class _Resource:
         cls = Service if self.is_service else WorkerPool
         return cls.deserialize(cls.serialize(self.message))
 
-    def pack(self) -> any_pb2.Any:
+    def pack(self, message: Any = None) -> any_pb2.Any:
         cls = Service if self.is_service else WorkerPool
         packed = any_pb2.Any()
-        packed.Pack(cls.pb(self.snapshot()))
+        packed.Pack(cls.pb(message if message is not None else self.snapshot()))
         return packed
+
+    @property
+    def project(self) -> str:
+        return _project(self.name)
+
+    @property
+    def region(self) -> str:
+        return _region(self.name)
 
 
 @dataclass
@@ -127,6 +180,7 @@ class _Operation:
     resource: _Resource
     done: bool = False
     error: status_pb2.Status | None = None
+    preview: Any = None  # validate_only: the resource as the update would make it (nothing was changed)
 
 
 class _Abort(Exception):
@@ -144,13 +198,16 @@ class CloudRunStandIn:
         self.rollout_seconds = rollout_seconds
         self.on_update = on_update
         self.unavailable = False
+        self.refusal: tuple[grpc.StatusCode, str] | None = None  # every RPC answers this (e.g. missing scopes)
         self.updates: list[tuple[str, str, str]] = []  # (resource, revision, image) of every accepted update
+        self.validations: list[str] = []  # resource names of every validate_only update that passed
         self._host = host
         self._port = port
         self._lock = threading.RLock()
         self._resources: dict[str, _Resource] = {}
         self._operations: dict[str, _Operation] = {}
         self._granted: frozenset[str] = ALL_PERMISSIONS
+        self._act_as: frozenset[str] | None = None
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._server: grpc.Server | None = None
@@ -212,6 +269,11 @@ class CloudRunStandIn:
             message = WorkerPool(name=name, template=WorkerPoolRevisionTemplate(containers=containers))
         message.uid = str(uuid.uuid4())
         message.create_time = _now()
+        if is_service:
+            message.traffic = [TrafficTarget(type_=_LATEST_TRAFFIC, percent=100)]
+            message.uri = f"https://{name.rsplit('/', 1)[-1]}-{project_number(_project(name))}.{_region(name)}.run.app"
+        else:
+            message.instance_splits = [InstanceSplit(type_=_LATEST_SPLIT, percent=100)]
         res = _Resource(name=name, is_service=is_service, message=message)
         with self._lock:
             self._resources[name] = res
@@ -232,8 +294,20 @@ class CloudRunStandIn:
         with self._lock:
             self._granted = ALL_PERMISSIONS if permissions is None else frozenset(permissions)
 
+    def act_as(self, accounts: Iterable[str] | None) -> None:
+        """The caller may act as only these service accounts from now on (``None``: as any); an update whose
+        runtime service account is not among them answers PERMISSION_DENIED for iam.serviceAccounts.actAs."""
+        with self._lock:
+            self._act_as = None if accounts is None else frozenset(accounts)
+
+    def race_next_update(self, resource: str) -> None:
+        """Someone else changes ``resource`` right before the next update arrives: it carries a stale etag."""
+        with self._lock:
+            self._find(resource).race_next = True
+
     def fail_next_rollout(self, resource: str, message: str | None = None) -> None:
-        """The next update of ``resource`` (full or short name) fails: its revision never becomes ready."""
+        """The next update of ``resource`` (full or short name) fails: its revision never becomes ready (default
+        message: Cloud Run's own, several lines with a Logs URL)."""
         with self._lock:
             res = self._find(resource)
             res.fail_next = message or ""
@@ -293,6 +367,7 @@ class CloudRunStandIn:
             msg.latest_ready_revision = msg.latest_created_revision
             msg.terminal_condition = _condition("Ready", _State.CONDITION_SUCCEEDED)
             msg.conditions = [_condition(n, _State.CONDITION_SUCCEEDED) for n in names]
+            self._route(res)
         else:
             msg.terminal_condition = _condition("Ready", _State.CONDITION_FAILED, message)
             msg.conditions = [_condition("ConfigurationsReady", _State.CONDITION_FAILED, message)] + [
@@ -300,12 +375,58 @@ class CloudRunStandIn:
         msg.etag = f'"{uuid.uuid4().hex[:12]}"'
         msg.update_time = _now()
 
-    def _update(self, res: _Resource, new: Any) -> operations_pb2.Operation:
+    # -- splits: a service's traffic, a worker pool's instance_splits ---------------------------------------------
+
+    @staticmethod
+    def _split(res: _Resource, message: Any) -> Any:
+        return message.traffic if res.is_service else message.instance_splits
+
+    def _checked_split(self, res: _Resource, new: Any) -> list[Any]:
+        """The split an update asks for (empty: all to the latest revision), refused like Cloud Run refuses it."""
+        latest_type = _LATEST_TRAFFIC if res.is_service else _LATEST_SPLIT
+        entries = list(self._split(res, new))
+        if not entries:
+            entry_type: Any = TrafficTarget if res.is_service else InstanceSplit
+            entries = [entry_type(type_=latest_type, percent=100)]
+        field_name = "traffic" if res.is_service else "instance_splits"
+        total = sum(e.percent for e in entries)
+        if total != 100:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT,
+                         f"The percentages in {field_name} of {res.kind} {res.short} add up to {total}, not 100.")
+        existing = {r.name.rsplit("/", 1)[-1] for r in res.revisions}
+        for entry in entries:
+            if entry.type_ != latest_type and entry.revision.rsplit("/", 1)[-1] not in existing:
+                raise _Abort(grpc.StatusCode.INVALID_ARGUMENT,
+                             f"Revision '{entry.revision}' named in {field_name} of {res.kind} {res.short} does not "
+                             "exist.")
+        return entries
+
+    def _route(self, res: _Resource) -> None:
+        """Statuses follow the asked-for split once the resource is ready (the latest entry names its revision)."""
+        msg = res.message
+        latest = msg.latest_ready_revision.rsplit("/", 1)[-1]
+        if res.is_service:
+            msg.traffic_statuses = [
+                TrafficTargetStatus(type_=e.type_, revision=latest if e.type_ == _LATEST_TRAFFIC else e.revision,
+                                    percent=e.percent, tag=e.tag,
+                                    uri=msg.uri.replace("https://", f"https://{e.tag}---") if e.tag else "")
+                for e in msg.traffic]
+        else:
+            msg.instance_split_statuses = [
+                InstanceSplitStatus(type_=e.type_, revision=latest if e.type_ == _LATEST_SPLIT else e.revision,
+                                    percent=e.percent)
+                for e in msg.instance_splits]
+
+    def _update(self, res: _Resource, new: Any, *, validate_only: bool = False, force_new_revision: bool = False,
+                created: bool = False) -> operations_pb2.Operation:
         with self._lock:
             msg = res.message
             if res.busy:
                 raise _Abort(grpc.StatusCode.FAILED_PRECONDITION,
                              f"A rollout of {res.kind} {res.short} is still in progress; retry when it finished.")
+            if res.race_next:  # someone else's update lands between the caller's read and this update
+                res.race_next = False
+                msg.etag = f'"{uuid.uuid4().hex[:12]}"'
             if new.etag and new.etag != msg.etag:
                 raise _Abort(grpc.StatusCode.ABORTED,
                              f"The {res.kind} {res.short} was modified since it was read (etag mismatch).")
@@ -313,32 +434,61 @@ class CloudRunStandIn:
             if fixed and any(r.name.rsplit("/", 1)[-1] == fixed for r in res.revisions):
                 raise _Abort(grpc.StatusCode.ALREADY_EXISTS,
                              f"Revision named '{fixed}' with different configuration already exists.")
+            account = new.template.service_account or default_service_account(res.project)
+            if self._act_as is not None and account not in self._act_as:
+                raise _Abort(grpc.StatusCode.PERMISSION_DENIED,
+                             f"Permission 'iam.serviceAccounts.actAs' denied on service account {account} (or it may "
+                             "not exist).")
+            split = self._checked_split(res, new)
+            template_type: Any = RevisionTemplate if res.is_service else WorkerPoolRevisionTemplate
+            changed_template = template_type.serialize(new.template) != template_type.serialize(msg.template)
+            makes_revision = created or changed_template or force_new_revision
+            region, project = res.region, res.project
+            op = _Operation(name=f"projects/{project}/locations/{region}/operations/{uuid.uuid4()}", resource=res)
+            if validate_only:  # checked; nothing changes
+                preview = res.snapshot()
+                preview.template = new.template
+                if res.is_service:
+                    preview.traffic = split
+                else:
+                    preview.instance_splits = split
+                op.done, op.preview = True, preview
+                self._operations[op.name] = op
+                self.validations.append(res.name)
+                return self._operation_pb(op)
             old_images = {c.name: c.image for c in msg.template.containers}
             msg.template = new.template
+            if res.is_service:
+                msg.traffic = split
+            else:
+                msg.instance_splits = split
             changed = [c.image for c in msg.template.containers if old_images.get(c.name) != c.image]
             image = changed[0] if changed else (msg.template.containers[0].image if msg.template.containers else "")
             msg.generation = msg.generation + 1
             msg.reconciling = True
-            revision = self._new_revision(res)
-            msg.latest_created_revision = revision.name
+            revision = self._new_revision(res) if makes_revision else None
             names = _SERVICE_CONDITIONS if res.is_service else _POOL_CONDITIONS
-            short = revision.name.rsplit("/", 1)[-1]
-            msg.terminal_condition = _condition("Ready", _State.CONDITION_RECONCILING, f"Deploying revision {short}.")
-            msg.conditions = [_condition("ConfigurationsReady", _State.CONDITION_RECONCILING,
-                                         f"Creating revision {short}.")] + [
-                _condition(n, _State.CONDITION_RECONCILING, f"Waiting for revision {short}.") for n in names[1:]]
+            short = revision.name.rsplit("/", 1)[-1] if revision else msg.latest_ready_revision.rsplit("/", 1)[-1]
+            if revision is not None:
+                msg.latest_created_revision = revision.name
+                msg.terminal_condition = _condition("Ready", _State.CONDITION_RECONCILING,
+                                                    f"Deploying revision {short}.")
+                msg.conditions = [_condition("ConfigurationsReady", _State.CONDITION_RECONCILING,
+                                             f"Creating revision {short}.")] + [
+                    _condition(n, _State.CONDITION_RECONCILING, f"Waiting for revision {short}.") for n in names[1:]]
+            else:
+                msg.terminal_condition = _condition("Ready", _State.CONDITION_RECONCILING, "Routing traffic.")
             msg.etag = f'"{uuid.uuid4().hex[:12]}"'
             msg.update_time = _now()
             res.busy = True
-            failure = res.fail_next
+            failure = res.fail_next if revision is not None else None
             delay = res.next_delay if res.next_delay is not None else self.rollout_seconds
-            res.fail_next = None
+            if revision is not None:
+                res.fail_next = None
             res.next_delay = None
-            region = res.name.split("/")[3]
-            project = res.name.split("/")[1]
-            op = _Operation(name=f"projects/{project}/locations/{region}/operations/{uuid.uuid4()}", resource=res)
             self._operations[op.name] = op
-            self.updates.append((res.name, revision.name, image))
+            if revision is not None:
+                self.updates.append((res.name, revision.name, image))
             thread = threading.Thread(target=self._rollout, args=(op, revision, image, failure, delay),
                                       name=f"rollout-{short}", daemon=True)
             self._threads = [t for t in self._threads if t.is_alive()]
@@ -346,7 +496,16 @@ class CloudRunStandIn:
             thread.start()
             return self._operation_pb(op)
 
-    def _rollout(self, op: _Operation, revision: Revision, image: str, failure: str | None, delay: float) -> None:
+    def _rollout(self, op: _Operation, revision: Revision | None, image: str, failure: str | None,
+                 delay: float) -> None:
+        res = op.resource
+        if revision is None:  # nothing new to start: only the split changes
+            self._stopping.wait(delay)
+            with self._lock:
+                self._settle(res, ok=True, message="")
+                op.done = True
+                res.busy = False
+            return
         short = revision.name.rsplit("/", 1)[-1]
         if failure is None and self.on_update is not None:
             try:
@@ -355,10 +514,8 @@ class CloudRunStandIn:
                 failure = f"Revision '{short}' is not ready: {exc}"
         self._stopping.wait(delay)
         with self._lock:
-            res = op.resource
             if failure is not None:
-                message = failure or (f"Revision '{short}' is not ready and cannot serve traffic. "
-                                      "The user-provided container failed to start.")
+                message = failure or failure_message(short, res.project, res.region, res.short)
                 revision.reconciling = False
                 revision.conditions = [_condition("Ready", _State.CONDITION_FAILED, message)]
                 self._settle(res, ok=False, message=message)
@@ -372,19 +529,24 @@ class CloudRunStandIn:
             res.busy = False
 
     def _operation_pb(self, op: _Operation) -> operations_pb2.Operation:
-        result = operations_pb2.Operation(name=op.name, done=op.done, metadata=op.resource.pack())
+        result = operations_pb2.Operation(name=op.name, done=op.done, metadata=op.resource.pack(op.preview))
         if op.done:
             if op.error is not None:
                 result.error.CopyFrom(op.error)
             else:
-                result.response.CopyFrom(op.resource.pack())
+                result.response.CopyFrom(op.resource.pack(op.preview))
         return result
 
     # ------------------------------------------------------------------------------------------ RPC handlers
 
-    def _check(self, permission: str, resource: str) -> None:
+    def _refused(self) -> None:
         if self.unavailable:
             raise _Abort(grpc.StatusCode.UNAVAILABLE, "The service is currently unavailable.")
+        if self.refusal is not None:
+            raise _Abort(*self.refusal)
+
+    def _check(self, permission: str, resource: str) -> None:
+        self._refused()
         if permission not in self._granted:
             raise _Abort(grpc.StatusCode.PERMISSION_DENIED,
                          f"Permission '{permission}' denied on resource '{resource}' (or it may not exist).")
@@ -404,7 +566,29 @@ class CloudRunStandIn:
 
     def update_service(self, request: UpdateServiceRequest) -> operations_pb2.Operation:
         self._check("run.services.update", request.service.name)
-        return self._update(self._get(request.service.name, True), request.service)
+        res, created = self._target_of(request.service.name, True, request.allow_missing)
+        op = self._update(res, request.service, validate_only=request.validate_only, created=created)
+        self._keep(res, created and not request.validate_only)
+        return op
+
+    def _keep(self, res: _Resource, created: bool) -> None:
+        if created:
+            with self._lock:
+                self._resources[res.name] = res
+
+    def _target_of(self, name: str, is_service: bool, allow_missing: bool) -> tuple[_Resource, bool]:
+        """The resource an update names; with ``allow_missing`` a missing one is made (``True``: kept once the
+        update was accepted, unless it was ``validate_only``)."""
+        with self._lock:
+            if name in self._resources or not allow_missing:
+                return self._get(name, is_service), False
+            self._check(f"{'run.services' if is_service else 'run.workerpools'}.create", name)
+            cls: Any = Service if is_service else WorkerPool
+            message = cls(name=name, uid=str(uuid.uuid4()), create_time=_now())
+            if is_service:
+                message.uri = f"https://{name.rsplit('/', 1)[-1]}-{project_number(_project(name))}.{_region(name)}" \
+                              ".run.app"
+            return _Resource(name=name, is_service=is_service, message=message), True
 
     def get_worker_pool(self, request: GetWorkerPoolRequest) -> WorkerPool:
         self._check("run.workerpools.get", request.name)
@@ -413,12 +597,15 @@ class CloudRunStandIn:
 
     def update_worker_pool(self, request: UpdateWorkerPoolRequest) -> operations_pb2.Operation:
         self._check("run.workerpools.update", request.worker_pool.name)
-        return self._update(self._get(request.worker_pool.name, False), request.worker_pool)
+        res, created = self._target_of(request.worker_pool.name, False, request.allow_missing)
+        op = self._update(res, request.worker_pool, validate_only=request.validate_only,
+                          force_new_revision=request.force_new_revision, created=created)
+        self._keep(res, created and not request.validate_only)
+        return op
 
     def test_iam_permissions(self, request: iam_policy_pb2.TestIamPermissionsRequest,
                              is_service: bool) -> iam_policy_pb2.TestIamPermissionsResponse:
-        if self.unavailable:
-            raise _Abort(grpc.StatusCode.UNAVAILABLE, "The service is currently unavailable.")
+        self._refused()
         with self._lock:
             self._get(request.resource, is_service)
             granted = [p for p in request.permissions if p in self._granted]

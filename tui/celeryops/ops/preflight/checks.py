@@ -1,12 +1,18 @@
-"""The deploy preflight checks that need git, the image registry and IAM, built from plain parameters.
+"""The deploy preflight checks that need git, the image registry, IAM and Cloud Run.
 
-Each function returns a ``Check`` (see ``framework``); none depends on the config module's types, so the caller
-expands image templates and picks targets. Every result's detail is one line and every remedy says what to do.
+Each function returns a ``Check`` (see ``framework``); the git/image/freshness/permission checks take plain
+parameters (the caller expands image templates and picks targets), the Cloud Run ones take (target, deployer)
+pairs. Every result's detail is one line and every remedy says what to do.
 
 1. ``release_branch_check``: the branch exists on the remote, its commit resolves, the checkout matches (else warn).
 2. ``image_check``: the already-expanded image reference(s) exist in their registry.
 3. ``freshness_check``: the branch tip is not older than ``max_age_days`` (else warn, with the age in words).
-4. ``permissions_check``: per target, an async callable lists missing permissions; any missing -> fail.
+4. ``permissions_check``: per target, an async callable lists missing permissions; any missing -> fail, naming
+   the role that grants each.
+5. ``traffic_check``: no Cloud Run target's traffic / instance split pins older revisions (unless the target
+   routes everything to the new revision with ``traffic = "latest"``).
+6. ``validate_check``: Cloud Run accepts the exact update (sent with ``validate_only``; nothing changes), so a
+   refusal such as a missing actAs is found before a consumer is stopped.
 """
 
 from __future__ import annotations
@@ -18,8 +24,10 @@ from datetime import UTC, datetime, timedelta
 import humanize
 from celery import Celery
 
+from celeryops.adapters.deploy.base import Deployer, DeployError, describe_split, role_for
 from celeryops.adapters.gitrepo import GitRepo
 from celeryops.adapters.registry import ImageRegistry, ManifestProbe
+from celeryops.core.config import Target
 from celeryops.ops.preflight.framework import Check, CheckResult, one_line
 
 MissingPermissions = Callable[[], Awaitable[Sequence[str]]]
@@ -134,6 +142,7 @@ def permissions_check(
             return CheckResult(check_id, title, "ok", "no deploy target to check")
         outcomes = await asyncio.gather(*(missing() for _name, missing in pairs), return_exceptions=True)
         problems: list[str] = []
+        roles: dict[str, list[str]] = {}
         errors = False
         for (name, _missing), outcome in zip(pairs, outcomes, strict=True):
             if isinstance(outcome, asyncio.CancelledError):
@@ -144,11 +153,17 @@ def permissions_check(
                 problems.append(f"{name}: permissions could not be read ({one_line(str(reason))})")
             elif outcome:
                 problems.append(f"{name} is missing {', '.join(sorted(outcome))}")
+                for permission in sorted(outcome):
+                    roles.setdefault(role_for(permission), []).append(permission)
         if not problems:
             names = ", ".join(name for name, _ in pairs)
             return CheckResult(check_id, title, "ok", f"every needed permission is granted on {names}")
-        grant = ("grant your account the missing permissions "
-                 "(for example roles/run.developer and roles/iam.serviceAccountUser)")
+        if roles:
+            grants = "; ".join(f"{role} (for {', '.join(dict.fromkeys(perms))})" for role, perms in roles.items())
+            grant = f"grant the account celeryops runs as {grants}"
+        else:
+            grant = ("grant the account celeryops runs as roles/run.developer, and roles/iam.serviceAccountUser on "
+                     "the runtime service account")
         if errors:
             remedy = f"check your Google credentials and the target names, {grant}, then run preflight again"
         else:
@@ -187,3 +202,95 @@ def fence_plugin_check(app: Celery, fleet: str, *, check_id: str = "fence", titl
         return CheckResult(check_id, title, "ok", f"all {len(replies)} worker(s) run the fence plugin")
 
     return Check(check_id, title, run, timeout=15)
+
+
+TargetDeployer = tuple[Target, Deployer]
+
+
+def traffic_check(pairs: Sequence[TargetDeployer], *, check_id: str = "traffic",
+                  title: str = "Traffic to the new revision") -> Check:
+    """ok: every Cloud Run target sends all traffic (worker pools: all instances) to its latest revision, or routes
+    it there in the deploy's own update (``traffic = "latest"``); fail: a split pins older revisions (a rollback in
+    the console), so the new revision would get only what is left while the deploy reported success."""
+    chosen = [(t, d) for t, d in pairs if t.is_cloudrun]
+
+    async def run() -> CheckResult:
+        if not chosen:
+            return CheckResult(check_id, title, "ok", "no Cloud Run target")
+        states = await asyncio.gather(*(d.current(t) for t, d in chosen), return_exceptions=True)
+        pinned: list[str] = []
+        routed: list[str] = []
+        unread: list[str] = []
+        for (target, _d), state in zip(chosen, states, strict=True):
+            if isinstance(state, asyncio.CancelledError):
+                raise state
+            if isinstance(state, BaseException):
+                unread.append(f"{target.name}: {one_line(str(state))}")
+                continue
+            if not state.pinned:
+                continue
+            what = "instances" if target.kind == "cloudrun-worker-pool" else "traffic"
+            split = f"{target.name} pins {what} to {describe_split(state.traffic, state.latest_ready_revision)}"
+            (routed if target.traffic == "latest" else pinned).append(split)
+        if unread:
+            return CheckResult(check_id, title, "fail", "; ".join(unread),
+                               "fix what the message says, then run preflight again")
+        if pinned:
+            names = [p.split(" ", 1)[0] for p in pinned]
+            return CheckResult(check_id, title, "fail",
+                               "; ".join(pinned) + ": every update keeps that split, so the new revision would "
+                               "get only the unpinned share while the deploy looked successful",
+                               f"set traffic = \"latest\" on target(s) {', '.join(names)} to route everything to the "
+                               "new revision in the same update, or send all traffic to the latest revision in the "
+                               "Cloud console, then run preflight again")
+        if routed:
+            return CheckResult(check_id, title, "ok", "; ".join(routed) + "; the deploy routes everything to the new "
+                               "revision (traffic = \"latest\")")
+        every = ", ".join(t.name for t, _ in chosen)
+        return CheckResult(check_id, title, "ok", f"all traffic goes to the latest revision on {every}")
+
+    return Check(check_id, title, run)
+
+
+def validate_check(pairs: Sequence[tuple[Target, Deployer, str]], *, check_id: str = "validate",
+                   title: str = "Cloud Run accepts the update") -> Check:
+    """ok: Cloud Run accepted each target's exact update, sent with ``validate_only`` (nothing changed); fail: it
+    refused one (a missing actAs on the runtime service account, a bad image reference, a busy service ...), named
+    with the role that grants a missing permission."""
+    chosen = [(t, d, image) for t, d, image in pairs if t.is_cloudrun]
+
+    async def run() -> CheckResult:
+        if not chosen:
+            return CheckResult(check_id, title, "ok", "no Cloud Run target")
+        outcomes = await asyncio.gather(*(d.validate(t, image) for t, d, image in chosen), return_exceptions=True)
+        problems: list[str] = []
+        remedies: list[str] = []
+        for (target, _d, _image), outcome in zip(chosen, outcomes, strict=True):
+            if isinstance(outcome, asyncio.CancelledError):
+                raise outcome
+            if isinstance(outcome, DeployError) and outcome.permission:
+                problems.append(f"{target.name}: Cloud Run refused the update (validate only): "
+                                f"{outcome.permission} is missing")
+                remedies.append(f"grant {outcome.role or role_for(outcome.permission)} to the account celeryops "
+                                "runs as")
+            elif isinstance(outcome, BaseException):
+                problems.append(f"{target.name}: {one_line(str(outcome))}")
+                remedies.append("fix what the message says")
+        if problems:
+            return CheckResult(check_id, title, "fail", "; ".join(problems),
+                               "; ".join(dict.fromkeys(remedies)) + ", then run preflight again")
+        names = ", ".join(t.name for t, _, _ in chosen)
+        return CheckResult(check_id, title, "ok", f"Cloud Run accepted the update of {names} (validate only: "
+                           "nothing changed)")
+
+    return Check(check_id, title, run)
+
+
+def cloudrun_checks(targets: Sequence[Target], deployer_of: Callable[[Target], Deployer],
+                    image_of: Callable[[Target], str]) -> list[Check]:
+    """The Cloud Run checks of a deploy (``traffic``, ``validate``); none when no target is on Cloud Run."""
+    chosen = [t for t in targets if t.is_cloudrun]
+    if not chosen:
+        return []
+    return [traffic_check([(t, deployer_of(t)) for t in chosen]),
+            validate_check([(t, deployer_of(t), image_of(t)) for t in chosen])]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -78,9 +78,10 @@ class PreflightReport:
     def warnings(self) -> tuple[CheckResult, ...]:
         return tuple(r for r in self.results if r.status == "warn")
 
-    def ok_to_proceed(self, accept_warnings: bool) -> bool:
-        """No failure, and either no warning or the operator accepted the warnings."""
-        return not self.failed and (accept_warnings or not self.warnings)
+    def ok_to_proceed(self, accept_warnings: bool, accept: Iterable[str] = ()) -> bool:
+        """No failure, and every warning accepted: all of them (``accept_warnings``) or by id (``accept``)."""
+        accepted = set(accept)
+        return not self.failed and (accept_warnings or all(r.id in accepted for r in self.warnings))
 
     def get(self, check_id: str) -> CheckResult | None:
         return next((r for r in self.results if r.id == check_id), None)

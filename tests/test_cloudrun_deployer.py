@@ -1,0 +1,463 @@
+"""Cloud Run as it really behaves, against the real google-cloud-run clients over gRPC to the local stand-in:
+pinned traffic / instance splits, validate_only before any stop, actAs on the runtime service account, a racing
+update (etag), force_new_revision, one-line failures with the Logs URL apart, credentials resolved once off the
+event loop (a local OAuth token endpoint), and where the result is (revision, URL, console link)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import grpc
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from google.cloud import run_v2
+from google.cloud.run_v2.services.services.transports import ServicesGrpcTransport
+from google.cloud.run_v2.services.worker_pools.transports import WorkerPoolsGrpcTransport
+
+from celeryops.adapters.deploy import CloudRunDeployer, DeployError, RolloutState, condense
+from celeryops.core.config import Target
+from celeryops.demo.standins.cloudrun import CloudRunStandIn, default_service_account, failure_message
+
+SERVICE = "projects/p/locations/europe-west1/services/worker"
+POOL = "projects/p/locations/europe-west1/workerPools/gpu"
+LATEST = run_v2.TrafficTargetAllocationType.TRAFFIC_TARGET_ALLOCATION_TYPE_LATEST
+BY_NAME = run_v2.TrafficTargetAllocationType.TRAFFIC_TARGET_ALLOCATION_TYPE_REVISION
+SPLIT_BY_NAME = run_v2.InstanceSplitAllocationType.INSTANCE_SPLIT_ALLOCATION_TYPE_REVISION
+
+
+@pytest.fixture
+def standin() -> Iterator[CloudRunStandIn]:
+    server = CloudRunStandIn(rollout_seconds=0.2)
+    server.add_service("p", "europe-west1", "worker", "app:1")
+    server.add_worker_pool("p", "europe-west1", "gpu", "gpu:1")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def service(standin: CloudRunStandIn) -> Target:
+    return Target(name="web", kind="cloudrun-service", project="p", region="europe-west1", resource="worker",
+                  image="app:{sha}", api_endpoint=standin.address, insecure=True, timeout=60)
+
+
+@pytest.fixture
+def pool(standin: CloudRunStandIn) -> Target:
+    return Target(name="gpu", kind="cloudrun-worker-pool", project="p", region="europe-west1", resource="gpu",
+                  image="gpu:{sha}", api_endpoint=standin.address, insecure=True, timeout=60)
+
+
+@pytest.fixture
+async def deployer() -> AsyncIterator[CloudRunDeployer]:
+    made = CloudRunDeployer(poll_interval=0.05, rpc_timeout=10, outcome_timeout=3, poll_grace=5, read_retry=1.0)
+    yield made
+    await made.close()
+
+
+def ignore(_event: object) -> None:
+    pass
+
+
+def short(name: str) -> str:
+    return name.rsplit("/", 1)[-1]
+
+
+def console_rollback(address: str, revision: str, *, tag: str = "") -> None:
+    """What a rollback in the Cloud console does: all traffic pinned to a named revision (the real sync client)."""
+    with grpc.insecure_channel(address) as chan:
+        client = run_v2.ServicesClient(transport=ServicesGrpcTransport(channel=chan))
+        svc = client.get_service(name=SERVICE)
+        svc.traffic = [run_v2.TrafficTarget(type_=BY_NAME, revision=short(revision), percent=100, tag=tag)]
+        client.update_service(service=svc).result(timeout=30)
+
+
+def pool_rollback(address: str, revision: str) -> None:
+    with grpc.insecure_channel(address) as chan:
+        client = run_v2.WorkerPoolsClient(transport=WorkerPoolsGrpcTransport(channel=chan))
+        pool = client.get_worker_pool(name=POOL)
+        pool.instance_splits = [run_v2.InstanceSplit(type_=SPLIT_BY_NAME, revision=short(revision), percent=100)]
+        client.update_worker_pool(worker_pool=pool).result(timeout=30)
+
+
+# -- traffic ---------------------------------------------------------------------------------------------------
+
+
+async def test_a_pinned_service_is_refused_before_anything_changes(standin: CloudRunStandIn, service: Target,
+                                                                   deployer: CloudRunDeployer) -> None:
+    first = (await deployer.current(service)).latest_ready_revision
+    await deployer.deploy(service, "app:2", ignore)
+    console_rollback(standin.address, first)  # the operator rolled back in the console
+    state = await deployer.current(service)
+    assert state.pinned == ((short(first), 100),) and state.latest_share == 0 and not state.ready
+    generation = standin.resource(SERVICE).generation
+
+    with pytest.raises(DeployError) as info:
+        await deployer.deploy(service, "app:3", ignore)
+    assert info.value.code == "TRAFFIC_PINNED"
+    assert str(info.value) == (f"Cloud Run service worker in p/europe-west1 has its traffic pinned to {short(first)} "
+                               "100% (a rollback in the console?), so a new revision would get only what is left: "
+                               "nothing was changed; set traffic = \"latest\" on target 'web' to route all traffic "
+                               "to the new revision in the same update, or route them to the latest revision in the "
+                               "console first.")
+    assert standin.resource(SERVICE).generation == generation and len(standin.updates) == 1
+
+
+async def test_without_the_guard_cloud_run_keeps_the_pin_and_recovery_sees_it(standin: CloudRunStandIn,
+                                                                              service: Target,
+                                                                              deployer: CloudRunDeployer) -> None:
+    """The bug of issue 14: Cloud Run accepts the update, the new revision becomes ready with 0% of the traffic.
+    rollout_outcome must not call that ready."""
+    before = await deployer.current(service)
+    await deployer.deploy(service, "app:2", ignore)
+    console_rollback(standin.address, before.latest_ready_revision)
+    after_rollback = await deployer.current(service)
+    # as an older celeryops would: send the update although the split is pinned (the real client directly)
+    with grpc.insecure_channel(standin.address) as chan:
+        client = run_v2.ServicesClient(transport=ServicesGrpcTransport(channel=chan))
+        svc = client.get_service(name=SERVICE)
+        svc.template.containers[0].image = "app:3"
+        final = client.update_service(service=svc).result(timeout=30)
+    assert final.latest_ready_revision == final.latest_created_revision  # "ready" by the old rule
+    assert [(s.revision, s.percent) for s in final.traffic_statuses] == [(short(before.latest_ready_revision), 100)]
+    now = await deployer.current(service)
+    assert now.settled and now.image == "app:3" and now.latest_share == 0 and not now.ready
+    assert await deployer.rollout_outcome(service, after_rollback, "app:3") == "failed"
+
+
+async def test_traffic_latest_routes_everything_to_the_new_revision_in_the_same_update(
+        standin: CloudRunStandIn, service: Target, deployer: CloudRunDeployer) -> None:
+    first = (await deployer.current(service)).latest_ready_revision
+    await deployer.deploy(service, "app:2", ignore)
+    console_rollback(standin.address, first, tag="stable")
+    routed = replace(service, traffic="latest")
+    before = await deployer.current(routed)
+    result = await deployer.deploy(routed, "app:3", ignore)
+    live = standin.resource(SERVICE)
+    assert result.revision == live.latest_ready_revision and "-00003-" in result.revision
+    assert (live.traffic[0].type_, live.traffic[0].percent) == (LATEST, 100)
+    assert [(t.revision, t.percent, t.tag) for t in live.traffic][1:] == [(short(first), 0, "stable")]  # tag kept
+    statuses = [(s.revision, s.percent) for s in live.traffic_statuses if s.percent]
+    assert statuses == [(short(result.revision), 100)]
+    assert len(standin.updates) == 2  # one update made the revision and routed the traffic
+    assert await deployer.rollout_outcome(routed, before, "app:3") == "ready"
+
+
+async def test_a_partial_split_counts_as_pinned(standin: CloudRunStandIn, service: Target,
+                                                deployer: CloudRunDeployer) -> None:
+    first = (await deployer.current(service)).latest_ready_revision
+    with grpc.insecure_channel(standin.address) as chan:
+        client = run_v2.ServicesClient(transport=ServicesGrpcTransport(channel=chan))
+        svc = client.get_service(name=SERVICE)
+        svc.template.containers[0].image = "app:2"
+        svc.traffic = [run_v2.TrafficTarget(type_=LATEST, percent=90),
+                       run_v2.TrafficTarget(type_=BY_NAME, revision=short(first), percent=10)]
+        client.update_service(service=svc).result(timeout=30)
+    state = await deployer.current(service)
+    assert state.pinned == ((short(first), 10),) and state.latest_share == 90
+    with pytest.raises(DeployError, match=r"pinned to latest \(worker-00002-\w+\) 90%, worker-00001-\w+ 10%"):
+        await deployer.deploy(service, "app:3", ignore)
+
+
+async def test_worker_pool_instance_splits(standin: CloudRunStandIn, pool: Target,
+                                           deployer: CloudRunDeployer) -> None:
+    first = (await deployer.current(pool)).latest_ready_revision
+    before = await deployer.current(pool)
+    result = await deployer.deploy(pool, "gpu:2", ignore)
+    assert await deployer.rollout_outcome(pool, before, "gpu:2") == "ready"
+    pool_rollback(standin.address, first)
+    assert await deployer.rollout_outcome(pool, before, "gpu:2") == "failed"  # ready, but serves no instance
+    with pytest.raises(DeployError) as info:
+        await deployer.deploy(pool, "gpu:3", ignore)
+    assert info.value.code == "TRAFFIC_PINNED" and "has its instance_splits pinned to" in str(info.value)
+
+    routed = replace(pool, traffic="latest")
+    again = await deployer.deploy(routed, "gpu:3", ignore)
+    live = standin.resource(POOL)
+    assert [(s.revision, s.percent) for s in live.instance_split_statuses] == [(short(again.revision), 100)]
+    assert again.revision != result.revision
+
+
+async def test_same_image_still_makes_a_new_revision(standin: CloudRunStandIn, service: Target, pool: Target,
+                                                     deployer: CloudRunDeployer) -> None:
+    """Cloud Run makes no revision for an unchanged template: a redeploy of the same image must still restart the
+    workers (worker pools: force_new_revision; services: a label)."""
+    one = await deployer.deploy(pool, "gpu:2", ignore)
+    two = await deployer.deploy(pool, "gpu:2", ignore)
+    assert one.revision != two.revision and len(standin.revisions("gpu")) == 3
+    first = await deployer.deploy(service, "app:2", ignore)
+    second = await deployer.deploy(service, "app:2", ignore)
+    assert first.revision != second.revision and len(standin.revisions("worker")) == 3
+
+
+async def test_the_stand_in_makes_no_revision_for_an_unchanged_template(standin: CloudRunStandIn) -> None:
+    with grpc.insecure_channel(standin.address) as chan:
+        client = run_v2.WorkerPoolsClient(transport=WorkerPoolsGrpcTransport(channel=chan))
+        pool = client.get_worker_pool(name=POOL)
+        final = client.update_worker_pool(worker_pool=pool).result(timeout=30)
+        assert final.latest_ready_revision == pool.latest_ready_revision and final.generation == 2
+        forced = client.update_worker_pool(request={"worker_pool": client.get_worker_pool(name=POOL),
+                                                    "force_new_revision": True}).result(timeout=30)
+        assert forced.latest_ready_revision != pool.latest_ready_revision
+
+
+# -- validate before any stop ------------------------------------------------------------------------------------
+
+
+async def test_validate_changes_nothing(standin: CloudRunStandIn, service: Target, pool: Target,
+                                        deployer: CloudRunDeployer) -> None:
+    before = standin.resource(SERVICE)
+    await deployer.validate(service, "app:2")
+    await deployer.validate(pool, "gpu:2")
+    assert standin.validations == [SERVICE, POOL] and standin.updates == []
+    after = standin.resource(SERVICE)
+    assert after.etag == before.etag and after.generation == 1 and after.template.containers[0].image == "app:1"
+
+
+async def test_missing_act_as_is_found_by_validate_and_named_with_its_role(standin: CloudRunStandIn,
+                                                                           service: Target,
+                                                                           deployer: CloudRunDeployer) -> None:
+    account = default_service_account("p")
+    standin.act_as({"someone-else@p.iam.gserviceaccount.com"})
+    with pytest.raises(DeployError) as info:
+        await deployer.validate(service, "app:2")
+    err = info.value
+    assert err.code == "PERMISSION_DENIED" and err.permission == "iam.serviceAccounts.actAs"
+    assert err.role == f"roles/iam.serviceAccountUser on the runtime service account {account}"
+    assert str(err) == (f"The permission iam.serviceAccounts.actAs is missing on service account {account}, which "
+                        "Cloud Run service worker in p/europe-west1 runs as: nothing was changed; grant "
+                        f"roles/iam.serviceAccountUser on the runtime service account {account} to the account "
+                        "celeryops runs as.")
+    assert await deployer.missing_permissions(service) == []  # the Run permissions alone cannot show it
+    with pytest.raises(DeployError, match=r"iam\.serviceAccounts\.actAs"):
+        await deployer.deploy(service, "app:2", ignore)
+    assert standin.updates == [] and standin.resource(SERVICE).generation == 1
+    standin.act_as({account})
+    await deployer.validate(service, "app:2")
+
+
+async def test_validate_reports_a_busy_service(standin: CloudRunStandIn, service: Target,
+                                               deployer: CloudRunDeployer) -> None:
+    standin.slow_next_rollout("worker", 30.0)
+    task = asyncio.create_task(deployer.deploy(service, "app:2", ignore))
+    try:
+        for _ in range(600):
+            if standin.updates:
+                break
+            await asyncio.sleep(0.05)
+        with pytest.raises(DeployError) as info:
+            await deployer.validate(service, "app:3")
+        assert info.value.code == "BUSY"
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+async def test_allow_missing_and_validate_only_in_the_stand_in(standin: CloudRunStandIn) -> None:
+    name = "projects/p/locations/europe-west1/services/fresh"
+    with grpc.insecure_channel(standin.address) as chan:
+        client = run_v2.ServicesClient(transport=ServicesGrpcTransport(channel=chan))
+        svc = run_v2.Service(name=name, template=run_v2.RevisionTemplate(containers=[run_v2.Container(image="x:1")]))
+        client.update_service(request={"service": svc, "allow_missing": True, "validate_only": True})
+        with pytest.raises(KeyError):
+            standin.resource(name)  # validate_only created nothing
+        made = client.update_service(request={"service": svc, "allow_missing": True}).result(timeout=30)
+        assert made.latest_ready_revision.startswith(f"{name}/revisions/fresh-00001-")
+        assert [(s.type_, s.percent) for s in made.traffic_statuses] == [(LATEST, 100)]
+        bad = client.get_service(name=SERVICE)
+        bad.traffic = [run_v2.TrafficTarget(type_=LATEST, percent=60)]
+        with pytest.raises(Exception, match="add up to 60, not 100"):
+            client.update_service(request={"service": bad, "validate_only": True}, retry=None)
+
+
+async def test_a_missing_service_is_never_created(standin: CloudRunStandIn, service: Target,
+                                                  deployer: CloudRunDeployer) -> None:
+    with pytest.raises(DeployError, match="was not found"):
+        await deployer.deploy(replace(service, resource="nope"), "app:2", ignore)
+    with pytest.raises(KeyError):
+        standin.resource("nope")
+
+
+async def test_a_racing_update_is_read_again(standin: CloudRunStandIn, service: Target,
+                                             deployer: CloudRunDeployer) -> None:
+    standin.race_next_update("worker")
+    result = await deployer.deploy(service, "app:2", ignore)
+    assert standin.resource(SERVICE).template.containers[0].image == "app:2"
+    assert [u[1] for u in standin.updates] == [result.revision]
+
+
+# -- failure text, refusals, credentials ---------------------------------------------------------------------------
+
+
+def test_condense_keeps_the_reason_and_takes_the_logs_url_apart() -> None:
+    message = failure_message("worker-00002-abc", "p", "europe-west1", "worker")
+    reason, logs_url = condense(message)
+    assert reason == ("The user-provided container failed to start and listen on the port defined provided by the "
+                      "PORT=8080 environment variable within the allocated timeout. This can happen when the "
+                      "container port is misconfigured or if the timeout is too short")
+    assert logs_url.startswith("https://console.cloud.google.com/logs/viewer?project=p&resource=cloud_run_revision")
+    assert condense("Container failed to start: exec format error.") == (
+        "Container failed to start: exec format error", "")
+    long_reason, _ = condense("A" * 50 + " word." * 200)
+    assert len(long_reason) <= 300 and long_reason.endswith("…")
+
+
+@pytest.mark.parametrize(("code", "message", "words"), [
+    (grpc.StatusCode.PERMISSION_DENIED, "Request had insufficient authentication scopes.",
+     "The Google credentials lack the cloud-platform scope needed to read Cloud Run service worker"),
+    (grpc.StatusCode.UNAUTHENTICATED, "Request had invalid authentication credentials. Expected OAuth 2 access token.",
+     "Google refused the credentials when asked to read Cloud Run service worker in p/europe-west1: nothing was "
+     "changed; they are missing, expired or revoked"),
+])
+async def test_refused_credentials_are_one_sentence(standin: CloudRunStandIn, service: Target,
+                                                    deployer: CloudRunDeployer, code: grpc.StatusCode, message: str,
+                                                    words: str) -> None:
+    standin.refusal = (code, message)
+    with pytest.raises(DeployError) as info:
+        await deployer.current(service)
+    assert str(info.value).startswith(words) and "\n" not in str(info.value)
+    assert await deployer.rollout_outcome(service, RolloutState(resource=SERVICE), "app:1") == "unknown"
+
+
+class TokenEndpoint:
+    """A local OAuth token endpoint (what google-auth's refresh talks to): ``grant`` decides the answer; ``gate``
+    holds each answer until it is set."""
+
+    def __init__(self, grant: bool) -> None:
+        self.grant = grant
+        self.requests = 0
+        self.gate_timed_out = False  # an answer was held 20 s without the gate opening
+        self.gate = threading.Event()
+        self.gate.set()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                outer.requests += 1
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if not outer.gate.wait(20):
+                    outer.gate_timed_out = True
+                if outer.grant:
+                    body, status = {"access_token": "ya29.test", "expires_in": 3600, "token_type": "Bearer"}, 200
+                else:
+                    body, status = {"error": "invalid_grant", "error_description": "Invalid JWT Signature."}, 400
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/token"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def adc_file(self, tmp: Path) -> str:
+        """A service account key file whose token_uri is this endpoint (a fresh RSA key)."""
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption()).decode()
+        path = tmp / "adc.json"
+        path.write_text(json.dumps({"type": "service_account", "project_id": "p", "private_key_id": "k1",
+                                    "private_key": pem, "client_email": "deployer@p.iam.gserviceaccount.com",
+                                    "client_id": "1", "token_uri": self.url}))
+        return str(path)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+async def test_expired_credentials_are_one_sentence(service: Target, deployer: CloudRunDeployer, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    token = TokenEndpoint(grant=False)
+    try:
+        monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", token.adc_file(tmp_path))
+        with pytest.raises(DeployError) as info:
+            await deployer.current(replace(service, insecure=False))
+    finally:
+        token.close()
+    text = str(info.value)
+    assert info.value.code == "UNAUTHENTICATED" and "\n" not in text
+    assert text.startswith("Google refused to refresh the credentials (invalid_grant: Invalid JWT Signature")
+    assert text.endswith("log in again with `gcloud auth application-default login` (in CI: check the workload "
+                         "identity provider and service account).")
+    assert "PRIVATE KEY" not in text and token.requests == 1
+
+
+async def test_credentials_are_resolved_once_off_the_event_loop(standin: CloudRunStandIn, service: Target,
+                                                                tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The token endpoint holds its answer until a task on the event loop has run: a lookup on the loop would
+    block that task and never be answered. Two calls (two targets) refresh the credentials once."""
+    token = TokenEndpoint(grant=True)
+    token.gate.clear()
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", token.adc_file(tmp_path))
+    deployer = CloudRunDeployer(poll_interval=0.05, rpc_timeout=5, read_retry=0.5)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            if ticks >= 5:
+                token.gate.set()
+            await asyncio.sleep(0.01)
+
+    ticking = asyncio.create_task(ticker())
+    # TLS to the plaintext stand-in fails: the point here is how the credentials were obtained, not the answer
+    tls_service = replace(service, insecure=False)
+    tls_other = replace(service, name="other", insecure=False)
+    try:
+        for target in (tls_service, tls_other):
+            with pytest.raises(DeployError) as info:
+                await deployer.current(target)
+            assert info.value.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED") and "\n" not in str(info.value)
+    finally:
+        ticking.cancel()
+        await deployer.close()
+        token.close()
+    assert not token.gate_timed_out  # the loop ran (and opened the gate) while the token was being fetched
+    assert token.requests == 1 and deployer.credential_lookups == 1
+
+
+# -- where the result is -----------------------------------------------------------------------------------------
+
+
+async def test_result_names_revision_url_and_console_link(standin: CloudRunStandIn, service: Target, pool: Target,
+                                                          deployer: CloudRunDeployer) -> None:
+    result = await deployer.deploy(service, "app:2", ignore)
+    live = standin.resource(SERVICE)
+    assert result.url == live.uri and result.url.startswith("https://worker-") and result.url.endswith(
+        ".europe-west1.run.app")
+    assert result.console_url == ("https://console.cloud.google.com/run/detail/europe-west1/worker/revisions"
+                                  "?project=p")
+    summary = result.summary()
+    assert summary == {"target": "web", "image": "app:2", "revision": short(result.revision),
+                       "previous_revision": short(result.previous_revision), "url": live.uri,
+                       "console_url": result.console_url}
+    pooled = await deployer.deploy(pool, "gpu:2", ignore)
+    assert pooled.url == "" and pooled.console_url == (
+        "https://console.cloud.google.com/run/worker-pools/details/europe-west1/gpu/revisions?project=p")
+
+
+async def test_one_channel_per_target_until_closed(service: Target, pool: Target,
+                                                   deployer: CloudRunDeployer) -> None:
+    await deployer.current(service)
+    await deployer.current(service)
+    await deployer.missing_permissions(service)
+    await deployer.current(pool)
+    assert len(deployer._cache) == 2  # the channel cache is what this test is about
+    await deployer.close()
+    assert deployer._cache == {}
+    assert (await deployer.current(service)).image == "app:1"  # used again: reconnects
