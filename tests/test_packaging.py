@@ -68,3 +68,37 @@ def test_installed_wheel_runs_version_headless_demo_and_finds_styles(wheel: Path
     assert demo.returncode == 0, demo.stdout[-2000:] + demo.stderr[-2000:]
     last = json.loads(demo.stdout.strip().splitlines()[-1])
     assert last["event"] == "deployed"
+
+
+def test_plain_install_requires_only_celery_and_redis(wheel: Path) -> None:
+    """A worker image installs plain `celeryops` for celeryops.fence / celeryops.slots: no Textual, no Google."""
+    with zipfile.ZipFile(wheel) as zf:
+        meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        lines = zf.read(meta).decode().splitlines()
+    required = sorted(line.split(":", 1)[1].strip().split(";")[0].replace(" ", "")
+                      for line in lines if line.startswith("Requires-Dist:") and "extra ==" not in line)
+    assert [r.split(">")[0].split("=")[0].split("<")[0] for r in required] == ["celery[redis]", "redis"], required
+    console = [line for line in lines if line.startswith("Requires-Dist:") and "extra == 'console'" in line
+               or 'extra == "console"' in line]
+    assert any("textual" in line for line in console) and any("google-cloud-run" in line for line in console)
+
+
+HIDE = "import sys\nfor name in ('textual', 'google', 'grpc', 'humanize', 'platformdirs', 'fakeredis'):\n" \
+       "    sys.modules[name] = None  # as if not installed\n"
+
+
+def test_worker_side_imports_and_installs_without_the_console_extra() -> None:
+    code = HIDE + ("from celery import Celery\nfrom celeryops import fence, slots\n"
+                   "app = Celery('w', broker='redis://127.0.0.1:1/0')\nfence.install(app)\n"
+                   "slots.install(app, totals={'cpu': 2}, detect=False)\nprint('ok')\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+def test_cli_without_the_console_extra_exits_2_naming_the_install() -> None:
+    code = HIDE + "sys.argv = ['celeryops', 'status']\nfrom celeryops.cli import main\nmain()\n"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("celeryops: ") and "pip install 'celeryops[console]'" in line and "nothing was run" in line
