@@ -1,246 +1,111 @@
 """The durable, write-ahead run journal: what a drain/deploy run did, recorded *before* it did it.
 
-One SQLite file (``<state_dir>/journal.sqlite3``, WAL mode, ``synchronous=FULL``) holds every run: who started it,
-where, with which settings, its phase, its outcome and an ordered list of records. Every write is committed before
-the method returns, so a SIGKILL right after a call loses nothing.
+One SQLite file (``<state_dir>/journal.sqlite3``, WAL mode, ``synchronous=FULL``) holds every run of this operator:
+who started it, where, with which settings, its phase, its outcome and an ordered list of records. Every write is
+committed before the method returns, so a SIGKILL right after a call loses nothing.
+
+The journal is also **held by the fleet**: with a :class:`~celeryops.ops.fleetjournal.FleetStore` (the wiring gives
+it one whenever the fleet has a coordination Redis), every record of a run is written to the fleet's Redis first,
+then to SQLite, both before the call returns; ``unfinished_runs`` is the union of the local and the fleet-held open
+runs (the fleet's copy wins), and a run known only to the fleet (its operator's machine is gone) is copied into this
+journal the first time this process writes to it (``abort``/``resume`` from another machine). When Redis does not
+take a record:
+
+- the run itself and the records that stop work (``cancel_consumers``, ``deploy_start`` intents) raise
+  :class:`FleetStoreDown`: the side effect does not happen (a teammate could not undo it);
+- every other record (phases, settles, restores, notes) is kept locally, ``on_warning`` is told once, and the
+  records the fleet missed are copied at the next write that reaches Redis.
 
 Side effects are written ahead: ``intend()`` records what is about to happen (stop these consumers, start this
 deploy) and ``settle()`` records how it went. An intent without a settle counts as *done* for anything that stops
 work (we cannot know it did not happen), and as *not done* for anything that restores work (we cannot know it did),
-so recovery computed from the journal alone never leaves workers stopped.
-
-The core is synchronous (signal handlers and tests use it directly); ``Journal.aio`` offers the same calls as
-coroutines that run the SQLite work in a thread.
+so recovery computed from the journal alone never leaves workers stopped. The model lives in
+:mod:`celeryops.ops.runmodel`; ``Journal.aio`` offers the same calls as coroutines (SQLite and Redis in a thread).
 """
 
 from __future__ import annotations
 
-import asyncio
 import getpass
 import json
+import logging
 import os
-import secrets
 import socket
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final, Literal, TypeVar, cast
+from typing import Any, Final, TypeVar, cast
 
-from celeryops.core.errors import UserError
+import redis
+
 from celeryops.core.masking import mask_text, mask_url
 from celeryops.core.paths import state_dir as default_state_dir
+from celeryops.ops.fleetjournal import FleetStore, head_fields, merge_open, record_json
+from celeryops.ops.journal_aio import AsyncJournal
+from celeryops.ops.journal_db import SCHEMA_VERSION, open_db, unusable
+from celeryops.ops.journal_fleet import FleetCopy, FleetStoreDown, new_uid
+from celeryops.ops.runmodel import (
+    ADD_CONSUMERS,
+    ALL_WORKERS,
+    ALLOWED_TRANSITIONS,
+    CANCEL_CONSUMERS,
+    DEFAULT_OUTCOME,
+    DEPLOY_START,
+    PHASES,
+    TERMINAL_PHASES,
+    InvalidTransition,
+    Phase,
+    Record,
+    RecordKind,
+    Run,
+    RunSummary,
+    UnknownRun,
+    dumps_masked,
+    new_run_id,
+    queue_json,
+)
+
+__all__ = [
+    "ADD_CONSUMERS",
+    "ALLOWED_TRANSITIONS",
+    "ALL_WORKERS",
+    "CANCEL_CONSUMERS",
+    "DEFAULT_OUTCOME",
+    "DEPLOY_START",
+    "JOURNAL_FILE",
+    "PHASES",
+    "SCHEMA_VERSION",
+    "TERMINAL_PHASES",
+    "AsyncJournal",
+    "FleetStoreDown",
+    "InvalidTransition",
+    "Journal",
+    "Phase",
+    "Record",
+    "RecordKind",
+    "Run",
+    "RunSummary",
+    "UnknownRun",
+    "journal_path",
+    "new_run_id",
+]
+
+log = logging.getLogger(__name__)
 
 JOURNAL_FILE: Final = "journal.sqlite3"
-SCHEMA_VERSION: Final = 1
-
-Phase = Literal["preflight", "stopping", "draining", "drained", "deploying", "deployed", "done", "aborted", "failed"]
-PHASES: Final[tuple[Phase, ...]] = (
-    "preflight", "stopping", "draining", "drained", "deploying", "deployed", "done", "aborted", "failed",
-)
-TERMINAL_PHASES: Final[frozenset[Phase]] = frozenset({"done", "aborted", "failed"})
-# Forward moves only. Every non-terminal phase may also end in "aborted" or "failed" (added below).
-# drained -> done is a drain-only run that was closed without a deploy (e.g. after the operator restored
-# consumers by hand); a drain-only run that exits 0 simply stays open in "drained" until abort or deploy.
-_FORWARD: Final[dict[Phase, frozenset[Phase]]] = {
-    "preflight": frozenset({"stopping"}),
-    "stopping": frozenset({"draining"}),
-    "draining": frozenset({"drained"}),
-    "drained": frozenset({"deploying", "done"}),
-    "deploying": frozenset({"deployed"}),
-    "deployed": frozenset({"done"}),
-}
-ALLOWED_TRANSITIONS: Final[dict[Phase, frozenset[Phase]]] = {
-    phase: (_FORWARD.get(phase, frozenset()) | frozenset({"aborted", "failed"}))
-    if phase not in TERMINAL_PHASES else frozenset()
-    for phase in PHASES
-}
-DEFAULT_OUTCOME: Final[dict[Phase, str]] = {"done": "succeeded", "aborted": "aborted", "failed": "failed"}
-
-# Intent kinds the journal understands (others are stored and replayed as plain records).
-CANCEL_CONSUMERS: Final = "cancel_consumers"
-ADD_CONSUMERS: Final = "add_consumers"
-DEPLOY_START: Final = "deploy_start"
-ALL_WORKERS: Final = "*"
-
-RecordKind = Literal["created", "phase", "intent", "settle", "note"]
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS runs (
-    id TEXT PRIMARY KEY,
-    fleet TEXT NOT NULL,
-    broker TEXT NOT NULL,
-    user TEXT NOT NULL,
-    host TEXT NOT NULL,
-    pid INTEGER NOT NULL,
-    release TEXT,
-    settings TEXT NOT NULL,
-    created REAL NOT NULL,
-    updated REAL NOT NULL,
-    phase TEXT NOT NULL,
-    outcome TEXT
-);
-CREATE INDEX IF NOT EXISTS runs_fleet_phase ON runs (fleet, phase);
-CREATE TABLE IF NOT EXISTS records (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    run_id TEXT NOT NULL REFERENCES runs (id),
-    at REAL NOT NULL,
-    kind TEXT NOT NULL,
-    intent TEXT,
-    settles INTEGER,
-    payload TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS records_run ON records (run_id, seq);
-"""
-
-
-class InvalidTransition(UserError):
-    """A run was asked to move to a phase it cannot reach from where it is."""
-
-
-class UnknownRun(UserError):
-    """No run (or intent) with that id in this journal."""
-
-
-@dataclass(frozen=True)
-class Record:
-    """One journal entry of a run, in write order (``seq`` increases)."""
-
-    seq: int
-    at: float
-    kind: RecordKind
-    payload: dict[str, Any]
-    intent: str | None = None  # the intent kind, for "intent" and "settle" records
-    settles: int | None = None  # for "settle": the seq of the intent it settles
-
-
-@dataclass(frozen=True)
-class Run:
-    """A run as the journal knows it (``records`` oldest first)."""
-
-    id: str
-    fleet: str
-    broker: str
-    user: str
-    host: str
-    pid: int
-    release: str | None
-    settings: dict[str, Any]
-    created: float
-    updated: float
-    phase: Phase
-    outcome: str | None
-    records: tuple[Record, ...] = field(default=())
-
-    @property
-    def finished(self) -> bool:
-        return self.phase in TERMINAL_PHASES
-
-    def intents(self, kind: str | None = None) -> list[Record]:
-        return [r for r in self.records if r.kind == "intent" and (kind is None or r.intent == kind)]
-
-    def settlement(self, intent_seq: int) -> Record | None:
-        """The settle record of an intent, or None while it is unsettled."""
-        for r in self.records:
-            if r.kind == "settle" and r.settles == intent_seq:
-                return r
-        return None
-
-    def stopped_consumers(self) -> dict[str, set[str]]:
-        """Queues stopped by this run and not yet restored, per worker (``"*"``: by broadcast, i.e. also on
-        workers that appeared since). Cancel intents count as soon as recorded; restores only once settled ok."""
-        stopped: dict[str, set[str]] = {}
-        for rec in self.records:
-            if rec.kind == "intent" and rec.intent == CANCEL_CONSUMERS:
-                for worker, queues in _queue_map(_section(rec.payload, "stop")).items():
-                    stopped.setdefault(worker, set()).update(queues)
-            elif rec.kind == "settle" and rec.intent == ADD_CONSUMERS and rec.payload.get("ok", True):
-                intent = self._record(rec.settles)
-                if intent is None:
-                    continue
-                for worker, queues in _queue_map(_section(intent.payload, "add")).items():
-                    targets = list(stopped) if worker == ALL_WORKERS else [worker]
-                    for target in targets:
-                        stopped.get(target, set()).difference_update(queues)
-        return {w: qs for w, qs in stopped.items() if qs}
-
-    def consumed_before(self) -> dict[str, set[str]]:
-        """The queues each worker consumed before this run first stopped anything (as recorded)."""
-        before: dict[str, set[str]] = {}
-        for rec in self.intents(CANCEL_CONSUMERS):
-            for worker, queues in _queue_map(rec.payload.get("before", {})).items():
-                before.setdefault(worker, set(queues))
-        return before
-
-    def deploy(self) -> tuple[Record | None, Record | None]:
-        """The latest ``deploy_start`` intent and its settle record (either may be None)."""
-        starts = self.intents(DEPLOY_START)
-        if not starts:
-            return None, None
-        return starts[-1], self.settlement(starts[-1].seq)
-
-    def _record(self, seq: int | None) -> Record | None:
-        return next((r for r in self.records if r.seq == seq), None)
-
-
-@dataclass(frozen=True)
-class RunSummary:
-    """One line of ``celeryops runs``."""
-
-    id: str
-    fleet: str
-    release: str | None
-    phase: Phase
-    outcome: str | None
-    created: float
-    updated: float
-
-    @property
-    def duration(self) -> float:
-        return max(0.0, self.updated - self.created)
-
-
-def new_run_id(now: float | None = None) -> str:
-    """Short, sortable, unique enough: ``20261202-152916-3fa9c1`` (UTC second + 24 random bits)."""
-    stamp = datetime.fromtimestamp(time.time() if now is None else now, UTC).strftime("%Y%m%d-%H%M%S")
-    return f"{stamp}-{secrets.token_hex(3)}"
-
-
 def journal_path(state_dir: str | os.PathLike[str] | None = None) -> Path:
     return default_state_dir(state_dir) / JOURNAL_FILE
-
-
-def _section(payload: dict[str, Any], name: str) -> object:
-    """``payload[name]``; a payload given as a bare {worker: [queues]} map (generic ``intend``) is that map."""
-    if name in payload:
-        return payload[name]
-    return {k: v for k, v in payload.items() if k not in ("before", "stop", "add")}
-
-
-def _queue_map(value: object) -> dict[str, set[str]]:
-    if not isinstance(value, Mapping):
-        return {}
-    return {str(w): {str(q) for q in qs} for w, qs in value.items() if isinstance(qs, (list, tuple, set))}
-
-
-def _queue_json(value: Mapping[str, Iterable[str]]) -> dict[str, list[str]]:
-    return {str(w): sorted({str(q) for q in qs}) for w, qs in value.items()}
-
-
-def _dumps(value: object) -> str:
-    """JSON with every ``scheme://user:password@`` masked: the journal never holds a password."""
-    return mask_text(json.dumps(value, sort_keys=True, default=str))
 
 
 T = TypeVar("T")
 
 
-class Journal:
+class Journal(FleetCopy):
     """The run journal at ``path`` (default ``<state_dir>/journal.sqlite3``). Thread-safe; one connection.
+
+    ``fleet_store``: the fleet-held copy (see the module docstring); ``on_warning(sentence)``: told when a record
+    could not reach it (once until it works again).
 
     ``after_write(kind)`` is called after each durable write with the record kind (``"created"``, ``"phase"``,
     ``"intent:<kind>"``, ``"settle:<kind>"``, ``"note"``): a test hook to die right between a record and its
@@ -254,93 +119,19 @@ class Journal:
         after_write: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.time,
         read_only: bool = False,
+        fleet_store: FleetStore | None = None,
+        on_warning: Callable[[str], None] | None = None,
     ) -> None:
         self.path = Path(path) if path is not None else journal_path(state_dir)
         self.read_only = read_only
+        self.fleet_store = fleet_store
+        self.on_warning = on_warning
         self._after_write = after_write
         self._clock = clock
-        self._lock = threading.Lock()
-        self._conn = self._open()
+        self._lock = threading.RLock()
+        self._degraded = False
+        self._conn = open_db(self.path, read_only)
         self.aio = AsyncJournal(self)
-
-    # -- opening -----------------------------------------------------------------------------------------------
-    def _open(self) -> sqlite3.Connection:
-        if self.read_only:
-            return self._open_read_only()
-        where = self.path
-        try:
-            where.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise UserError(
-                f"Cannot create the state directory {where.parent} ({exc.strerror or exc}): nothing was done; "
-                "make it writable or pass --state-dir to a writable directory.") from None
-        if where.exists() and not where.is_file():
-            raise UserError(f"The journal path {where} is not a file: nothing was done; move it aside "
-                            "or pass --state-dir.")
-        conn: sqlite3.Connection | None = None
-        try:
-            conn = sqlite3.connect(where, timeout=30.0, isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=FULL")
-            conn.execute("PRAGMA foreign_keys=ON")
-            conn.execute("BEGIN IMMEDIATE")  # proves we can write, and makes the migration atomic
-            for stmt in _SCHEMA.split(";"):
-                if stmt.strip():
-                    conn.execute(stmt)
-            row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-            version = int(row[0]) if row else 0
-            if version > SCHEMA_VERSION:
-                conn.execute("ROLLBACK")
-                conn.close()
-                raise UserError(
-                    f"The journal {where} was written by a newer celeryops (schema {version}, this one reads "
-                    f"{SCHEMA_VERSION}): nothing was done; upgrade celeryops or pass another --state-dir.")
-            if version < SCHEMA_VERSION:
-                self._migrate(conn, version)
-            conn.execute("COMMIT")
-            problems = [r[0] for r in conn.execute("PRAGMA quick_check").fetchall()]
-            if problems != ["ok"]:
-                raise sqlite3.DatabaseError("; ".join(str(p) for p in problems[:3]))
-        except UserError:
-            raise
-        except (sqlite3.Error, OSError, ValueError) as exc:
-            if conn is not None:
-                conn.close()
-            raise self._unusable(exc) from None
-        return conn
-
-    def _open_read_only(self) -> sqlite3.Connection:
-        """For readers (``status``, ``runs``): creates nothing, writes nothing, needs no write permission."""
-        conn: sqlite3.Connection | None = None
-        try:
-            conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=30.0,
-                                   isolation_level=None, check_same_thread=False)
-            row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-            version = int(row[0]) if row else 0
-            if version != SCHEMA_VERSION:
-                raise sqlite3.DatabaseError(f"schema version {version}, this celeryops reads {SCHEMA_VERSION}")
-            conn.execute("SELECT count(*) FROM runs").fetchone()
-        except (sqlite3.Error, OSError, ValueError) as exc:
-            if conn is not None:
-                conn.close()
-            raise self._unusable(exc) from None
-        return conn
-
-    @staticmethod
-    def _migrate(conn: sqlite3.Connection, version: int) -> None:
-        # Version 0 -> 1: the tables above were just created. Later versions add steps here.
-        conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-
-    def _unusable(self, exc: BaseException) -> UserError:
-        text = str(exc) or type(exc).__name__
-        if (isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError)) or \
-                "not a database" in text or "malformed" in text or "no such table" in text:
-            return UserError(
-                f"The run journal {self.path} is corrupt or not a journal ({text}): nothing was done; "
-                f"move the file aside (e.g. to {self.path.name}.bad) and run the command again.")
-        return UserError(
-            f"The run journal {self.path} cannot be opened or written ({text}): nothing was done; "
-            "check the file's permissions and free space, or pass --state-dir to a writable directory.")
 
     def close(self) -> None:
         with self._lock:
@@ -353,35 +144,39 @@ class Journal:
         self.close()
 
     # -- writing -----------------------------------------------------------------------------------------------
-    def _write(self, hook_kind: str | Callable[[T], str], work: Callable[[sqlite3.Connection], T]) -> T:
+    def _tx(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """One SQLite transaction (the caller holds the lock)."""
         if self.read_only:
             raise RuntimeError("this journal was opened read-only")
-        with self._lock:
+        try:
+            self._conn.execute("BEGIN IMMEDIATE")
             try:
-                self._conn.execute("BEGIN IMMEDIATE")
-                try:
-                    result = work(self._conn)
-                except BaseException:
-                    self._conn.execute("ROLLBACK")
-                    raise
-                self._conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                raise self._unusable(exc) from None
-        if self._after_write is not None:
-            self._after_write(hook_kind if isinstance(hook_kind, str) else hook_kind(result))
+                result = work(self._conn)
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise unusable(self.path, exc) from None
         return result
 
-    def _append(self, conn: sqlite3.Connection, run_id: str, kind: RecordKind, payload: object,
-                intent: str | None = None, settles: int | None = None) -> int:
-        now = self._clock()
-        updated = conn.execute("UPDATE runs SET updated = ? WHERE id = ?", (now, run_id)).rowcount
+    def _hook(self, *kinds: str) -> None:
+        if self._after_write is not None:
+            for kind in kinds:
+                self._after_write(kind)
+
+    def _insert(self, conn: sqlite3.Connection, run_id: str, at: float, kind: str, payload_json: str,
+                intent: str | None, settles: int | None, uid: str, fleet_seq: int | None) -> int:
+        updated = conn.execute("UPDATE runs SET updated = MAX(updated, ?) WHERE id = ?", (at, run_id)).rowcount
         if not updated:
             raise UnknownRun(f"No run {run_id!r} in the journal {self.path}: nothing was recorded; "
                              "check the id with `celeryops runs`.")
         cur = conn.execute(
             "INSERT INTO records (run_id, at, kind, intent, settles, payload) VALUES (?, ?, ?, ?, ?, ?)",
-            (run_id, now, kind, intent, settles, _dumps(payload)))
-        return int(cur.lastrowid or 0)
+            (run_id, at, kind, intent, settles, payload_json))
+        seq = int(cur.lastrowid or 0)
+        conn.execute("INSERT INTO mirror (seq, uid, fleet_seq) VALUES (?, ?, ?)", (seq, uid, fleet_seq))
+        return seq
 
     def create_run(
         self,
@@ -395,64 +190,94 @@ class Journal:
         pid: int | None = None,
         run_id: str | None = None,
     ) -> Run:
-        """Record a new run in phase ``preflight``. The broker URL is stored with its password masked."""
+        """Record a new run in phase ``preflight`` (in the fleet's Redis first, when the journal has a fleet store:
+        :class:`FleetStoreDown` if Redis does not take it). The broker URL is stored with its password masked."""
         now = self._clock()
+        at = self._clock()  # the `created` record's time
         rid = run_id or new_run_id(now)
-        who = user or _current_user()
-        where = host or socket.gethostname()
-        masked = mask_url(broker)
-        settings_json = _dumps(dict(settings or {}))
+        head = {"id": rid, "fleet": fleet, "broker": mask_url(broker), "user": user or _current_user(),
+                "host": host or socket.gethostname(), "pid": pid if pid is not None else os.getpid(),
+                "release": release, "settings": dumps_masked(dict(settings or {})), "created": now, "updated": at,
+                "phase": "preflight", "outcome": None}
+        payload, uid = dumps_masked({"phase": "preflight"}), new_uid()
+        with self._lock:
+            if self.read_only:
+                raise RuntimeError("this journal was opened read-only")
+            fleet_seq: int | None = None
+            store = self._store(fleet)
+            if store is not None:
+                try:
+                    fleet_seq = store.write(rid, record_json(uid, at, "created", payload, None, None),
+                                            head_fields(head), create=True, created=now)
+                except redis.RedisError as exc:
+                    raise self._down("created", exc) from None
 
-        def work(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "INSERT INTO runs (id, fleet, broker, user, host, pid, release, settings, created, updated, phase, "
-                "outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'preflight', NULL)",
-                (rid, fleet, masked, who, where, pid if pid is not None else os.getpid(), release,
-                 settings_json, now, now))
-            self._append(conn, rid, "created", {"phase": "preflight"})
+            def work(conn: sqlite3.Connection) -> None:
+                conn.execute(
+                    "INSERT INTO runs (id, fleet, broker, user, host, pid, release, settings, created, updated, "
+                    "phase, outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'preflight', NULL)",
+                    tuple(head[k] for k in ("id", "fleet", "broker", "user", "host", "pid", "release", "settings",
+                                            "created", "updated")))
+                self._insert(conn, rid, at, "created", payload, None, None, uid, fleet_seq)
 
-        self._write("created", work)
+            self._tx(work)
+        self._hook("created")
         return self.get(rid)
+
+    def _record(self, run_id: str, kind: RecordKind, payload: Mapping[str, Any], *, intent: str | None = None,
+                settles: int | None = None, phase: Phase | None = None, outcome: str | None = None) -> int:
+        """Write one record: to the fleet's Redis first (see the module docstring), then SQLite."""
+        with self._lock:
+            fleet = self._fleet_of(run_id)
+            now = self._clock()
+            body, uid = dumps_masked(dict(payload)), new_uid()
+            head: dict[str, Any] = {"updated": now}
+            if phase is not None:
+                head.update(phase=phase, outcome=outcome)
+            fleet_seq = self._copy(run_id, fleet, kind, intent, lambda fs: record_json(uid, now, kind, body, intent,
+                                                                                        fs(settles)), head,
+                                   terminal=phase in TERMINAL_PHASES)
+
+            def work(conn: sqlite3.Connection) -> int:
+                if phase is not None:
+                    conn.execute("UPDATE runs SET phase = ?, outcome = ? WHERE id = ?", (phase, outcome, run_id))
+                return self._insert(conn, run_id, now, kind, body, intent, settles, uid, fleet_seq)
+
+            return self._tx(work)
 
     def advance(self, run_id: str, phase: Phase, *, reason: str | None = None, outcome: str | None = None) -> Run:
         """Move a run to ``phase`` (validated against ``ALLOWED_TRANSITIONS``); terminal phases set the outcome."""
         if phase not in PHASES:
             raise InvalidTransition(f"Unknown phase {phase!r}: the run was left unchanged; use one of "
                                     f"{', '.join(PHASES)}.")
-
-        def work(conn: sqlite3.Connection) -> None:
-            row = conn.execute("SELECT phase FROM runs WHERE id = ?", (run_id,)).fetchone()
-            if row is None:
-                raise UnknownRun(f"No run {run_id!r} in the journal {self.path}: nothing was recorded; "
-                                 "check the id with `celeryops runs`.")
-            current = cast(Phase, row[0])
+        with self._lock:
+            self._fleet_of(run_id)  # a run only the fleet holds is copied here first
+            current = self.get(run_id).phase
             if phase not in ALLOWED_TRANSITIONS[current]:
                 allowed = ", ".join(sorted(ALLOWED_TRANSITIONS[current])) or "none (the run has ended)"
                 raise InvalidTransition(
                     f"Run {run_id} cannot go from {current} to {phase}: the run was left unchanged in {current}; "
                     f"allowed next phases: {allowed}.")
             final = outcome or DEFAULT_OUTCOME.get(phase)
-            conn.execute("UPDATE runs SET phase = ?, outcome = ? WHERE id = ?", (phase, final, run_id))
-            self._append(conn, run_id, "phase", {"from": current, "to": phase, "reason": reason, "outcome": final})
-
-        self._write("phase", work)
-        if self._after_write is not None:
-            self._after_write(f"phase:{phase}")
+            self._record(run_id, "phase", {"from": current, "to": phase, "reason": reason, "outcome": final},
+                         phase=phase, outcome=final)
+        self._hook("phase", f"phase:{phase}")
         return self.get(run_id)
 
     def intend(self, run_id: str, kind: str, payload: Mapping[str, Any]) -> int:
         """Record a side effect *before* performing it; returns the intent id to ``settle()`` afterwards."""
-        return self._write(f"intent:{kind}",
-                           lambda conn: self._append(conn, run_id, "intent", dict(payload), intent=kind))
+        seq = self._record(run_id, "intent", payload, intent=kind)
+        self._hook(f"intent:{kind}")
+        return seq
 
     def intend_cancel_consumers(self, run_id: str, stop: Mapping[str, Iterable[str]],
                                 before: Mapping[str, Iterable[str]] | None = None) -> int:
         """About to stop ``stop`` ({worker or "*": queues}); ``before`` = what each worker consumed until now."""
-        return self.intend(run_id, CANCEL_CONSUMERS, {"stop": _queue_json(stop), "before": _queue_json(before or {})})
+        return self.intend(run_id, CANCEL_CONSUMERS, {"stop": queue_json(stop), "before": queue_json(before or {})})
 
     def intend_add_consumers(self, run_id: str, add: Mapping[str, Iterable[str]]) -> int:
         """About to restore ``add`` ({worker or "*": queues}); counts as restored only once settled ok."""
-        return self.intend(run_id, ADD_CONSUMERS, {"add": _queue_json(add)})
+        return self.intend(run_id, ADD_CONSUMERS, {"add": queue_json(add)})
 
     def intend_deploy(self, run_id: str, *, target: str, image: str, previous: Mapping[str, Any]) -> int:
         """About to start a deploy of ``image`` to ``target``; ``previous`` = the revision/state to roll back to."""
@@ -460,21 +285,19 @@ class Journal:
 
     def settle(self, intent_id: int, result: Mapping[str, Any] | None = None) -> None:
         """Record how an intent went. ``result["ok"]`` (default True) says whether it took effect."""
-
-        def work(conn: sqlite3.Connection) -> str:
-            row = conn.execute("SELECT run_id, intent FROM records WHERE seq = ? AND kind = 'intent'",
-                               (intent_id,)).fetchone()
+        with self._lock:
+            row = self._read(lambda conn: conn.execute(
+                "SELECT run_id, intent FROM records WHERE seq = ? AND kind = 'intent'", (intent_id,)).fetchone())
             if row is None:
                 raise UnknownRun(f"No intent {intent_id} in the journal {self.path}: nothing was recorded.")
-            body = {"ok": True, **dict(result or {})}
-            self._append(conn, str(row[0]), "settle", body, intent=row[1], settles=intent_id)
-            return str(row[1])
-
-        self._write(lambda kind: f"settle:{kind}", work)
+            self._record(str(row[0]), "settle", {"ok": True, **dict(result or {})}, intent=row[1], settles=intent_id)
+        self._hook(f"settle:{row[1]}")
 
     def note(self, run_id: str, payload: Mapping[str, Any]) -> int:
         """A free-form record (operator decision, warning, summary); not used by recovery."""
-        return self._write("note", lambda conn: self._append(conn, run_id, "note", dict(payload)))
+        seq = self._record(run_id, "note", payload)
+        self._hook("note")
+        return seq
 
     # -- reading -----------------------------------------------------------------------------------------------
     def _read(self, work: Callable[[sqlite3.Connection], T]) -> T:
@@ -482,25 +305,37 @@ class Journal:
             try:
                 return work(self._conn)
             except sqlite3.Error as exc:
-                raise self._unusable(exc) from None
+                raise unusable(self.path, exc) from None
 
     def get(self, run_id: str) -> Run:
-        def work(conn: sqlite3.Connection) -> Run:
+        """The run from this journal, else from the fleet's Redis (a run of another machine)."""
+        def work(conn: sqlite3.Connection) -> Run | None:
             row = conn.execute(f"SELECT {_RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,)).fetchone()
             if row is None:
-                raise UnknownRun(f"No run {run_id!r} in the journal {self.path}: nothing was changed; "
-                                 "check the id with `celeryops runs`.")
+                return None
             recs = conn.execute("SELECT seq, at, kind, payload, intent, settles FROM records WHERE run_id = ? "
                                 "ORDER BY seq", (run_id,)).fetchall()
             return _run_from_row(row, recs)
 
-        return self._read(work)
+        run = self._read(work)
+        if run is None and self.fleet_store is not None:
+            try:
+                held = self.fleet_store.read(run_id)
+            except redis.RedisError:
+                held = None
+            run = held.run if held is not None else None
+        if run is None:
+            raise UnknownRun(f"No run {run_id!r} in the journal {self.path}: nothing was changed; "
+                             "check the id with `celeryops runs`.")
+        return run
 
     def stopped_consumers(self, run_id: str) -> dict[str, set[str]]:
         return self.get(run_id).stopped_consumers()
 
     def unfinished_runs(self, fleet: str | None = None) -> list[Run]:
-        """Runs not in a terminal phase (of ``fleet``, or all), oldest first."""
+        """Runs not in a terminal phase (of ``fleet``, or all), oldest first. With a fleet store for ``fleet``: also
+        the runs the fleet's Redis holds open (its copy wins); a local run the fleet knows as ended is brought home
+        (its end recorded here) and not listed. Redis down: the local journal's alone."""
         terminal = tuple(TERMINAL_PHASES)
         marks = ",".join("?" * len(terminal))
 
@@ -512,10 +347,22 @@ class Journal:
                 args.append(fleet)
             return [str(r[0]) for r in conn.execute(sql + " ORDER BY created, id", args).fetchall()]
 
-        return [self.get(rid) for rid in self._read(work)]
+        local = [self.get(rid) for rid in self._read(work)]
+        store = self._store(fleet) if fleet is not None else None
+        if store is None:
+            return local
+        try:
+            runs, ended = merge_open(local, store)
+        except redis.RedisError as exc:
+            log.info("the fleet-held journal could not be read (%s); local runs only", mask_text(str(exc)))
+            return local
+        if not self.read_only:
+            for held in ended:
+                self._adopt(held)
+        return runs
 
     def history(self, limit: int = 20, fleet: str | None = None) -> list[RunSummary]:
-        """The latest ``limit`` runs, newest first."""
+        """The latest ``limit`` runs of this journal, newest first."""
 
         def work(conn: sqlite3.Connection) -> list[RunSummary]:
             sql = "SELECT id, fleet, release, phase, outcome, created, updated FROM runs"
@@ -548,49 +395,3 @@ def _current_user() -> str:
         return getpass.getuser()
     except (OSError, KeyError):
         return str(os.getuid()) if hasattr(os, "getuid") else "unknown"
-
-
-class AsyncJournal:
-    """The same journal calls as coroutines (SQLite runs in a worker thread, the event loop never blocks)."""
-
-    def __init__(self, journal: Journal) -> None:
-        self._j = journal
-
-    async def create_run(self, **kwargs: Any) -> Run:
-        return await asyncio.to_thread(lambda: self._j.create_run(**kwargs))
-
-    async def advance(self, run_id: str, phase: Phase, *, reason: str | None = None,
-                      outcome: str | None = None) -> Run:
-        return await asyncio.to_thread(self._j.advance, run_id, phase, reason=reason, outcome=outcome)
-
-    async def intend(self, run_id: str, kind: str, payload: Mapping[str, Any]) -> int:
-        return await asyncio.to_thread(self._j.intend, run_id, kind, payload)
-
-    async def intend_cancel_consumers(self, run_id: str, stop: Mapping[str, Iterable[str]],
-                                      before: Mapping[str, Iterable[str]] | None = None) -> int:
-        return await asyncio.to_thread(self._j.intend_cancel_consumers, run_id, stop, before)
-
-    async def intend_add_consumers(self, run_id: str, add: Mapping[str, Iterable[str]]) -> int:
-        return await asyncio.to_thread(self._j.intend_add_consumers, run_id, add)
-
-    async def intend_deploy(self, run_id: str, *, target: str, image: str, previous: Mapping[str, Any]) -> int:
-        return await asyncio.to_thread(lambda: self._j.intend_deploy(run_id, target=target, image=image,
-                                                                     previous=previous))
-
-    async def settle(self, intent_id: int, result: Mapping[str, Any] | None = None) -> None:
-        await asyncio.to_thread(self._j.settle, intent_id, result)
-
-    async def note(self, run_id: str, payload: Mapping[str, Any]) -> int:
-        return await asyncio.to_thread(self._j.note, run_id, payload)
-
-    async def get(self, run_id: str) -> Run:
-        return await asyncio.to_thread(self._j.get, run_id)
-
-    async def stopped_consumers(self, run_id: str) -> dict[str, set[str]]:
-        return await asyncio.to_thread(self._j.stopped_consumers, run_id)
-
-    async def unfinished_runs(self, fleet: str | None = None) -> list[Run]:
-        return await asyncio.to_thread(self._j.unfinished_runs, fleet)
-
-    async def history(self, limit: int = 20, fleet: str | None = None) -> list[RunSummary]:
-        return await asyncio.to_thread(self._j.history, limit, fleet)

@@ -1,0 +1,202 @@
+"""How :class:`~celeryops.ops.journal.Journal` keeps its fleet-held copy (:mod:`celeryops.ops.fleetjournal`) in step:
+each record goes to the fleet's Redis before SQLite, the records Redis missed while it was down are copied at the
+next write that reaches it, a run the fleet does not hold (expired, or from before) is copied whole, and a run only
+the fleet holds (another machine's) is brought into the local journal, told apart record by record by uid."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import sqlite3
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+import redis
+
+from celeryops.core.errors import UserError
+from celeryops.core.masking import mask_text
+from celeryops.ops.fleetjournal import FleetStore, HeldRun, head_fields, record_json
+from celeryops.ops.runmodel import CANCEL_CONSUMERS, DEPLOY_START, Run, UnknownRun, dumps_masked
+
+log = logging.getLogger("celeryops.ops.journal")
+
+T = TypeVar("T")
+
+# Records whose side effect stops work: never done unless the fleet holds the record (a teammate can undo it).
+_STOPS: Final = {"created": "the new run", CANCEL_CONSUMERS: "the consumers about to be stopped",
+                 DEPLOY_START: "the deploy about to start"}
+_NOT_DONE: Final = {"created": "nothing was changed", CANCEL_CONSUMERS: "they were not stopped",
+                    DEPLOY_START: "it was not started"}
+
+
+class FleetStoreDown(UserError):
+    """The fleet's Redis did not take a record whose side effect stops work: the side effect was not done."""
+
+
+def new_uid() -> str:
+    return secrets.token_hex(8)
+
+
+class FleetCopy:
+    """The fleet-held copy's half of :class:`~celeryops.ops.journal.Journal` (which provides the SQLite side)."""
+
+    path: Path
+    read_only: bool
+    fleet_store: FleetStore | None
+    on_warning: Callable[[str], None] | None
+    _degraded: bool
+    _lock: threading.RLock
+
+    def _read(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        raise NotImplementedError
+
+    def _tx(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        raise NotImplementedError
+
+    def _insert(self, conn: sqlite3.Connection, run_id: str, at: float, kind: str, payload_json: str,
+                intent: str | None, settles: int | None, uid: str, fleet_seq: int | None) -> int:
+        raise NotImplementedError
+
+    def get(self, run_id: str) -> Run:
+        raise NotImplementedError
+
+    def _store(self, fleet: str) -> FleetStore | None:
+        store = self.fleet_store
+        return store if store is not None and store.fleet == fleet else None
+
+    def _fleet_of(self, run_id: str) -> str:
+        """The run's fleet; a run only the fleet's Redis holds (its operator's machine is gone) is copied here."""
+        row = self._read(lambda conn: conn.execute("SELECT fleet FROM runs WHERE id = ?", (run_id,)).fetchone())
+        if row is not None:
+            return str(row[0])
+        held: HeldRun | None = None
+        if self.fleet_store is not None and not self.read_only:
+            try:
+                held = self.fleet_store.read(run_id)
+            except redis.RedisError as exc:
+                raise UnknownRun(f"Run {run_id} is not in the journal {self.path} and the fleet's Redis did not "
+                                 f"answer ({mask_text(str(exc))}): nothing was recorded; try again when Redis "
+                                 "answers.") from None
+        if held is None:
+            raise UnknownRun(f"No run {run_id!r} in the journal {self.path}: nothing was recorded; "
+                             "check the id with `celeryops runs`.")
+        self._adopt(held)
+        return held.run.fleet
+
+    def _copy(self, run_id: str, fleet: str, kind: str, intent: str | None,
+              record: Callable[[Callable[[int | None], int | None]], str], head: Mapping[str, Any], *,
+              terminal: bool) -> int | None:
+        """Write a record to the fleet's Redis (records it missed first); its position there, or None."""
+        store = self._store(fleet)
+        if store is None:
+            return None
+        fields = head_fields(head)
+        try:
+            self._catch_up(run_id, store)
+            pos = store.write(run_id, record(self._fleet_seq), fields, terminal=terminal)
+            if pos is None:  # the fleet does not hold the run (expired, or never copied): copy it whole first
+                self._copy_whole(run_id, store)
+                pos = store.write(run_id, record(self._fleet_seq), fields, terminal=terminal)
+        except redis.RedisError as exc:
+            if kind == "intent" and intent in _STOPS:
+                raise self._down(str(intent), exc) from None
+            self._degrade(exc)
+            return None
+        self._degraded = False
+        return pos
+
+    def _fleet_seq(self, seq: int | None) -> int | None:
+        if seq is None:
+            return None
+        row = self._read(lambda conn: conn.execute("SELECT fleet_seq FROM mirror WHERE seq = ?", (seq,)).fetchone())
+        return None if row is None or row[0] is None else int(row[0])
+
+    def _local_records(self, run_id: str, missing_only: bool) -> list[tuple[Any, ...]]:
+        sql = ("SELECT r.seq, r.at, r.kind, r.intent, r.settles, r.payload, m.uid FROM records r "
+               "LEFT JOIN mirror m ON m.seq = r.seq WHERE r.run_id = ?")
+        if missing_only:
+            sql += " AND m.fleet_seq IS NULL"
+        return self._read(lambda conn: conn.execute(sql + " ORDER BY r.seq", (run_id,)).fetchall())
+
+    def _copied(self, seq: int, uid: str, pos: int) -> None:
+        self._tx(lambda conn: conn.execute("INSERT OR REPLACE INTO mirror (seq, uid, fleet_seq) VALUES (?, ?, ?)",
+                                           (seq, uid, pos)))
+
+    def _head(self, run: Run) -> dict[str, str]:
+        return head_fields({"id": run.id, "fleet": run.fleet, "broker": run.broker, "user": run.user,
+                            "host": run.host, "pid": run.pid, "release": run.release,
+                            "settings": dumps_masked(run.settings), "created": run.created, "updated": run.updated,
+                            "phase": run.phase, "outcome": run.outcome})
+
+    def _catch_up(self, run_id: str, store: FleetStore) -> None:
+        """Copy the records Redis missed while it was down, in order."""
+        missing = self._local_records(run_id, missing_only=True)
+        if not missing:
+            return
+        run = self.get(run_id)
+        for seq, at, kind, intent, settles, payload, uid in missing:
+            uid = uid or new_uid()
+            pos = store.write(run_id, record_json(uid, at, kind, payload, intent, self._fleet_seq(settles)),
+                              self._head(run), terminal=run.finished)
+            if pos is None:
+                self._copy_whole(run_id, store)
+                return
+            self._copied(seq, uid, pos)
+
+    def _copy_whole(self, run_id: str, store: FleetStore) -> None:
+        run = self.get(run_id)
+        head = self._head(run)
+        positions: dict[int, int] = {}
+        for index, (seq, at, kind, intent, settles, payload, uid) in enumerate(self._local_records(run_id, False)):
+            uid = uid or new_uid()
+            pos = store.write(run_id, record_json(uid, at, kind, payload, intent, positions.get(settles)),
+                              head, create=index == 0, terminal=run.finished, created=run.created)
+            positions[seq] = int(pos or 0)
+            self._copied(seq, uid, int(pos or 0))
+
+    def _adopt(self, held: HeldRun) -> None:
+        """Bring the fleet's copy of a run into this journal: the run if it is new here, and the records another
+        machine added (told apart by uid); the run's phase and outcome become the fleet's."""
+        run = held.run
+
+        def work(conn: sqlite3.Connection) -> None:
+            if conn.execute("SELECT 1 FROM runs WHERE id = ?", (run.id,)).fetchone() is None:
+                conn.execute(
+                    "INSERT INTO runs (id, fleet, broker, user, host, pid, release, settings, created, updated, "
+                    "phase, outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (run.id, run.fleet, run.broker, run.user, run.host, run.pid, run.release,
+                     dumps_masked(run.settings), run.created, run.created, run.phase, run.outcome))
+            known = dict(conn.execute("SELECT m.uid, m.seq FROM mirror m JOIN records r ON r.seq = m.seq "
+                                      "WHERE r.run_id = ?", (run.id,)).fetchall())
+            local_of: dict[int, int] = {}
+            for rec, uid in zip(run.records, held.uids, strict=True):
+                if uid and uid in known:
+                    local_of[rec.seq] = int(known[uid])
+                    conn.execute("UPDATE mirror SET fleet_seq = ? WHERE uid = ?", (rec.seq, uid))
+                    continue
+                settles = None if rec.settles is None else local_of.get(rec.settles)
+                local_of[rec.seq] = self._insert(conn, run.id, rec.at, rec.kind, dumps_masked(rec.payload),
+                                                 rec.intent, settles, uid or new_uid(), rec.seq)
+            conn.execute("UPDATE runs SET phase = ?, outcome = ?, updated = MAX(updated, ?) WHERE id = ?",
+                         (run.phase, run.outcome, run.updated, run.id))
+
+        with self._lock:
+            self._tx(work)
+
+    def _down(self, what: str, exc: BaseException) -> FleetStoreDown:
+        return FleetStoreDown(f"Could not record {_STOPS[what]} in the fleet's Redis ({mask_text(str(exc))}): "
+                              f"{_NOT_DONE[what]}; without that record nobody could recover the run from another "
+                              "machine, so check that Redis answers and try again.")
+
+    def _degrade(self, exc: BaseException) -> None:
+        if self._degraded:
+            return
+        self._degraded = True
+        message = (f"The fleet's Redis did not take the run's latest record ({mask_text(str(exc))}): it is kept in "
+                   "the local journal and copied when Redis answers again; until then `celeryops status` on "
+                   "another machine shows an older state of this run.")
+        log.warning("%s", message)
+        if self.on_warning is not None:
+            self.on_warning(message)
