@@ -11,7 +11,7 @@ from celeryops.adapters.deploy import DeployError, Deployers
 from celeryops.adapters.deploy.base import Deployer, DeployResult, RevisionCreated, RolloutEvent, RolloutState
 from celeryops.core.config import Config, Target
 from celeryops.core.events import Event, Notice
-from celeryops.ops.journal import Run
+from celeryops.ops.journal import FleetStoreDown, Run
 from celeryops.ops.recovery import Rollout
 from celeryops.ops.runner import Runner
 
@@ -64,7 +64,11 @@ class Rollouts:
                 before = await deployer.current(target)
             except DeployError as err:
                 return DeployFailure(target, str(err), started=False, logs_url=err.logs_url)
-            intent = await journal.intend_deploy(run_id, target=target.name, image=image, previous=before.to_dict())
+            try:
+                intent = await journal.intend_deploy(run_id, target=target.name, image=image,
+                                                     previous=before.to_dict())
+            except FleetStoreDown as err:  # not recorded where a teammate could recover it: not started
+                return DeployFailure(target, str(err), started=False)
             try:
                 result = await deployer.deploy(target, image, self._progress, sha=sha, release=release)
             except DeployError as err:

@@ -90,10 +90,19 @@ class Runner:
     _fence: FenceStore | None = field(default=None, init=False)
     _fence_run: str | None = field(default=None, init=False)
     _fence_keeper: asyncio.Future[None] | None = field(default=None, init=False)
+    _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False)
 
     def _refuse_if_read_only(self, what: str) -> None:
         if self.read_only:
             raise ReadOnlyRefused(what)
+
+    def journal_warning(self, message: str) -> None:
+        """The journal could not copy a record to the fleet's Redis (called from the journal's thread)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            log.warning("%s", message)
+            return
+        loop.call_soon_threadsafe(self.emit, Notice(level="warning", message=message))
 
     def emit(self, event: Event) -> None:
         """To the operator's sink, and to the published status while this process holds the run."""
@@ -106,6 +115,7 @@ class Runner:
 
     async def advance(self, run_id: str, phase: Phase, reason: str | None = None) -> None:
         """The run moves to ``phase``: journalled first, then published and emitted."""
+        self._loop = asyncio.get_running_loop()
         await self.journal.aio.advance(run_id, phase, reason=reason)
         if self._pub is not None:
             self._pub.phase(phase, **({"reason": reason} if reason else {}))
@@ -236,6 +246,7 @@ class Runner:
         phase ``drained`` until a deploy or ``abort``); ``timeout``/``interrupted``: consumers restored, aborted.
         ``keep_lease``: a drained run keeps the lease (the deploy follows; call ``release_lease`` after)."""
         self._refuse_if_read_only("stop consumers")
+        self._loop = asyncio.get_running_loop()
         self._deploy_follows = keep_lease
         settings.validate()
         await self.fleet.check_broker()
@@ -383,8 +394,9 @@ class Runner:
                                  max_wait=float(st.get("max_wait", 1200.0)))
         queues = tuple(st.get("queues") or ())
         forget = tuple(st.get("forget") or ())
+        self._loop = asyncio.get_running_loop()
+        await self._acquire(run, take_over=True, own_run=run.id)  # refused while its owner is alive
         await self.journal.aio.note(run.id, {"resumed_by": _user(), "pid": os.getpid()})
-        await self._acquire(run, take_over=True, own_run=run.id)
         self._deploy_follows = keep_lease
         outcome = await self._drain_holding(run, queues, settings, forget, keep_lease)
         return outcome, await self.journal.aio.get(run.id)
@@ -419,7 +431,8 @@ class Runner:
                     force_restore: bool = False) -> tuple[RecoveryPlan, ConsumersRestored | None]:
         """Apply the recovery rules to the fleet's unfinished run (restore what it stopped, mark it aborted)."""
         self._refuse_if_read_only("abort the run")
-        run = run or self.unfinished()
+        self._loop = asyncio.get_running_loop()
+        run = run or await asyncio.to_thread(self.unfinished)
         if run is None:
             raise UserError("There is no unfinished run for this fleet in the journal: nothing was changed.",
                             EXIT_FAILURE)

@@ -1,5 +1,6 @@
 """The one place that assembles a run's objects from the configuration: the journal (first: a bad state dir stops
-us before the fleet is touched), the fleet, the coordination Redis (lease, fence, published status), the runner
+us before the fleet is touched), the fleet, the coordination Redis (lease, fence, published status, and the copy of
+the journal held by the fleet), the runner
 and the run session. The headless commands, the console and the demo all build through here."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from celery import Celery
 from celeryops.adapters.fleet import Fleet
 from celeryops.core.config import Config
 from celeryops.core.events import Event
+from celeryops.ops.fleetjournal import DAY, DEFAULT_TTL, FleetStore
 from celeryops.ops.journal import Journal, journal_path
 from celeryops.ops.operator import Operator
 from celeryops.ops.runner import Runner
@@ -95,12 +97,17 @@ def wire(app: Celery, config: Config, *, on_event: Callable[[Event], None] = lam
     coord = named_redis(coord_at, name) if coord_at else None
     slots_client = coord if slots_at == coord_at else (named_redis(slots_at, name) if slots_at else None)
     fleet_id = config.run.fleet
+    if coord is not None and journal is not None:
+        # The journal is held by the fleet too: any machine with the broker can finish or undo its open runs.
+        journal.fleet_store = FleetStore(coord, fleet_id, ttl=max(DEFAULT_TTL, config.run.fence_parked_ttl + DAY))
     if coord is not None:
         # The fence plugin's registry is a membership source: it lists plugin workers even while they are busy.
         fleet.extra_members.append(lambda: _plugin_members(coord, fleet_id))
     runner = None if journal is None else Runner(fleet=fleet, journal=journal, fleet_name=fleet_id,
                                                  on_event=on_event, read_only=read_only, coord=coord,
                                                  settings=config.run)
+    if runner is not None and journal is not None and not read_only:
+        journal.on_warning = runner.journal_warning
     return Wiring(config, fleet, journal, coord, slots_client, runner)
 
 
