@@ -15,6 +15,7 @@ import redis
 from celeryops.commands.common import FleetSpec, fleet_options
 from celeryops.core.errors import UserError
 from celeryops.core.masking import mask_text, mask_url
+from celeryops.ops.fleetjournal import FleetStore, merge_open
 from celeryops.ops.journal import TERMINAL_PHASES, Journal, Run, journal_path
 from celeryops.ops.publish import PublishedStatus, read_status
 from celeryops.ops.recovery import RecoveryPlan, plan
@@ -65,6 +66,7 @@ class StatusReport:
     recovery: RecoveryPlan | None = None
     notes: list[str] = field(default_factory=list)
     redis_read: bool = False  # Redis answered (so "no lease" means no lease)
+    local_ids: set[str] = field(default_factory=set)  # runs the local journal knows
     last: PublishedStatus | None = None  # a finished run still published, when nothing is current
 
     @property
@@ -93,7 +95,8 @@ class StatusReport:
                 "started_at": started, "age": time.time() - started if started else None,
                 "progress": self.published.progress if self.published else None,
                 "updated_at": self.published.updated_at if self.published else self.run.updated if self.run else None,
-                "in_local_journal": self.run is not None,
+                "in_local_journal": self.run is not None and self.run.id in self.local_ids,
+                "held_by_fleet": self.run is not None and self.run.id not in self.local_ids,
             }
         recovery = None
         if self.recovery is not None:
@@ -115,6 +118,7 @@ def gather_status(fleet_spec: FleetSpec, state_dir: str | None, fleet: str | Non
     finally:
         if journal is not None:
             journal.close()
+    report.local_ids = {r.id for r in local}
 
     published: PublishedStatus | None = None
     redis_ok = False
@@ -127,6 +131,8 @@ def gather_status(fleet_spec: FleetSpec, state_dir: str | None, fleet: str | Non
         try:
             published = read_status(client, name)
             report.lease = read_lease(client, name)
+            # The run journal held by the fleet: open runs of any machine (its copy wins over the local one).
+            local, _ended = merge_open(local, FleetStore(client, name))
             redis_ok = report.redis_read = True
         except redis.RedisError as exc:
             report.notes.append(f"Redis at {mask_url(url)} is unreachable ({mask_text(str(exc)).rstrip('.')}), "
@@ -167,7 +173,9 @@ def _status_lines(report: StatusReport) -> list[str]:
     release = f", release {data['release']}" if data["release"] else ""
     lines = [f"Fleet {report.fleet}: run {data['id']} is in phase {data['phase']}, started {ago(data['age'] or 0)} "
              f"by {data['owner']}@{data['host']}{release}."]
-    lines.append("Source: " + ("the status published in Redis" if report.source == "redis" else "the local journal"))
+    lines.append("Source: " + ("the status published in Redis" if report.source == "redis" else
+                               "the run journal held by the fleet in Redis" if data["held_by_fleet"] else
+                               "the local journal"))
     if report.published is not None and report.published.progress:
         progress = "  ".join(f"{k} {v}" for k, v in report.published.progress.items()
                              if not isinstance(v, (dict, list)))

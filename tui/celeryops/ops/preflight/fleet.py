@@ -20,6 +20,15 @@ UNREACHABLE = frozenset({"broker", "workers"})
 
 def fleet_checks(fleet: Fleet, journal: Journal, coord: redis.Redis | None, fleet_name: str, *,
                  take_over: bool = False) -> list[Check]:
+    found: list[asyncio.Future[set[str]]] = []
+
+    async def known() -> set[str]:
+        """The fleet's members, looked up once for the checks that need them (on Redis: the pidbox bindings and the
+        fence registry; else who answers ping)."""
+        if not found:
+            found.append(asyncio.ensure_future(fleet.members()))
+        return set(await asyncio.shield(found[0]))
+
     async def broker() -> CheckResult:
         try:
             await fleet.check_broker()
@@ -28,8 +37,9 @@ def fleet_checks(fleet: Fleet, journal: Journal, coord: redis.Redis | None, flee
         return CheckResult("broker", "", "ok", fleet.display_url)
 
     async def workers() -> CheckResult:
-        answered = await fleet.ping()
-        members = await fleet.members()
+        members = await known()
+        # With every member known, ping returns as soon as all of them answered.
+        answered = await fleet.ping(limit=len(members) or None)
         silent = sorted(members - answered)
         if not answered:
             hint = f" ({len(silent)} registered but silent: {', '.join(silent[:4])})" if silent else ""
@@ -43,8 +53,11 @@ def fleet_checks(fleet: Fleet, journal: Journal, coord: redis.Redis | None, flee
 
     async def lease() -> CheckResult:
         if coord is None:
-            return CheckResult("lease", "", "warn", "no Redis for the run lease",
-                               "set CELERYOPS_REDIS_URL so that two operators cannot drain at once")
+            return CheckResult("lease", "", "warn", "no Redis for the run lease and the run journal (the broker is "
+                               "not Redis): recovery will only be possible from this machine, and two operators "
+                               "could drain at once",
+                               "set CELERYOPS_REDIS_URL to a Redis the fleet shares, so that any machine with the "
+                               "broker can abort or resume a run whose operator is gone")
         try:
             holder = await asyncio.to_thread(read_lease, coord, fleet_name)
         except redis.RedisError as exc:
@@ -65,4 +78,4 @@ def fleet_checks(fleet: Fleet, journal: Journal, coord: redis.Redis | None, flee
     return [Check("broker", "Broker reachable", broker, timeout=15),
             Check("workers", "Every known worker replies", workers, timeout=20),
             Check("lease", "No other run holds the fleet", lease, timeout=10),
-            fence_plugin_check(fleet.app, fleet_name)]
+            fence_plugin_check(fleet.app, fleet_name, known=known)]
