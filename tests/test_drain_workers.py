@@ -110,7 +110,7 @@ def test_reserved_tasks_are_counted_and_waited_for(redis_url: str, start_workers
 def test_timeout_kills_nothing_and_restores(broker_url: str, celery_app: Celery, start_workers,
                                             redis_client: redis.Redis, queue_name: str, env: dict[str, str]) -> None:
     (worker,) = start_workers(broker_url, queues=[queue_name])
-    (tid,) = enqueue(broker_url, queue_name, 10.0)
+    (tid,) = enqueue(broker_url, queue_name, 25.0)  # outlasts the CLI's start, its preflight and the max wait
     wait_for(lambda: started(redis_client, [tid]), 30, "the long task to start")
     drain = CliProcess(["drain", "--broker", broker_url, "-Q", queue_name, "--interval", "0.3", "--max-wait", "1",
                         "--json"], env)
@@ -119,7 +119,7 @@ def test_timeout_kills_nothing_and_restores(broker_url: str, celery_app: Celery,
     assert not redis_client.hget(f"ct:run:{tid}", "finished"), "the task must still be running at the timeout"
     assert any(e["event"] == "restored" and e["verified"] for e in drain.events)
     assert consuming(celery_app, worker) == {queue_name}
-    wait_for(lambda: finished(redis_client, [tid]), 30, "the long task to run to its end")
+    wait_for(lambda: finished(redis_client, [tid]), 60, "the long task to run to its end")
     assert runs(redis_client, tid)["runs"] == 1
     assert timeout["message"]
 
@@ -162,7 +162,7 @@ def test_task_events_trigger_an_early_poll(redis_url: str, start_workers, redis_
     """With workers sending task events (-E), the drain polls again as soon as the in-flight tasks end instead of
     waiting out the interval; the verdict still needs the full streak of empty polls."""
     start_workers(redis_url, queues=[queue_name], env={"CELERYOPS_TEST_EVENTS": "1"})
-    (tid,) = enqueue(redis_url, queue_name, 6.0)
+    (tid,) = enqueue(redis_url, queue_name, 15.0)  # still running after the CLI's start and preflight under load
     wait_for(lambda: started(redis_client, [tid]), 30, "the task to start")
     drain = CliProcess(["drain", "--broker", redis_url, "-Q", queue_name, "--interval", "30", "--streak", "2",
                         "--max-wait", "300", "--json"], env)

@@ -260,7 +260,7 @@ def test_second_drain_refused_then_take_over_after_sigkill(fleet: SharedFleet, e
 def test_resume_after_sigkill_in_draining_finishes_the_drain(fleet: SharedFleet, env: dict[str, str],
                                                              coord: redis.Redis, records: redis.Redis,
                                                              fleet_name: str) -> None:
-    ids = enqueue(fleet.url, fleet.queues[0], 5.0)
+    ids = enqueue(fleet.url, fleet.queues[0], 15.0)  # still running after the CLI's start and preflight under load
     wait_for(lambda: started(records, ids), 30, "the task to start")
     drain = CliProcess(["drain", "--broker", fleet.url, *FAST, "--json"], env)
     try:

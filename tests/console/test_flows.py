@@ -112,8 +112,9 @@ async def test_drain_timeout_restores_consumers(redis_url: str, busy_worker: Any
     try:
         async with app.run_test(size=SIZE) as pilot:
             await proceed(pilot)
-            await until(pilot, lambda: app.model.phase == "aborted", 60, "the drain to time out")
-            assert app.model.finished is not None and app.model.finished.outcome == "timeout"
+            await until(pilot, lambda: app.model.finished is not None, 60, "the drain to time out")
+            assert app.model.phase == "aborted" and app.model.finished is not None
+            assert app.model.finished.outcome == "timeout"
             assert any("restored" in line.text for line in app.model.log)
             await press(pilot, "q")
         assert app.return_value == EXIT_TIMEOUT

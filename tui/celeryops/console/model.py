@@ -80,7 +80,8 @@ class RunModel:
         if self.phase in ("preflight", "ready") or (self.phase == "failed" and self.started is None):
             return "preflight"
         if self.phase in ("deploying", "deployed") or (self.phase in ("done", "failed", "aborted")
-                                                        and self.deploy is not None):
+                                                        and self.deploy is not None) or (
+                self.kind == "deploy" and self.phase == "done"):
             return "deploy"
         if self.phase is not None or self.progress is not None:
             return "drain"

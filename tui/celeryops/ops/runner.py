@@ -407,7 +407,8 @@ class Runner:
         await self._acquire(run, take_over=True, own_run=run.id)
 
     async def _restore_after(self, drain: Drain, run: Run, why: str, finished: DrainFinished | None = None) -> None:
-        """Restore what the drain stopped (the fence first), then say how the drain ended, then mark it aborted."""
+        """Restore what the drain stopped (the fence first), mark the run aborted, then say how the drain ended (the
+        last event of a drain-only run)."""
         if self.detached and why == "interrupted":
             self.emit(Notice(level="warning", message="The operator detached from the run: its consumers stay "
                                                       "stopped until `celeryops resume` or `celeryops abort`."))
@@ -416,9 +417,9 @@ class Runner:
         # (and the restore's check would report it missing). A second interrupt must not cut either short.
         await _uncut(self.lift_fence(run.id))
         event = await _uncut(drain.restore())
+        await self.advance(run.id, "aborted", reason=why)
         if finished is not None:
             self.emit(finished)
-        await self.advance(run.id, "aborted", reason=why)
         if not event.verified:
             self.emit(Notice(level="warning", message=_unverified(event)))
 

@@ -18,7 +18,7 @@ pairs. Every result's detail is one line and every remedy says what to do.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from datetime import UTC, datetime, timedelta
 
 import humanize
@@ -173,14 +173,17 @@ def permissions_check(
     return Check(check_id, title, run)
 
 
-def fence_plugin_check(app: Celery, fleet: str, *, check_id: str = "fence", title: str = "Drain fence plugin") -> Check:
+def fence_plugin_check(app: Celery, fleet: str, *, check_id: str = "fence", title: str = "Drain fence plugin",
+                       known: Callable[[], Awaitable[Collection[str]]] | None = None) -> Check:
     """ok: every worker that answers runs the drain fence plugin of ``fleet``; warn: some don't (listed), or none
     answered; fail: plugin workers follow another fleet's fence (the run's fence and lease would not be theirs)."""
 
     async def run() -> CheckResult:
         from celeryops.fence import fence_status
 
-        replies = await asyncio.to_thread(fence_status, app)
+        # Addressed to the known workers, the broadcast returns as soon as each replied (not after its timeout).
+        destination = sorted(await known()) if known is not None else None
+        replies = await asyncio.to_thread(fence_status, app, destination or None)
         elsewhere = sorted((r.fleet, w) for w, r in replies.items() if r.plugin and r.fleet and r.fleet != fleet)
         if elsewhere:
             names = sorted({f for f, _ in elsewhere})
