@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -238,6 +239,73 @@ class GitRepo:
                 "check the repository's health (git fsck), then try again",
             )
         return Divergence(ahead=int(fields[0]), behind=int(fields[1]))
+
+
+@dataclass(frozen=True)
+class RemoteBranch:
+    """A branch of the remote: its tip, and the tip commit's date (UTC) and subject once it was read."""
+
+    name: str
+    sha: str
+    committed: datetime | None = None
+    subject: str = ""
+
+
+class _Listing:
+    """``GitRepo.remote_branches`` in pieces (kept apart so GitRepo stays a list of one-git-call methods)."""
+
+    @staticmethod
+    def parse(stdout: str) -> tuple[str | None, list[RemoteBranch]]:
+        default: str | None = None
+        branches: list[RemoteBranch] = []
+        for line in stdout.splitlines():
+            if line.startswith("ref: "):  # --symref: "ref: refs/heads/main\tHEAD"
+                target, _, name = line[5:].partition("\t")
+                if name.strip() == "HEAD" and target.startswith("refs/heads/"):
+                    default = target.removeprefix("refs/heads/")
+                continue
+            sha, _, ref = line.partition("\t")
+            ref = ref.strip()
+            if ref.startswith("refs/heads/"):
+                branches.append(RemoteBranch(ref.removeprefix("refs/heads/"), sha.strip()))
+        return default, branches
+
+
+async def remote_branches(repo: GitRepo, remote: str, keep: Callable[[str, str | None], bool]) -> list[RemoteBranch]:
+    """The remote's branches that ``keep(name, default_branch)`` selects, newest tip commit first, each with its
+    commit date and subject. One ``ls-remote`` and, when some tip commits are not local yet, one ``fetch`` of those
+    branches (into the remote-tracking refs only), then one ``log --no-walk`` for every tip."""
+    await repo._ensure_remote(remote)
+    listed = await repo._run("ls-remote", "--symref", remote, "HEAD", "refs/heads/*")
+    if listed.returncode != 0:
+        raise RemoteUnreachable(
+            f"could not list branches of remote {mask_text(remote)}: {listed.first_error_line}",
+            "check the network, the remote's address and your access to it, then try again",
+        )
+    default, branches = _Listing.parse(listed.stdout)
+    chosen = [b for b in branches if keep(b.name, default)]
+    if not chosen:
+        return []
+    missing = [b for b in chosen if not await repo.has_commit(b.sha)]
+    if missing:
+        tracking = "refs/remotes/" + remote if not _URL_LIKE.match(remote) else "refs/celeryops/releases"
+        specs = [f"+refs/heads/{b.name}:{tracking}/{b.name}" for b in missing]
+        fetched = await repo._run("fetch", "--quiet", "--no-tags", remote, *specs)
+        if fetched.returncode != 0:
+            raise RemoteUnreachable(
+                f"could not fetch the release branches from {mask_text(remote)}: {fetched.first_error_line}",
+                "check the network and your access to the remote, then try again",
+            )
+    shown = await repo._run("log", "--no-walk=unsorted", "--format=%H %ct %s", *(b.sha for b in chosen), "--")
+    info: dict[str, tuple[datetime, str]] = {}
+    for line in shown.stdout.splitlines():
+        sha, _, rest = line.partition(" ")
+        stamp, _, subject = rest.partition(" ")
+        if stamp.isdigit():
+            info[sha] = (datetime.fromtimestamp(int(stamp), tz=UTC), subject)
+    out = [RemoteBranch(b.name, b.sha, *info.get(b.sha, (None, ""))) for b in chosen]
+    epoch = datetime.fromtimestamp(0, tz=UTC)
+    return sorted(out, key=lambda b: (b.committed or epoch, b.name), reverse=True)
 
 
 def short_sha(sha: str) -> str:

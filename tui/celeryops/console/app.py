@@ -27,7 +27,9 @@ from celeryops.console.screens.drain import DrainScreen
 from celeryops.console.screens.home import HomeScreen
 from celeryops.console.screens.preflight import PreflightScreen
 from celeryops.console.screens.quit import QuitChoice, QuitScreen
+from celeryops.console.screens.releases import ReleasesScreen
 from celeryops.console.screens.resume import ResumeScreen
+from celeryops.console.screens.runs import RunsScreen
 from celeryops.console.screens.slots import SlotsScreen
 from celeryops.console.stylesheets import stylesheets
 from celeryops.core.errors import EXIT_INTERRUPTED, UserError
@@ -84,9 +86,8 @@ class ConsoleApp(App[int]):
         return HomeScreen(self.read_only)
 
     def on_mount(self) -> None:
-        run = self.backend.unfinished_run() if self.start == "home" else None
-        if run is not None:
-            self.push_screen(ResumeScreen(self.read_only, run))
+        if self.start == "home":  # read off the event loop: a slow journal or Redis never freezes the screen
+            self.run_worker(self._offer_unfinished(on_start=True), group="backend")
         if self.read_only:
             self.call_backend("follow the live run", self.backend.follow_run(self.sink))
         elif self.start in ("deploy", "drain"):
@@ -120,16 +121,33 @@ class ConsoleApp(App[int]):
         if not isinstance(self.screen, SlotsScreen):
             self.push_screen(SlotsScreen(self.read_only))
 
-    def action_show_run(self) -> None:
-        view = self.model.view
-        if view is None and (unfinished := self.backend.unfinished_run()) is not None:
-            # left the resume/abort panel earlier: the run is still journalled, show it again
+    async def _offer_unfinished(self, on_start: bool = False) -> None:
+        """The resume/abort panel for an unfinished run in the journal (on start, or when w finds no run here)."""
+        try:
+            unfinished = await self.backend.unfinished_run()
+        except UserError as err:
+            self._report(err)
+            return
+        if unfinished is not None and self.model.view is None:
             if not isinstance(self.screen, ResumeScreen):
                 self.push_screen(ResumeScreen(self.read_only, unfinished))
-            return
-        if view is None:
+        elif not on_start and self.model.view is None:
             self.notify("No run in progress in this console; `celeryops watch` follows a run started elsewhere.",
                         severity="information")
+
+    def action_pick_release(self) -> None:
+        """D on the home view: the release picker (its Enter starts the deploy's preflight)."""
+        if not self.read_only and not isinstance(self.screen, ReleasesScreen):
+            self.push_screen(ReleasesScreen(self.read_only, preselect=self.release))
+
+    def action_show_runs(self) -> None:
+        if not isinstance(self.screen, RunsScreen):
+            self.push_screen(RunsScreen(self.read_only))
+
+    def action_show_run(self) -> None:
+        view = self.model.view
+        if view is None:  # maybe the resume/abort panel was left earlier: the run is still journalled
+            self.run_worker(self._offer_unfinished(), group="backend")
             return
         if not isinstance(self.screen, RUN_SCREENS[view]):
             self._wanted = view
@@ -333,7 +351,8 @@ def make_app(backend: ConsoleBackend, *, read_only: bool = False, clock: Callabl
 
 def run_demo_console(handoff: Any) -> int:
     """``celeryops demo``: the console on the sandbox (``celeryops.demo.sandbox.DemoHandoff``), on the home view
-    with the hint line; D deploys ``handoff.release``. Returns the exit code when the operator quits."""
+    with the hint line; D opens the release picker on ``handoff.release``. Returns the exit code when the
+    operator quits."""
     from celery import Celery
 
     from celeryops.core.masking import mask_url

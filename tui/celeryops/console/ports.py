@@ -11,6 +11,8 @@ Contract for implementations:
   :class:`celeryops.ops.views.ReadOnlyRefused` and changes nothing (the console also never offers them).
 - Snapshots are read-only: they send no control command that changes a worker and write no key.
 - ``on_event`` may be called from any thread; the console posts each event to its message queue.
+- Nothing blocks the console's event loop: every journal read, Redis read, git and registry call runs off it
+  (``asyncio.to_thread`` or async I/O), so a slow Redis never freezes the screen.
 - Failures the operator can fix raise :class:`celeryops.core.errors.UserError` (one sentence); the console shows it.
 """
 
@@ -18,7 +20,15 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from celeryops.ops.views import EventSink, FleetView, RunView, SlotsView
+from celeryops.ops.views import (
+    EventSink,
+    FleetView,
+    ReleasesView,
+    RunRecordView,
+    RunView,
+    SlotsView,
+    TimelineEntry,
+)
 
 
 class ConsoleBackend(Protocol):
@@ -35,8 +45,20 @@ class ConsoleBackend(Protocol):
         """The slot pool, or None when the fleet has none."""
         ...
 
-    def unfinished_run(self) -> RunView | None:
+    async def unfinished_run(self) -> RunView | None:
         """An interrupted run from the journal, with the plan of each recovery choice, or None."""
+        ...
+
+    async def releases(self) -> ReleasesView:
+        """The remote's release branches, newest first, with tip commit, age and whether the image exists."""
+        ...
+
+    async def run_history(self, limit: int = 50) -> tuple[RunRecordView, ...]:
+        """The fleet's recent runs, newest first (the local journal, and the fleet-held store when there is one)."""
+        ...
+
+    async def run_timeline(self, run_id: str) -> tuple[TimelineEntry, ...]:
+        """One run's events, oldest first."""
         ...
 
     async def start_deploy(self, release: str, on_event: EventSink) -> None:

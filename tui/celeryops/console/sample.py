@@ -19,12 +19,16 @@ from celeryops.ops.views import (
     FleetView,
     QueueView,
     RecoveryChoice,
+    ReleasesView,
+    ReleaseView,
     ResourceView,
+    RunRecordView,
     RunSummary,
     RunView,
     SlotHolder,
     SlotsView,
     SlotWaiter,
+    TimelineEntry,
     WorkerView,
 )
 
@@ -171,3 +175,46 @@ def deploy_events(state: str = "rolling") -> list[RolloutEvent]:
 def fleet_back() -> dict[str, tuple[str, ...]]:
     """The workers consuming again after the deploy (a FleetBack event's payload)."""
     return {w.name: w.queues for w in workers() if w.queues}
+
+
+def releases() -> ReleasesView:
+    """The release picker's list: newest first; one image not pushed yet, one registry that did not answer."""
+    return ReleasesView(remote="origin", pattern="branches matching release/*", releases=(
+        ReleaseView("release/2.15", "9c1d2e3f4a5b6c7d8e9f00112233445566778899", NOW - 2 * 3600,
+                    "Render queue: retry GPU jobs on OOM", "missing",
+                    "image europe-west1-docker.pkg.dev/p/app/worker:9c1d2e3 was not found"),
+        ReleaseView("release/2.14", "4f2ae91c0b1d2e3f4a5b6c7d8e9f001122334455", NOW - 26 * 3600,
+                    "Faster monthly report exports", "exists", "image …/worker:4f2ae91 exists in europe-west1"),
+        ReleaseView("release/2.13", "77aa88bb99cc00dd11ee22ff33aa44bb55cc66dd", NOW - 9 * 86400,
+                    "Pin celery 5.4.0", "exists", "image …/worker:77aa88b exists in europe-west1"),
+        ReleaseView("release/2.12-hotfix", "0123456789abcdef0123456789abcdef01234567", NOW - 41 * 86400,
+                    "Hotfix: ETA tasks lost on warm shutdown", "unknown",
+                    "registry europe-west1-docker.pkg.dev could not be reached (timed out)"),
+    ))
+
+
+def history() -> tuple[RunRecordView, ...]:
+    """The run history: a deploy in progress, a deploy done, a drain that timed out, a failed deploy."""
+    return (
+        RunRecordView("20240611-0912-3fa9c1", "deploy", "draining", "release/2.14", "ops@laptop", NOW - 420, None),
+        RunRecordView("20240610-1630-9b0d2e", "deploy", "done", "release/2.13", "ci@runner-7", NOW - 17 * 3600,
+                      1130.0, "succeeded"),
+        RunRecordView("20240609-1105-7c1e4a", "drain", "aborted", None, "ops@laptop", NOW - 2 * 86400 - 3600,
+                      1210.0, "timeout"),
+        RunRecordView("20240605-0840-51aa07", "deploy", "failed", "release/2.12", "ops@laptop", NOW - 6 * 86400,
+                      742.0, "deploy_failed"),
+    )
+
+
+def timeline() -> tuple[TimelineEntry, ...]:
+    start = NOW - 17 * 3600
+    return (
+        TimelineEntry(start, "info", "run created by ci@runner-7 to deploy release/2.13"),
+        TimelineEntry(start + 1, "info", "phase preflight → stopping"),
+        TimelineEntry(start + 1, "info", "about to cancel consumers: default, render on every worker"),
+        TimelineEntry(start + 2, "info", "phase stopping → draining"),
+        TimelineEntry(start + 905, "ok", "phase draining → deploying"),
+        TimelineEntry(start + 905, "info", "about to deploy …/worker:77aa88b to worker-pool"),
+        TimelineEntry(start + 1100, "ok", "deploy_start done (revision worker-pool-00042-xuv)"),
+        TimelineEntry(start + 1130, "ok", "phase deployed → done"),
+    )

@@ -12,7 +12,15 @@ from dataclasses import dataclass, field
 
 from celeryops.core.errors import ReadOnlyRefused
 from celeryops.core.events import Event
-from celeryops.ops.views import EventSink, FleetView, RunView, SlotsView
+from celeryops.ops.views import (
+    EventSink,
+    FleetView,
+    ReleasesView,
+    RunRecordView,
+    RunView,
+    SlotsView,
+    TimelineEntry,
+)
 
 
 @dataclass
@@ -22,6 +30,9 @@ class StaticBackend:
     fleet: FleetView = field(default_factory=FleetView)
     slots: SlotsView | None = None
     run: RunView | None = None
+    releases_view: ReleasesView = field(default_factory=ReleasesView)
+    history: tuple[RunRecordView, ...] = ()
+    timelines: dict[str, tuple[TimelineEntry, ...]] = field(default_factory=dict)
     read_only: bool = False
     fleet_display: str = "redis://:***@broker.internal:6379/0"
     preflight_script: Sequence[Event] = ()  # emitted by start_deploy / start_drain
@@ -50,8 +61,18 @@ class StaticBackend:
     async def slots_snapshot(self) -> SlotsView | None:
         return self.slots
 
-    def unfinished_run(self) -> RunView | None:
+    async def unfinished_run(self) -> RunView | None:
         return self.run
+
+    async def releases(self) -> ReleasesView:
+        self.calls.append(("releases",))
+        return self.releases_view
+
+    async def run_history(self, limit: int = 50) -> tuple[RunRecordView, ...]:
+        return self.history[:limit]
+
+    async def run_timeline(self, run_id: str) -> tuple[TimelineEntry, ...]:
+        return self.timelines.get(run_id, ())
 
     async def start_deploy(self, release: str, on_event: EventSink) -> None:
         self._dangerous("start deploy", release)

@@ -14,6 +14,7 @@ together in a single :class:`~celeryops.core.errors.UserError` with exit code ``
 from __future__ import annotations
 
 import difflib
+import fnmatch
 import ipaddress
 import math
 import re
@@ -67,11 +68,12 @@ ENV_KEYS: dict[str, str] = {
     "CELERYOPS_DRAIN_MAX_WAIT": "drain.max_wait",
     "CELERYOPS_RELEASE_REMOTE": "release.remote",
     "CELERYOPS_RELEASE_MAX_AGE_DAYS": "release.max_age_days",
+    "CELERYOPS_RELEASE_BRANCHES": "release.branches",
 }
 
 _TOP_KEYS = ("broker", "app", "state_dir", "drain", "release", "preflight", "targets")
 _DRAIN_KEYS = ("interval", "streak", "max_wait")
-_RELEASE_KEYS = ("remote", "max_age_days")
+_RELEASE_KEYS = ("remote", "max_age_days", "branches")
 _PREFLIGHT_KEYS = ("accept",)
 _TARGET_KEYS = ("name", "kind", "project", "region", "resource", "container", "image", "api_endpoint", "insecure",
                 "command", "timeout", "traffic")
@@ -105,6 +107,14 @@ class ReleaseSettings:
 
     remote: str = "origin"
     max_age_days: int = 14
+    branches: str | None = None  # glob over the remote's branch names (``release/*``); None: every branch but
+    #                              the remote's default one (the console's release picker lists these)
+
+    def is_release(self, branch: str, default: str | None) -> bool:
+        """Whether the remote branch ``branch`` is offered as a release (``default``: the remote's HEAD branch)."""
+        if self.branches is None:
+            return branch != default
+        return any(fnmatch.fnmatchcase(branch, p.strip()) for p in self.branches.split(",") if p.strip())
 
 
 @dataclass(frozen=True)
@@ -406,6 +416,15 @@ def _validate_preflight(table: Any, raw: dict[str, Any], problems: list[str]) ->
 def _apply_scalar(raw: dict[str, Any], key: str, value: Any, where: str, problems: list[str], *,
                   from_text: bool, base_dir: Path | None = None) -> None:
     """Validate one scalar setting and store it into ``raw`` (``drain.x`` keys go into ``raw['drain']``)."""
+    if key == "release.branches":
+        pattern = _typed(value, str, where, problems)
+        if pattern is not None:
+            problem = _branch_pattern_problem(pattern)
+            if problem:
+                problems.append(f"{where} {problem}.")
+            else:
+                raw["release"]["branches"] = pattern.strip()
+        return
     if key in ("broker", "app", "state_dir", "release.remote"):
         text = _typed(value, str, where, problems)
         if text is None:
@@ -438,6 +457,21 @@ def _apply_scalar(raw: dict[str, Any], key: str, value: Any, where: str, problem
         problems.append(f"{where} must be at least {minimum}, not {integer}.")
         return
     raw[section][name] = integer
+
+
+def _branch_pattern_problem(pattern: str) -> str | None:
+    """Why ``pattern`` (comma-separated globs over branch names) cannot select release branches, or None."""
+    parts = [p.strip() for p in pattern.split(",")]
+    if not pattern.strip() or not all(parts):
+        return (f"{pattern!r} has an empty pattern; give globs such as \"release/*\" (comma-separated), or remove "
+                "it to offer every branch but the default one")
+    for part in parts:
+        if any(c.isspace() or c in "~^:\\" for c in part) or part.startswith(("-", "/")) or ".." in part:
+            return (f"{part!r} cannot match a git branch name (no spaces, ~ ^ : \\ or .., not starting with - "
+                    "or /); use a glob such as \"release/*\"")
+        if part.count("[") != part.count("]"):
+            return f"{part!r} has an unclosed [ ]; use a glob such as \"release/*\" or \"v[0-9]*\""
+    return None
 
 
 def _validate_targets(targets: list[dict[str, Any]], problems: list[str]) -> list[Target]:

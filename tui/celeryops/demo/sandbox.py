@@ -53,7 +53,7 @@ PROJECT = "demo-project"
 REGION = "europe-west1"
 SERVICE = "worker"
 IMAGE_NAME = "demo/worker"
-HINT = f"Press D to deploy release {RELEASE} · w to watch the run · s for slots · ? for every action."
+HINT = f"Press D and Enter to deploy release {RELEASE} · w watches the run · r runs · s slots · ? every action."
 SLOT_TOTALS = {"CPU": 4, "GPU": 1}
 
 Progress = Callable[[str], None]
@@ -246,7 +246,7 @@ class Sandbox:
         self.config_path.write_text(standin_config(
             broker=self.url, endpoint=endpoint, image=f"{self.registry.host}/{IMAGE_NAME}:{{sha}}",
             interval=t.drain_interval, max_wait=t.drain_max_wait, project=PROJECT, region=REGION,
-            resource=SERVICE, name=SERVICE, state_dir="state",
+            resource=SERVICE, name=SERVICE, state_dir="state", branches="demo-*",
             comment=f"Written by `celeryops demo`: everything points at the sandbox in {self.root}."),
             encoding="utf-8")
 

@@ -26,11 +26,22 @@ from celeryops.core.config import Config, Target
 from celeryops.core.errors import EXIT_USAGE, ReadOnlyRefused, UserError
 from celeryops.core.events import DrainProgress, Event, Notice, PhaseChanged, RunKind, RunPhase
 from celeryops.core.masking import mask_text
+from celeryops.ops.history import local_runs, local_timeline, merge_runs
 from celeryops.ops.operator import ConsoleOperator
+from celeryops.ops.releases import list_releases
 from celeryops.ops.runner import Runner
 from celeryops.ops.session import DrainRequest, RunSession
 from celeryops.ops.snapshots import Snapshots
-from celeryops.ops.views import EventSink, FleetView, RunSummary, RunView, SlotsView
+from celeryops.ops.views import (
+    EventSink,
+    FleetView,
+    ReleasesView,
+    RunRecordView,
+    RunSummary,
+    RunView,
+    SlotsView,
+    TimelineEntry,
+)
 from celeryops.ops.watch import follow
 from celeryops.ops.wiring import CONSOLE_CLIENT_NAME, Wiring, wire
 
@@ -117,8 +128,24 @@ class OpsBackend:
     async def slots_snapshot(self) -> SlotsView | None:
         return await self.snapshots.slots()
 
-    def unfinished_run(self) -> RunView | None:
-        return self.snapshots.unfinished_run()
+    async def unfinished_run(self) -> RunView | None:
+        return await asyncio.to_thread(self.snapshots.unfinished_run)
+
+    async def releases(self) -> ReleasesView:
+        return await list_releases(self.config, self.repo, self.targets)
+
+    async def run_history(self, limit: int = 50) -> tuple[RunRecordView, ...]:
+        journal = self.wiring.journal
+        if journal is None:
+            return ()
+        local = await asyncio.to_thread(local_runs, journal, self.wiring.fleet_name, limit)
+        return merge_runs(local, limit=limit)
+
+    async def run_timeline(self, run_id: str) -> tuple[TimelineEntry, ...]:
+        journal = self.wiring.journal
+        if journal is None:
+            return ()
+        return await asyncio.to_thread(local_timeline, journal, run_id)
 
     # -- runs ------------------------------------------------------------------------------------------------------
 
@@ -167,7 +194,7 @@ class OpsBackend:
 
     async def resume_run(self, on_event: EventSink) -> None:
         runner = self._runner("resume the run")
-        run = runner.unfinished()
+        run = await asyncio.to_thread(runner.unfinished)
         if run is None:
             raise UserError("There is no unfinished run to resume: nothing was changed.", EXIT_USAGE)
         self._begin(runner, "deploy" if run.release else "drain", run.release, on_event, lambda s: s.resume(run))
@@ -192,7 +219,7 @@ class OpsBackend:
             with contextlib.suppress(asyncio.CancelledError):
                 await live.task
             return
-        run = runner.unfinished()
+        run = await asyncio.to_thread(runner.unfinished)
         if run is None:
             raise UserError("There is no run to abort: nothing was changed.", EXIT_USAGE)
         sink = live.sink if live is not None else (lambda event: None)

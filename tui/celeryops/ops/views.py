@@ -26,6 +26,7 @@ from celeryops.adapters.deploy.base import (
 from celeryops.core.events import Event, RunKind, RunPhase, TaskInfo, WorkerState
 
 RolloutState = Literal["pending", "creating", "rolling", "ready", "failed"]
+ImageState = Literal["exists", "missing", "unknown", "none"]
 ChoiceKind = Literal["resume", "abort", "detach"]
 
 
@@ -121,6 +122,53 @@ class SlotsView:
     holders: tuple[SlotHolder, ...] = ()
     waiting: tuple[SlotWaiter, ...] = ()
     sample_interval: float = 5.0  # seconds between history samples
+
+
+@dataclass(frozen=True)
+class ReleaseView:
+    """A release branch on the remote, as the release picker lists it. ``image``: whether every target's image
+    for this commit is in its registry (``unknown``: the registry did not say; ``none``: no target has an image)."""
+
+    name: str
+    sha: str
+    committed_at: float | None  # epoch seconds of the tip commit
+    subject: str = ""
+    image: ImageState = "none"
+    image_detail: str = ""
+
+
+@dataclass(frozen=True)
+class ReleasesView:
+    """The release picker's list, newest first, and where it came from (``remote``, the pattern in words)."""
+
+    releases: tuple[ReleaseView, ...] = ()
+    remote: str = "origin"
+    pattern: str = "every branch but the default one"
+
+
+@dataclass(frozen=True)
+class RunRecordView:
+    """One past or open run of the fleet, as the run history lists it. ``phase`` is a word of
+    ``core.events.RUN_PHASES``; ``duration`` None: still open (the screen counts from ``started_at``)."""
+
+    run_id: str
+    kind: RunKind
+    phase: RunPhase
+    release: str | None
+    owner: str  # user@host
+    started_at: float  # epoch seconds
+    duration: float | None
+    outcome: str | None = None
+    source: str = "journal"  # where it was read: this machine's journal, or the fleet-held store
+
+
+@dataclass(frozen=True)
+class TimelineEntry:
+    """One line of a run's event timeline: when (epoch seconds), how it went (info, ok, warning, error), what."""
+
+    at: float
+    level: str
+    text: str
 
 
 @dataclass(frozen=True)

@@ -36,13 +36,15 @@ class HomeScreen(ConsoleScreen):
                 tooltip="Filter workers and queues by worker, queue or task name."),
         Binding("escape", "clear_filter", "Clear filter", id="home.clear_filter",
                 tooltip="Show every worker and queue again."),
-        Binding("r", "refresh", "Refresh", id="home.refresh", tooltip="Poll the fleet now."),
+        Binding("ctrl+r", "refresh", "Refresh", id="home.refresh", show=False, tooltip="Poll the fleet now."),
+        Binding("r", "app.show_runs", "Runs", id="home.runs",
+                tooltip="Run history: the fleet's recent runs; Enter opens one's event timeline."),
         Binding("s", "app.show_slots", "Slots", id="home.slots", tooltip="Slot pool: gauges, holders, waiters."),
         Binding("w", "app.show_run", "Run", id="home.run", tooltip="Show the current run."),
         Binding("S", "start_drain", "Start drain", id="home.start_drain",
                 tooltip="Run preflight for a drain; nothing changes until you confirm on the checklist."),
         Binding("D", "start_deploy", "Deploy", id="home.start_deploy",
-                tooltip="Run preflight for a deploy of the configured release; nothing changes until you confirm."),
+                tooltip="Pick a release branch, then run its preflight; nothing changes until you confirm."),
     ]
 
     def __init__(self, read_only: bool) -> None:
@@ -206,8 +208,4 @@ class HomeScreen(ConsoleScreen):
         self.console.begin_run("drain", None)
 
     def action_start_deploy(self) -> None:
-        if not self.console.release:
-            self.console.notify("No release to deploy here: start `celeryops deploy RELEASE` to deploy one.",
-                                severity="warning", timeout=8)
-            return
-        self.console.begin_run("deploy", self.console.release)
+        self.console.action_pick_release()
