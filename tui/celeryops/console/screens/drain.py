@@ -60,6 +60,9 @@ class DrainScreen(ConsoleScreen):
         box = self.query_one("#filter", Input)
         box.display = False
         box.cursor_blink = self.console.motion
+        # The live clock: elapsed and time to max wait move every second between polls, from the last poll and the
+        # console's clock (no broker or Redis traffic); paused while no drain is running.
+        self._clock = self.set_interval(1.0, self._tick, pause=True)
         self.render_model(self.console.model)
         if self.read_only:  # a watcher only sees what the operator's console publishes: say when that stops
             self.set_interval(5.0, lambda: self._show_title(self.console.model))
@@ -89,9 +92,7 @@ class DrainScreen(ConsoleScreen):
         self._show_title(model)
         if progress is not None:
             self.query_one(StreakMeter).set_streak(progress.streak, progress.required)
-            finished = model.finished
-            self.query_one(Countdown).set_time(finished.elapsed if finished else progress.elapsed, progress.remaining,
-                                               finished.outcome if finished else None)
+            self._tick()
             counts = Text("Held ", style="bold")
             counts.append(f"{progress.active} active", style="bold cyan" if progress.active else "dim")
             counts.append(" · ")
@@ -104,6 +105,11 @@ class DrainScreen(ConsoleScreen):
             if progress.scheduled:
                 counts.append("\n▲ ETA tasks are not counted: they run later on their worker, even stopped",
                               style="yellow")
+            for name, quiet in progress.silent.items():  # never assumed dead: named, with the remedy
+                busy = name in progress.alive
+                counts.append(f"\n▲ {name} silent for {since(quiet)}: " + (
+                    "busy (its plugin heartbeat is live), waited for" if busy else
+                    f"if it is dead, F forgets it (headless: --forget {name})"), style="yellow" if busy else "red")
             self.query_one("#counts", Static).update(counts)
             self.query_one(WorkerBadges).set_workers({n: w.state for n, w in progress.workers.items()})
             self.query_one(TaskTable).apply(progress.tasks)
@@ -123,6 +129,28 @@ class DrainScreen(ConsoleScreen):
         for line in lines[max(0, len(lines) - new):]:
             log.write(Text(line.text, style=LEVEL_STYLE.get(line.level, "")))
         self._log_shown = model.log_total
+
+    def _tick(self) -> None:
+        """Move the countdown to now: the last poll's elapsed/remaining plus the time since it arrived; once the
+        drain ended (or the run did), the clock stops on how it ended."""
+        model = self.console.model
+        progress = model.progress
+        if progress is None or not self.is_mounted:
+            return
+        countdown = self.query_one(Countdown)
+        finished = model.finished
+        if finished is not None:
+            countdown.set_time(finished.elapsed, max(0.0, progress.remaining - (finished.elapsed - progress.elapsed)),
+                               finished.outcome)
+            self._clock.pause()
+            return
+        if not model.active:  # the run ended without a drain outcome (aborted, failed): freeze at the last poll
+            countdown.set_time(progress.elapsed, progress.remaining, model.phase)
+            self._clock.pause()
+            return
+        since_poll = max(0.0, self.console.clock() - self._progress_at)
+        countdown.set_time(progress.elapsed + since_poll, max(0.0, progress.remaining - since_poll))
+        self._clock.resume()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         allowed = super().check_action(action, parameters)

@@ -103,7 +103,8 @@ def compact_left(seconds: float) -> str:
 
 
 class Countdown(Static):
-    """Time to max wait: elapsed as a bar, then the time left (shortened to ``9m 56s`` when narrow)."""
+    """Time to max wait: elapsed as a bar, then the time left and the time elapsed, to the second (shortened to
+    ``9m 56s`` when narrow). The drain screen moves it every second between polls (:meth:`set_time`)."""
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -124,11 +125,14 @@ class Countdown(Static):
         elapsed, remaining = self.elapsed or 0.0, self.remaining
         total = elapsed + remaining
         style = "red" if total and remaining < total * 0.1 else "cyan"
+        label = "Max wait "
         if self.outcome is not None:
-            label, tail = "Max wait ", f" {self.outcome} after {compact_left(elapsed)}"
-        else:
-            label, tail = "Max wait ", f" {left(remaining)} left"
+            tail = f" {self.outcome} after {compact_left(elapsed)}"
+        else:  # to the second: the clock ticks between polls
+            tail = f" {left(remaining)} left · {compact_left(elapsed)} in"
             if width - len(label) - len(tail) < 10:
+                tail = f" {compact_left(remaining)} left · {compact_left(elapsed)} in"
+            if width - len(label) - len(tail) < 4:
                 tail = f" {compact_left(remaining)} left"
         if width - len(label) - len(tail) < 4:
             label = "Wait "
