@@ -66,3 +66,17 @@ def bar(used: float, total: float, width: int, *, fill: str = "█", empty: str 
         return empty * width
     filled = max(0, min(width, round(width * used / total)))
     return fill * filled + empty * (width - filled)
+
+
+def gauge(name: str, used: int, total: int, width: int, name_width: int = 6) -> Text:
+    """``cpu   ████░░░░ 11/16``; full in red; a type with no capacity (total 0, e.g. no GPU on the host) reads
+    ``none`` in a neutral style, not as full."""
+    text = Text(f"{name:<{name_width}}", style="bold")
+    if total <= 0:
+        text.append("·" * width, style="dim")
+        text.append(" none" if used <= 0 else f" {used} in use, none left", style="dim" if used <= 0 else "yellow")
+        return text
+    full = used >= total
+    text.append(bar(used, total, width), style="red" if full else "green")
+    text.append(f" {used}/{total}", style="bold red" if full else "bold")
+    return text

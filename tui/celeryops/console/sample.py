@@ -17,6 +17,8 @@ from celeryops.core.events import (
 )
 from celeryops.ops.views import (
     FleetView,
+    HostShare,
+    PoolView,
     QueueView,
     RecoveryChoice,
     ReleasesView,
@@ -75,17 +77,28 @@ def fleet(with_run: bool = True) -> FleetView:
 
 
 def slots() -> SlotsView:
-    return SlotsView(
-        pool="default",
+    """A global pool made of two hosts' contributions (gpu full), and a per-host pool without GPU."""
+    global_pool = PoolView(
+        "default", "global",
         resources=(ResourceView("cpu", 16, 11, (4, 6, 8, 8, 10, 12, 12, 11, 14, 13, 11, 11)),
                    ResourceView("gpu", 4, 4, (1, 2, 2, 3, 4, 4, 4, 4, 3, 4, 4, 4)),
                    ResourceView("nvme", 2, 0, (0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0))),
-        holders=(SlotHolder("l-01", "ml.train_adapter", "celery@gpu-1", {"gpu": 2, "cpu": 4}, 1840.0, 52.0),
-                 SlotHolder("l-02", "ml.train_adapter", "celery@gpu-2", {"gpu": 2, "cpu": 4}, 3605.0, -14.0),
-                 SlotHolder("l-03", "media.render_video", "celery@worker-1", {"cpu": 3}, 95.0, 25.0)),
-        waiting=(SlotWaiter("ml.embed_batch", "celery@gpu-1", {"gpu": 1}, 130.0),
-                 SlotWaiter("media.render_video", "celery@worker-2", {"cpu": 8}, 12.0)),
-    )
+        holders=(SlotHolder("l-01", "ml.train_adapter", "celery@gpu-1", {"gpu": 2, "cpu": 4}, 1840.0, 52.0,
+                            "default"),
+                 SlotHolder("l-02", "ml.train_adapter", "celery@gpu-2", {"gpu": 2, "cpu": 4}, 3605.0, -14.0,
+                            "default"),
+                 SlotHolder("l-03", "media.render_video", "celery@worker-1", {"cpu": 3}, 95.0, 25.0, "default")),
+        waiting=(SlotWaiter("ml.embed_batch", "celery@gpu-1", {"gpu": 1}, 130.0, "default"),
+                 SlotWaiter("media.render_video", "celery@worker-2", {"cpu": 8}, 12.0, "default")),
+        hosts=(HostShare("gpu-node-a", {"cpu": 8, "gpu": 4, "nvme": 2}, ("celery@gpu-1", "celery@gpu-2"), 48.0),
+               HostShare("cpu-node-b", {"cpu": 8}, ("celery@worker-1", "celery@worker-2"), 51.0)))
+    host_pool = PoolView(
+        "host:cpu-node-c", "host", "cpu-node-c",
+        resources=(ResourceView("cpu", 4, 2, (0, 1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2)),
+                   ResourceView("gpu", 0, 0, (0,) * 12)),
+        holders=(SlotHolder("l-04", "reports.build_monthly", "celery@worker-3", {"cpu": 2}, 610.0, 41.0,
+                            "host:cpu-node-c"),))
+    return SlotsView(pools=(global_pool, host_pool))
 
 
 def unfinished_run() -> RunView:

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import redis
 
@@ -17,6 +18,8 @@ from celeryops.ops.recovery import plan
 from celeryops.ops.runlease import read_lease
 from celeryops.ops.views import (
     FleetView,
+    HostShare,
+    PoolView,
     QueueView,
     RecoveryChoice,
     ResourceView,
@@ -29,6 +32,9 @@ from celeryops.ops.views import (
 )
 from celeryops.ops.watch import live_status, published_progress, summary_from_status
 from celeryops.ops.wiring import Wiring
+
+if TYPE_CHECKING:
+    from celeryops.slots.snapshot import PoolSnapshot
 
 
 @dataclass
@@ -88,18 +94,26 @@ class Snapshots:
             return None
         if not snap.pools:
             return None
-        pool = next((p for p in snap.pools if p.scope == "global"), snap.pools[0])
+        order = {"global": 0, "host": 1, "legacy": 2}
+        pools = sorted(snap.pools, key=lambda p: (order.get(p.scope, 3), p.pool))
+        return SlotsView(pools=tuple(self._pool_view(p) for p in pools))
+
+    def _pool_view(self, pool: PoolSnapshot) -> PoolView:
         resources = []
         for usage in pool.types:
-            history = self._history.setdefault(usage.type, deque(maxlen=60))
+            history = self._history.setdefault(f"{pool.pool}\0{usage.type}", deque(maxlen=60))
             history.append(usage.used)
             resources.append(ResourceView(usage.type, usage.total, usage.used, tuple(history)))
         holders = tuple(SlotHolder(h.task_id, h.task_name, h.worker, dict(h.slots), h.age or 0.0,
                                    0.0 if h.expired else (h.lease_remaining if h.lease_remaining is not None
-                                                          else 24 * 3600.0))
+                                                          else 24 * 3600.0), pool=pool.pool)
                         for h in pool.holders)
-        waiting = tuple(SlotWaiter(w.task_name, w.worker, dict(w.slots), w.waited) for w in pool.waiting)
-        return SlotsView(pool=pool.pool, resources=tuple(resources), holders=holders, waiting=waiting)
+        waiting = tuple(SlotWaiter(w.task_name, w.worker, dict(w.slots), w.waited, pool=pool.pool)
+                        for w in pool.waiting)
+        # per-host contributions of a global pool (once the slot store publishes them)
+        hosts = tuple(HostShare(c.host, dict(c.totals), tuple(c.workers), c.expires_in, c.expired)
+                      for c in getattr(pool, "hosts", ()))
+        return PoolView(pool.pool, pool.scope, pool.host, tuple(resources), holders, waiting, hosts)
 
     def unfinished_run(self) -> RunView | None:
         """The fleet's interrupted run from the journal, with what each recovery choice would do; None when there

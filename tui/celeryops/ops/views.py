@@ -97,6 +97,7 @@ class SlotHolder:
     slots: dict[str, int]
     age: float  # seconds since acquired
     ttl_left: float  # seconds until the lease expires unless renewed (<= 0: expired)
+    pool: str = ""
 
     @property
     def expired(self) -> bool:
@@ -111,17 +112,56 @@ class SlotWaiter:
     worker: str
     slots: dict[str, int]
     waiting: float  # seconds
+    pool: str = ""
+
+
+@dataclass(frozen=True)
+class HostShare:
+    """What one host adds to a global pool's totals, while one of its workers renews it."""
+
+    host: str
+    totals: dict[str, int]
+    workers: tuple[str, ...] = ()
+    expires_in: float = 0.0
+    expired: bool = False
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """One slot pool: global (its totals add up its hosts' contributions), per host, or the seed's schema."""
+
+    name: str
+    scope: str = "global"  # global | host | legacy
+    host: str | None = None
+    resources: tuple[ResourceView, ...] = ()
+    holders: tuple[SlotHolder, ...] = ()
+    waiting: tuple[SlotWaiter, ...] = ()
+    hosts: tuple[HostShare, ...] = ()
 
 
 @dataclass(frozen=True)
 class SlotsView:
-    """The slot pool: gauges, holders, waiters."""
+    """Every slot pool of the fleet (global first): gauges, holders, waiters."""
 
-    pool: str
-    resources: tuple[ResourceView, ...] = ()
-    holders: tuple[SlotHolder, ...] = ()
-    waiting: tuple[SlotWaiter, ...] = ()
+    pools: tuple[PoolView, ...] = ()
     sample_interval: float = 5.0  # seconds between history samples
+
+    @property
+    def pool(self) -> str:
+        return self.pools[0].name if self.pools else ""
+
+    @property
+    def resources(self) -> tuple[ResourceView, ...]:
+        """The first pool's gauges (the home view shows these)."""
+        return self.pools[0].resources if self.pools else ()
+
+    @property
+    def holders(self) -> tuple[SlotHolder, ...]:
+        return tuple(h for p in self.pools for h in p.holders)
+
+    @property
+    def waiting(self) -> tuple[SlotWaiter, ...]:
+        return tuple(w for p in self.pools for w in p.waiting)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Input, Static
 
-from celeryops.console.fmt import bar, left, since, state_text
+from celeryops.console.fmt import gauge, left, since, state_text
 from celeryops.console.screens.base import ConsoleScreen, Row, refill
 from celeryops.ops.views import FleetView, SlotsView
 
@@ -92,17 +92,18 @@ class HomeScreen(ConsoleScreen):
             return
         self.slots = view
         gauges = self.query_one("#slot-gauges", Static)
-        if view is None:
+        self.query_one("#gauges").border_title = f"Slots · {view.pool}" if view is not None and view.pools else "Slots"
+        if view is None or not view.pools:
             gauges.update(Text("no slot pool", style="dim"))
             return
         text = Text()
         for res in view.resources:
-            full = res.used >= res.total
-            text.append(f"{res.name:<5}", style="bold")
-            text.append(bar(res.used, res.total, 12), style="red" if full else "green")
-            text.append(f" {res.used}/{res.total}\n", style="bold red" if full else "")
+            text.append_text(gauge(res.name, res.used, res.total, 12, name_width=5))
+            text.append("\n")
         expired = sum(1 for h in view.holders if h.expired)
         text.append(f"{len(view.waiting)} waiting", style="yellow" if view.waiting else "dim")
+        if len(view.pools) > 1:
+            text.append(f" · {len(view.pools) - 1} more pool{'s' if len(view.pools) > 2 else ''}", style="dim")
         if expired:
             text.append(f" · {expired} expired", style="bold red")
         gauges.update(text)

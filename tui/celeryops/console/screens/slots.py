@@ -1,24 +1,39 @@
-"""Slots: a gauge and a usage sparkline per resource type (CPU, GPU, any other), the leases held
-(task, worker, slots, age, lease time left; expired leases flagged) and the reservations waiting."""
+"""Slots: every slot pool (global pools with the hosts that contribute to them, per-host pools), a gauge and a
+usage sparkline per resource type (a type with no capacity reads ``none``), the leases held (pool, task, worker,
+slots, age, lease time left; expired leases flagged) and the reservations waiting."""
 
 from __future__ import annotations
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import DataTable, Sparkline, Static
 
-from celeryops.console.fmt import bar, left, since, slots_text
+from celeryops.console.fmt import gauge, left, since, slots_text
 from celeryops.console.screens.base import ConsoleScreen
-from celeryops.ops.views import SlotsView
+from celeryops.ops.views import PoolView, SlotsView
+
+
+def pool_title(pool: PoolView) -> Text:
+    """``pool default · global · 2 hosts: gpu-node-a cpu:8 gpu:4, cpu-node-b cpu:8``."""
+    text = Text(f"pool {pool.name}", style="bold cyan")
+    text.append(f" · {pool.scope}" + (f" {pool.host}" if pool.host and pool.host not in pool.name else ""),
+                style="dim")
+    if pool.hosts:
+        text.append(f" · {len(pool.hosts)} host{'s' if len(pool.hosts) != 1 else ''}: ", style="dim")
+        for i, share in enumerate(pool.hosts):
+            text.append(", " if i else "")
+            text.append(share.host, style="dim strike" if share.expired else "")
+            text.append(f" {slots_text(share.totals)}", style="dim")
+    return text
 
 
 class SlotsScreen(ConsoleScreen):
     VIEW_TITLE = "slots"
     BINDINGS = [
         Binding("h,escape", "app.show_home", "Home", id="slots.home", tooltip="Back to the fleet."),
-        Binding("r", "refresh", "Refresh", id="slots.refresh", tooltip="Read the slot pool now."),
+        Binding("r", "refresh", "Refresh", id="slots.refresh", tooltip="Read the slot pools now."),
     ]
 
     def __init__(self, read_only: bool) -> None:
@@ -27,7 +42,7 @@ class SlotsScreen(ConsoleScreen):
 
     def compose(self) -> ComposeResult:
         yield self.status_bar()
-        yield Vertical(id="resources")
+        yield VerticalScroll(id="resources")
         yield DataTable(id="holders", cursor_type="row", zebra_stripes=True)
         yield DataTable(id="waiting", cursor_type="row")
         yield self.footer()
@@ -37,11 +52,12 @@ class SlotsScreen(ConsoleScreen):
         holders = self.query_one("#holders", DataTable)
         holders.border_title = "Leases held"
         for key, label in (("task", "Task"), ("worker", "Worker"), ("slots", "Slots"), ("age", "Held for"),
-                           ("ttl", "Lease left")):
+                           ("ttl", "Lease left"), ("pool", "Pool")):
             holders.add_column(label, key=key)
         waiting = self.query_one("#waiting", DataTable)
         waiting.border_title = "Waiting for slots"
-        for key, label in (("task", "Task"), ("worker", "Worker"), ("slots", "Wants"), ("waiting", "Waiting for")):
+        for key, label in (("task", "Task"), ("worker", "Worker"), ("slots", "Wants"), ("waiting", "Waiting for"),
+                           ("pool", "Pool")):
             waiting.add_column(label, key=key)
         self.console.poll_now()
 
@@ -52,33 +68,32 @@ class SlotsScreen(ConsoleScreen):
         if view == self.view and self.view is not None:
             return
         self.view = view
-        box = self.query_one("#resources", Vertical)
+        box = self.query_one("#resources", VerticalScroll)
         await box.remove_children()
         holders = self.query_one("#holders", DataTable)
         waiting = self.query_one("#waiting", DataTable)
         holders.clear()
         waiting.clear()
-        if view is None:
+        if view is None or not view.pools:
             await box.mount(Static(Text("This fleet has no slot pool.", style="dim")))
             return
-        box.border_title = f"Resources · pool {view.pool}"
-        rows = []
-        for res in view.resources:
-            full = res.used >= res.total
-            gauge = Text(f"{res.name:<6}", style="bold")
-            gauge.append(bar(res.used, res.total, 20), style="red" if full else "green")
-            gauge.append(f" {res.used:>3}/{res.total:<3}", style="bold red" if full else "bold")
-            span = since(view.sample_interval * max(len(res.history) - 1, 0))
-            rows.append(Horizontal(Static(gauge, classes="gauge"),
-                                   Sparkline(list(res.history) or [0], classes="usage"),
-                                   Static(Text(f" last {span}", style="dim"), classes="span"),
-                                   classes="resource"))
+        box.border_title = f"Resources · {len(view.pools)} pool{'s' if len(view.pools) != 1 else ''}"
+        rows: list[Static | Horizontal] = []
+        for pool in view.pools:
+            rows.append(Static(pool_title(pool), classes="pool-title"))
+            for res in pool.resources:
+                span = since(view.sample_interval * max(len(res.history) - 1, 0))
+                rows.append(Horizontal(Static(gauge(res.name, res.used, res.total, 20), classes="gauge"),
+                                       Sparkline(list(res.history) or [0], classes="usage"),
+                                       Static(Text(f" last {span}", style="dim"), classes="span"),
+                                       classes="resource"))
         await box.mount_all(rows)
         for h in sorted(view.holders, key=lambda h: h.ttl_left):
             ttl = Text("EXPIRED", style="bold white on red") if h.expired else Text(
                 left(h.ttl_left), style="yellow" if h.ttl_left < 30 else "")
-            holders.add_row(h.task, h.worker, slots_text(h.slots), since(h.age), ttl, key=h.lease_id)
+            holders.add_row(h.task, h.worker, slots_text(h.slots), since(h.age), ttl, h.pool,
+                            key=f"{h.pool}\0{h.lease_id}")
         for i, w in enumerate(view.waiting):
-            waiting.add_row(w.task, w.worker, slots_text(w.slots), since(w.waiting), key=str(i))
+            waiting.add_row(w.task, w.worker, slots_text(w.slots), since(w.waiting), w.pool, key=str(i))
         if not view.waiting:
-            waiting.add_row(Text("nobody is waiting", style="dim"), "", "", "")
+            waiting.add_row(Text("nobody is waiting", style="dim"), "", "", "", "")
