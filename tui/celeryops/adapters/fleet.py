@@ -11,6 +11,7 @@ sources (the fence plugin's registry) can be plugged in.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ PIDBOX_SEP = "\x06\x16"
 # Answered by workers running the celeryops worker plugin (celeryops.fence): a whole observation in one reply.
 OBSERVE_COMMAND = "celeryops_observe"
 MemberSource = Callable[[], Awaitable[set[str]]]
+#: Worker name -> True (its heartbeat is live) / False (its heartbeat expired): evidence of life or departure.
+HeartbeatSource = Callable[[], Awaitable[dict[str, bool]]]
 
 
 def short_args(args: Any, kwargs: Any = None, width: int = 60) -> str:
@@ -64,6 +67,7 @@ class Fleet:
                             "use redis://, rediss:// or amqp:// in --broker, -A or the config.", EXIT_USAGE) from None
         self._redis: redis.Redis | None = None
         self._plain: set[str] = set()  # workers known to answer without the celeryops plugin
+        self.heartbeat_sources: list[HeartbeatSource] = []  # the fence plugin's registry (see ``heartbeats``)
 
     # -- connection ---------------------------------------------------------------------------------------------
 
@@ -145,6 +149,83 @@ class Fleet:
             if isinstance(result, set):
                 found |= result
         return found
+
+    # -- liveness evidence --------------------------------------------------------------------------------------
+
+    async def heartbeats(self) -> dict[str, bool]:
+        """Workers with a heartbeat somewhere (the fence plugin's registry): True while it is live, False once it
+        expired (the worker stopped beating: dead, or cut off from Redis). Live wins over expired."""
+        results = await asyncio.gather(*(src() for src in self.heartbeat_sources), return_exceptions=True)
+        found: dict[str, bool] = {}
+        for result in results:
+            if isinstance(result, dict):
+                for name, live in result.items():
+                    found[name] = found.get(name, False) or bool(live)
+        return found
+
+    async def pidbox_listeners(self) -> int | None:
+        """Redis: how many connections listen on the fleet's control channel now (None: not Redis, or unknown).
+
+        Every live worker holds one pattern subscription to the pidbox fanout topic, also while a solo pool is busy
+        (the subscription is the server's state; the worker only reads later); a SIGKILLed worker's connection
+        closes with its process, so its subscription goes while its pidbox binding stays. PUBSUB NUMPAT counts
+        patterns, not subscribers, so this publishes an empty message: PUBLISH returns how many clients got it,
+        and kombu's consumers skip a message without data. Writes no key."""
+        if not self.is_redis:
+            return None
+        exchange = self.app.conf.control_exchange
+        name = f"{exchange}.pidbox"
+
+        def count() -> int:
+            with self.app.connection_for_write() as conn:
+                channel: Any = conn.default_channel
+                topics = channel._get_publish_topics(name, "")
+                return sum(int(channel.client.publish(topic, "")) for topic in topics)
+
+        try:
+            return await asyncio.to_thread(count)
+        except Exception:  # an older kombu without the topic helpers, a broker blip: no evidence
+            return None
+
+    async def pidbox_consumers(self, names: Iterable[str]) -> dict[str, int | None]:
+        """AMQP: consumers on each worker's own pidbox queue (``<name>.<exchange>.pidbox``, passive queue_declare):
+        1 while the worker is connected, also while a solo pool is busy; 0 when the queue is gone (auto-delete: the
+        worker's connection closed). None per worker when the broker could not tell; {} on Redis."""
+        if self.is_redis:
+            return {}
+        wanted = sorted(set(names))
+        suffix = f".{self.app.conf.control_exchange}.pidbox"
+        counts = await self._consumer_counts([n + suffix for n in wanted])
+        return {n: counts.get(n + suffix) for n in wanted}
+
+    async def queue_consumers(self, queues: Iterable[str]) -> dict[str, int | None]:
+        """AMQP: consumers per queue (passive queue_declare). A worker whose consumer loop is blocked (busy solo
+        pool) still holds its consumer. None per queue when the broker could not tell; {} on Redis (no count)."""
+        if self.is_redis:
+            return {}
+        return await self._consumer_counts(sorted(set(queues)))
+
+    async def _consumer_counts(self, queues: list[str]) -> dict[str, int | None]:
+        def read() -> dict[str, int | None]:
+            out: dict[str, int | None] = {}
+            with self.app.connection_for_write() as conn:
+                channel = conn.channel()
+                try:
+                    for name in queues:
+                        try:
+                            out[name] = int(channel.queue_declare(queue=name, passive=True).consumer_count)
+                        except Exception as exc:  # 404: no such queue (auto-deleted): nobody consumes it
+                            out[name] = 0 if getattr(exc, "code", None) == 404 else None
+                            channel = conn.channel()  # a failed passive declare closes the channel
+                finally:
+                    with _suppress():
+                        channel.close()
+            return out
+
+        try:
+            return await asyncio.to_thread(read)
+        except Exception:
+            return {q: None for q in queues}
 
     # -- queues -------------------------------------------------------------------------------------------------
 
@@ -299,6 +380,10 @@ class Fleet:
                 f"Lost the broker at {self.display_url} while sending {command!r} ({mask_text(_reason(exc))}): "
                 "check that the broker is up, then run `celeryops status` to see what state the fleet is in."
             ) from None
+
+
+def _suppress() -> contextlib.suppress:
+    return contextlib.suppress(Exception)
 
 
 def _reason(exc: BaseException) -> str:

@@ -80,7 +80,14 @@ class Printer:
         if isinstance(event, ConsumersCancelled):
             return f"Consumers stopped ({len(event.acknowledged)} worker(s) confirmed)."
         if isinstance(event, DrainProgress):
-            unknown = f"  unknown: {', '.join(event.unknown)}" if event.unknown else ""
+            silent = [f"{n} ({duration(event.silent[n])}{', busy' if n in event.alive else ''})"
+                      for n in event.unknown if n in event.silent]
+            other = [n for n in event.unknown if n not in event.silent]
+            unknown = (f"  silent: {', '.join(silent)}" if silent else "") + (
+                f"  unknown: {', '.join(other)}" if other else "")
+            held = {q: n for q, n in event.consumers.items() if n}
+            if held:
+                unknown += "  consumers: " + ", ".join(f"{q} {n if n >= 0 else '?'}" for q, n in sorted(held.items()))
             line = (f"[{duration(event.elapsed)}] streak {event.streak}/{event.required}  active {event.active}  "
                     f"reserved {event.reserved}  scheduled {event.scheduled}  left {duration(event.remaining)}"
                     f"{unknown}")

@@ -128,6 +128,12 @@ class DrainProgress(Event):
     warnings: tuple[str, ...] = ()
     joined: tuple[str, ...] = ()
     left: tuple[str, ...] = ()
+    # Known workers that did not answer (and no evidence says they are gone): name -> seconds silent so far.
+    silent: dict[str, float] = field(default_factory=dict)
+    # Of ``silent``: alive by evidence (a live plugin heartbeat: busy), so the remedy --forget does not apply.
+    alive: tuple[str, ...] = ()
+    # AMQP: consumers left on each drained queue (the broker's count); drained needs 0. Empty on Redis.
+    consumers: dict[str, int] = field(default_factory=dict)
     kind: str = field(init=False, default="poll")
 
     def to_json(self) -> dict[str, Any]:

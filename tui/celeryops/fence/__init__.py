@@ -12,11 +12,12 @@ from celeryops.fence import registry
 from celeryops.fence.control import COMMAND, FenceReply, fence_status
 from celeryops.fence.plugin import FenceConfig, FenceGuard, FenceStep, install
 from celeryops.fence.record import ALL_QUEUES, FenceRecord, Hold
-from celeryops.fence.registry import PluginWorkerInfo, plugin_workers, registry_key
+from celeryops.fence.registry import PluginWorkerInfo, heartbeat_states, plugin_workers, registry_key
 from celeryops.fence.store import FenceConflict, FenceStore
 
 __all__ = [
     "ALL_QUEUES", "COMMAND", "FenceConfig", "FenceConflict", "FenceGuard", "FenceRecord", "FenceReply",
-    "FenceStep", "FenceStore", "Hold", "PluginWorkerInfo", "fence_status", "install", "plugin_workers",
+    "FenceStep", "FenceStore", "Hold", "PluginWorkerInfo", "fence_status", "heartbeat_states", "install",
+    "plugin_workers",
     "registry", "registry_key",
 ]

@@ -127,3 +127,22 @@ def plugin_workers(client: redis.Redis, fleet: str | None = None) -> dict[str, P
         if info is not None and info.expires_at > now:
             live[host] = info
     return live
+
+
+def heartbeat_states(client: redis.Redis, fleet: str | None = None) -> dict[str, bool]:
+    """Every listed plugin worker of the fleet: True while its heartbeat is live, False once it expired (by Redis
+    TIME). An expired entry is evidence that the worker stopped beating (its beats come from a daemon thread, also
+    while a solo pool is busy). Read-only; workers prune entries long expired."""
+    name = fleet_name(fleet)
+    pipe = client.pipeline(transaction=True)
+    pipe.time()
+    pipe.hgetall(registry_key(name))
+    (sec, usec), raw = pipe.execute()
+    now = float(sec) + float(usec) / 1e6
+    states: dict[str, bool] = {}
+    for k, v in raw.items():
+        host = decode(k) or ""
+        info = PluginWorkerInfo.from_json(host, decode(v) or "")
+        if info is not None:
+            states[host] = info.expires_at > now
+    return states

@@ -60,7 +60,10 @@ def progress_from_json(data: Data) -> DrainProgress | None:
                          active=int(data.get("active", 0)), reserved=int(data.get("reserved", 0)),
                          scheduled=int(data.get("scheduled", 0)), unknown=tuple(data.get("unknown") or ()),
                          workers=workers, tasks=tasks, warnings=tuple(data.get("warnings") or ()),
-                         joined=tuple(data.get("joined") or ()), left=tuple(data.get("left") or ()))
+                         joined=tuple(data.get("joined") or ()), left=tuple(data.get("left") or ()),
+                         silent={str(n): float(s) for n, s in (data.get("silent") or {}).items()},
+                         alive=tuple(data.get("alive") or ()),
+                         consumers={str(q): int(c) for q, c in (data.get("consumers") or {}).items()})
 
 
 def _phase(data: Data) -> Event | None:

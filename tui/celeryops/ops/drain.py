@@ -7,6 +7,9 @@ is killed or revoked; the caller restores the consumers (``Drain.restore``) exac
 
 The loop (``Drain``) re-broadcasts ``cancel_consumer`` for every queue at every poll, after observing, so a
 worker that scaled out since the last poll is seen with its own queues first, then stopped within one poll.
+Membership is by evidence (``celeryops.ops.membership``): a silent worker leaves the known set only when evidence
+says it is gone, and is otherwise named with how long it has been silent and the remedy. On AMQP, drained also
+needs the drained queues' consumer counts at 0 (a busy solo worker answers nothing but keeps its consumer).
 """
 
 from __future__ import annotations
@@ -28,7 +31,15 @@ from celeryops.core.events import (
     Event,
     Notice,
     Observation,
-    WorkerObs,
+)
+from celeryops.ops.membership import (
+    BINDING,
+    Evidence,
+    Membership,
+    alive_by_heartbeat,
+    consumers_warning,
+    gone_now,
+    remedy,
 )
 
 BROADCAST = "*"  # in a stop record: queues to restore on workers whose own queues were never seen
@@ -81,6 +92,9 @@ class DrainHooks(Protocol):
 
     async def after_restore(self, event: ConsumersRestored) -> None: ...
 
+    async def member_changed(self, name: str, change: Literal["gone", "rejoined"], evidence: str) -> None:
+        """A known worker left the known set by evidence, or answered again (a record, no side effect)."""
+
 
 class NoHooks:
     async def before_stop(self, stops: dict[str, tuple[str, ...]], before: dict[str, tuple[str, ...]]) -> None:
@@ -90,6 +104,9 @@ class NoHooks:
         return None
 
     async def after_restore(self, event: ConsumersRestored) -> None:
+        return None
+
+    async def member_changed(self, name: str, change: Literal["gone", "rejoined"], evidence: str) -> None:
         return None
 
 
@@ -124,6 +141,7 @@ class Drain:
     stopped: dict[str, tuple[str, ...]] = field(default_factory=dict)
     baseline: dict[str, tuple[str, ...]] = field(default_factory=dict)
     gone: set[str] = field(default_factory=set)
+    membership: Membership = field(default_factory=Membership)
     policy: PolicyState | None = None
     last: DrainProgress | None = None
     wake: asyncio.Event = field(default_factory=asyncio.Event)
@@ -167,19 +185,28 @@ class Drain:
             acked |= await self.fleet.cancel_consumer(queue, reply=True, expect=len(self.known) or None)
         self.on_event(ConsumersCancelled(queues=self.queues, acknowledged=tuple(sorted(acked))))
         self.policy = PolicyState(started=self.clock())
+        for name in self.known - answered:  # silent from the start (the clock of "silent for" starts here)
+            self.membership.silent_since.setdefault(name, self.policy.started)
         return event
 
     async def poll(self) -> DrainProgress:
         """Observe, judge, then re-broadcast cancel_consumer (workers that scaled out stop within one poll)."""
         assert self.policy is not None, "start() first"
-        members = await self.fleet.members()
-        obs = await self.fleet.observe(self.known | (members - set(self.forget)), self.queues)
-        bindings = await self.fleet.pidbox_members()
-        joined, left = await self._update_membership(obs, bindings)
+        members, before = await asyncio.gather(self.fleet.members(), self.fleet.pidbox_listeners())
+        forget = set(self.forget)
+        obs = await self.fleet.observe((self.known | self.gone | members) - forget, self.queues)
+        bindings, evidence, counts = await self._evidence(obs, before)
+        joined, left = await self._update_membership(obs, bindings, evidence)
         obs = self._mark_gone(obs)
-        state, verdict = judge(self.settings, self.policy, obs.empty, self.clock())
+        consumers = {q: -1 if n is None else n for q, n in counts.items()}  # AMQP; -1: the broker could not tell
+        now = self.clock()
+        state, verdict = judge(self.settings, self.policy, obs.empty and not any(consumers.values()), now)
         self.policy = state
-        warnings = []
+        silent = self.membership.silent_for(obs.unknown, now)
+        alive = alive_by_heartbeat(silent, evidence)
+        warnings = [remedy(n) for n in silent if n not in alive]
+        if any(consumers.values()):
+            warnings.append(consumers_warning(consumers))
         if obs.scheduled:
             warnings.append(f"{obs.scheduled} ETA/countdown task(s) are held by workers: they are not waited for "
                             "and will run on their worker when due (or return to the queue on a warm shutdown).")
@@ -187,7 +214,8 @@ class Drain:
             elapsed=verdict.elapsed, remaining=verdict.remaining, streak=verdict.streak,
             required=self.settings.streak, active=obs.active, reserved=obs.reserved, scheduled=obs.scheduled,
             unknown=tuple(obs.unknown), workers=obs.workers, tasks=obs.tasks, warnings=tuple(warnings),
-            joined=tuple(sorted(joined)), left=tuple(sorted(left)))
+            joined=tuple(sorted(joined)), left=tuple(sorted(left)), silent=silent, alive=alive,
+            consumers=consumers)
         self.last = progress
         self.on_event(progress)
         if verdict.status == "continue":
@@ -239,13 +267,47 @@ class Drain:
             self.on_event(Notice(level="info", message="The tasks in flight have finished (task events): "
                                                        "polling again now."))
 
-    async def _update_membership(self, obs: Observation, bindings: set[str] | None) -> tuple[set[str], set[str]]:
-        joined = {n for n, w in obs.workers.items() if n not in self.known and n not in self.forget}
+    async def _evidence(self, obs: Observation, before: int | None
+                        ) -> tuple[set[str] | None, Evidence, dict[str, int | None]]:
+        """Bindings (Redis), and what says whether silent workers live: plugin heartbeats, the listeners on the
+        control channel (the larger of the reads before and after the observation: a worker that answered and
+        died in between still counts), each silent worker's pidbox queue (AMQP); and the drained queues' consumer
+        counts (AMQP)."""
+        silent = sorted(n for n, w in obs.workers.items() if not w.replied)
+        bindings, heartbeats, after, pidbox, counts = await asyncio.gather(
+            self.fleet.pidbox_members(), self.fleet.heartbeats(), self.fleet.pidbox_listeners(),
+            self.fleet.pidbox_consumers(silent), self.fleet.queue_consumers(self.queues))
+        listeners = None if before is None or after is None else max(before, after)
+        return bindings, Evidence(listeners=listeners, heartbeats=heartbeats, pidbox=pidbox), counts
+
+    async def _update_membership(self, obs: Observation, bindings: set[str] | None,
+                                 evidence: Evidence = Evidence()) -> tuple[set[str], set[str]]:
+        replied = {n for n, w in obs.workers.items() if w.replied}
         left: set[str] = set()
         if bindings is not None:
             # On Redis, a worker that shut down cleanly removes its pidbox binding: it left the fleet.
-            left = {n for n in self.known - self.gone if n not in bindings and not obs.workers.get(n, _NO).replied}
-            self.gone |= left
+            left = {n for n in self.known - self.gone if n not in bindings and n not in replied}
+            self.membership.left(left)
+        silent = {n for n, w in obs.workers.items() if not w.replied} - self.gone - left - set(self.forget)
+        departed, rejoined = self.membership.update(self.clock(), silent, replied, evidence)
+        for name in sorted(rejoined & self.gone):
+            self.gone.discard(name)
+            self.known.add(name)
+            self.on_event(Notice(level="info", message=f"{name} answers again: it rejoined the fleet and is "
+                                                       "waited for like every known worker."))
+            await self.hooks.member_changed(name, "rejoined", "it answered")
+        for name in sorted(left):
+            await self.hooks.member_changed(name, "gone", BINDING)
+        if left:
+            self.on_event(Notice(level="info", message=f"Left the fleet: {', '.join(sorted(left))}"))
+        for name, why in sorted(departed.items()):
+            self.on_event(Notice(level="warning", message=f"{name} left the known set: {why}. It is not waited "
+                                                          "for any more (it rejoins if it answers again)."))
+            await self.hooks.member_changed(name, "gone", why)
+        left |= set(departed)
+        self.gone |= left
+        self.known -= left
+        joined = {n for n in replied if n not in self.known and n not in self.forget}
         self.known |= joined
         additions: dict[str, tuple[str, ...]] = {}
         before: dict[str, tuple[str, ...]] = {}
@@ -269,8 +331,6 @@ class Drain:
             self.on_event(Notice(level="warning", message=(
                 f"{name} did not answer when the drain started (busy), so the queues it consumed before were not "
                 f"seen; a restore will give it every drained queue ({', '.join(self.queues)}).")))
-        if left:
-            self.on_event(Notice(level="info", message=f"Left the fleet: {', '.join(sorted(left))}"))
         return joined, left
 
     def _mark_gone(self, obs: Observation) -> Observation:
@@ -281,9 +341,6 @@ class Drain:
             if name in workers and not workers[name].replied:
                 workers[name] = replace(workers[name], state="gone")
         return Observation(workers=workers, tasks=obs.tasks)
-
-
-_NO = WorkerObs(name="", replied=False)
 
 
 async def restore_consumers(fleet: Fleet, record: dict[str, tuple[str, ...]], *, known: Iterable[str] = (),
@@ -299,8 +356,12 @@ async def restore_consumers(fleet: Fleet, record: dict[str, tuple[str, ...]], *,
         per_worker[name] = set(broadcast)  # appeared since: its own queues were never recorded
     restored: dict[str, tuple[str, ...]] = {}
     missing: dict[str, tuple[str, ...]] = {}
-    for _attempt in range(attempts):
+    before = await fleet.pidbox_listeners()
+    for attempt in range(attempts):
         current = await fleet.active_queues(sorted(per_worker)) if per_worker else {}
+        if attempt == 0:  # workers gone by evidence (SIGKILLed, their bindings stay) are not addressed
+            for name in await gone_now(fleet, set(per_worker) - set(current), current, before):
+                del per_worker[name]
         missing = {}
         for worker, queues in per_worker.items():
             if worker not in current:

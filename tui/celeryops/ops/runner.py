@@ -28,6 +28,7 @@ from celeryops.core.runsettings import RunSettings
 from celeryops.fence import FenceStore
 from celeryops.ops.drain import BROADCAST, Drain, DrainResult, restore_consumers
 from celeryops.ops.journal import PHASES, Journal, Phase, Run
+from celeryops.ops.membership import held_by
 from celeryops.ops.publish import Publisher
 from celeryops.ops.recovery import RecoveryPlan, Rollout, plan
 from celeryops.ops.runlease import LeaseHeld, RunLease, drop_dead_lease, read_lease
@@ -62,6 +63,9 @@ class JournalHooks:
 
     async def before_restore(self, restore: dict[str, tuple[str, ...]]) -> None:
         self._restore_intent = await self.journal.aio.intend_add_consumers(self.run_id, restore)
+
+    async def member_changed(self, name: str, change: Literal["gone", "rejoined"], evidence: str) -> None:
+        await self.journal.aio.note(self.run_id, {"member": name, "change": change, "evidence": evidence})
 
     async def after_restore(self, event: ConsumersRestored) -> None:
         if self._restore_intent is not None:
@@ -353,8 +357,8 @@ class Runner:
             return "drained"
         await self._restore_after(drain, run, "timeout", DrainFinished(
             outcome="timeout", elapsed=result.elapsed,
-            message=f"Timed out after {settings.max_wait:g}s with tasks still running: nothing was killed, "
-                    "the consumers were restored and the run aborted; try again when the long tasks are done."))
+            message=f"Timed out after {settings.max_wait:g}s waiting for {held_by(result.last)}: nothing was "
+                    "killed, the consumers were restored and the run aborted; try again when that is over."))
         return "timeout"
 
     async def forget(self, name: str) -> None:

@@ -103,6 +103,8 @@ def wire(app: Celery, config: Config, *, on_event: Callable[[Event], None] = lam
     if coord is not None:
         # The fence plugin's registry is a membership source: it lists plugin workers even while they are busy.
         fleet.extra_members.append(lambda: _plugin_members(coord, fleet_id))
+        # ... and its heartbeats are evidence: an expired one says the worker is gone (membership by evidence).
+        fleet.heartbeat_sources.append(lambda: _plugin_heartbeats(coord, fleet_id))
     runner = None if journal is None else Runner(fleet=fleet, journal=journal, fleet_name=fleet_id,
                                                  on_event=on_event, read_only=read_only, coord=coord,
                                                  settings=config.run)
@@ -115,3 +117,9 @@ async def _plugin_members(coord: redis.Redis, fleet: str) -> set[str]:
     from celeryops.fence import plugin_workers
 
     return set(await asyncio.to_thread(plugin_workers, coord, fleet))
+
+
+async def _plugin_heartbeats(coord: redis.Redis, fleet: str) -> dict[str, bool]:
+    from celeryops.fence import heartbeat_states
+
+    return await asyncio.to_thread(heartbeat_states, coord, fleet)
