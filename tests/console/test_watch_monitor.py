@@ -148,3 +148,41 @@ async def test_watch_sends_no_control_command_and_writes_nothing(
     mine_ids = {id(r) for r in mine}
     others = [str(r["command"]).split(" ", 1)[0].lower() for r in records if id(r) not in mine_ids]
     assert "publish" in others and any(v in others for v in ("hset", "xadd", "set", "lpush", "evalsha"))
+
+
+@pytest.mark.slow
+async def test_watch_between_runs_lists_workers_with_reads_only(
+        redis_url: str, start_workers: Any, queue_name: str, tmp_path: Path) -> None:
+    """No run is live: the watcher lists the fleet's workers from kombu's pidbox bindings (SMEMBERS) and reads the
+    published status, polling several times, and still sends no PUBLISH (no ping, no inspect) and writes nothing."""
+    (worker,) = start_workers(redis_url, queues=[queue_name])
+    monitor = Monitor(redis_url).start()
+    try:
+        backend, console = watcher(redis_url, tmp_path / "watcher", follow_interval=0.2)
+        try:
+            async with console.run_test(size=(120, 40)) as pilot:
+                home = console.screen_stack[0]
+                assert isinstance(home, HomeScreen)
+                deadline = time.monotonic() + 60
+
+                def listings() -> int:
+                    return sum(1 for r in owned_by(list(monitor.records), WATCH_CLIENT_NAME)
+                               if str(r["command"]).lower().startswith("smembers"))
+
+                while not (home.fleet is not None and home.fleet.workers and listings() >= 4):  # several polls
+                    assert time.monotonic() < deadline, "the watcher never listed the worker"
+                    await pilot.pause(0.1)
+                assert home.fleet is not None and home.fleet.run is None
+                assert [(w.name, w.observed) for w in home.fleet.workers] == [(worker.nodename, False)]
+                await pilot.press("q")
+        finally:
+            await backend.close()
+            backend.close_sync()
+    finally:
+        monitor.stop()
+    mine = owned_by(list(monitor.records), WATCH_CLIENT_NAME)
+    verbs = [str(r["command"]).split(" ", 1)[0].lower() for r in mine]
+    assert "smembers" in verbs and "hgetall" in verbs, verbs  # it did read the worker list and the status
+    forbidden = sorted({v for v in verbs if v not in READS})
+    assert not forbidden, f"the idle watcher sent {forbidden}"
+    assert "publish" not in verbs

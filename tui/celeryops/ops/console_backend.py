@@ -86,7 +86,7 @@ class OpsBackend:
         self.repo = repo or Path.cwd()
         self.clock = clock
         self.follow_interval = follow_interval
-        self.snapshots = Snapshots(wiring, queues=set(self.drain_request.queues))
+        self.snapshots = Snapshots(wiring, queues=set(self.drain_request.queues), read_only=read_only)
         self._live: _Live | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 

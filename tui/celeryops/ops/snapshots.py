@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 class Snapshots:
     wiring: Wiring
     queues: set[str] = field(default_factory=set)  # every queue seen so far (their depths are shown)
+    read_only: bool = False  # watch mode: between runs, list the workers from cheap reads, broadcast nothing
     _history: dict[str, deque[int]] = field(default_factory=dict)
 
     async def fleet(self, own: RunSummary | None, own_progress: DrainProgress | None) -> FleetView:
@@ -54,11 +55,27 @@ class Snapshots:
             if progress is not None:
                 return await self._from_progress(progress, summary_from_status(published, progress))
         fleet = self.wiring.fleet
+        if self.read_only:
+            return await self._listed(own, published)
         obs = await fleet.observe(await fleet.members())
         workers = tuple(WorkerView(w.name, w.state, w.queues, w.active, w.reserved, w.scheduled, w.plugin)
                         for w in obs.workers.values())
         run = own or (summary_from_status(published, None) if published is not None else None)
         return FleetView(workers=workers, queues=await self._queue_views(workers), tasks=obs.tasks, run=run)
+
+    async def _listed(self, own: RunSummary | None, published: PublishedStatus | None) -> FleetView:
+        """Watch mode with no live run: the workers kombu's pidbox bindings and the fence plugin's registry list
+        (SMEMBERS and registry reads), and the depths of the queues seen so far (LLEN). No control command: not even
+        ping or inspect (a broadcast is a PUBLISH, and its replies a reply queue bound on the broker)."""
+        fleet = self.wiring.fleet
+        sources = [fleet.pidbox_members(), *(src() for src in fleet.extra_members)]
+        found: set[str] = set()
+        for result in await asyncio.gather(*sources, return_exceptions=True):
+            if isinstance(result, set):
+                found |= result
+        workers = tuple(WorkerView(name, "unknown", observed=False) for name in sorted(found))
+        run = own or (summary_from_status(published, None) if published is not None else None)
+        return FleetView(workers=workers, queues=await self._queue_views(workers), run=run)
 
     async def _from_progress(self, progress: DrainProgress, run: RunSummary | None) -> FleetView:
         workers = tuple(WorkerView(w.name, w.state, w.queues, w.active, w.reserved, w.scheduled, w.plugin)

@@ -41,6 +41,7 @@ class WorkerView:
     reserved: int = 0
     scheduled: int = 0
     plugin: bool = False
+    observed: bool = True  # False: only listed (watch mode between runs asks workers nothing); counts unknown
 
 
 @dataclass(frozen=True)

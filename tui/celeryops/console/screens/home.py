@@ -122,6 +122,12 @@ class HomeScreen(ConsoleScreen):
                 workers.add_column(label, key=key)
         rows: list[Row] = []
         for w in shown:
+            if not w.observed:  # watch mode between runs: listed only, nobody was asked
+                dash = Text("-", style="dim")
+                cells = {"name": w.name, "state": Text("listed", style="dim"), "active": dash, "reserved": dash,
+                         "scheduled": dash, "fence": "yes" if w.plugin else dash, "queues": dash}
+                rows.append((w.name, [cells[key] for key, _ in columns]))
+                continue
             cells = {"name": w.name, "state": state_text(w.state), "active": w.active, "reserved": w.reserved,
                      "scheduled": Text(str(w.scheduled), style="yellow") if w.scheduled else "0",
                      "fence": "yes" if w.plugin else Text("no", style="dim"),
@@ -158,11 +164,13 @@ class HomeScreen(ConsoleScreen):
             if self.console.model.view is not None:  # this console runs or follows it: w shows it
                 text.append("  (w to watch)", style="dim")
             banner.update(text)
-        unknown = sum(1 for w in view.workers if w.state == "unknown")
+        unknown = sum(1 for w in view.workers if w.state == "unknown" and w.observed)
         waiting = sum(q.depth or 0 for q in view.queues)
         hint = Text(f" {len(view.workers)} workers", style="bold")
         if unknown:
             hint.append(f" · {unknown} unknown", style="bold red")
+        if any(not w.observed for w in view.workers):
+            hint.append(" · watch mode: workers listed, not asked, until a run is live", style="dim")
         hint.append(f" · {waiting:,} message{'' if waiting == 1 else 's'} waiting · {len(view.tasks)} task"
                     f"{'' if len(view.tasks) == 1 else 's'} held")
         if needle:
