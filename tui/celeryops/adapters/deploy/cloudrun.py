@@ -12,189 +12,76 @@ routes everything to the new revision in the same update.
 :meth:`CloudRunDeployer.validate` sends that exact update with ``validate_only=True``: Cloud Run checks it
 (permissions such as actAs on the runtime service account included) and changes nothing.
 
-Credentials (application default credentials) are resolved once per deployer, off the event loop, and refreshed
-once there so that missing, expired or revoked credentials are one sentence; each target gets one channel for
-the deployer's life (:meth:`CloudRunDeployer.close` closes them). A target with ``api_endpoint`` and
-``insecure = true`` (loopback only) gets a plaintext channel to a local stand-in and no credentials.
+Credentials are resolved once per deployer, off the event loop; each target gets one channel for the deployer's
+life (:meth:`CloudRunDeployer.close` closes them). How the API is reached and what its refusals mean is in
+:mod:`celeryops.adapters.deploy.cloudrun_api`; how a resource's state is read and the update is prepared, in
+:mod:`celeryops.adapters.deploy.cloudrun_state`. Their public names are importable from here too.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-import grpc
 from google.api_core import exceptions as gexc
 from google.api_core.retry import AsyncRetry, if_exception_type
-from google.cloud.run_v2 import (
-    Condition,
-    InstanceSplit,
-    InstanceSplitAllocationType,
-    Service,
-    ServicesAsyncClient,
-    TrafficTarget,
-    TrafficTargetAllocationType,
-    UpdateServiceRequest,
-    UpdateWorkerPoolRequest,
-    WorkerPool,
-    WorkerPoolsAsyncClient,
-)
-from google.cloud.run_v2.services.services.transports import ServicesGrpcAsyncIOTransport
-from google.cloud.run_v2.services.worker_pools.transports import WorkerPoolsGrpcAsyncIOTransport
+from google.cloud.run_v2 import Service, UpdateServiceRequest, UpdateWorkerPoolRequest, WorkerPool
 from google.longrunning import operations_pb2
 
 from celeryops.adapters.deploy.base import (
-    ConditionChanged,
     DeployError,
     DeployResult,
     Outcome,
     PollTrouble,
     ProgressCallback,
-    RevisionCreated,
     RolloutReady,
     RolloutStarted,
     RolloutState,
     condense,
-    describe_split,
     role_for,
-    short_revision,
 )
-from celeryops.core.config import Target, is_loopback_endpoint
+from celeryops.adapters.deploy.cloudrun_api import (
+    AUTH_PLUGIN_FAILURE,
+    DEFAULT_ENDPOINT,
+    SCOPES,
+    TRANSIENT,
+    ClientFactory,
+    CloudRunClients,
+    api_error,
+    default_clients,
+    error_code,
+    error_message,
+    named_permission,
+    permission_for,
+    resolve_credentials,
+    unavailable_error,
+)
+from celeryops.adapters.deploy.cloudrun_state import (
+    ProgressTracker,
+    prepare_update,
+    refuse_unready,
+    rollout_failed,
+    state_of,
+    traffic_pinned,
+)
+from celeryops.core.config import Target
 from celeryops.core.errors import EXIT_TIMEOUT
-from celeryops.core.masking import mask_text
 
-SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
-DEFAULT_ENDPOINT = "run.googleapis.com"
-_STATE_NAMES = {
-    Condition.State.CONDITION_SUCCEEDED: "succeeded",
-    Condition.State.CONDITION_FAILED: "failed",
-    Condition.State.CONDITION_RECONCILING: "reconciling",
-    Condition.State.CONDITION_PENDING: "pending",
-}
-_TRANSIENT = (gexc.ServiceUnavailable, gexc.DeadlineExceeded, gexc.RetryError)
-_LATEST_TRAFFIC = TrafficTargetAllocationType.TRAFFIC_TARGET_ALLOCATION_TYPE_LATEST
-_LATEST_SPLIT = InstanceSplitAllocationType.INSTANCE_SPLIT_ALLOCATION_TYPE_LATEST
-_REDEPLOY_LABEL = "celeryops-redeploy"
-_AUTH_PLUGIN_FAILURE = re.compile(r"Getting metadata from plugin failed|invalid_grant|RefreshError", re.I)
-_SCOPES_FAILURE = re.compile(r"insufficient authentication scopes|ACCESS_TOKEN_SCOPE_INSUFFICIENT", re.I)
-_ACCOUNT = re.compile(r"service ?account[: ]+'?([\w.@-]+@[\w.-]+?)'?(?:[\s,;)]|\.?$)", re.I)
-
-
-@dataclass
-class CloudRunClients:
-    """The two async clients a deploy uses, sharing one channel (``channel``)."""
-
-    services: ServicesAsyncClient
-    worker_pools: WorkerPoolsAsyncClient
-    channel: Any = None
-
-    async def close(self) -> None:
-        if self.channel is not None:
-            await self.channel.close()
-            return
-        for client in (self.services, self.worker_pools):
-            await client.transport.close()  # type: ignore[no-untyped-call]
-
-
-ClientFactory = Callable[[Target, Any], CloudRunClients]
-"""``(target, credentials) -> clients``; called inside the running event loop (``credentials`` is None for a
-loopback stand-in)."""
-
-
-def default_clients(target: Target, credentials: Any = None) -> CloudRunClients:
-    """Clients for ``target`` on one channel; call inside the running event loop (grpc.aio channels bind to it)."""
-    if target.insecure:
-        if not target.api_endpoint or not is_loopback_endpoint(target.api_endpoint):
-            raise DeployError(f"Target {target.name!r} asks for a plaintext connection to "
-                              f"{target.api_endpoint or 'Google'}, which is not a loopback address: nothing was "
-                              "contacted; insecure = true is only for a local stand-in.", code="INSECURE")
-        channel = grpc.aio.insecure_channel(target.api_endpoint)
-    else:
-        channel = ServicesGrpcAsyncIOTransport.create_channel(target.api_endpoint or DEFAULT_ENDPOINT,
-                                                              credentials=credentials, scopes=SCOPES)
-    return CloudRunClients(
-        services=ServicesAsyncClient(transport=ServicesGrpcAsyncIOTransport(channel=channel)),
-        worker_pools=WorkerPoolsAsyncClient(transport=WorkerPoolsGrpcAsyncIOTransport(channel=channel)),
-        channel=channel,
-    )
-
-
-def resolve_credentials() -> Any:
-    """Application default credentials, refreshed once (blocking: run it in a thread). Raises DeployError with
-    one sentence when there are none, when they are expired or revoked, or when the token endpoint is
-    unreachable."""
-    import google.auth
-    from google.auth import exceptions as auth_exc
-    from google.auth.transport.requests import Request
-
-    try:
-        credentials, _project = google.auth.default(scopes=list(SCOPES))
-    except auth_exc.DefaultCredentialsError:
-        raise DeployError("No Google credentials were found: nothing was deployed; run `gcloud auth "
-                          "application-default login` (or, in CI, set up workload identity federation or "
-                          "GOOGLE_APPLICATION_CREDENTIALS).", code="UNAUTHENTICATED") from None
-    try:
-        credentials.refresh(Request())  # type: ignore[no-untyped-call]
-    except auth_exc.RefreshError as exc:
-        reason = _refresh_reason(exc)
-        raise DeployError(f"Google refused to refresh the credentials ({reason}): nothing was deployed; they are "
-                          "expired or revoked, so log in again with `gcloud auth application-default login` (in CI: "
-                          "check the workload identity provider and service account).",
-                          code="UNAUTHENTICATED") from None
-    except auth_exc.TransportError as exc:
-        raise DeployError(f"Google's token endpoint could not be reached to refresh the credentials "
-                          f"({mask_text(' '.join(str(exc).split()))[:200]}): nothing was deployed; check the network "
-                          "and try again.", code="UNAVAILABLE") from None
-    return credentials
-
-
-def _refresh_reason(exc: BaseException) -> str:
-    args = exc.args
-    text = str(args[0]) if args else str(exc)
-    return mask_text(" ".join(text.split()))[:200].rstrip(".:; ") or type(exc).__name__
-
-
-def state_of(target: Target, resource: Any) -> RolloutState:
-    """A Service / WorkerPool message as a RolloutState (image: the target's container)."""
-    containers = list(resource.template.containers)
-    image = ""
-    if containers:
-        chosen = [c for c in containers if c.name == target.container] if target.container else containers[:1]
-        image = chosen[0].image if chosen else ""
-    cond = resource.terminal_condition
-    if isinstance(resource, Service):
-        asked, seen, uri = resource.traffic, resource.traffic_statuses, resource.uri
-        latest_type: Any = _LATEST_TRAFFIC
-    else:
-        asked, seen, uri = resource.instance_splits, resource.instance_split_statuses, ""
-        latest_type = _LATEST_SPLIT
-    return RolloutState(
-        resource=resource.name or target.resource_path,
-        generation=int(resource.generation),
-        observed_generation=int(resource.observed_generation),
-        reconciling=bool(resource.reconciling),
-        latest_created_revision=resource.latest_created_revision,
-        latest_ready_revision=resource.latest_ready_revision,
-        image=image,
-        terminal_state=_STATE_NAMES.get(cond.state, ""),
-        terminal_message=condense(cond.message)[0] if cond.message else "",
-        traffic=tuple(_split_entry(e, latest_type) for e in asked),
-        traffic_statuses=tuple(_split_entry(e, latest_type) for e in seen),
-        uri=uri,
-        service_account=resource.template.service_account,
-    )
-
-
-def _split_entry(entry: Any, latest_type: Any) -> tuple[str, int]:
-    """A TrafficTarget(Status) / InstanceSplit(Status) as ``(short revision, percent)``, ``""`` for the entry
-    that follows the latest ready revision (its status may name that revision too)."""
-    if entry.type_ == latest_type:
-        return "", int(entry.percent)
-    return short_revision(entry.revision), int(entry.percent)
+__all__ = [
+    "DEFAULT_ENDPOINT",
+    "SCOPES",
+    "ClientFactory",
+    "CloudRunClients",
+    "CloudRunDeployer",
+    "api_error",
+    "default_clients",
+    "resolve_credentials",
+    "rollout_failed",
+    "state_of",
+    "traffic_pinned",
+    "unavailable_error",
+]
 
 
 class CloudRunDeployer:
@@ -254,8 +141,8 @@ class CloudRunDeployer:
         clients = await self._clients(target)
         resource = await self._get(clients, target, self._read_retry(), self.rpc_timeout)
         before = state_of(target, resource)
-        self._refuse_unready(target, before, traffic=False)  # a pinned split is the traffic check's finding
-        self._prepare(target, resource, image, before)
+        refuse_unready(target, before, traffic=False)  # a pinned split is the traffic check's finding
+        prepare_update(target, resource, image, before)
         await self._update(clients, target, resource, validate_only=True)
 
     async def rollout_outcome(self, target: Target, started: RolloutState, image: str) -> Outcome:
@@ -281,8 +168,8 @@ class CloudRunDeployer:
         for _attempt in range(3):  # ABORTED: changed by someone else between read and update; read again
             resource = await self._get(clients, target, self._read_retry(), self.rpc_timeout)
             before = state_of(target, resource)
-            self._refuse_unready(target, before)
-            self._prepare(target, resource, image, before)
+            refuse_unready(target, before)
+            prepare_update(target, resource, image, before)
             try:
                 operation = await self._update(clients, target, resource)
             except DeployError as err:
@@ -334,31 +221,6 @@ class CloudRunDeployer:
         return AsyncRetry(predicate=if_exception_type(gexc.ServiceUnavailable), initial=0.2, maximum=1.0,
                           multiplier=2.0, timeout=self.read_retry)
 
-    def _refuse_unready(self, target: Target, before: RolloutState, *, traffic: bool = True) -> None:
-        if before.reconciling:
-            raise DeployError(f"{target.display} is still rolling out revision "
-                              f"{short_revision(before.latest_created_revision)}: nothing was changed; wait "
-                              "until it finished and deploy again.", code="BUSY")
-        if traffic and before.pinned and target.traffic != "latest":
-            raise traffic_pinned(target, before)
-
-    def _prepare(self, target: Target, resource: Any, image: str, before: RolloutState) -> None:
-        """The update: the image; all traffic to the latest revision when the target asks for it (tagged
-        revisions keep their tags at 0%); a label that forces a new revision when the image is unchanged (a
-        service has no force_new_revision, and Cloud Run makes no revision for an unchanged template)."""
-        unchanged = before.image == image
-        _set_image(target, resource, image)
-        if target.traffic == "latest":
-            if isinstance(resource, Service):
-                tagged = [TrafficTarget(type_=t.type_, revision=t.revision, percent=0, tag=t.tag)
-                          for t in resource.traffic if t.tag and t.revision and t.type_ != _LATEST_TRAFFIC]
-                latest_tag = next((t.tag for t in resource.traffic if t.type_ == _LATEST_TRAFFIC and t.tag), "")
-                resource.traffic = [TrafficTarget(type_=_LATEST_TRAFFIC, percent=100, tag=latest_tag), *tagged]
-            else:
-                resource.instance_splits = [InstanceSplit(type_=_LATEST_SPLIT, percent=100)]
-        if unchanged and isinstance(resource, Service):
-            resource.template.labels[_REDEPLOY_LABEL] = uuid.uuid4().hex[:12]
-
     async def _get(self, clients: CloudRunClients, target: Target, retry: AsyncRetry | None,
                    timeout: float) -> Any:
         try:
@@ -367,7 +229,7 @@ class CloudRunDeployer:
             return await clients.worker_pools.get_worker_pool(name=target.resource_path, retry=retry,
                                                               timeout=timeout)
         except gexc.GoogleAPICallError as exc:
-            raise api_error(target, exc, "read", _permission(target, "get")) from None
+            raise api_error(target, exc, "read", permission_for(target, "get")) from None
         except gexc.RetryError as exc:
             raise unavailable_error(target, exc, "read") from None
 
@@ -385,18 +247,18 @@ class CloudRunDeployer:
                                                     force_new_revision=True), retry=None, timeout=self.rpc_timeout)
         except gexc.Aborted as exc:
             raise DeployError(f"{target.display} was changed by someone else while celeryops updated it "
-                              f"({_message(exc)}): nothing was changed by this deploy; deploy again.",
+                              f"({error_message(exc)}): nothing was changed by this deploy; deploy again.",
                               code="ABORTED") from None
         except (gexc.ServiceUnavailable, gexc.DeadlineExceeded) as exc:
-            if _AUTH_PLUGIN_FAILURE.search(str(exc.message)):
-                raise api_error(target, exc, doing, _permission(target, "update")) from None
+            if AUTH_PLUGIN_FAILURE.search(str(exc.message)):
+                raise api_error(target, exc, doing, permission_for(target, "update")) from None
             if validate_only:
                 raise unavailable_error(target, exc, doing) from None
-            raise DeployError(f"The Cloud Run API did not answer the update of {target.display} ({_message(exc)}): "
-                              "the new image may or may not have been accepted; check the service before "
-                              "deploying again.", code=_code(exc)) from None
+            raise DeployError(f"The Cloud Run API did not answer the update of {target.display} "
+                              f"({error_message(exc)}): the new image may or may not have been accepted; check the "
+                              "service before deploying again.", code=error_code(exc)) from None
         except gexc.GoogleAPICallError as exc:
-            raise api_error(target, exc, doing, _permission(target, "update"),
+            raise api_error(target, exc, doing, permission_for(target, "update"),
                             service_account=resource.template.service_account) from None
         if validate_only and op.operation.done and op.operation.HasField("error"):
             reason, logs_url = condense(op.operation.error.message)
@@ -408,7 +270,7 @@ class CloudRunDeployer:
                      before: RolloutState, on_progress: ProgressCallback) -> DeployResult:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + target.timeout
-        tracker = _Tracker(target.name, before, on_progress)
+        tracker = ProgressTracker(target.name, before, on_progress)
         ops = clients.services if target.kind == "cloudrun-service" else clients.worker_pools
         message_type: Any = Service if target.kind == "cloudrun-service" else WorkerPool
         trouble_since: float | None = None
@@ -427,14 +289,15 @@ class CloudRunDeployer:
                 else:  # the operation finished; wait for the resource itself to settle
                     resource = await self._get(clients, target, None, self.rpc_timeout)
                 trouble_since = None
-            except (*_TRANSIENT, DeployError, gexc.GoogleAPICallError) as exc:
+            except (*TRANSIENT, DeployError, gexc.GoogleAPICallError) as exc:
                 if isinstance(exc, DeployError) and exc.code not in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
                     raise
-                if isinstance(exc, gexc.GoogleAPICallError) and not isinstance(exc, _TRANSIENT):
-                    named = _named_permission(str(exc.message))
-                    raise DeployError(f"Could not follow the rollout of {image} to {target.display} ({_code(exc)}: "
-                                      f"{_message(exc)}): the update was sent and may still be rolling out (nothing "
-                                      "was rolled back); check the service and run recovery.", code=_code(exc),
+                if isinstance(exc, gexc.GoogleAPICallError) and not isinstance(exc, TRANSIENT):
+                    named = named_permission(str(exc.message))
+                    raise DeployError(f"Could not follow the rollout of {image} to {target.display} "
+                                      f"({error_code(exc)}: {error_message(exc)}): the update was sent and may still "
+                                      "be rolling out (nothing was rolled back); check the service and run recovery.",
+                                      code=error_code(exc),
                                       permission=named, role=role_for(named) if named else "") from None
                 now = loop.time()
                 trouble_since = trouble_since or now
@@ -442,7 +305,7 @@ class CloudRunDeployer:
                     raise DeployError(f"Cloud Run stopped answering while {target.display} was rolling out {image}: "
                                       "the rollout may still be going on (nothing was rolled back); check the "
                                       "service and run recovery.", code="UNAVAILABLE") from None
-                on_progress(PollTrouble(target.name, f"polling failed ({_message(exc)}); retrying"))
+                on_progress(PollTrouble(target.name, f"polling failed ({error_message(exc)}); retrying"))
                 resource = None
             if resource is not None:
                 tracker.observe(resource)
@@ -463,141 +326,3 @@ class CloudRunDeployer:
                                   f"{target.timeout:g} s: it was left rolling out (nothing was rolled back); watch it "
                                   "in the Cloud console and run recovery.", code="TIMEOUT", exit_code=EXIT_TIMEOUT)
             await asyncio.sleep(self.poll_interval)
-
-
-class _Tracker:
-    """Turns successive snapshots of the resource into progress events (only what changed)."""
-
-    def __init__(self, target: str, before: RolloutState, emit: ProgressCallback) -> None:
-        self.target = target
-        self.emit = emit
-        self.revision = before.latest_created_revision
-        self.conditions: dict[str, tuple[str, str]] = {}
-
-    def observe(self, resource: Any) -> None:
-        created = resource.latest_created_revision
-        if created and created != self.revision:
-            self.revision = created
-            self.emit(RevisionCreated(self.target, created))
-        for cond in [resource.terminal_condition, *resource.conditions]:
-            if not cond.type_:
-                continue
-            seen = (_STATE_NAMES.get(cond.state, ""), cond.message)
-            if self.conditions.get(cond.type_) != seen:
-                self.conditions[cond.type_] = seen
-                reason, logs_url = condense(cond.message) if cond.message else ("", "")
-                self.emit(ConditionChanged(self.target, cond.type_, seen[0], mask_text(reason), logs_url))
-
-
-def _set_image(target: Target, resource: Any, image: str) -> None:
-    """Put ``image`` into the chosen container; a fixed revision name is cleared so Cloud Run names the new one
-    (reusing it would be refused as "already exists")."""
-    resource.template.revision = ""
-    containers = list(resource.template.containers)
-    if not containers:
-        raise DeployError(f"{target.display} has no container: nothing was changed; deploy it once with gcloud "
-                          "first.", code="NO_CONTAINER")
-    if target.container:
-        chosen = [c for c in containers if c.name == target.container]
-        if not chosen:
-            names = ", ".join(c.name or "(unnamed)" for c in containers)
-            raise DeployError(f"{target.display} has no container named {target.container!r} (it has {names}): "
-                              "nothing was changed; fix container in the target's configuration.",
-                              code="NO_CONTAINER")
-        chosen[0].image = image
-    else:
-        resource.template.containers[0].image = image
-
-
-def _permission(target: Target, verb: str) -> str:
-    return f"{'run.services' if target.kind == 'cloudrun-service' else 'run.workerpools'}.{verb}"
-
-
-def _code(exc: gexc.GoogleAPICallError) -> str:
-    code = exc.grpc_status_code
-    return code.name if code is not None else "UNKNOWN"
-
-
-def _message(exc: BaseException) -> str:
-    text = str(exc.message) if isinstance(exc, gexc.GoogleAPICallError) else str(exc)
-    return mask_text(condense(text)[0]) if text else type(exc).__name__
-
-
-def traffic_pinned(target: Target, state: RolloutState, *, image: str = "") -> DeployError:
-    """The split pins older revisions: the new revision would get (or got) less than everything."""
-    what = "instances" if target.kind == "cloudrun-worker-pool" else "traffic"
-    key = "instance_splits" if target.kind == "cloudrun-worker-pool" else "traffic"
-    split = describe_split(state.traffic, state.latest_ready_revision)
-    if image:
-        return DeployError(f"{target.display} made revision {short_revision(state.latest_ready_revision)} with "
-                           f"{image} ready, but its {key} pins {split}, so it serves {state.latest_share}% of the "
-                           f"{what}: the pinned revisions keep serving; route all {what} to the latest revision "
-                           f"(or set traffic = \"latest\" on target {target.name!r}) and deploy again.",
-                           code="TRAFFIC_PINNED")
-    return DeployError(f"{target.display} has its {key} pinned to {split} (a rollback in the console?), so a new "
-                       f"revision would get only what is left: nothing was changed; set traffic = \"latest\" on "
-                       f"target {target.name!r} to route all {what} to the new revision in the same update, or "
-                       f"route them to the latest revision in the console first.", code="TRAFFIC_PINNED")
-
-
-def rollout_failed(target: Target, image: str, before: RolloutState, message: str) -> DeployError:
-    """Cloud Run's own failure reason (condensed to one line; the Logs URL apart), and what kept serving."""
-    previous = short_revision(before.latest_ready_revision) or "(none)"
-    reason, logs_url = condense(message)
-    return DeployError(f"Cloud Run could not roll out {image} to {target.display}: {mask_text(reason)}; the "
-                       f"previous revision {previous} keeps serving; fix the image and deploy again.",
-                       code="ROLLOUT_FAILED", logs_url=logs_url)
-
-
-def unavailable_error(target: Target, exc: BaseException, doing: str) -> DeployError:
-    return DeployError(f"The Cloud Run API did not answer when asked to {doing} {target.display} "
-                       f"({_message(exc)}): nothing was changed; check the network or api_endpoint and try again.",
-                       code="UNAVAILABLE")
-
-
-def api_error(target: Target, exc: gexc.GoogleAPICallError, doing: str, permission: str, *,
-              service_account: str = "") -> DeployError:
-    """One sentence for an API error while doing ``doing`` (read, update, ...) on the target."""
-    text = str(exc.message)
-    if _AUTH_PLUGIN_FAILURE.search(text) or isinstance(exc, gexc.Unauthenticated):
-        return DeployError(f"Google refused the credentials when asked to {doing} {target.display}: nothing was "
-                           "changed; they are missing, expired or revoked: refresh them with `gcloud auth "
-                           "application-default login` (in CI: check the workload identity setup).",
-                           code="UNAUTHENTICATED")
-    if isinstance(exc, gexc.NotFound):
-        return DeployError(f"{target.display} was not found: nothing was changed; check project, region and "
-                           f"resource of target {target.name!r}.", code="NOT_FOUND")
-    if isinstance(exc, gexc.PermissionDenied) and _SCOPES_FAILURE.search(text):
-        return DeployError(f"The Google credentials lack the cloud-platform scope needed to {doing} "
-                           f"{target.display}: nothing was changed; use credentials with the "
-                           f"{SCOPES[0]} scope (e.g. `gcloud auth application-default login`, or a VM or runner "
-                           "whose service account has that scope).", code="PERMISSION_DENIED")
-    if isinstance(exc, gexc.PermissionDenied):
-        named = _named_permission(text) or permission
-        if named == "iam.serviceAccounts.actAs":
-            found = _ACCOUNT.search(text)
-            account = found.group(1) if found else service_account
-            role = role_for(named, account)
-            on = f"service account {account}" if account else "the runtime service account"
-            return DeployError(f"The permission {named} is missing on {on}, which {target.display} runs as: "
-                               f"nothing was changed; grant {role} to the account celeryops runs as.",
-                               code="PERMISSION_DENIED", permission=named, role=role)
-        role = role_for(named)
-        return DeployError(f"The permission {named} is missing on {target.display}: nothing was changed; grant it "
-                           f"(with {role}) to the account celeryops runs as.",
-                           code="PERMISSION_DENIED", permission=named, role=role)
-    if isinstance(exc, gexc.ServiceUnavailable | gexc.DeadlineExceeded):
-        err = unavailable_error(target, exc, doing)
-        err.code = _code(exc)
-        return err
-    reason, logs_url = condense(text)
-    return DeployError(f"Cloud Run refused to {doing} {target.display} ({_code(exc)}: {mask_text(reason)}): nothing "
-                       "was changed; fix the cause and try again.", code=_code(exc), logs_url=logs_url)
-
-
-def _named_permission(message: str) -> str:
-    start = message.find("Permission '")
-    if start < 0:
-        return ""
-    rest = message[start + len("Permission '"):]
-    return rest.split("'", 1)[0]
