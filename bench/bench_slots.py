@@ -38,8 +38,8 @@ from typing import Any
 
 import redis
 
-from celeryops.slots import SlotStore
 from celeryops.demo.standins.redis_server import RedisServer
+from celeryops.slots import SlotStore
 
 KINDS = (("slots1", "slots, 1 type"), ("slots2", "slots, 2 types"), ("lock", "redis-py Lock"),
          ("lock1", "redis-py Lock, 1 connection"))

@@ -1,7 +1,9 @@
-"""Slot-gated tasks on real Celery worker processes (celeryops_harness.slotapp) with a real redis-server."""
+"""Slot-gated tasks on real Celery worker processes (celeryops_harness.slotapp) with a real redis-server, and a global
+pool whose total is the sum of the worker hosts that are alive."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -105,3 +107,73 @@ def test_an_eight_slot_task_among_a_stream_of_one_slot_tasks_gets_to_run(
     assert all(redis_client.get(f"ct:runs:{i}") == "1" for i in [big, *smalls])
     store = SlotStore(redis_client)
     wait_for(lambda: store.snapshot().usage("cpu").used == 0, 30, "all slots to be free")
+
+
+def _start(start_workers: Callable[..., list[WorkerProcess]], redis_url: str, host: str, cpu: int, queue: str,
+           **kw: Any) -> WorkerProcess:
+    env = {**BASE_ENV, "CELERYOPS_SLOTS_LEASE_TTL": "2", "CELERYOPS_SLOTS_HOST": host, "CELERYOPS_SLOTS_CPU": str(cpu)}
+    (worker,) = start_workers(redis_url, app="celeryops_harness.slotapp", queues=[queue], env=env, **kw)
+    return worker
+
+
+def _hosts(store: SlotStore) -> dict[str, tuple[dict[str, int], list[str]]]:
+    return {hc.host: (hc.totals, hc.workers) for hc in store.snapshot().hosts if not hc.expired}
+
+
+def test_a_global_pool_adds_up_the_live_hosts_of_different_sizes(
+        redis_url: str, redis_client: redis.Redis, start_workers: Callable[..., list[WorkerProcess]],
+        queue_name: str) -> None:
+    """Two worker processes on hosts of 32 and 4 cpu share the global pool: 36, whichever starts last. A stopped
+    worker withdraws its host, a killed one stops renewing and its contribution expires (Redis TIME); restarted,
+    each adds its host again."""
+    store = SlotStore(redis_client)
+    big = _start(start_workers, redis_url, "host-big", 32, f"{queue_name}-big")
+    small = _start(start_workers, redis_url, "host-small", 4, f"{queue_name}-small")  # starts last, adds 4
+    wait_for(lambda: store.snapshot().usage("cpu").total == 36, 60, "the pool to hold 32 + 4 cpu")
+    assert _hosts(store) == {"host-big": ({"cpu": 32}, [big.nodename]), "host-small": ({"cpu": 4}, [small.nodename])}
+
+    small.signal(signal.SIGTERM)  # warm shutdown: the worker takes its contribution out
+    wait_for(lambda: not small.alive(), 60, "the small worker to stop")
+    assert "withdrawn from pool global" in small.log()
+    wait_for(lambda: store.snapshot().usage("cpu").total == 32, 30, "the pool to shrink to 32")
+    small = _start(start_workers, redis_url, "host-small", 4, f"{queue_name}-small")
+    wait_for(lambda: store.snapshot().usage("cpu").total == 36, 60, "the pool to grow back to 36")
+
+    big.kill()  # SIGKILL: nothing is withdrawn, the contribution expires after its TTL
+    assert "withdrawn" not in big.log()
+    wait_for(lambda: store.snapshot().usage("cpu").total == 4, 30, "the killed host's contribution to expire")
+    # the survivor's heartbeat reaps it: the total the next acquire reads is 4 as well
+    wait_for(lambda: redis_client.hget(store.keys[0], "total:cpu") == "4", 30, "the live worker to reap it")
+    assert _hosts(store) == {"host-small": ({"cpu": 4}, [small.nodename])}
+    big = _start(start_workers, redis_url, "host-big", 32, f"{queue_name}-big")
+    wait_for(lambda: store.snapshot().usage("cpu").total == 36, 60, "the restarted host to be added again")
+    assert set(_hosts(store)) == {"host-big", "host-small"}
+
+
+def test_tasks_above_the_total_left_by_a_killed_host_keep_running(
+        redis_url: str, redis_client: redis.Redis, start_workers: Callable[..., list[WorkerProcess]],
+        queue_name: str) -> None:
+    """6 cpu (4 + 2) all held by three tasks on the 4-cpu host; the 2-cpu host is killed: the total drops to 4
+    under 6 used, no lease is revoked (the tasks renew, finish, run once), and new acquires are refused until the
+    running leases have ended."""
+    store = SlotStore(redis_client)
+    q_a = f"{queue_name}-a"
+    a = _start(start_workers, redis_url, "host-a", 4, q_a, concurrency=3)
+    b = _start(start_workers, redis_url, "host-b", 2, f"{queue_name}-b")
+    wait_for(lambda: store.snapshot().usage("cpu").total == 6, 60, "the pool to hold 4 + 2 cpu")
+    ids = [send(slot_sleep, redis_url, q_a, 12, f"long{i}") for i in range(3)]
+    wait_for(lambda: redis_client.get("ct:slots:running") == "3", 60, "the three tasks to hold all 6 cpu")
+    b.kill()
+
+    def over() -> bool:
+        cpu = store.snapshot().usage("cpu")
+        return cpu.total == 4 and cpu.used == 6
+
+    wait_for(over, 30, "the total to drop to 4 while the 6 cpu stay held")
+    assert not store.acquire("probe", {"cpu": 1}, ttl=30, starvation_after=3600).ok
+    assert {h.task_id for h in store.snapshot().holders} == set(ids)
+    wait_for(lambda: all(redis_client.hget(f"ct:run:{i}", "finished") for i in ids), 60, "the tasks to finish")
+    assert all(redis_client.get(f"ct:runs:{i}") == "1" for i in ids)
+    assert "LEASE LOST" not in a.log()
+    wait_for(lambda: store.snapshot().usage("cpu").used == 0, 30, "the slots to come back")
+    assert store.acquire("probe", {"cpu": 4}, ttl=30).ok

@@ -11,8 +11,8 @@ from click.testing import CliRunner
 
 from celeryops.cli import main
 from celeryops.core.errors import EXIT_BROKER
-from celeryops.slots import SlotStore
 from celeryops.demo.standins.redis_server import free_port
+from celeryops.slots import SlotStore
 
 
 @pytest.fixture
@@ -37,6 +37,32 @@ def test_json_snapshot(pool: SlotStore, redis_url: str) -> None:
         "task-1", "proj.infer", "celery@gpu-01", {"cpu": 4, "gpu": 1}, False)
     assert h["token"] >= 1 and 0 < h["lease_remaining"] <= 60
     assert [w["task_id"] for w in p["waiting"]] == ["task-2"]
+    assert p["hosts"] == [] and all(t["fixed"] for t in p["types"])
+
+
+def test_hosts_adding_up_to_a_global_pool(redis_client: redis.Redis, redis_url: str) -> None:
+    """JSON: each host's contribution (host, totals, workers, age, expiry) and whether a total is explicit; table: a
+    row per host, and the totals marked as the sum of N hosts."""
+    store = SlotStore(redis_client)
+    store.contribute("gpu-01", {"cpu": 32, "gpu": 2}, ttl=60, worker="celery@gpu-01")
+    store.contribute("cpu-07", {"cpu": 4}, ttl=60, worker="celery@cpu-07")
+    store.set_totals({"licence": 5})
+    result = CliRunner().invoke(main, ["slots", "--redis", redis_url, "--json"])
+    assert result.exit_code == 0, result.output
+    (p,) = json.loads(result.stdout)["pools"]
+    assert {t["type"]: (t["total"], t["fixed"]) for t in p["types"]} == {
+        "cpu": (36, False), "gpu": (2, False), "licence": (5, True)}
+    cpu07, gpu01 = p["hosts"]
+    assert (gpu01["host"], gpu01["totals"], gpu01["workers"], gpu01["expired"]) == (
+        "gpu-01", {"cpu": 32, "gpu": 2}, ["celery@gpu-01"], False)
+    assert cpu07["host"] == "cpu-07" and 0 <= cpu07["age"] < 60 and 0 < cpu07["expires_in"] <= 60
+    table = CliRunner().invoke(main, ["slots", "--redis", redis_url])
+    assert table.exit_code == 0, table.output
+    lines = table.stdout.splitlines()
+    assert any(line.split()[:2] == ["cpu", "36"] and "sum of 2 hosts" in line for line in lines), table.stdout
+    assert any(line.split()[:2] == ["licence", "5"] and line.endswith("fixed") for line in lines), table.stdout
+    row = next(line for line in lines if line.strip().startswith("gpu-01"))
+    assert "cpu=32,gpu=2" in row and "celery@gpu-01" in row and "in " in row
 
 
 def test_table_from_env_and_from_broker(pool: SlotStore, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,8 +14,8 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from celeryops.slots import SlotStore, read_all
 from celeryops.demo.standins.redis_server import free_port
+from celeryops.slots import SlotStore, read_all
 from celeryops_harness.workers import wait_for
 
 
@@ -68,6 +68,19 @@ def test_pool_works_on_redis_cluster(cluster: RedisCluster) -> None:
     wait_for(lambda: store.reap() == 1, 10, "the short lease to expire (by Redis TIME) and be reaped")
     full = read_all(cluster)
     assert [p.pool for p in full.pools] == ["global"] and full.pools[0].usage("cpu").used == 0
+
+
+def test_host_contributions_add_up_on_redis_cluster(cluster: RedisCluster) -> None:
+    store = SlotStore(cluster)
+    assert store.contribute("big", {"cpu": 32}, ttl=30, worker="celery@big", starting=True).status == "new"
+    store.contribute("small", {"cpu": 4}, ttl=0.2, worker="celery@small", starting=True)
+    assert store.acquire("a", {"cpu": 36}, ttl=30).ok and store.release("a")
+    wait_for(lambda: store.reap() >= 0 and store.snapshot().usage("cpu").total == 32, 10,
+             "the small host's contribution to expire (Redis TIME) and be reaped")
+    assert cluster.hget(store.keys[0], "total:cpu") == "32"
+    assert store.withdraw("big", "celery@big")
+    snap = read_all(cluster).pools[0]
+    assert snap.hosts == [] and snap.usage("cpu").total == 0
 
 
 def test_without_the_hash_tag_cluster_refuses_the_scripts(cluster: RedisCluster) -> None:

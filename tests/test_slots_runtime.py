@@ -1,6 +1,8 @@
 """The worker-side runtime against a real (private) redis-server: Redis restarted mid-run (scripts reload, leases
 and totals come back, counters stay true), fail-open runs registered once Redis is back, fail-closed, the lease-lost
-policy (LeaseLost raised in the task's thread, or logged), and the CELERYOPS_SLOTS_* environment contract."""
+policy (LeaseLost raised in the task's thread, or logged), a global pool's totals as the sum of the runtimes' host
+contributions (renewed by the heartbeat thread, expiring when it stops, withdrawn at worker stop), and the
+CELERYOPS_SLOTS_* environment contract."""
 
 from __future__ import annotations
 
@@ -13,16 +15,56 @@ import time
 import pytest
 import redis
 
-from celeryops.slots import LeaseLost, SlotRuntime, SlotSettings, SlotStore, detect_totals, settings_from_env
 from celeryops.demo.standins.redis_server import RedisServer
+from celeryops.slots import LeaseLost, SlotRuntime, SlotSettings, SlotStore, detect_totals, settings_from_env
 from celeryops_harness.workers import wait_for
 
 
-def make_runtime(url: str, **kw: object) -> SlotRuntime:
+def make_runtime(url: str, nodename: str = "celery@w1", **kw: object) -> SlotRuntime:
     settings = SlotSettings(**{"lease_ttl": 30.0, "totals": {"cpu": 4}, "detect": False, **kw})  # type: ignore[arg-type]
     rt = SlotRuntime(settings, url)
-    rt.on_worker_start("celery@w1")
+    rt.on_worker_start(nodename)
     return rt
+
+
+def test_global_runtimes_add_their_hosts_and_the_heartbeat_keeps_them(redis_url: str,
+                                                                     redis_client: redis.Redis) -> None:
+    """Two worker runtimes on hosts of different sizes: the total is the sum, the heartbeat thread keeps both
+    contributions alive past their TTL; a runtime whose heartbeat stops (a killed or frozen worker) drops out when its
+    contribution expires, and comes back when it beats again; a stopping worker withdraws at once."""
+    big = make_runtime(redis_url, "celery@big", host="big", totals={"cpu": 32}, host_ttl=0.6)
+    small = make_runtime(redis_url, "celery@small", host="small", totals={"cpu": 4}, host_ttl=0.6)
+    store = SlotStore(redis_client)
+    try:
+        assert store.snapshot().usage("cpu").total == 36
+        assert big.settings.heartbeat_interval == pytest.approx(0.2)  # a third of the shorter TTL
+        wait_for(lambda: all(hc.age > 1.8 for hc in store.snapshot().hosts), 30, "3 host TTLs to pass")
+        snap = store.snapshot()
+        assert snap.usage("cpu").total == 36 and not any(hc.expired for hc in snap.hosts)  # renewed all along
+        small.stop_heartbeat()
+        wait_for(lambda: store.snapshot().usage("cpu").total == 32, 30, "the silent host's contribution to expire")
+        wait_for(lambda: redis_client.hget(store.keys[0], "total:cpu") == "32", 30,
+                 "the live worker's heartbeat to reap it")
+        small.start_heartbeat()
+        wait_for(lambda: store.snapshot().usage("cpu").total == 36, 30, "the host to be added again")
+        big.on_worker_stop()
+        snap = store.snapshot()
+        assert snap.usage("cpu").total == 4 and [hc.host for hc in snap.hosts] == ["small"]
+    finally:
+        big.stop_heartbeat()
+        small.stop_heartbeat()
+
+
+def test_host_scope_still_writes_its_own_pool_totals(redis_url: str, redis_client: redis.Redis) -> None:
+    rt = make_runtime(redis_url, scope="host", host="h1", totals={"cpu": 6})
+    try:
+        snap = SlotStore(redis_client, "host:h1").snapshot()
+        assert snap.usage("cpu").total == 6 and snap.usage("cpu").fixed and snap.hosts == []
+        rt.on_worker_stop()
+        assert SlotStore(redis_client, "host:h1").snapshot().usage("cpu").total == 6  # nothing withdrawn
+        assert not redis_client.exists(SlotStore(redis_client).keys[0])  # no global pool written
+    finally:
+        rt.stop_heartbeat()
 
 
 def test_redis_restart_mid_run_reloads_scripts_and_restores_state(own_redis: RedisServer) -> None:
@@ -131,7 +173,8 @@ def _hold_until_interrupted(rt: SlotRuntime, outcome: dict[str, object], started
 
 
 def test_lost_lease_raises_in_the_task_thread(redis_url: str, redis_client: redis.Redis) -> None:
-    rt = make_runtime(redis_url, lease_ttl=0.3)
+    # the host's contribution outlives the stall (host_ttl): the pool keeps its 4 cpu, another task takes them
+    rt = make_runtime(redis_url, lease_ttl=0.3, host_ttl=30.0)
     outcome: dict[str, object] = {}
     started = threading.Event()
     t = threading.Thread(target=_hold_until_interrupted, args=(rt, outcome, started), daemon=True)
@@ -154,7 +197,7 @@ def test_lost_lease_raises_in_the_task_thread(redis_url: str, redis_client: redi
 
 def test_lost_lease_is_logged_with_the_log_policy(redis_url: str, redis_client: redis.Redis,
                                                   caplog: pytest.LogCaptureFixture) -> None:
-    rt = make_runtime(redis_url, lease_ttl=0.3, on_lost="log")
+    rt = make_runtime(redis_url, lease_ttl=0.3, host_ttl=30.0, on_lost="log")
     try:
         assert rt.acquire("t", {"cpu": 4}) is not None
         rt.stop_heartbeat()
@@ -193,6 +236,11 @@ def test_environment_contract() -> None:
     assert (s.lease_ttl, s.redis_url, s.scope, s.pool, s.fail_open) == (5.0, "redis://slots:6379/3", "host",
                                                                          "host:gpu-01", False)
     assert (s.retry_countdown, s.starvation_after) == (2.0, 7.0)
+    assert s.host_ttl is None and s.contribution_ttl == 5.0
+    g = settings_from_env({**env, "CELERYOPS_SLOTS_SCOPE": "global", "CELERYOPS_SLOTS_HOST_TTL": "90"})
+    assert (g.pool, g.host, g.contribution_ttl) == ("global", "gpu-01", 90.0)
+    assert g.heartbeat_interval == pytest.approx(5.0 / 3)
+    assert "host_ttl" not in g.totals
     # install() arguments win over the environment, per type
     s = settings_from_env(env, totals={"gpu": 1}, lease_ttl=9.0)
     assert s.totals == {"cpu": 48, "gpu": 1} and s.lease_ttl == 9.0

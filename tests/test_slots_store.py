@@ -1,5 +1,6 @@
 """SlotStore against a real redis-server: leases, multi-type atomic acquire, fencing tokens, expiry by Redis TIME,
-reaping, totals that never wipe live leases, the starvation guard, NOSCRIPT healing, hash tags, seed-schema reads."""
+reaping, totals that never wipe live leases, the starvation guard, NOSCRIPT healing, hash tags, seed-schema reads,
+and a global pool's totals as the sum of its hosts' contributions (join, renew, change, leave, expire)."""
 
 from __future__ import annotations
 
@@ -225,8 +226,9 @@ def test_scripts_reload_after_script_flush(store: SlotStore, redis_client: redis
 def test_all_keys_of_a_pool_share_one_cluster_slot(store: SlotStore, redis_client: redis.Redis) -> None:
     store.acquire("a", {"cpu": 4}, ttl=30)
     store.acquire("b", {"cpu": 1}, ttl=30)  # refused: writes a waiting entry
+    store.contribute("h1", {"disk": 2}, ttl=30, worker="celery@h1")  # writes the hosts and hostinfo keys
     keys = set(redis_client.keys("*"))
-    assert keys <= {*store.keys, store.registry_key}
+    assert keys == {*store.keys, store.registry_key}
     assert len({key_slot(k.encode()) for k in store.keys}) == 1
     untagged = SlotStore(redis_client, "p", hash_tag=False)
     assert all("{" not in k for k in untagged.keys)
@@ -289,4 +291,152 @@ def test_read_all_lists_pools_and_reads_the_seed_schema(redis_client: redis.Redi
     assert t1.age is not None and 50 < t1.age < 3600
     assert t2.age is None
     d = snap.to_dict()
-    assert d["pools"][2]["types"][0] == {"type": "cpu", "total": 48, "used": 8, "free": 40}
+    assert d["pools"][2]["types"][0] == {"type": "cpu", "total": 48, "used": 8, "free": 40, "fixed": True}
+
+
+# -- a global pool's totals: the sum of the live hosts' contributions --------------------------------------------------
+def test_global_totals_are_the_sum_of_the_hosts_contributions(redis_client: redis.Redis) -> None:
+    """Each host adds its totals; the last host to start no longer decides the pool size. Workers sharing a host name
+    count once (the larger of their numbers); new numbers and withdrawals change the sum at once."""
+    store = SlotStore(redis_client)
+    assert store.contribute("big", {"cpu": 32, "gpu": 2}, ttl=30, worker="celery@big", starting=True).status == "new"
+    assert store.contribute("small", {"cpu": 4}, ttl=30, worker="celery@small", starting=True).status == "new"
+    snap = store.snapshot()
+    assert [(t.type, t.total, t.fixed) for t in snap.types] == [("cpu", 36, False), ("gpu", 2, False)]
+    assert read_all(redis_client).pool("global") is not None  # registered for readers
+    # a second worker on host "small" with more cpu: the host counts once, with 6
+    store.contribute("small", {"cpu": 6}, ttl=30, worker="celery@small-2")
+    assert store.snapshot().usage("cpu").total == 38
+    assert store.contribute("big", {"cpu": 32, "gpu": 2}, ttl=30, worker="celery@big").status == "renewed"
+    assert store.contribute("big", {"cpu": 16}, ttl=30, worker="celery@big").status == "changed"
+    assert [(t.type, t.total) for t in store.snapshot().types] == [("cpu", 22), ("gpu", 0)]  # gpu went with it
+    assert store.acquire("a", {"cpu": 22}, ttl=30).ok  # the acquire sees the sum
+    store.release("a")
+    assert store.withdraw("small", "celery@small-2") and not store.withdraw("small", "celery@small-2")
+    assert store.snapshot().usage("cpu").total == 20
+    assert store.withdraw("big", "celery@big") and store.withdraw("small", "celery@small")
+    assert store.snapshot().usage("cpu").total == 0
+    assert store.acquire("b", {"cpu": 1}, ttl=30).status == "impossible"
+
+
+def test_a_contribution_that_is_not_renewed_expires_by_redis_time(redis_client: redis.Redis) -> None:
+    """A killed worker stops renewing: its contribution expires (Redis TIME) and the next acquire, which reaps before
+    it checks, sees the smaller total; renewing brings it back. The stored total follows, not only the snapshot."""
+    store = SlotStore(redis_client)
+    store.contribute("a", {"cpu": 4}, ttl=30, worker="celery@a")
+    store.contribute("b", {"cpu": 8}, ttl=0.3, worker="celery@b")
+    assert store.acquire("x", {"cpu": 12}, ttl=30).ok
+    store.release("x")
+
+    def refused() -> bool:  # a probe that does not stay: granted probes are released at once
+        res = store.acquire("probe", {"cpu": 5}, ttl=30)
+        if res.ok:
+            store.release("probe", res.token)
+        return res.status == "impossible"
+
+    wait_for(refused, 10, "b's contribution to expire and acquire to see a total of 4")
+    assert redis_client.hget(store.keys[0], "total:cpu") == "4"
+    assert not redis_client.hexists(store.keys[5], "host:b|celery@b")
+    assert [hc.host for hc in store.snapshot().hosts] == ["a"]
+    assert store.contribute("b", {"cpu": 8}, ttl=30, worker="celery@b").status == "new"  # it is back: grows
+    assert store.acquire("y", {"cpu": 12}, ttl=30).ok
+
+
+def test_snapshot_counts_expired_contributions_out_before_anyone_reaps(redis_client: redis.Redis) -> None:
+    store = SlotStore(redis_client)
+    store.contribute("a", {"cpu": 4}, ttl=30, worker="celery@a")
+    store.contribute("b", {"cpu": 8}, ttl=0.2, worker="celery@b")
+    wait_for(lambda: store.snapshot().usage("cpu").total == 4, 10, "the snapshot to count b out")
+    b = next(hc for hc in store.snapshot().hosts if hc.host == "b")
+    assert b.expired and b.expires_in == 0 and b.totals == {"cpu": 8}
+    assert redis_client.hget(store.keys[0], "total:cpu") == "12"  # nothing reaped yet: no script ran
+    store.reap()
+    assert redis_client.hget(store.keys[0], "total:cpu") == "4"
+
+
+def test_leases_above_a_shrunk_total_are_never_revoked(redis_client: redis.Redis) -> None:
+    """A host leaves while the pool is busy beyond what is left: running leases keep their slots (renewals still
+    succeed), used stays above total, new acquires wait until enough leases end."""
+    store = SlotStore(redis_client)
+    store.contribute("a", {"cpu": 4}, ttl=30, worker="celery@a")
+    store.contribute("b", {"cpu": 4}, ttl=30, worker="celery@b")
+    held = {lid: store.acquire(lid, {"cpu": 2}, ttl=30, worker="celery@a").token for lid in ("l1", "l2", "l3")}
+    assert store.withdraw("b", "celery@b")
+    snap = store.snapshot()
+    cpu = snap.usage("cpu")
+    assert (cpu.total, cpu.used, cpu.free) == (4, 6, 0)
+    assert {h.task_id for h in snap.holders} == {"l1", "l2", "l3"}
+    assert all(store.renew(lid, tok, 30, {"cpu": 2}).status == "renewed" for lid, tok in held.items())
+    assert store.acquire("new", {"cpu": 1}, ttl=30, starvation_after=3600).status == "busy"
+    store.release("l1", held["l1"])
+    assert store.acquire("new", {"cpu": 1}, ttl=30, starvation_after=3600).status == "busy"  # 4 used of 4
+    store.release("l2", held["l2"])
+    assert store.acquire("new", {"cpu": 2}, ttl=30, starvation_after=3600).ok
+    assert store.snapshot().usage("cpu").used == 4
+
+
+def test_explicit_totals_win_over_the_hosts_sum_until_cleared(redis_client: redis.Redis) -> None:
+    store = SlotStore(redis_client)
+    store.contribute("a", {"cpu": 4, "gpu": 1}, ttl=30, worker="celery@a")
+    store.set_totals({"cpu": 10, "licence": 3})
+    snap = store.snapshot()
+    assert [(t.type, t.total, t.fixed) for t in snap.types] == [
+        ("cpu", 10, True), ("gpu", 1, False), ("licence", 3, True)]
+    store.contribute("b", {"cpu": 8}, ttl=30, worker="celery@b")
+    assert store.snapshot().usage("cpu").total == 10  # still the explicit one
+    store.clear_totals(["cpu", "licence"])
+    assert [(t.type, t.total, t.fixed) for t in store.snapshot().types] == [
+        ("cpu", 12, False), ("gpu", 1, False), ("licence", 0, False)]
+    assert not store.acquire("x", {"licence": 1}, ttl=30).ok
+
+
+def test_a_starting_worker_reaps_its_dead_leases_and_keeps_others(redis_client: redis.Redis) -> None:
+    store = SlotStore(redis_client)
+    store.contribute("a", {"cpu": 8}, ttl=30, worker="celery@a", starting=True)
+    store.acquire("mine", {"cpu": 2}, ttl=30, worker="celery@a")
+    store.acquire("theirs", {"cpu": 2}, ttl=30, worker="celery@b")
+    store.acquire("anon", {"cpu": 1}, ttl=30)  # no worker name: never taken for a restarting worker's
+    assert store.contribute("a", {"cpu": 8}, ttl=30, worker="celery@a").reaped == 0  # a heartbeat reaps nothing
+    r = store.contribute("a", {"cpu": 8}, ttl=30, worker="celery@a", starting=True)
+    assert (r.status, r.reaped) == ("renewed", 1)
+    assert {h.task_id for h in store.snapshot().holders} == {"theirs", "anon"}
+    assert store.contribute("b", {"cpu": 1}, ttl=30, worker="", starting=True).reaped == 0
+
+
+def test_contributions_come_back_after_redis_lost_its_data(redis_client: redis.Redis) -> None:
+    store = SlotStore(redis_client)
+    store.contribute("a", {"cpu": 4}, ttl=30, worker="celery@a")
+    redis_client.flushall()
+    assert store.contribute("a", {"cpu": 4}, ttl=30, worker="celery@a").status == "new"
+    assert store.snapshot().usage("cpu").total == 4
+    assert [p.pool for p in read_all(redis_client).pools] == ["global"]
+
+
+def test_snapshot_lists_each_hosts_contribution(redis_client: redis.Redis) -> None:
+    store = SlotStore(redis_client)
+    store.contribute("gpu-01", {"cpu": 32, "gpu": 2}, ttl=30, worker="celery@g1")
+    store.contribute("gpu-01", {"cpu": 16, "gpu": 4}, ttl=20, worker="celery@g2")
+    store.contribute("cpu|01", {"cpu": 4}, ttl=30, worker="celery@c1")  # '|' is stored as '/'
+    hosts = {hc.host: hc for hc in store.snapshot().hosts}
+    assert set(hosts) == {"gpu-01", "cpu/01"}
+    g = hosts["gpu-01"]
+    assert (g.totals, g.workers, g.expired) == ({"cpu": 32, "gpu": 4}, ["celery@g1", "celery@g2"], False)
+    assert 0 <= g.age < 30 and 20 < g.expires_in <= 30
+    assert store.snapshot().usage("cpu").total == 36 and store.snapshot().usage("gpu").total == 4
+    d = read_all(redis_client).to_dict()
+    (p,) = d["pools"]
+    assert [h["host"] for h in p["hosts"]] == ["cpu/01", "gpu-01"]
+    assert p["hosts"][1]["totals"] == {"cpu": 32, "gpu": 4} and p["hosts"][1]["workers"] == ["celery@g1", "celery@g2"]
+    assert {t["type"]: (t["total"], t["fixed"]) for t in p["types"]} == {"cpu": (36, False), "gpu": (4, False)}
+
+
+def test_a_heartbeat_counts_again_when_the_pool_hash_lost_its_totals(redis_client: redis.Redis) -> None:
+    """Eviction or a hand-made DEL can drop the pool hash and leave the hosts' keys: the next renewal notices the
+    missing total and counts the contributions again."""
+    store = SlotStore(redis_client)
+    store.contribute("a", {"cpu": 4}, ttl=30, worker="celery@a")
+    store.contribute("b", {"cpu": 8}, ttl=30, worker="celery@b")
+    redis_client.delete(store.keys[0])
+    assert store.acquire("x", {"cpu": 1}, ttl=30).status == "impossible"
+    assert store.contribute("a", {"cpu": 4}, ttl=30, worker="celery@a").status == "renewed"
+    assert store.acquire("x", {"cpu": 12}, ttl=30).ok

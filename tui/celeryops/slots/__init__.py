@@ -1,8 +1,8 @@
 """Resource slots: Redis-Lua slot leases that gate CPU/GPU-heavy Celery tasks and never leak.
 
 Worker-side: imports only celery and redis (no Textual, no Google). Public API:
-``SlotStore`` (acquire/renew/adopt/release/reap/set_totals/snapshot), ``read_all`` (every pool, for the console),
-``SlotTask`` / ``slot_task`` / ``install`` (Celery), ``detect_totals``, and the snapshot dataclasses.
+``SlotStore`` (acquire/renew/adopt/release/reap/set_totals/contribute/withdraw/snapshot), ``read_all`` (every pool,
+for the console), ``SlotTask`` / ``slot_task`` / ``install`` (Celery), ``detect_totals``, and the snapshot dataclasses.
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ from celeryops.slots.celery import (
     slot_task,
 )
 from celeryops.slots.detect import cpu_count, detect_totals, gpu_count
-from celeryops.slots.snapshot import Holder, PoolSnapshot, Snapshot, TypeUsage, Waiting
+from celeryops.slots.snapshot import Holder, HostContribution, PoolSnapshot, Snapshot, TypeUsage, Waiting
 from celeryops.slots.store import (
     DEFAULT_PREFIX,
     GLOBAL_POOL,
     AcquireResult,
+    ContributeResult,
     RenewResult,
     SlotStore,
     connect,
@@ -33,8 +34,8 @@ from celeryops.slots.store import (
 )
 
 __all__ = [
-    "DEFAULT_PREFIX", "GLOBAL_POOL", "AcquireResult", "Holder", "LeaseLost", "PoolSnapshot", "RenewResult",
-    "SlotRuntime", "SlotSettings", "SlotStore", "SlotTask", "SlotsBusy", "Snapshot", "TypeUsage", "Waiting",
-    "connect", "cpu_count", "detect_totals", "gpu_count", "host_pool", "install", "read_all", "read_legacy",
-    "runtime", "settings_from_env", "slot_task",
+    "DEFAULT_PREFIX", "GLOBAL_POOL", "AcquireResult", "ContributeResult", "Holder", "HostContribution", "LeaseLost",
+    "PoolSnapshot", "RenewResult", "SlotRuntime", "SlotSettings", "SlotStore", "SlotTask", "SlotsBusy", "Snapshot",
+    "TypeUsage", "Waiting", "connect", "cpu_count", "detect_totals", "gpu_count", "host_pool", "install", "read_all",
+    "read_legacy", "runtime", "settings_from_env", "slot_task",
 ]

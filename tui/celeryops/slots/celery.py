@@ -17,12 +17,21 @@ Slots are released in ``finally``; ``after_return`` is the safety net (skipping 
 every lease every TTL/3; a lease found gone (expired and reaped, or taken) is logged and, with ``on_lost="raise"``,
 ``LeaseLost`` is raised inside the task's thread.
 
+In the global scope a worker does not write the pool's totals: it contributes its host's totals (detected, or
+``CELERYOPS_SLOTS_<TYPE>``) for ``CELERYOPS_SLOTS_HOST_TTL`` seconds, renewed by the same heartbeat thread, and the
+pool's total is the sum over the live hosts (workers sharing a host name count once). A worker that stops takes its
+contribution out; one that is killed stops renewing and its contribution expires. Leases are never revoked when the
+total shrinks: running tasks keep their slots, new acquires see the smaller total.
+
 Worker-side settings (``install`` arguments win over the environment, a contract container images rely on):
   CELERYOPS_SLOTS_<TYPE>=N             total of TYPE on this worker (CELERYOPS_SLOTS_CPU=48, CELERYOPS_SLOTS_GPU=2)
   CELERYOPS_SLOTS_LEASE_TTL            lease TTL, seconds (60)
   CELERYOPS_SLOTS_REDIS_URL            Redis holding the pools (default: the broker URL)
   CELERYOPS_SLOTS_SCOPE                global (one pool for the fleet, default) | host (a pool per worker host)
-  CELERYOPS_SLOTS_HOST                 host name of the per-host pool (default: socket.gethostname())
+  CELERYOPS_SLOTS_HOST                 this worker's host: the per-host pool, or whose contribution to the global
+                                       pool it renews (default: socket.gethostname())
+  CELERYOPS_SLOTS_HOST_TTL             seconds a host's contribution to a global pool lasts without renewal
+                                       (default: the lease TTL; renewed every third of the shorter of the two)
   CELERYOPS_SLOTS_FAIL                 open (run ungated when Redis is down, default) | closed (wait)
   CELERYOPS_SLOTS_ON_LOST              raise (default) | log
   CELERYOPS_SLOTS_RETRY_COUNTDOWN      seconds before a refused task is tried again (10)
@@ -53,7 +62,7 @@ from celeryops.slots.store import DEFAULT_PREFIX, GLOBAL_POOL, Scope, SlotStore,
 log = logging.getLogger("celeryops.slots")
 
 ENV_PREFIX = "CELERYOPS_SLOTS_"
-RESERVED = frozenset({"LEASE_TTL", "REDIS_URL", "SCOPE", "HOST", "FAIL", "ON_LOST", "RETRY_COUNTDOWN",
+RESERVED = frozenset({"LEASE_TTL", "REDIS_URL", "SCOPE", "HOST", "HOST_TTL", "FAIL", "ON_LOST", "RETRY_COUNTDOWN",
                       "STARVATION_AFTER", "DETECT", "HASH_TAG", "PREFIX"})
 
 
@@ -79,10 +88,20 @@ class SlotSettings:
     starvation_after: float = 60.0
     hash_tag: bool = True
     prefix: str = DEFAULT_PREFIX
+    host_ttl: float | None = None  # a host's contribution to a global pool; None: the lease TTL
 
     @property
     def pool(self) -> str:
         return host_pool(self.host) if self.scope == "host" else GLOBAL_POOL
+
+    @property
+    def contribution_ttl(self) -> float:
+        return self.host_ttl if self.host_ttl is not None else self.lease_ttl
+
+    @property
+    def heartbeat_interval(self) -> float:
+        ttl = min(self.lease_ttl, self.contribution_ttl) if self.scope == "global" else self.lease_ttl
+        return max(0.05, ttl / 3)
 
     def worker_totals(self) -> dict[str, int]:
         return detect_totals(self.totals) if self.detect else dict(self.totals)
@@ -105,6 +124,8 @@ def settings_from_env(env: Mapping[str, str] | None = None, **overrides: Any) ->
             raise ValueError(f"{key}={value!r}: a slot total must be a whole number") from None
     if "CELERYOPS_SLOTS_LEASE_TTL" in env:
         kw["lease_ttl"] = float(env["CELERYOPS_SLOTS_LEASE_TTL"])
+    if env.get("CELERYOPS_SLOTS_HOST_TTL"):
+        kw["host_ttl"] = float(env["CELERYOPS_SLOTS_HOST_TTL"])
     if env.get("CELERYOPS_SLOTS_REDIS_URL"):
         kw["redis_url"] = env["CELERYOPS_SLOTS_REDIS_URL"]
     if env.get("CELERYOPS_SLOTS_SCOPE"):
@@ -163,16 +184,38 @@ class SlotRuntime:
 
     # -- worker lifecycle ---------------------------------------------------------------------------------------
     def on_worker_start(self, nodename: str) -> None:
-        """Write this worker's totals and reap what is really dead (expired leases, leases of this node name)."""
+        """Write this worker's totals (per-host pool) or its host's contribution (global pool), and reap what is
+        really dead (expired leases and contributions, leases of this node name)."""
         self.worker_name = nodename
         self.totals = self.settings.worker_totals()
         try:
-            reaped = self.store.set_totals(self.totals, reap_worker=nodename)
+            if self.settings.scope == "global":
+                reaped = self.store.contribute(self.settings.host, self.totals, ttl=self.settings.contribution_ttl,
+                                               worker=nodename, starting=True).reaped
+                log.info("slots: host %s adds %s to pool %s (for %ss, renewed by the heartbeat); reaped %d dead "
+                         "lease(s)", self.settings.host, self.totals, self.store.pool,
+                         self.settings.contribution_ttl, reaped)
+            else:
+                reaped = self.store.set_totals(self.totals, reap_worker=nodename)
+                log.info("slots: pool %s totals %s; reaped %d dead lease(s)", self.store.pool, self.totals, reaped)
             self._totals_written = True
-            log.info("slots: pool %s totals %s; reaped %d dead lease(s)", self.store.pool, self.totals, reaped)
         except redis.RedisError as exc:
             log.warning("slots: Redis unreachable at worker start (%s); totals will be written when it is back", exc)
         self.start_heartbeat()
+
+    def on_worker_stop(self) -> None:
+        """Stop the heartbeat; a worker that registered totals in a global pool takes its contribution out (its
+        running leases, if any, are not touched: they end or expire as usual)."""
+        self.stop_heartbeat()
+        if self.totals is None or self.settings.scope != "global":
+            return
+        try:
+            self.store.withdraw(self.settings.host, self.worker_name)
+            log.info("slots: host %s's contribution from %s withdrawn from pool %s", self.settings.host,
+                     self.worker_name, self.store.pool)
+        except redis.RedisError as exc:
+            log.warning("slots: could not withdraw the contribution of host %s (%s); it expires within %ss",
+                        self.settings.host, exc, self.settings.contribution_ttl)
 
     def start_heartbeat(self) -> None:
         with self._lock:
@@ -189,7 +232,7 @@ class SlotRuntime:
             thread.join(timeout=5)
 
     def _beat(self) -> None:
-        interval = max(0.05, self.settings.lease_ttl / 3)
+        interval = self.settings.heartbeat_interval
         while not self._stop.wait(interval):
             try:
                 self.heartbeat_once()
@@ -197,9 +240,17 @@ class SlotRuntime:
                 log.exception("slots: heartbeat failed")
 
     def heartbeat_once(self) -> None:
-        """Renew every lease; register ungated holdings (fail-open outage) and missing totals once Redis is back."""
+        """Renew this host's contribution (global pool) and every lease; register ungated holdings (fail-open
+        outage) and missing totals once Redis is back."""
         try:
-            if self.totals is not None:
+            if self.totals is not None and self.settings.scope == "global":
+                c = self.store.contribute(self.settings.host, self.totals, ttl=self.settings.contribution_ttl,
+                                          worker=self.worker_name)
+                if c.status == "new" and self._totals_written:
+                    log.warning("slots: the contribution of host %s to pool %s had expired or was lost; added again",
+                                self.settings.host, self.store.pool)
+                self._totals_written = True
+            elif self.totals is not None:
                 self.store.set_totals(self.totals, only_missing=self._totals_written)
                 self._totals_written = True
             for h in list(self.holdings.values()):
@@ -290,7 +341,8 @@ def runtime(app: Celery) -> SlotRuntime:
 def install(app: Celery, *, totals: Mapping[str, int] | None = None, lease_ttl: float | None = None,
             redis_url: str | None = None, scope: Scope | None = None, **options: Any) -> SlotSettings:
     """Configure slots for ``app``'s workers (arguments win over ``CELERYOPS_SLOTS_*``) and connect the signals:
-    totals + reap at worker start, heartbeat thread lifecycle. Returns the effective settings."""
+    totals (or the host's contribution) + reap at worker start, heartbeat thread lifecycle, contribution withdrawn
+    at shutdown. Returns the effective settings."""
     global _settings, _runtime
     settings = settings_from_env(totals=dict(totals or {}), lease_ttl=lease_ttl, redis_url=redis_url, scope=scope)
     if options:
@@ -304,7 +356,7 @@ def install(app: Celery, *, totals: Mapping[str, int] | None = None, lease_ttl: 
 
     def on_stop(**_: Any) -> None:
         if _runtime is not None and _runtime.pid == os.getpid():
-            _runtime.stop_heartbeat()
+            _runtime.on_worker_stop()
 
     uid = f"celeryops.slots.{id(app)}"
     signals.worker_init.connect(on_init, weak=False, dispatch_uid=uid + ".init")

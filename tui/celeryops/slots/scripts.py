@@ -1,38 +1,55 @@
 """The Lua scripts behind slot leases (run atomically inside Redis).
 
-Every script touches only the four keys of one pool, all passed in KEYS in this order:
+Every script touches only the six keys of one pool, passed in KEYS in this order (release, which never touches
+the last two, gets the first four):
 
-  1 pool    HASH  total:<type>  slots this pool has
+  1 pool    HASH  total:<type>  slots this pool has: hostinfo's fixed:<type> if set, else the sum of the live
+                                hosts' contributions (counted by the scripts that change them; acquire reads it)
                   used:<type>   slots held by leases (never below 0)
                   token         the fencing-token counter (monotonic)
                   lease:<id>    "needs|token|started ms|ttl ms|adopted|worker|host|task name"
                   wait:<id>     "needs|since ms|exp ms|worker|task name": a refused request (starvation guard)
                   waiters       present while waitq/waitx may hold entries
-                  next_expiry   no lease expires before this (ms): at or below the lowest score in leases
+                  next_expiry   no lease and no contribution expires before this (ms): at or below the lowest
+                                score in leases and in hosts
                   (needs = "cpu=4,gpu=1"; the task name comes last and may contain anything)
   2 leases  ZSET  lease id -> expiry (ms, Redis TIME)
   3 waitq   ZSET  waiting id -> since (ms): first refusal; only entries older than the guard are read
   4 waitx   ZSET  waiting id -> exp (ms): a waiter that does not come back before exp is forgotten
+  5 hosts   ZSET  "<host>|<worker>" -> expiry (ms, Redis TIME) of that worker's contribution
+  6 hostinfo HASH fixed:<type>  an explicit total (set_totals): wins over the hosts' sum
+                  ctypes        the types the contributions gave a total at the last count ("cpu,gpu")
+                  host:<host>|<worker>  "needs|since ms|ttl ms": one worker's contribution of its host's slots
+                  (kept out of the pool hash: a small hash is a listpack, every field there slows the hot path's
+                  HMGET/HSET/HINCRBY down)
 
-Expiry is decided by Redis ``TIME`` only. Expired leases are reaped (``ZRANGEBYSCORE leases -inf now``, O(expired),
-no scan) before acquire, renew, adopt, set_totals and reap do their work, so ``used`` equals the sum of the lease
-records after every call. Acquire runs that reap only once ``now`` has reached ``next_expiry``: before then no lease
-can have expired. Every script that adds an expiry keeps ``next_expiry`` at or below it; a missing field means
-"reap now" (a pool written before the field existed, or Redis lost the hash). With a hash tag in the key names
-(``resource:{pool}:...``) all four keys live in one Redis Cluster slot.
+A global pool's capacity adds up: each worker contributes its host's totals under "<host>|<worker>" with a TTL and
+renews it from its heartbeat. Workers that share a host name count once (the largest of their numbers per type); the
+pool's total of a type is the sum over hosts. A contribution that is not renewed before its expiry (the worker was
+killed, or lost Redis) is reaped like a lease and the totals are counted again. A smaller total never touches live
+leases: ``used`` may exceed ``total`` until they end, and acquires are refused meanwhile.
+
+Expiry is decided by Redis ``TIME`` only. Expired leases and contributions are reaped (``ZRANGEBYSCORE leases -inf
+now``, O(expired), no scan) before acquire, renew, adopt, set_totals, contribute and reap do their work, so ``used``
+equals the sum of the lease records after every call. Acquire runs that reap only once ``now`` has reached
+``next_expiry``: before then no lease can have expired. Every script that adds an expiry keeps ``next_expiry`` at or
+below it; a missing field means "reap now" (a pool written before the field existed, or Redis lost the hash). With a
+hash tag in the key names (``resource:{pool}:...``) all six keys live in one Redis Cluster slot.
 
 The hot paths are what bench/bench_slots.py measures. A ``redis.call`` costs Redis' single thread about 2 µs on top
 of its command and every number Lua turns into a string about 0.7 µs (bench/README.md), so they do only this:
 acquire = TIME, HMGET (lease, waiters flag, token, next_expiry, total and used of each requested type), HSET (used,
 token, lease record), ZADD; release = HMGET, HINCRBY (HMGET + HSET for several types), HDEL, ZREM. The rarer paths'
 helpers are built by ``lib()`` only when one of them runs. A granted acquire answers with the bare token (an integer
-reply, the cheapest for the client to parse).
+reply, the cheapest for the client to parse). Host contributions add nothing to these paths: ``total:<type>`` is
+counted when contributions change (contribute, reap), and their expiries are folded into ``next_expiry``, so acquire
+reaps (and counts again) only when a lease or a contribution may really have expired.
 """
 
 from __future__ import annotations
 
 _HEAD = """
-local P, L, Q, X = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local P, L, Q, X, C, I = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local call = redis.call
 """
 
@@ -69,8 +86,12 @@ end
 # lib(): helpers of the rarer paths (a table of closures, built only when needed)
 #   now_ms()                 Redis TIME in ms
 #   drop(ids)                delete these leases (records, expiry entries), giving their recorded slots back
-#   reap(now)                drop every lease whose expiry has passed (in batches: unpack has a stack limit)
-#                            and set next_expiry to the lowest expiry left
+#   reap(now)                drop every lease and every contribution whose expiry has passed (in batches: unpack
+#                            has a stack limit), count the totals again if a contribution went, and set next_expiry
+#                            to the lowest expiry left
+#   recount(extra)           total:<type> = fixed:<type> or the sum over hosts of their largest contribution, for
+#                            every contributed type, every type of the last count and the types in `extra`
+#   drop_worker(worker)      drop the leases of a worker node name (a worker starting under it holds none yet)
 #   expires_at(exp)          after a ZADD to leases outside acquire: keep next_expiry at or below exp
 #   unwait(id)               forget a waiting request
 #   register(id, needs, ttl, token, now, "worker|host|name")
@@ -93,6 +114,51 @@ local function lib()
     call('HDEL', P, unpack(fields))
     call('ZREM', L, unpack(ids))
   end
+  function M.recount(extra)
+    local members = call('ZRANGE', C, 0, -1)
+    local best, sum, typs = {}, {}, {}
+    for i = 1, #members, 500 do
+      local fields, chunk = {}, {}
+      for j = i, math.min(i + 499, #members) do
+        chunk[#chunk + 1] = members[j]
+        fields[#fields + 1] = 'host:' .. members[j]
+      end
+      local recs = call('HMGET', I, unpack(fields))
+      for j, m in ipairs(chunk) do
+        if recs[j] then
+          local host = string.match(m, '^([^|]*)')
+          local b = best[host]
+          if not b then b = {}; best[host] = b end
+          for typ, n in string.gmatch(string.match(recs[j], '^[^|]*'), '([^,=]+)=(%d+)') do
+            n = tonumber(n)
+            if not b[typ] or n > b[typ] then b[typ] = n end
+          end
+        end
+      end
+    end
+    for _, b in pairs(best) do
+      for typ, n in pairs(b) do
+        if not sum[typ] then typs[#typs + 1] = typ; sum[typ] = 0 end
+        sum[typ] = sum[typ] + n
+      end
+    end
+    table.sort(typs)
+    local all, seen = {}, {}
+    local function add(typ) if typ ~= '' and not seen[typ] then seen[typ] = true; all[#all + 1] = typ end end
+    for _, typ in ipairs(typs) do add(typ) end
+    for typ in string.gmatch(call('HGET', I, 'ctypes') or '', '[^,]+') do add(typ) end
+    for _, typ in ipairs(extra or {}) do add(typ) end
+    call('HSET', I, 'ctypes', table.concat(typs, ','))
+    if #all > 0 then
+      local ff, args = {}, {}
+      for i, typ in ipairs(all) do ff[i] = 'fixed:' .. typ end
+      local fixed = call('HMGET', I, unpack(ff))
+      for i, typ in ipairs(all) do
+        args[2 * i - 1], args[2 * i] = 'total:' .. typ, fixed[i] or sum[typ] or 0
+      end
+      call('HSET', P, unpack(args))
+    end
+  end
   function M.reap(now)
     local count = 0
     repeat
@@ -100,9 +166,37 @@ local function lib()
       if #ids > 0 then M.drop(ids) end
       count = count + #ids
     until #ids < 500
-    local first = call('ZRANGE', L, 0, 0, 'WITHSCORES')
-    call('HSET', P, 'next_expiry', first[2] or 9e15)
+    local gone = call('ZRANGEBYSCORE', C, '-inf', now)
+    if #gone > 0 then
+      for i = 1, #gone, 500 do
+        local chunk, fields = {}, {}
+        for j = i, math.min(i + 499, #gone) do
+          chunk[#chunk + 1] = gone[j]
+          fields[#fields + 1] = 'host:' .. gone[j]
+        end
+        call('HDEL', I, unpack(fields))
+        call('ZREM', C, unpack(chunk))
+      end
+      M.recount()
+    end
+    local nxt = call('ZRANGE', L, 0, 0, 'WITHSCORES')[2] or 9e15
+    local host1 = call('ZRANGE', C, 0, 0, 'WITHSCORES')[2]
+    if host1 and tonumber(host1) < tonumber(nxt) then nxt = host1 end
+    call('HSET', P, 'next_expiry', nxt)
     return count
+  end
+  function M.drop_worker(worker)
+    local all, ids = call('HGETALL', P), {}
+    for i = 1, #all, 2 do
+      if string.sub(all[i], 1, 6) == 'lease:' then
+        local w = string.match(all[i + 1], '^[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|([^|]*)|')
+        if w == worker then ids[#ids + 1] = string.sub(all[i], 7) end
+      end
+    end
+    for i = 1, #ids, 500 do
+      M.drop({unpack(ids, i, math.min(i + 499, #ids))})
+    end
+    return #ids
   end
   function M.expires_at(exp)
     local nxt = call('HGET', P, 'next_expiry')
@@ -305,32 +399,76 @@ H.register(id, ARGV[2], ttl, token, now, ARGV[4])
 return {token, 1}
 """
 
-# ARGV: mode 'set'|'nx', worker ('' = none), type, total, type, total, ...
-# Writes totals without touching live leases; reaps expired leases and the leases of `worker`
-# (a worker that starts under a node name owns no lease yet: leases under that name are from a dead incarnation).
-# -> number of leases reaped
+# ARGV: mode 'set'|'nx'|'del', worker ('' = none), type, total, type, total, ... ('del': type, '', type, '', ...)
+# Writes explicit totals (fixed:<type>, which win over the hosts' sum; 'nx' only where the type has no total yet;
+# 'del' forgets them, the type goes back to the hosts' sum) without touching live leases; reaps expired leases and
+# the leases of `worker` (a worker that starts under a node name owns no lease yet: leases under that name are from
+# a dead incarnation). -> number of leases reaped
 SET_TOTALS = _HEAD + _GIVE_BACK + _LIB + """
 local H = lib()
 local mode, worker = ARGV[1], ARGV[2]
+local typs = {}
 for i = 3, #ARGV, 2 do
-  if mode == 'nx' then call('HSETNX', P, 'total:' .. ARGV[i], ARGV[i + 1])
-  else call('HSET', P, 'total:' .. ARGV[i], ARGV[i + 1]) end
+  local typ = ARGV[i]
+  if mode == 'del' then
+    call('HDEL', I, 'fixed:' .. typ)
+    typs[#typs + 1] = typ
+  elseif mode ~= 'nx' or call('HEXISTS', P, 'total:' .. typ) == 0 then
+    call('HSET', I, 'fixed:' .. typ, ARGV[i + 1])
+    call('HSET', P, 'total:' .. typ, ARGV[i + 1])
+  end
 end
+if #typs > 0 then H.recount(typs) end
 local count = H.reap(H.now_ms())
-if worker ~= '' then
-  local all, ids = call('HGETALL', P), {}
-  for i = 1, #all, 2 do
-    if string.sub(all[i], 1, 6) == 'lease:' then
-      local w = string.match(all[i + 1], '^[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|([^|]*)|')
-      if w == worker then ids[#ids + 1] = string.sub(all[i], 7) end
-    end
-  end
-  for i = 1, #ids, 500 do
-    H.drop({unpack(ids, i, math.min(i + 499, #ids))})
-  end
-  count = count + #ids
-end
+if worker ~= '' then count = count + H.drop_worker(worker) end
 return count
+"""
+
+# A worker's contribution of its host's totals to a global pool.
+# ARGV: mode 'start'|'beat'|'leave', "<host>|<worker>", needs, ttl ms
+#   start: drop the leases of <worker> (see SET_TOTALS), then as beat
+#   beat:  write the contribution (expiry now + ttl); the totals are counted again if it is new or changed, or if
+#          the pool hash lost one of its totals (evicted, deleted by hand) while the contribution stayed
+#   leave: forget the contribution now and count again
+# -> {leases reaped, 1 new | 2 changed | 0 renewed (leave: 1 forgotten | 0 there was none)}
+CONTRIBUTE = _HEAD + _GIVE_BACK + _LIB + """
+local H = lib()
+local mode, member, ns, ttl = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local now = H.now_ms()
+local f = 'host:' .. member
+local count = 0
+if mode == 'leave' then
+  local had = call('ZREM', C, member)
+  call('HDEL', I, f)
+  H.recount()
+  H.reap(now)
+  return {0, had}
+end
+local worker = string.match(member, '|(.*)$')
+if mode == 'start' and worker ~= '' then count = H.drop_worker(worker) end
+local old = call('HGET', I, f)
+local status = 0
+if not old then
+  status = 1
+  call('HSET', I, f, ns .. '|' .. now .. '|' .. ttl)
+else
+  local ons, since, ottl = string.match(old, '^([^|]*)|(%d+)|(%d+)$')
+  if ons ~= ns then status = 2 end
+  if ons ~= ns or tonumber(ottl) ~= ttl then call('HSET', I, f, ns .. '|' .. (since or now) .. '|' .. ttl) end
+end
+call('ZADD', C, now + ttl, member)
+if status == 0 and ns ~= '' then
+  local tf = {}
+  for typ in string.gmatch(ns, '([^,=]+)=%d+') do tf[#tf + 1] = 'total:' .. typ end
+  local have = call('HMGET', P, unpack(tf))
+  for i = 1, #tf do
+    if not have[i] then status = -1 end
+  end
+end
+if status ~= 0 then H.recount() end
+if status == -1 then status = 0 end
+count = count + H.reap(now)
+return {count, status}
 """
 
 # -> number of expired leases reaped
@@ -340,10 +478,12 @@ return H.reap(H.now_ms())
 """
 
 # Read-only: everything a snapshot needs in one round trip (a script, so it also works on Redis Cluster, where
-# redis-py refuses TIME in a pipeline). -> {TIME, HGETALL pool, ZRANGE leases WITHSCORES}
+# redis-py refuses TIME in a pipeline).
+# -> {TIME, HGETALL pool, ZRANGE leases WITHSCORES, ZRANGE hosts WITHSCORES, HGETALL hostinfo}
 SNAPSHOT = _HEAD + """
-return {call('TIME'), call('HGETALL', P), call('ZRANGE', L, 0, -1, 'WITHSCORES')}
+return {call('TIME'), call('HGETALL', P), call('ZRANGE', L, 0, -1, 'WITHSCORES'),
+        call('ZRANGE', C, 0, -1, 'WITHSCORES'), call('HGETALL', I)}
 """
 
 ALL = {"acquire": ACQUIRE, "renew": RENEW, "adopt": ADOPT, "release": RELEASE, "set_totals": SET_TOTALS,
-       "reap": REAP, "snapshot": SNAPSHOT}
+       "contribute": CONTRIBUTE, "reap": REAP, "snapshot": SNAPSHOT}

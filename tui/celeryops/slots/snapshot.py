@@ -1,8 +1,9 @@
 """Typed, read-only views of slot pools for the console and ``celeryops slots``.
 
 A ``Snapshot`` holds one ``PoolSnapshot`` per pool (global pools, per-host pools, and a pool written by the seed's
-schema, marked ``legacy``). Times are Redis ``TIME`` (ms) so that ages and lease remainders don't depend on the
-reader's clock. ``to_dict()`` gives the JSON shape printed by ``celeryops slots --json``.
+schema, marked ``legacy``); a global pool lists the hosts whose contributions add up to its totals. Times are Redis
+``TIME`` (ms) so that ages and lease remainders don't depend on the reader's clock. ``to_dict()`` gives the JSON
+shape printed by ``celeryops slots --json``.
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ from typing import Any
 
 @dataclass(frozen=True)
 class TypeUsage:
-    """One resource type of a pool. ``free`` is what an acquire could get now (``total - used``, not below 0)."""
+    """One resource type of a pool. ``free`` is what an acquire could get now (``total - used``, not below 0: after
+    a host left, ``used`` may exceed ``total`` until the running leases end). ``fixed``: an explicit total, not the
+    sum of the hosts' contributions."""
 
     type: str
     total: int
     used: int
+    fixed: bool = False
 
     @property
     def free(self) -> int:
@@ -53,6 +57,20 @@ class Waiting:
 
 
 @dataclass(frozen=True)
+class HostContribution:
+    """What one host adds to a global pool's totals (the largest numbers of its workers), for as long as one of
+    ``workers`` renews it: ``expires_in`` seconds from now unless renewed. ``expired``: not renewed in time, no longer
+    counted (the next script call reaps it)."""
+
+    host: str
+    totals: dict[str, int]
+    workers: list[str]
+    age: float
+    expires_in: float
+    expired: bool = False
+
+
+@dataclass(frozen=True)
 class PoolSnapshot:
     pool: str
     scope: str  # "global" | "host" | "legacy"
@@ -60,6 +78,7 @@ class PoolSnapshot:
     types: list[TypeUsage]
     holders: list[Holder] = field(default_factory=list)
     waiting: list[Waiting] = field(default_factory=list)
+    hosts: list[HostContribution] = field(default_factory=list)
 
     def usage(self, type_: str) -> TypeUsage:
         for t in self.types:
@@ -80,6 +99,7 @@ class Snapshot:
         out: dict[str, Any] = {"taken_at": self.taken_at, "pools": []}
         for p in self.pools:
             d = asdict(p)
-            d["types"] = [{"type": t.type, "total": t.total, "used": t.used, "free": t.free} for t in p.types]
+            d["types"] = [{"type": t.type, "total": t.total, "used": t.used, "free": t.free, "fixed": t.fixed}
+                          for t in p.types]
             out["pools"].append(d)
         return out

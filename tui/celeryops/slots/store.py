@@ -1,8 +1,11 @@
-"""SlotStore: the Redis side of slot leases (acquire, renew, adopt, release, reap, totals, snapshot).
+"""SlotStore: the Redis side of slot leases (acquire, renew, adopt, release, reap, totals, host contributions,
+snapshot).
 
-One store = one pool. Pool keys are ``<prefix>:{<pool>}:pool|leases|waitq|waitx`` (hash tag on by default, so one
-pool lives in one Redis Cluster slot; the layout is described in ``scripts.py``); the set ``<prefix>:pools`` lists
-the pools for readers.
+One store = one pool. Pool keys are ``<prefix>:{<pool>}:pool|leases|waitq|waitx|hosts|hostinfo`` (hash tag on by
+default, so one pool lives in one Redis Cluster slot; the layout is described in ``scripts.py``); the set
+``<prefix>:pools`` lists the pools for readers. A pool's total of a type is either explicit (``set_totals``) or the
+sum of what the live hosts contribute (``contribute``, renewed by each worker's heartbeat; a contribution that is
+not renewed expires by Redis TIME).
 Scripts are redis-py ``Script`` objects: after a Redis restart or ``SCRIPT FLUSH`` the NOSCRIPT error is healed by
 reloading the script. A pool written by the seed's schema (``resource:<type>:total|used`` strings and
 ``resource:task:<id>`` hashes) is read by ``read_all`` as a ``legacy`` pool.
@@ -29,7 +32,7 @@ from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from celeryops.slots import scripts
-from celeryops.slots.snapshot import Holder, PoolSnapshot, Snapshot, TypeUsage, Waiting
+from celeryops.slots.snapshot import Holder, HostContribution, PoolSnapshot, Snapshot, TypeUsage, Waiting
 
 Scope = Literal["global", "host"]
 Client = redis.Redis | RedisCluster  # a pool's keys share one hash tag, so a cluster client works too
@@ -49,6 +52,15 @@ class AcquireResult:
     token: int
     status: str  # "ok" | "held" | "busy" | "impossible"
     blocked_type: str | None = None
+
+
+@dataclass(frozen=True)
+class ContributeResult:
+    """``new``: the contribution was not there (first start, it had expired, or Redis lost it); ``changed``: other
+    numbers than before; ``renewed``: only its expiry moved. ``reaped``: leases reaped on the way."""
+
+    status: Literal["new", "changed", "renewed"]
+    reaped: int
 
 
 @dataclass(frozen=True)
@@ -76,8 +88,9 @@ class SlotStore:
         self.pool = pool
         self.prefix = prefix
         base = f"{prefix}:{{{pool}}}" if hash_tag else f"{prefix}:{pool}"
-        self.keys = [f"{base}:{part}" for part in ("pool", "leases", "waitq", "waitx")]
+        self.keys = [f"{base}:{part}" for part in ("pool", "leases", "waitq", "waitx", "hosts", "hostinfo")]
         self._keys = tuple(k.encode() for k in self.keys)  # encoded once: redis-py passes bytes through as they are
+        self._release_keys = self._keys[:4]  # release never touches the hosts' keys: it does not send them
         self.registry_key = f"{prefix}:pools"
         self._scripts = {name: client.register_script(src) for name, src in scripts.ALL.items()}
         self._acquire = self._scripts["acquire"]
@@ -109,14 +122,41 @@ class SlotStore:
 
     # -- writes -----------------------------------------------------------------------------------------------
     def set_totals(self, totals: Mapping[str, int], *, only_missing: bool = False, reap_worker: str = "") -> int:
-        """Write totals (never touching live leases) and register the pool; returns how many leases were reaped
-        (expired ones, plus those of ``reap_worker``, a node name that is starting and so holds nothing yet)."""
+        """Write explicit totals (a per-host pool's, or a fixed total that wins over the hosts' contributions in a
+        global pool; ``only_missing``: only for types without a total yet), never touching live leases, and register
+        the pool; returns how many leases were reaped (expired ones, plus those of ``reap_worker``, a node name that
+        is starting and so holds nothing yet)."""
         flat: list[str | int] = []
         for typ, n in sorted(totals.items()):
             flat += [_type_name(typ), int(n)]
         reaped = int(self._run("set_totals", "nx" if only_missing else "set", _field(reap_worker), *flat))
         self.client.sadd(self.registry_key, self.pool)
         return reaped
+
+    def clear_totals(self, types: list[str]) -> None:
+        """Forget explicit totals: these types go back to the sum of the hosts' contributions (0 without any)."""
+        flat: list[str] = []
+        for typ in sorted(types):
+            flat += [_type_name(typ), ""]
+        self._run("set_totals", "del", "", *flat)
+
+    def contribute(self, host: str, totals: Mapping[str, int], *, ttl: float, worker: str = "",
+                   starting: bool = False) -> ContributeResult:
+        """Add (or renew) ``worker``'s contribution of ``host``'s totals to this pool for ``ttl`` seconds; the pool's
+        totals become the sum over hosts (workers with the same host count once, with their largest numbers).
+        ``starting``: the worker is starting under this node name, so leases recorded under it are dead and reaped."""
+        reaped, status = self._run("contribute", "start" if starting else "beat", _member(host, worker),
+                                   needs_text(totals), _ms(ttl))
+        result = ContributeResult({1: "new", 2: "changed", 0: "renewed"}[int(status)], int(reaped))  # type: ignore[arg-type]
+        if result.status != "renewed":
+            self.client.sadd(self.registry_key, self.pool)
+        return result
+
+    def withdraw(self, host: str, worker: str = "") -> bool:
+        """Take ``worker``'s contribution of ``host`` out now (a worker that stops); False if there was none.
+        Leases are never touched: above a smaller total, running tasks keep their slots and acquires wait."""
+        _reaped, had = self._run("contribute", "leave", _member(host, worker), "", 1)
+        return bool(had)
 
     def acquire(self, lease_id: str, needs: Mapping[str, int], *, ttl: float, name: str = "", worker: str = "",
                 host: str = "", starvation_after: float = 60.0, wait_ttl: float | None = None) -> AcquireResult:
@@ -151,7 +191,7 @@ class SlotStore:
 
     def release(self, lease_id: str, token: int | None = None) -> bool:
         """Return the lease's slots (as recorded, never the caller's numbers); False if nothing was held."""
-        return bool(self._release(keys=self._keys, args=(lease_id, b"" if token is None else int(token)),
+        return bool(self._release(keys=self._release_keys, args=(lease_id, b"" if token is None else int(token)),
                                   client=self._hot_client()))
 
     def reap(self) -> int:
@@ -160,18 +200,21 @@ class SlotStore:
     # -- reads ------------------------------------------------------------------------------------------------
     def snapshot(self, *, starvation_after: float | None = None) -> PoolSnapshot:
         """One round trip: a read-only script returning Redis TIME and the pool's keys, consistent with each other."""
-        now_raw, pool, expiries = self._run("snapshot")
-        exp = [(str(expiries[i]), float(expiries[i + 1])) for i in range(0, len(expiries), 2)]
-        return self._build(now_raw, _pairs(pool), exp, starvation_after)
+        now_raw, pool, expiries, host_expiries, hostinfo = self._run("snapshot")
+        return self._build(now_raw, _pairs(pool), _scores(expiries), _scores(host_expiries), _pairs(hostinfo),
+                           starvation_after)
 
     def _build(self, now_raw: Any, pool: dict[str, str], expiries: list[tuple[str, float]],
+               host_expiries: list[tuple[str, float]], hostinfo: dict[str, str],
                starvation_after: float | None) -> PoolSnapshot:
         now_ms = int(now_raw[0]) * 1000 + int(now_raw[1]) // 1000
         exp = dict(expiries)
         totals: dict[str, int] = {}
+        fixed: dict[str, int] = {}
         used: dict[str, int] = {}
         leases: dict[str, str] = {}
         waits: dict[str, str] = {}
+        records: dict[str, str] = {}
         for field, value in pool.items():
             kind, _, rest = field.partition(":")
             if kind == "total":
@@ -182,6 +225,22 @@ class SlotStore:
                 leases[rest] = value
             elif kind == "wait":
                 waits[rest] = value
+        for field, value in hostinfo.items():
+            kind, _, rest = field.partition(":")
+            if kind == "fixed":
+                fixed[rest] = int(value)
+            elif kind == "host":
+                records[rest] = value
+        hosts = _host_contributions(records, dict(host_expiries), now_ms)
+        # the totals the next acquire sees: it reaps contributions that expired since the last count first
+        live: dict[str, int] = {}
+        for hc in hosts:
+            if not hc.expired:
+                for typ, n in hc.totals.items():
+                    live[typ] = live.get(typ, 0) + n
+        counted = {t for t in hostinfo.get("ctypes", "").split(",") if t} | {t for hc in hosts for t in hc.totals}
+        for typ in counted | set(fixed):
+            totals[typ] = fixed[typ] if typ in fixed else live.get(typ, 0)
         holders = []
         for lid, raw in sorted(leases.items()):
             ns, token, started, _ttl, adopted, worker, host, name = raw.split("|", 7)
@@ -201,8 +260,31 @@ class SlotStore:
                 reserved=starvation_after is not None and waited >= starvation_after))
         return PoolSnapshot(
             pool=self.pool, scope=self.scope, host=self.pool[len("host:"):] if self.scope == "host" else None,
-            types=[TypeUsage(t, totals.get(t, 0), used.get(t, 0)) for t in sorted(set(totals) | set(used))],
-            holders=holders, waiting=waiting)
+            types=[TypeUsage(t, totals.get(t, 0), used.get(t, 0), t in fixed) for t in sorted(set(totals) | set(used))],
+            holders=holders, waiting=waiting, hosts=hosts)
+
+
+def _host_contributions(records: dict[str, str], expiries: dict[str, float], now_ms: int) -> list[HostContribution]:
+    """One entry per host: the largest number per type of its live workers (all of them if none is live)."""
+    by_host: dict[str, list[tuple[str, dict[str, int], int, float]]] = {}
+    for member, raw in records.items():
+        host, _, worker = member.partition("|")
+        ns, since, _ttl = [*raw.split("|", 2), "", ""][:3]
+        by_host.setdefault(host, []).append(
+            (worker, parse_needs(ns), int(since or now_ms), expiries.get(member, float(now_ms))))
+    out = []
+    for host, members in sorted(by_host.items()):
+        live = [m for m in members if m[3] > now_ms]
+        counted = live or members
+        totals: dict[str, int] = {}
+        for _w, needs, _since, _exp in counted:
+            for typ, n in needs.items():
+                totals[typ] = max(totals.get(typ, 0), n)
+        out.append(HostContribution(
+            host=host, totals=dict(sorted(totals.items())), workers=sorted(m[0] for m in counted),
+            age=(now_ms - min(m[2] for m in counted)) / 1000,
+            expires_in=max(0.0, (max(m[3] for m in members) - now_ms) / 1000), expired=not live))
+    return out
 
 
 @functools.lru_cache(maxsize=1024)
@@ -222,6 +304,10 @@ def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
 
 
+def _scores(flat: list[Any]) -> list[tuple[str, float]]:
+    return [(str(flat[i]), float(flat[i + 1])) for i in range(0, len(flat), 2)]
+
+
 def _pairs(flat: list[Any]) -> dict[str, str]:
     return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
 
@@ -233,6 +319,11 @@ def _type_name(typ: str) -> str:
     if not _TYPE.match(typ):
         raise ValueError(f"bad resource type {typ!r}: use letters, digits, '_', '.', ':' or '-'")
     return typ
+
+
+def _member(host: str, worker: str) -> str:
+    """A contribution's member in the hosts ZSET: host and worker, '|' between them (never inside: see _field)."""
+    return f"{_field(host)}|{_field(worker)}"
 
 
 def _field(text: str) -> str:
@@ -270,7 +361,7 @@ def read_legacy(client: Client, prefix: str = DEFAULT_PREFIX) -> PoolSnapshot | 
             continue
         total = int(client.get(key) or 0)  # type: ignore[arg-type]
         used = int(client.get(f"{prefix}:{typ}:used") or 0)  # type: ignore[arg-type]
-        types[typ] = TypeUsage(typ, total, max(0, used))
+        types[typ] = TypeUsage(typ, total, max(0, used), fixed=True)
     holders = []
     sec, usec = client.time()  # type: ignore[misc]
     now = float(sec) + float(usec) / 1e6
