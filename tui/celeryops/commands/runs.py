@@ -3,6 +3,7 @@ and ``celeryops runs`` (the run history of the local journal). Both only read: n
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import time
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ import redis
 
 from celeryops.commands.common import FleetSpec, fleet_options
 from celeryops.core.errors import UserError
+from celeryops.core.events import RUN_PHASES
 from celeryops.core.masking import mask_text, mask_url
 from celeryops.ops.fleetjournal import FleetStore, merge_open
 from celeryops.ops.journal import TERMINAL_PHASES, Journal, Run, journal_path
@@ -29,6 +31,37 @@ state_dir_option = click.option("--state-dir", type=click.Path(file_okay=False),
 
 def _duration(seconds: float) -> str:
     return humanize.naturaldelta(seconds) if seconds >= 1 else "under a second"
+
+
+def _precise(seconds: float) -> str:
+    """To the second, in words: ``4 minutes and 54 seconds``."""
+    if seconds < 1:
+        return "0 seconds"
+    return str(humanize.precisedelta(dt.timedelta(seconds=round(seconds)), minimum_unit="seconds", format="%0.0f"))
+
+
+def progress_words(progress: dict[str, Any]) -> str:
+    """A published drain poll in words (no raw floats): ``streak 1 of 2 · 3 active · 0 reserved · 6 seconds
+    elapsed · 4 minutes and 54 seconds to max wait``."""
+    parts = []
+    if "streak" in progress:
+        parts.append(f"streak {progress['streak']} of {progress.get('required', '?')}")
+    for key in ("active", "reserved", "scheduled"):
+        if isinstance(progress.get(key), int):
+            parts.append(f"{progress[key]} {key}")
+    unknown = progress.get("unknown")
+    if isinstance(unknown, list | tuple) and unknown:
+        parts.append(f"{len(unknown)} unknown ({', '.join(map(str, unknown))})")
+    if isinstance(progress.get("elapsed"), int | float):
+        parts.append(f"{_precise(progress['elapsed'])} elapsed")
+    if isinstance(progress.get("remaining"), int | float):
+        parts.append(f"{_precise(progress['remaining'])} to max wait")
+    return " · ".join(parts)
+
+
+def phase_word(phase: str | None) -> str:
+    """The run phase in the one vocabulary (``core.events.RUN_PHASES``); anything else is shown as unknown."""
+    return phase if phase in RUN_PHASES else f"unknown ({phase})"
 
 
 def open_journal_if_any(state_dir: str | None) -> Journal | None:
@@ -166,20 +199,20 @@ def _status_lines(report: StatusReport) -> list[str]:
     if not report.current:
         line = f"No run in progress on fleet {report.fleet}."
         if report.last is not None:
-            line += (f" The last published run {report.last.run_id} ended {report.last.phase} "
+            line += (f" The last published run {report.last.run_id} ended in phase {phase_word(report.last.phase)} "
                      f"{ago(time.time() - report.last.updated_at)}.")
         return [line, *(f"Note: {n}." for n in report.notes)]
     data = report.as_dict()["run"]
     release = f", release {data['release']}" if data["release"] else ""
-    lines = [f"Fleet {report.fleet}: run {data['id']} is in phase {data['phase']}, started {ago(data['age'] or 0)} "
+    lines = [f"Fleet {report.fleet}: run {data['id']} is in phase {phase_word(data['phase'])}, started "
+             f"{ago(data['age'] or 0)} "
              f"by {data['owner']}@{data['host']}{release}."]
     lines.append("Source: " + ("the status published in Redis" if report.source == "redis" else
                                "the run journal held by the fleet in Redis" if data["held_by_fleet"] else
                                "the local journal"))
     if report.published is not None and report.published.progress:
-        progress = "  ".join(f"{k} {v}" for k, v in report.published.progress.items()
-                             if not isinstance(v, (dict, list)))
-        lines.append(f"Progress ({ago(time.time() - report.published.updated_at)}): {progress}")
+        lines.append(f"Progress ({ago(time.time() - report.published.updated_at)}): "
+                     f"{progress_words(report.published.progress)}")
     if report.lease is not None:
         lines.append(f"Lease: {report.lease.describe()}.")
     elif report.redis_read:
@@ -233,11 +266,11 @@ def runs(limit: int, as_json: bool, state_dir: str | None) -> None:
     if not rows:
         click.echo(f"No runs recorded in {journal_path(state_dir)}.")
         return
-    table = [("RUN", "FLEET", "RELEASE", "OUTCOME", "DURATION", "STARTED")]
+    table = [("RUN", "FLEET", "KIND", "RELEASE", "PHASE", "OUTCOME", "DURATION", "STARTED")]
     now = time.time()
     for r in rows:
-        outcome = r.outcome or f"open ({r.phase})"
-        table.append((r.id, r.fleet, r.release or "-", outcome, _duration(r.duration), ago(now - r.created)))
+        table.append((r.id, r.fleet, "deploy" if r.release else "drain", r.release or "-", phase_word(r.phase),
+                      r.outcome or "open", _duration(r.duration), ago(now - r.created)))
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
