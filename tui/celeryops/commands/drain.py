@@ -11,7 +11,6 @@ import click
 from celeryops.commands.common import FleetSpec, fleet_options
 from celeryops.commands.headless import RECOVERED, RESTORED, flag_operator, open_wiring, run_headless
 from celeryops.commands.output import Printer
-from celeryops.core.config import DrainSettings
 from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.ops.session import DrainRequest
 
@@ -59,8 +58,7 @@ def drain(fleet: FleetSpec, queues: tuple[str, ...], interval: float | None, str
         click.confirm(f"Treat {', '.join(forget)} as gone (its tasks will not be waited for)?", abort=True)
     cfg = fleet.config({"state_dir": state_dir, "drain.interval": interval, "drain.streak": streak,
                         "drain.max_wait": max_wait})
-    settings = DrainSettings(interval=cfg.drain.interval, streak=cfg.drain.streak, max_wait=cfg.drain.max_wait)
-    request = DrainRequest(queues, settings, forget, take_over)
+    request = DrainRequest(queues, cfg.drain, forget, take_over)  # the flags are in cfg.drain already
     from celeryops.commands.console import open_console, wants_console
 
     if wants_console(as_json, headless):
