@@ -5,7 +5,6 @@ A real redis-server; no mocks."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest

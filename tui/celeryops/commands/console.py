@@ -3,6 +3,9 @@ in a terminal (the preflight screen of that run, with the command's settings).""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, NoReturn
@@ -11,12 +14,16 @@ import click
 
 from celeryops.commands.common import FleetSpec, fleet_options
 from celeryops.core.config import Config, Target
-from celeryops.core.errors import EXIT_USAGE, UserError
+from celeryops.core.errors import EXIT_INTERRUPTED, EXIT_USAGE, UserError
 
 if TYPE_CHECKING:
+    from textual.app import App
+
+    from celeryops.ops.console_backend import OpsBackend
     from celeryops.ops.session import DrainRequest
 
 Start = Literal["home", "deploy", "drain"]
+CONSOLE_SIGNALS = (signal.SIGHUP, signal.SIGTERM)
 
 
 def wants_console(as_json: bool, headless: bool) -> bool:
@@ -41,10 +48,50 @@ def open_console(fleet: FleetSpec, *, start: Start = "home", read_only: bool = F
                            targets=targets, repo=Path(repo) if repo else None)
     console = make_app(backend, read_only=read_only, start=start, release=release)
     try:
-        code = console.run()
+        code = run_surviving_terminal(console, backend)
     finally:
         backend.close_sync()
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def run_surviving_terminal(console: App[int], backend: OpsBackend) -> int | None:
+    """Run the console so that its run outlives the console itself: SIGHUP (the terminal closed, an SSH drop) and
+    SIGTERM close the console (its terminal may be gone: nothing more is drawn), then the live run is cancelled
+    and its recovery awaited (a drain short of drained restores its consumers; a deploy follows the recovery rules)
+    before the process exits 130. A crash of the console (an exception out of it) and a plain exit also cancel
+    whatever still runs, and wait for it."""
+    interrupted: list[signal.Signals] = []
+
+    async def main() -> int | None:
+        loop = asyncio.get_running_loop()
+
+        def on_signal(sig: signal.Signals) -> None:
+            if not interrupted:
+                interrupted.append(sig)
+                console.exit(EXIT_INTERRUPTED)
+
+        for sig in CONSOLE_SIGNALS:
+            loop.add_signal_handler(sig, on_signal, sig)
+        try:
+            return await console.run_async()
+        finally:
+            if interrupted:
+                _say(f"{interrupted[0].name}: applying the recovery rules before exiting...")
+            await backend.close()  # cancels the live run: the session applies the recovery rules first
+            for sig in CONSOLE_SIGNALS:
+                loop.remove_signal_handler(sig)
+
+    code = asyncio.run(main())
+    if interrupted:
+        _say(f"{interrupted[0].name}: the recovery rules were applied.")
+        return EXIT_INTERRUPTED
+    return code
+
+
+def _say(line: str) -> None:
+    with contextlib.suppress(OSError, ValueError):  # the terminal may be gone
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
 
 
 @click.command()
