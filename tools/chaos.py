@@ -4,6 +4,7 @@
     python tools/chaos.py -n 20 --first 500
     python tools/chaos.py --seed 17 --seed 42 --keep-logs   # replay failing seeds, keep every trial's logs
     python tools/chaos.py --fleet plain    # workers without the celeryops.fence plugin (see README limitations)
+    python tools/chaos.py --broker amqp    # RabbitMQ on 127.0.0.1:5672 (a vhost per trial; Redis keeps lease, fence)
 
 Exit status 1 when any trial lost a task, ran one twice, left a live worker not consuming, or hit an anomaly (an
 exit code its faults do not explain, a recovery that leaves a run open or consumers stopped).
@@ -17,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from celeryops_harness.chaos import FLEET_KINDS, ChaosLab, summary
+from celeryops_harness.chaos import BROKERS, FLEET_KINDS, ChaosLab, summary
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,12 +30,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path, default=None, help="Where trial logs go (default: a temp dir).")
     parser.add_argument("--fleet", choices=FLEET_KINDS, default="fenced",
                         help="What the workers run: the celeryops.fence plugin (default), plain Celery, or both.")
+    parser.add_argument("--broker", choices=BROKERS, default="redis",
+                        help="The fleet's broker: a private redis-server per trial (default), or RabbitMQ.")
     args = parser.parse_args(argv)
     # SIGTERM (a CI timeout) unwinds like Ctrl-C, so every worker and redis-server of the lab is stopped.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
     seeds = args.seed or list(range(args.first, args.first + args.trials))
     root = args.dir or Path(tempfile.mkdtemp(prefix="celeryops-chaos-"))
-    with ChaosLab(root, keep_logs=args.keep_logs, fleet=args.fleet) as lab:
+    with ChaosLab(root, keep_logs=args.keep_logs, fleet=args.fleet, broker=args.broker) as lab:
         for seed in seeds:
             result = lab.run(seed)
             print(result.line(), flush=True)

@@ -51,14 +51,21 @@ from celeryops.demo.standins.cloudrun import CloudRunStandIn, standin_config
 from celeryops.demo.standins.gitrepo import GitFixture
 from celeryops.demo.standins.redis_server import RedisServer
 from celeryops.demo.standins.registry import RegistryStandIn
+from celeryops.ops.fleetjournal import FleetStore, merge_open
 from celeryops.ops.journal import Journal, Run, journal_path
 from celeryops.ops.recovery import plan as plan_recovery
 from celeryops.ops.runlease import read_lease
+from celeryops_harness.chaos_amqp import create_vhost, delete_vhost, queued_ids
 from celeryops_harness.workers import WorkerProcess, wait_for
 
 RELEASE = "release-chaos"
 PROJECT, REGION = "proj", "europe-west1"
 FAULT_KINDS = ("scale_out", "kill", "sigint", "redis_restart", "late_sigterm", "fail_rollout")
+#: Drawn apart from FAULT_KINDS (its own random stream, so the seeds above replay the same trials plus this):
+#: a worker SIGKILLed before the deploy starts, or while it drains (OOM; Cloud Run's SIGKILL 10 s after SIGTERM).
+#: Its pidbox binding stays in Redis: the drain must see it gone by evidence, not time out on it.
+WORKER_KILL = "worker_kill"
+WORKER_KILL_MOMENTS = ("before", "draining")
 #: Journal records the deploy can be SIGKILLed right after (celeryops_harness.killcli).
 KILL_POINTS = ("created", "phase:stopping", "intent:cancel_consumers", "phase:draining", "phase:drained",
                "phase:deploying", "intent:deploy_start", "settle:deploy_start", "phase:deployed")
@@ -68,6 +75,7 @@ RESUMABLE = ("preflight", "stopping", "draining")
 #: What the trial's workers run: the worker plugin ``celeryops.fence`` (the setup the README recommends for fleets
 #: that autoscale), plain Celery workers (``celeryops_harness.taskapp``), or both, alternating.
 FLEET_KINDS = ("fenced", "plain", "mixed")
+BROKERS = ("redis", "amqp")  # amqp: RabbitMQ (a vhost per trial); the trial's redis-server holds lease and fence
 FENCED_APP, PLAIN_APP = "celeryops_harness.fenceapp", "celeryops_harness.taskapp"
 CLI = [sys.executable, "-m", "celeryops"]
 
@@ -85,15 +93,18 @@ class Fault:
     point: str = ""
     then: str = ""
     downtime: float = 0.0
+    lost: bool = False  # a kill that also loses the operator's machine: its state dir is deleted before recovery
 
     def describe(self) -> str:
         if self.kind == "kill":
-            return f"kill@{self.point}->{self.then}"
+            return f"{'lost_machine' if self.lost else 'kill'}@{self.point}->{self.then}"
         if self.kind in ("sigint", "scale_out", "redis_restart"):
             extra = f",down {self.downtime:.1f}s" if self.kind == "redis_restart" else ""
             return f"{self.kind}@{self.at}+{self.delay:.1f}s{extra}"
         if self.kind == "late_sigterm":
             return f"late_sigterm+{self.delay:.1f}s"
+        if self.kind == WORKER_KILL:
+            return f"{WORKER_KILL}@{self.at}" + (f"+{self.delay:.1f}s" if self.at != "before" else "")
         return self.kind
 
 
@@ -121,7 +132,8 @@ class TrialPlan:
         faults = []
         for kind in kinds:
             if kind == "kill":
-                faults.append(Fault(kind, point=rng.choice(KILL_POINTS), then=rng.choice(("abort", "resume"))))
+                faults.append(Fault(kind, point=rng.choice(KILL_POINTS), then=rng.choice(("abort", "resume")),
+                                    lost=machine_lost(seed)))
             elif kind in ("sigint", "scale_out", "redis_restart"):
                 faults.append(Fault(kind, at=rng.choice(MOMENTS), delay=round(rng.uniform(0.0, 1.5), 2),
                                     downtime=round(rng.uniform(0.2, 1.5), 2) if kind == "redis_restart" else 0.0))
@@ -129,10 +141,20 @@ class TrialPlan:
                 faults.append(Fault(kind, delay=round(rng.uniform(0.0, 1.5), 2)))
             else:
                 faults.append(Fault(kind))
+        extra = random.Random(f"{WORKER_KILL}:{seed}")
+        if extra.random() < 0.4:
+            faults.append(Fault(WORKER_KILL, at=extra.choice(WORKER_KILL_MOMENTS), delay=round(extra.uniform(0, 1), 2)))
         return cls(seed, early, late, tuple(faults))
 
     def has(self, kind: str) -> Fault | None:
         return next((f for f in self.faults if f.kind == kind), None)
+
+
+def machine_lost(seed: int) -> bool:
+    """Whether a trial's kill also loses the operator's machine with its state dir (the recovery then runs from a
+    fresh state dir: a teammate with only the broker). Its own random stream: the seeds' other draws stay as they
+    were."""
+    return random.Random(f"lost_machine:{seed}").random() < 0.5
 
 
 # -- the result -----------------------------------------------------------------------------------------------------
@@ -148,12 +170,14 @@ class TrialResult:
     lost: list[str] = field(default_factory=list)
     duplicated: list[str] = field(default_factory=list)
     stranded: list[str] = field(default_factory=list)
+    cut: list[str] = field(default_factory=list)  # started on a worker the trial SIGKILLed: cut with it, not lost
     commands: list[tuple[str, int]] = field(default_factory=list)  # (command, exit code) in order
     anomalies: list[str] = field(default_factory=list)  # unexpected exit codes, recovery that needed a retry
     elapsed: float = 0.0
     log_dir: str = ""
     timings: dict[str, float] = field(default_factory=dict)  # seconds spent per step (setup, deploy, ...)
     fleet: str = "fenced"  # what the workers ran (FLEET_KINDS)
+    broker: str = "redis"  # BROKERS
 
     @property
     def ok(self) -> bool:
@@ -163,7 +187,8 @@ class TrialResult:
         cmds = " ".join(f"{c}={rc}" for c, rc in self.commands)
         verdict = "FAIL" if not self.ok else "ANOM" if self.anomalies else "ok"
         return (f"seed {self.seed:>5}  {verdict:<4}  tasks {self.tasks:>2} once {self.once:>2} queued {self.queued} "
-                f"lost {len(self.lost)} dup {len(self.duplicated)} stranded {len(self.stranded)}  "
+                f"lost {len(self.lost)} dup {len(self.duplicated)} stranded {len(self.stranded)}"
+                + (f" cut {len(self.cut)}" if self.cut else "") + "  "
                 f"{self.elapsed:5.1f}s  faults [{', '.join(self.faults)}]  {cmds}"
                 + (f"  anomalies: {'; '.join(self.anomalies)}" if self.anomalies else ""))
 
@@ -178,7 +203,7 @@ def summary(results: Iterable[TrialResult]) -> str:
             faults[kind] = faults.get(kind, 0) + 1
     lines = [r.line() for r in results]
     lines.append("")
-    kinds = sorted({r.fleet for r in results})
+    kinds = sorted({r.fleet + ("/amqp" if r.broker == "amqp" else "") for r in results})
     lines.append(f"trials {len(results)}  workers {'/'.join(kinds) or '-'}  faults injected {sum(faults.values())} "
                  f"({', '.join(f'{k} {v}' for k, v in sorted(faults.items()))})")
     lines.append(f"tasks {sum(r.tasks for r in results)}  ran once {sum(r.once for r in results)}  "
@@ -255,15 +280,17 @@ class TrialFleet:
     workers with one worker of the new revision (SIGTERM first, or, with ``late_sigterm``, after the new one is up)."""
 
     def __init__(self, broker: str, record: str, queue: str, log_dir: Path, late_sigterm: float | None, *,
-                 kind: str = "fenced", fleet: str = "") -> None:
+                 kind: str = "fenced", fleet: str = "", coord: str = "") -> None:
         self.broker, self.record, self.queue, self.log_dir = broker, record, queue, log_dir
         self.late_sigterm = late_sigterm
         self.kind, self.fleet = kind, fleet
+        self.coord = coord  # where the fence lives when the broker is not Redis
         self._serial = itertools.count()
         self.workers: list[WorkerProcess] = []
         self.revision: dict[str, str] = {}
         self.current: list[WorkerProcess] = []  # the workers of the revision that serves
         self.terminated: list[WorkerProcess] = []  # sent SIGTERM: on their way out, not "stranded"
+        self.killed: list[WorkerProcess] = []  # SIGKILLed by a worker_kill fault
         self.app = Celery("celeryops_chaos_control", broker=broker, set_as_current=False)
         self.app.conf.broker_connection_retry_on_startup = True
         self.app.conf.broker_connection_timeout = 2
@@ -288,6 +315,8 @@ class TrialFleet:
         if fenced:  # the plugin: the fence lives in the broker Redis; a stopped worker leaves the registry soon
             env.update({"CELERYOPS_FLEET": self.fleet, "CELERYOPS_FENCE_INTERVAL": "0.5",
                         "CELERYOPS_FENCE_REGISTRY_TTL": "4"})
+            if self.coord:
+                env["CELERYOPS_FENCE_REDIS_URL"] = self.coord
         return WorkerProcess(self.broker, app=FENCED_APP if fenced else PLAIN_APP, queues=[self.queue],
                              log_dir=self.log_dir, env=env)
 
@@ -299,6 +328,17 @@ class TrialFleet:
             self.start(1, revision, wait=False)
         except Exception as exc:  # report, never crash the trial thread
             self.errors.append(f"scale-out failed: {exc}")
+
+    def kill_one(self) -> str:
+        """SIGKILL one live worker of the revision that serves (its pidbox binding stays behind in Redis)."""
+        with self._lock:
+            victims = [w for w in self.current if w.alive()]
+            if not victims:
+                return ""
+            victim = victims[0]
+            self.killed.append(victim)
+        victim.kill()
+        return victim.nodename
 
     def on_update(self, resource: str, revision: str, image: str) -> None:
         revision = revision.rsplit("/", 1)[-1]  # K_REVISION is the short name on Cloud Run
@@ -353,9 +393,12 @@ class TrialFleet:
 class ChaosLab:
     """What every trial shares. ``with ChaosLab(root) as lab: lab.run(seed)``."""
 
-    def __init__(self, root: Path, *, keep_logs: bool = False, fleet: str = "fenced") -> None:
+    def __init__(self, root: Path, *, keep_logs: bool = False, fleet: str = "fenced", broker: str = "redis") -> None:
         if fleet not in FLEET_KINDS:
             raise ValueError(f"fleet must be one of {', '.join(FLEET_KINDS)}, not {fleet!r}")
+        if broker not in BROKERS:
+            raise ValueError(f"broker must be one of {', '.join(BROKERS)}, not {broker!r}")
+        self.broker = broker
         self.root = Path(root)
         self.keep_logs = keep_logs
         self.fleet = fleet
@@ -409,8 +452,11 @@ class Trial:
         self.service = f"worker-{self.tag}"
         self.queue = f"chaos-{self.tag}"
         self.broker = RedisServer(binary=_redis_wrapper(self.dir))
-        self.result = TrialResult(seed=plan.seed, faults=[], skipped=[], log_dir=str(self.dir), fleet=lab.fleet)
+        self.result = TrialResult(seed=plan.seed, faults=[], skipped=[], log_dir=str(self.dir), fleet=lab.fleet,
+                                  broker=lab.broker)
+        self.amqp = ""  # the trial's RabbitMQ vhost URL (lab.broker == "amqp")
         self.ids: list[str] = []
+        self.state = self.dir / "state"  # the operator's state dir (a teammate's after a lost machine)
         self._broker_lock = threading.Lock()  # producers wait while the broker is down (they retry later)
         self._fired: set[int] = set()
         self._timers: list[threading.Timer] = []
@@ -426,14 +472,16 @@ class Trial:
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("CELERYOPS_") and k != "CELERY_BROKER_URL"}
-        env.update({"CELERYOPS_STATE_DIR": str(self.dir / "state"), "CELERYOPS_FLEET": f"chaos-{self.tag}",
+        env.update({"CELERYOPS_STATE_DIR": str(self.state), "CELERYOPS_FLEET": f"chaos-{self.tag}",
                     "CELERYOPS_LEASE_TTL": "2", "CELERYOPS_FENCE_TTL": "6", "PYTHONUNBUFFERED": "1"}, **extra)
+        if self.amqp:
+            env["CELERYOPS_REDIS_URL"] = self.broker.url
         return env
 
     def write_config(self) -> None:
         lab = self.lab
         (self.dir / "celeryops.toml").write_text(standin_config(
-            broker=self.broker.url, endpoint=lab.endpoint, image=f"{lab.registry.host}/proj/worker:{{sha}}",
+            broker=self.broker_url, endpoint=lab.endpoint, image=f"{lab.registry.host}/proj/worker:{{sha}}",
             interval=0.3, project=PROJECT, region=REGION, resource=self.service))
 
     def enqueue(self, duration: float) -> None:
@@ -444,7 +492,7 @@ class Trial:
             deadline = time.monotonic() + 30
             while True:
                 try:
-                    with sleep.app.connection_for_write(self.broker.url) as conn:
+                    with sleep.app.connection_for_write(self.broker_url) as conn:
                         sleep.apply_async(args=(duration, tid[:8]), task_id=tid, queue=self.queue, connection=conn,
                                           retry=False)
                     break
@@ -472,6 +520,10 @@ class Trial:
             deploy.proc.send_signal(signal.SIGINT)
             self.result.faults.append(f"{fault.describe()}(in {self._moment})")
             return
+        elif fault.kind == WORKER_KILL:
+            if not self.fleet.kill_one():
+                self.result.skipped.append(fault.describe())
+                return
         elif fault.kind == "redis_restart":
             with self._broker_lock:
                 self.broker.stop()  # SIGKILL: a crash; the AOF (fsync always) keeps every acknowledged write
@@ -513,13 +565,25 @@ class Trial:
         return rc, run.events, run.stderr
 
     def open_run(self) -> Run | None:
-        """What ``celeryops status`` shows as the current run, read in-process (a CLI call costs seconds here)."""
-        state = self.dir / "state"
-        if not journal_path(state).exists():
-            return None
-        with Journal(state_dir=state, read_only=True) as journal:
-            runs = journal.unfinished_runs(f"chaos-{self.tag}")
+        """What ``celeryops status`` shows as the current run, read in-process (a CLI call costs seconds here): the
+        local journal's open runs and the ones the fleet's Redis holds (the only ones after a lost machine)."""
+        local: list[Run] = []
+        if journal_path(self.state).exists():
+            with Journal(state_dir=self.state, read_only=True) as journal:
+                local = journal.unfinished_runs(f"chaos-{self.tag}")
+        client = redis.Redis.from_url(self.broker.url, socket_timeout=5, decode_responses=True)
+        try:
+            runs, _ended = merge_open(local, FleetStore(client, f"chaos-{self.tag}"))
+        except redis.RedisError:
+            runs = local
+        finally:
+            client.close()
         return runs[-1] if runs else None
+
+    def lose_machine(self) -> None:
+        """The operator's machine is gone with its state dir: recovery runs from a teammate's fresh state dir."""
+        shutil.rmtree(self.state, ignore_errors=True)
+        self.state = self.dir / "state-teammate"
 
     def recover(self, first: str) -> None:
         """Until no run is left open: wait for a dead owner's lease, then resume (once) or abort."""
@@ -591,8 +655,14 @@ class Trial:
         seen = self.consuming(live)
         return sorted(w.nodename for w in live if self.queue not in seen.get(w.nodename, set()))
 
+    @property
+    def broker_url(self) -> str:
+        return self.amqp or self.broker.url
+
     def in_broker(self) -> set[str]:
         """Task ids still held by the broker: in the queue lists or delivered-but-unacked."""
+        if self.amqp:
+            return queued_ids(self.amqp, self.queue)
         client = redis.Redis.from_url(self.broker.url, socket_timeout=5)
         found: set[str] = set()
         try:
@@ -606,6 +676,16 @@ class Trial:
             client.close()
         return found
 
+    def unacked(self) -> set[str]:
+        """Redis: ids of delivered-but-unacked messages (back in the queue only after the visibility timeout)."""
+        client = redis.Redis.from_url(self.broker.url, socket_timeout=5)
+        try:
+            return {json.loads(raw)[0].get("headers", {}).get("id", "") for raw in client.hvals("unacked")}
+        except redis.RedisError:
+            return set()
+        finally:
+            client.close()
+
     def verdict(self, record: redis.Redis) -> None:
         res = self.result
 
@@ -615,11 +695,19 @@ class Trial:
                 pipe.get(f"ct:runs:{tid}")
             return {tid: int(v or 0) for tid, v in zip(self.ids, pipe.execute(), strict=True)}
 
+        killed = {w.nodename for w in self.fleet.killed} if self.fleet is not None else set()
+
         def finished_all() -> bool:
             pipe = record.pipeline()
             for tid in self.ids:
-                pipe.hget(f"ct:run:{tid}", "finished")
-            return all(pipe.execute())
+                pipe.hmget(f"ct:run:{tid}", "finished", "worker")
+            states = pipe.execute()
+            if all(done or worker in killed for done, worker in states):
+                return True
+            # A killed worker's prefetched messages wait out the visibility timeout (Redis): held, not lost.
+            stuck = self.unacked() if killed and not self.amqp else set()
+            return all(done or worker in killed or tid in stuck
+                       for tid, (done, worker) in zip(self.ids, states, strict=True))
 
         # A worker whose revision was replaced got SIGTERM: it stops answering during its warm shutdown, and it is
         # on its way out, not stranded. Wait for it to exit (a warm shutdown that never ends is a finding).
@@ -649,6 +737,8 @@ class Trial:
         res.duplicated = sorted(t for t, n in runs.items() if n > 1)
         res.queued = sum(1 for t, n in runs.items() if n == 0 and t in held)
         res.lost = sorted(t for t, n in runs.items() if n == 0 and t not in held)
+        res.cut = sorted(t for t, n in runs.items() if n == 1 and not record.hget(f"ct:run:{t}", "finished")
+                         and record.hget(f"ct:run:{t}", "worker") in killed)
 
     # -- the whole trial ----------------------------------------------------------------------------------------
 
@@ -672,6 +762,8 @@ class Trial:
             if self.fleet is not None:
                 self.fleet.stop()
             self.broker.close()
+            if self.amqp:
+                delete_vhost(self.amqp)
             record.close()
             self.lab._hooks.pop(self.service, None)
             self._mark("teardown")
@@ -683,8 +775,10 @@ class Trial:
     def _run(self, record: redis.Redis) -> None:
         plan, lab = self.plan, self.lab
         self.broker.start(timeout=30)
-        self.fleet = TrialFleet(self.broker.url, lab.record.url, self.queue, self.dir, self._late, kind=lab.fleet,
-                                fleet=f"chaos-{self.tag}")
+        if lab.broker == "amqp":
+            self.amqp = create_vhost(self.tag)
+        self.fleet = TrialFleet(self.broker_url, lab.record.url, self.queue, self.dir, self._late, kind=lab.fleet,
+                                fleet=f"chaos-{self.tag}", coord=self.broker.url if self.amqp else "")
         lab.standin.add_service(PROJECT, REGION, self.service, f"{lab.registry.host}/proj/worker:old")
         self._first_revision = lab.standin.revisions(self.service)[0].name
         lab._hooks[self.service] = self.fleet.on_update
@@ -697,6 +791,12 @@ class Trial:
             self.enqueue(seconds)
         self._mark("setup")
 
+        before = next((f for f in plan.faults if f.kind == WORKER_KILL and f.at == "before"), None)
+        if before is not None:  # killed before the deploy: OOM, or a scale-in SIGKILL; its binding stays
+            with contextlib.suppress(TimeoutError):
+                wait_for(lambda: any(record.exists(f"ct:run:{t}") for t in self.ids), 10, "a task to start",
+                         step=0.1)
+            self._fire(plan.faults.index(before), before)
         kill = plan.has("kill")
         producers = [threading.Timer(at, self.enqueue, (seconds,)) for at, seconds in plan.late]
         for p in producers:
@@ -718,6 +818,8 @@ class Trial:
             p.join(30)
         if kill is not None and rc == -signal.SIGKILL:
             self.result.faults.append(kill.describe())
+            if kill.lost:
+                self.lose_machine()
         elif kill is not None:
             self.result.skipped.append(kill.describe())
         for fault in plan.faults:
@@ -749,7 +851,8 @@ class Trial:
         fired = " ".join(self.result.faults)
         if "redis_restart" in fired:
             return
-        if "kill@" in fired:
+        # the deploy's own SIGKILL (not worker_kill), with or without its machine
+        if any(f.startswith(("kill@", "lost_machine@")) for f in self.result.faults):
             expected = {-signal.SIGKILL}
         elif "sigint" in fired:
             expected = {130, 0, 6}  # the signal may land after the flow finished
