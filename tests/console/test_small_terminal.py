@@ -137,7 +137,9 @@ def test_badges_put_unknown_first_and_sum_up_what_does_not_fit() -> None:
 def test_countdown_shortens_the_time_rather_than_cutting_it() -> None:
     countdown = Countdown()
     countdown.elapsed, countdown.remaining = 60.0, 3 * 3600 + 5 * 60
-    assert countdown.render_countdown(100).plain.endswith(" 3 hours and 5 minutes left")
+    assert countdown.render_countdown(100).plain.endswith(" 3 hours and 5 minutes left · 1m 00s in")
+    medium = countdown.render_countdown(50).plain  # the elapsed time stays while it fits
+    assert medium.endswith(" 3h 05m left · 1m 00s in") and len(medium) <= 50
     narrow = countdown.render_countdown(30).plain
     assert narrow.endswith(" 3h 05m left") and len(narrow) <= 30
     assert compact_left(59.6) == "1m 00s" and compact_left(42) == "42s"

@@ -171,3 +171,55 @@ def test_confirm_warnings_small(snap_compare: Any, app_factory: Any) -> None:
 def test_drain_wide(snap_compare: Any, app_factory: Any) -> None:
     assert snap_compare(app_factory(deploy_backend(), start="deploy", release="v2.14.0"), run_before=keys("G", "y"),
                         terminal_size=WIDE)
+
+
+# Issue 15's views at 80x24 and 120x40: the release picker, the run history with a timeline open, every slot pool,
+# and the watcher's home between runs (workers listed, not asked).
+LARGE = (120, 40)
+
+
+def picker_backend() -> StaticBackend:
+    return StaticBackend(fleet=sample.fleet(with_run=False), slots=sample.slots(), releases_view=sample.releases(),
+                         history=sample.history(), timelines={sample.history()[1].run_id: sample.timeline()})
+
+
+def test_releases(snap_compare: Any, app_factory: Any) -> None:
+    assert snap_compare(app_factory(picker_backend()), run_before=keys("D", "down"), terminal_size=LARGE)
+
+
+def test_releases_small(snap_compare: Any, app_factory: Any) -> None:
+    assert snap_compare(app_factory(picker_backend()), run_before=keys("D", "slash", "1", "3"), terminal_size=SMALL)
+
+
+def test_runs(snap_compare: Any, app_factory: Any) -> None:
+    assert snap_compare(app_factory(picker_backend()), run_before=keys("r", "down", "enter"), terminal_size=LARGE)
+
+
+def test_runs_small(snap_compare: Any, app_factory: Any) -> None:
+    assert snap_compare(app_factory(picker_backend()), run_before=keys("r", "down", "enter"), terminal_size=SMALL)
+
+
+def test_slots_large(snap_compare: Any, app_factory: Any) -> None:
+    assert snap_compare(app_factory(), run_before=keys("s"), terminal_size=LARGE)
+
+
+def test_drain_large(snap_compare: Any, app_factory: Any) -> None:
+    assert snap_compare(app_factory(deploy_backend(), start="deploy", release="v2.14.0"), run_before=keys("G", "y"),
+                        terminal_size=LARGE)
+
+
+def watch_idle_backend() -> StaticBackend:
+    from dataclasses import replace
+
+    listed = tuple(replace(w, state="unknown", active=0, reserved=0, scheduled=0, queues=(), observed=False)
+                   for w in sample.workers())
+    return StaticBackend(fleet=sample.FleetView(workers=listed, queues=sample.fleet().queues), slots=sample.slots(),
+                         read_only=True)
+
+
+def test_home_watch_idle(snap_compare: Any, app_factory: Any) -> None:
+    assert snap_compare(app_factory(watch_idle_backend()), run_before=keys(), terminal_size=LARGE)
+
+
+def test_home_watch_idle_small(snap_compare: Any, app_factory: Any) -> None:
+    assert snap_compare(app_factory(watch_idle_backend()), run_before=keys(), terminal_size=SMALL)

@@ -12,6 +12,7 @@ from textual.widgets import DataTable, RichLog
 from celeryops.console.fmt import since
 from celeryops.console.model import LEVEL_STYLE
 from celeryops.console.screens.base import ConsoleScreen, Row, refill
+from celeryops.console.widgets.meters import compact_left
 from celeryops.core.errors import UserError
 from celeryops.core.masking import mask_text
 from celeryops.ops.views import RunRecordView
@@ -41,10 +42,7 @@ class RunsScreen(ConsoleScreen):
         yield self.footer()
 
     def on_mount(self) -> None:
-        table = self.query_one("#runs", DataTable)
-        table.border_title = "Recent runs"
-        for key, label in COLUMNS:
-            table.add_column(label, key=key)
+        self.query_one("#runs", DataTable).border_title = "Recent runs"
         self.query_one("#timeline").border_title = "Timeline (Enter on a run)"
         self.action_reload()
 
@@ -63,16 +61,23 @@ class RunsScreen(ConsoleScreen):
         if not self.is_mounted or self.runs is None:
             return
         now = self.console.clock()
+        table = self.query_one("#runs", DataTable)
+        columns = [c for c in COLUMNS if c[0] != "run" or not self.has_class("-narrow")]  # 80 columns: no run id
+        if [k.value for k in table.columns] != [key for key, _ in columns]:
+            table.clear(columns=True)
+            for key, label in columns:
+                table.add_column(label, key=key)
         rows: list[Row] = []
         for r in self.runs:
-            took = since(r.duration) if r.duration is not None else Text(f"{since(now - r.started_at)} so far",
-                                                                         style="cyan")
-            rows.append((r.run_id, (f"{since(now - r.started_at)} ago", r.kind, r.release or Text("-", style="dim"),
-                                    Text(r.phase, style=PHASE_STYLE.get(r.phase, "bold cyan")), took,
-                                    r.outcome or Text("open", style="cyan"), r.owner, r.run_id)))
+            took = since(r.duration) if r.duration is not None else Text(since(now - r.started_at), style="cyan")
+            cells = {"started": f"{since(now - r.started_at)} ago", "kind": r.kind,
+                     "release": r.release or Text("-", style="dim"),
+                     "phase": Text(r.phase, style=PHASE_STYLE.get(r.phase, "bold cyan")), "duration": took,
+                     "outcome": r.outcome or Text("open", style="cyan"), "owner": r.owner, "run": r.run_id}
+            rows.append((r.run_id, [cells[key] for key, _ in columns]))
         if not rows:
-            rows.append((None, (Text("no run recorded for this fleet", style="dim"), "", "", "", "", "", "", "")))
-        refill(self.query_one("#runs", DataTable), rows, fit="run")
+            rows.append((None, [Text("no run recorded for this fleet", style="dim"), *[""] * (len(columns) - 1)]))
+        refill(table, rows, fit=columns[-1][0])
         self.refresh_bindings()
 
     def on_resize(self) -> None:
@@ -113,7 +118,7 @@ class RunsScreen(ConsoleScreen):
         log.border_title = f"Timeline of {run_id}"
         start = entries[0].at if entries else 0.0
         for entry in entries:
-            line = Text(f"+{since(entry.at - start):<11} ", style="dim")
+            line = Text(f"+{compact_left(entry.at - start):>7} ", style="dim")
             line.append(entry.text, style=LEVEL_STYLE.get(entry.level, ""))
             log.write(line)
         if not entries:
