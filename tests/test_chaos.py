@@ -4,7 +4,8 @@ workers, a private broker per trial that may crash, the Cloud Run stand-in, and 
 consumes its queue again; the deploy's exit code is the one its faults call for.
 
 The seeds are fixed (chosen so that every fault kind is hit: scale-out, SIGKILL after a journal record followed by
-``resume`` or ``abort``, SIGINT, broker crash, late SIGTERM of a replaced worker, failed rollout); ``make chaos`` runs
+``resume`` or ``abort`` (once with the operator's machine lost: its state dir deleted, the recovery from a fresh
+one), SIGINT, broker crash, late SIGTERM of a replaced worker, failed rollout); ``make chaos`` runs
 100 consecutive seeds. A failing seed replays alone: ``python tools/chaos.py --seed N --keep-logs``.
 
 Some seeds also SIGKILL a worker before the deploy or while it drains (its pidbox binding stays in Redis: the drain
@@ -63,6 +64,8 @@ def test_the_seeds_cover_every_fault_kind() -> None:
     # A worker SIGKILLed before the deploy and one killed while it drains (its binding stays behind).
     killed = {f.at for seed in SEEDS for f in TrialPlan.draw(seed).faults if f.kind == WORKER_KILL}
     assert killed == set(WORKER_KILL_MOMENTS)
+    # The operator's machine lost with its state dir (seed 19: killed while stopping, resumed from a fresh one).
+    assert [seed for seed in SEEDS if any(f.lost for f in TrialPlan.draw(seed).faults)] == [19]
     assert TrialPlan.draw(SEEDS[0]) == TrialPlan.draw(SEEDS[0])  # a seed replays the same trial
     plain = {f.kind for seed in PLAIN_SEEDS for f in TrialPlan.draw(seed).faults}
     assert plain == ({*FAULT_KINDS, WORKER_KILL} - {"redis_restart"})
