@@ -1,0 +1,204 @@
+"""The Lua scripts of a lease's life: acquire, release, renew, adopt and reap (the key layout is in ``scripts.py``).
+
+The hot paths are what bench/bench_slots.py measures. A ``redis.call`` costs Redis' single thread about 2 µs on top
+of its command and every number Lua turns into a string about 0.7 µs (bench/README.md), so they do only this:
+acquire = TIME, HMGET (lease, waiters flag, token, next_expiry, total and used of each requested type), HSET (used,
+token, lease record), ZADD; release = HMGET, HINCRBY (HMGET + HSET for several types), HDEL, ZREM. The rarer paths'
+helpers are built by ``lib()`` (``scripts_lib``) only when one of them runs. A granted acquire answers with the bare
+token (an integer reply, the cheapest for the client to parse). Host contributions add nothing to these paths:
+``total:<type>`` is counted when contributions change (contribute, reap), and their expiries are folded into
+``next_expiry``, so acquire reaps (and counts again) only when a lease or a contribution may really have expired.
+
+A request refused for longer than the starvation guard reserves what it needs (first come, first served), so a
+large request is not starved by a stream of small ones.
+"""
+
+from __future__ import annotations
+
+from celeryops.slots.scripts_lib import PRELUDE
+
+# ARGV: id, needs, ttl ms, starvation ms, waiting ttl ms, "worker|host|name"
+# -> token (granted) | {token, 'held'} | {0, blocking type} | {-1, type larger than its total}
+ACQUIRE = PRELUDE + """
+local id, ns, ttl = ARGV[1], ARGV[2], ARGV[3]
+local t = call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local exp = now + ttl
+local typs, need, fields = {}, {}, {'lease:' .. id, 'waiters', 'token', 'next_expiry'}
+local typ, n = string.match(ns, '^([^,=]+)=(%d+)$')
+if typ then
+  typs[1], need[1], fields[5], fields[6] = typ, tonumber(n), 'total:' .. typ, 'used:' .. typ
+else
+  for typ, n in string.gmatch(ns, '([^,=]+)=(%d+)') do
+    local k = #typs + 1
+    typs[k], need[k] = typ, tonumber(n)
+    fields[2 * k + 3], fields[2 * k + 4] = 'total:' .. typ, 'used:' .. typ
+  end
+end
+local r = call('HMGET', P, unpack(fields))
+local H
+if now >= tonumber(r[4] or 0) then
+  H = lib()
+  H.reap(now)
+  r = call('HMGET', P, unpack(fields))
+end
+local nxt = tonumber(r[4])
+if r[1] then
+  call('ZADD', L, exp, id)
+  if exp < nxt then call('HSET', P, 'next_expiry', exp) end
+  return {tonumber(string.match(r[1], '^[^|]*|(%d+)')), 'held'}
+end
+local total, used = {}, {}
+for k = 1, #typs do
+  total[k], used[k] = tonumber(r[2 * k + 3] or 0), tonumber(r[2 * k + 4] or 0)
+  if need[k] > total[k] then
+    if r[2] then (H or lib()).unwait(id) end
+    return {-1, typs[k]}
+  end
+end
+-- reservations: a request refused for longer than `starve` ms holds back what it needs, first come first served
+local mine, reserved = nil, nil
+if r[2] then
+  reserved = {}
+  local starve = tonumber(ARGV[4])
+  repeat
+    local gone = call('ZRANGEBYSCORE', X, '-inf', now, 'LIMIT', 0, 500)
+    if #gone > 0 then
+      local wf = {}
+      for i, wid in ipairs(gone) do wf[i] = 'wait:' .. wid end
+      call('HDEL', P, unpack(wf))
+      call('ZREM', Q, unpack(gone))
+      call('ZREM', X, unpack(gone))
+    end
+  until #gone < 500
+  if call('ZCARD', X) == 0 then
+    call('HDEL', P, 'waiters')
+  else
+    local s = call('ZSCORE', Q, id)
+    if s then mine = tonumber(s) end
+    local mine_granted = mine ~= nil and now - mine >= starve
+    local granted = call('ZRANGEBYSCORE', Q, '-inf', now - starve)
+    for i = 1, #granted, 500 do
+      local ids, wf = {}, {}
+      for j = i, math.min(i + 499, #granted) do
+        if granted[j] ~= id then
+          ids[#ids + 1] = granted[j]
+          wf[#wf + 1] = 'wait:' .. granted[j]
+        end
+      end
+      if #wf > 0 then
+        local recs = call('HMGET', P, unpack(wf))
+        for j, wid in ipairs(ids) do
+          if recs[j] then
+            local wns, since = string.match(recs[j], '^([^|]*)|(%d+)|')
+            since = tonumber(since)
+            if not mine_granted or since < mine or (since == mine and wid < id) then
+              for wt, wn in string.gmatch(wns, '([^,=]+)=(%d+)') do reserved[wt] = (reserved[wt] or 0) + wn end
+            end
+          end
+        end
+      end
+    end
+  end
+end
+for k = 1, #typs do
+  if used[k] + need[k] + (reserved and reserved[typs[k]] or 0) > total[k] then
+    local until_ = now + ARGV[5]
+    if not mine then call('ZADD', Q, now, id) end
+    call('ZADD', X, until_, id)
+    local w, name = string.match(ARGV[6], '^([^|]*)|[^|]*|(.*)$')
+    call('HSET', P, 'wait:' .. id, ns .. '|' .. (mine or now) .. '|' .. until_ .. '|' .. w .. '|' .. name,
+         'waiters', 1)
+    return {0, typs[k]}
+  end
+end
+local token = (r[3] or 0) + 1
+local tk = tostring(token)
+local args = {'token', tk, fields[1], ns .. '|' .. tk .. '|' .. now .. '|' .. ttl .. '|0|' .. ARGV[6]}
+for k = 1, #typs do
+  args[2 * k + 3], args[2 * k + 4] = fields[2 * k + 4], used[k] + need[k]
+end
+if exp < nxt then
+  args[#args + 1], args[#args + 2] = 'next_expiry', exp
+end
+call('HSET', P, unpack(args))
+call('ZADD', L, exp, id)
+if mine then (H or lib()).unwait(id) end
+return token
+"""
+
+# ARGV: id, token ('' = any) -> 1 released | 0 nothing held under that id and token (a waiting entry is dropped)
+RELEASE = PRELUDE + """
+local id, token = ARGV[1], ARGV[2]
+local lf = 'lease:' .. id
+local r = call('HMGET', P, lf, 'waiters')
+if r[1] then
+  local typ, n, held = string.match(r[1], '^([^,=|]+)=(%d+)|(%d+)|')  -- one type: the common case
+  local ns
+  if not typ then ns, held = string.match(r[1], '^([^|]*)|(%d+)|') end
+  if token == '' or held == token then
+    if typ then
+      local f = 'used:' .. typ
+      if call('HINCRBY', P, f, '-' .. n) < 0 then call('HSET', P, f, 0) end
+    else
+      give_back({ns})
+    end
+    call('HDEL', P, lf)
+    call('ZREM', L, id)
+    return 1
+  end
+end
+if r[2] then lib().unwait(id) end
+return 0
+"""
+
+# ARGV: id, token, ttl ms, needs, "worker|host|name"
+# -> {1, token} renewed | {2, token} registered again after Redis lost its data | {0, 0} expired and reaped
+#    | {-1, other token} the id is now held under another token
+RENEW = PRELUDE + """
+local H = lib()
+local id, token, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local now = H.now_ms()
+local raw = call('HGET', P, 'lease:' .. id)
+if raw then
+  local held = tonumber(string.match(raw, '^[^|]*|(%d+)|'))
+  if held ~= token then
+    H.reap(now)
+    return {-1, held}
+  end
+  local exp = tonumber(call('ZSCORE', L, id) or 0)
+  if exp > now then
+    call('ZADD', L, now + ttl, id)
+    H.reap(now)
+    return {1, token}
+  end
+end
+H.reap(now)
+if tonumber(call('HGET', P, 'token') or 0) < token then
+  -- the counter went backwards: Redis lost its data (restart without persistence, FLUSHALL); the holder is alive
+  call('HSET', P, 'token', token)
+  H.register(id, ARGV[4], ttl, token, now, ARGV[5])
+  return {2, token}
+end
+return {0, 0}
+"""
+
+# Register a holding that ran ungated while Redis was unreachable (fail-open), even beyond the total.
+# ARGV: id, needs, ttl ms, "worker|host|name" -> {token, 1 new | 0 already held}
+ADOPT = PRELUDE + """
+local H = lib()
+local id, ttl = ARGV[1], tonumber(ARGV[3])
+local now = H.now_ms()
+H.reap(now)
+local raw = call('HGET', P, 'lease:' .. id)
+if raw then return {tonumber(string.match(raw, '^[^|]*|(%d+)|')), 0} end
+local token = call('HINCRBY', P, 'token', 1)
+H.register(id, ARGV[2], ttl, token, now, ARGV[4])
+return {token, 1}
+"""
+
+# -> number of expired leases reaped
+REAP = PRELUDE + """
+local H = lib()
+return H.reap(H.now_ms())
+"""
