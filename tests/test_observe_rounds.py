@@ -132,3 +132,25 @@ def test_a_frozen_worker_is_unknown_and_its_late_replies_never_reach_a_later_rou
         app.close()
     assert not client.exists(key)
     client.close()
+
+
+def _old_short_args(args: Any, kwargs: Any = None, width: int = 60) -> str:
+    """short_args before issue 16 (the reference)."""
+
+    def text(value: Any) -> str:
+        if value in (None, "", (), [], {}, "()", "{}", "[]"):
+            return ""
+        return str(value)
+
+    joined = ", ".join(p for p in (text(args), text(kwargs)) if p)
+    return joined if len(joined) <= width else joined[: width - 1] + "…"
+
+
+def test_short_args_gives_the_texts_it_gave_before() -> None:
+    from celeryops.adapters.fleet import short_args
+
+    values: list[Any] = [None, "", (), [], {}, "()", "{}", "[]", 0, 0.0, False, True, set(), frozenset(), b"", "x",
+                         [1.5], (1, "a"), {"k": [1, 2]}, [[]], [None], "x" * 80, list(range(40)), {"a": "b" * 70}]
+    for args in values:
+        for kwargs in values:
+            assert short_args(args, kwargs) == _old_short_args(args, kwargs), (args, kwargs)

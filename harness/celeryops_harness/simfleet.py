@@ -168,9 +168,17 @@ def _kombu() -> Any:
     return kombu
 
 
+_QUEUE_DICTS: dict[str, dict[str, Any]] = {}
+
+
 def _queue_dict(name: str) -> dict[str, Any]:
-    kombu = _kombu()
-    return dict(kombu.Queue(name, kombu.Exchange(name), routing_key=name).as_dict(recurse=True))
+    """kombu's ``Queue.as_dict(recurse=True)`` of a worker's queue (built once per name: replies only serialize it)."""
+    found = _QUEUE_DICTS.get(name)
+    if found is None:
+        kombu = _kombu()
+        found = _QUEUE_DICTS[name] = dict(kombu.Queue(name, kombu.Exchange(name), routing_key=name)
+                                          .as_dict(recurse=True))
+    return found
 
 
 def _ping(state: _Worker, **_: Any) -> dict[str, Any]:

@@ -32,14 +32,19 @@ MemberSource = Callable[[], Awaitable[set[str]]]
 
 
 def short_args(args: Any, kwargs: Any = None, width: int = 60) -> str:
-    text = ", ".join(p for p in (_text(args), _text(kwargs)) if p)
+    a, k = _text(args), _text(kwargs)
+    text = f"{a}, {k}" if a and k else a or k
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+_EMPTY = ("", "()", "{}", "[]")
+
+
 def _text(value: Any) -> str:
-    if value in (None, "", (), [], {}, "()", "{}", "[]"):
+    if not value and (value is None or isinstance(value, (str, tuple, list, dict))):
         return ""
-    return str(value)
+    text = str(value)
+    return "" if text in _EMPTY else text
 
 
 @dataclass(frozen=True)

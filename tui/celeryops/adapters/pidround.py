@@ -60,6 +60,7 @@ class RedisRound:
         self._client: redis.Redis | None = None
         self._client_timeout = 0.0
         self._accept = _kombu_serialization().prepare_accept_content(list(app.conf.accept_content or ["json"]))
+        self._json_ok = "application/json" in self._accept
         self._serializer = "json"
 
     # -- connection ---------------------------------------------------------------------------------------------
@@ -113,8 +114,10 @@ class RedisRound:
     # -- one round ----------------------------------------------------------------------------------------------
 
     def round(self, requests: Sequence[Request], timeout: float) -> list[dict[str, Any]]:
-        """Publish every request, then collect until each addressed worker answered each request (or the timeout).
-        Returns, per request in order, worker -> reply. Raises what kombu / redis-py raise (the caller words it)."""
+        """Publish every request, then collect until each addressed worker answered each request, or no reply came
+        for ``timeout`` seconds (kombu's window: a large fleet's replies may take longer in all, as long as they keep
+        coming). Returns, per request in order, worker -> reply. Raises what kombu / redis-py raise (the caller
+        words it)."""
         with self._lock:
             try:
                 return self._round(requests, timeout)
@@ -154,11 +157,11 @@ class RedisRound:
             rest, _ = pipe.execute()
             for raw in (first[1], *reversed(rest)):  # LPUSH + RPOP order: oldest first
                 self._take(raw, by_ticket, waiting)
+            deadline = time.monotonic() + timeout  # kombu's window: the wait for the NEXT reply
         return [by_ticket[t] for t in tickets]
 
     def _take(self, raw: bytes, by_ticket: dict[str, dict[str, Any]],
               waiting: dict[str, set[str] | None]) -> None:
-        loads = _kombu_serialization().loads
         try:
             envelope = json.loads(raw)
             headers = envelope.get("headers") or {}
@@ -171,8 +174,7 @@ class RedisRound:
             body = envelope.get("body")
             if props.get("body_encoding") == "base64":
                 body = base64.b64decode(body)
-            reply = loads(body, envelope.get("content-type"), envelope.get("content-encoding") or "utf-8",
-                          accept=self._accept)
+            reply = self._loads(body, envelope.get("content-type"), envelope.get("content-encoding") or "utf-8")
         except Exception:  # not a reply envelope we can read: ignored, the worker then counts as not replied
             return
         if not isinstance(reply, dict):
@@ -181,6 +183,15 @@ class RedisRound:
         pending = waiting.get(ticket)
         if pending is not None:
             pending.difference_update(reply)
+
+    def _loads(self, body: Any, content_type: str | None, encoding: str) -> Any:
+        """kombu's ``loads``; JSON without kombu's typed values (``{"__type__": ..., "__value__": ...}``, the only
+        objects its hook changes) is read by the json module alone: the same result, without a Python call per
+        object (a 5,000-worker round has 85,000 objects)."""
+        if (content_type == "application/json" and self._json_ok and isinstance(body, bytes)
+                and b'"__type__"' not in body):
+            return json.loads(body)
+        return _kombu_serialization().loads(body, content_type, encoding, accept=self._accept)
 
 
 def _kombu_serialization() -> Any:
