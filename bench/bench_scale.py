@@ -182,7 +182,7 @@ def main() -> int:
     t_start = time.monotonic()
     rows: list[list[object]] = []
     cmd_rows: list[list[object]] = []
-    growth: dict[bool, list[tuple[int, float, float]]] = {False: [], True: []}  # plugin -> (N, RSS peak, poll s)
+    by_variant: dict[bool, list[tuple[int, float, float]]] = {False: [], True: []}  # plugin -> (N, RSS peak, poll s)
     server = RedisServer().start()
     client = redis.Redis.from_url(server.url)
     try:
@@ -201,7 +201,7 @@ def main() -> int:
             cmds = result["commands"]
             top = ", ".join(f"{k} {v:.0f}" for k, v in sorted(cmds.items(), key=lambda kv: -kv[1])[:4])
             growth = result["rss_after"] - result["rss_base"]
-            growth[plugin].append((n, result["rss_peak"], t.median))
+            by_variant[plugin].append((n, result["rss_peak"], t.median))
             wall_target = TARGET_WALL if plugin or n > 1000 else TARGET_WALL_PLAIN_1000
             ok = t.median <= wall_target and result["rss_peak"] < TARGET_RSS_MB and not result["unknown"]
             label = f"{n} {'plugin' if plugin else 'plain'}"
@@ -223,7 +223,7 @@ def main() -> int:
     print()
     print(table(["N", "top Redis commands per poll (server-wide)"], cmd_rows))
     steps: list[list[object]] = []
-    for plugin, points in growth.items():
+    for plugin, points in by_variant.items():
         for (n0, r0, w0), (n1, r1, w1) in itertools.pairwise(points):
             per = 1000 / (n1 - n0)
             steps.append([f"{n0} -> {n1} {'plugin' if plugin else 'plain'}", f"{(r1 - r0) * per:+.1f}",
