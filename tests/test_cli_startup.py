@@ -101,6 +101,7 @@ def test_status_loads_neither_the_console_nor_google_cloud_run(tmp_path: object)
     assert out.returncode == 0 and '"fleet": "default"' in out.stdout, out.stderr[-2000:]
     assert not set(CONSOLE_ONLY) & names, sorted(set(CONSOLE_ONLY) & names)
     assert not {n for n in names if n.startswith(("celeryops.console", "celeryops.adapters.deploy"))}
+    assert not {"celery", "kombu"} & names  # a Redis URL given as such needs no Celery app to be read
 
 
 @pytest.mark.parametrize("module", ["celeryops.fence", "celeryops.slots"])

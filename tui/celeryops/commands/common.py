@@ -43,7 +43,20 @@ class FleetSpec:
         return self._config
 
     def resolve_broker_url(self) -> str:
+        """The broker URL. A Redis URL given as such (flag, config, $CELERY_BROKER_URL; no app to load) is returned
+        as given, without loading Celery (``celeryops status`` and ``slots`` start faster); anything else as the
+        Celery app's connection spells it."""
+        url = self.plain_broker_url()
+        if url and url.startswith(("redis://", "rediss://")):
+            return url
         return str(self.celery_app().connection_for_write().as_uri(include_password=True))
+
+    def plain_broker_url(self) -> str | None:
+        """The broker URL when no Celery app is involved (no -A, no ``app`` in the config), else None."""
+        cfg = self.config()
+        if self.app_path or (not self.broker and cfg.app):
+            return None
+        return self.broker or cfg.broker or os.environ.get("CELERY_BROKER_URL") or None
 
     def celery_app(self) -> Celery:
         from celery import Celery
