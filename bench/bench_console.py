@@ -158,9 +158,14 @@ async def idle_cpu(seconds: float = 10.0) -> float:
     return 100 * (c1 - c0) / (w1 - w0)
 
 
-def console_start_once(broker: str, names: list[str], state_dir: str, timeout: float = 30.0) -> float:
+HOME_MARK = b"Queue depths"  # a border title of the home screen, painted in its first frame
+
+
+def console_start_once(broker: str, names: list[str], state_dir: str,
+                       timeout: float = 30.0) -> tuple[float, float]:
     """Seconds from starting ``celeryops --broker URL`` (the console's home view) in a 120x40 pty until the terminal
-    output names every worker (the first painted home frame with the fleet); the process is then killed."""
+    output shows the home screen (its first painted frame), and until it names every worker (the first frame with
+    the fleet); the process is then killed."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", SIZE[1], SIZE[0], 0, 0))
     env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": str(SIZE[0]), "LINES": str(SIZE[1])}
@@ -171,9 +176,12 @@ def console_start_once(broker: str, names: list[str], state_dir: str, timeout: f
                             close_fds=True)
     os.close(slave)
     seen = b""
+    home = 0.0
     try:
         deadline = time.monotonic() + timeout
         while not all(n.encode() in seen for n in names):
+            if not home and HOME_MARK in seen:
+                home = time.perf_counter() - t0
             left = deadline - time.monotonic()
             if left <= 0 or proc.poll() is not None:
                 raise RuntimeError(f"the console did not show {names} (exit {proc.poll()}): {seen[-1500:]!r}")
@@ -183,7 +191,8 @@ def console_start_once(broker: str, names: list[str], state_dir: str, timeout: f
                     seen += os.read(master, 65536)
                 except OSError:  # the pty closed: the process exited
                     continue
-        return time.perf_counter() - t0
+        fleet = time.perf_counter() - t0
+        return home or fleet, fleet
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -209,12 +218,13 @@ def process_time(cmd: list[str]) -> float:
     return time.perf_counter() - t0
 
 
-def console_start(repeats: int = 5) -> tuple[list[float], list[float]]:
-    """Console start times and `celery --version` times (whole processes, taken in turns), 2 real workers."""
+def console_start(repeats: int = 5) -> tuple[list[tuple[float, float]], list[float]]:
+    """Console start times (home frame, frame with the fleet) and `celery --version` times (whole processes, taken in
+    turns), 2 real workers."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from common import bench_fleet  # needs redis-server; the in-process benches above do not
 
-    starts: list[float] = []
+    starts: list[tuple[float, float]] = []
     anchors: list[float] = []
     with bench_fleet() as bench, tempfile.TemporaryDirectory(prefix="celeryops-bench-state-") as state:
         workers = bench.add(2)
@@ -246,10 +256,13 @@ async def main() -> None:
 
 def print_console_start() -> None:
     starts, anchors = console_start()
-    med, worst, anchor = statistics.median(starts), max(starts), statistics.median(anchors)
-    print(f"{'console start -> first home frame':<40}{med * 1000:>7.0f} ms (max {worst * 1000:.0f} ms; "
-          f"`celery --version` {anchor * 1000:.0f} ms; {len(starts)} runs, 2 real workers; target <= 1000 ms: "
-          f"{'met' if med <= 1.0 else 'MISSED'})")
+    anchor = statistics.median(anchors)
+    for i, label in enumerate(("console start -> first home frame", "console start -> home showing the fleet")):
+        values = [s[i] for s in starts]
+        med = statistics.median(values)
+        print(f"{label:<40}{med * 1000:>7.0f} ms (max {max(values) * 1000:.0f} ms; {med / anchor:.2f}x "
+              f"`celery --version` {anchor * 1000:.0f} ms; {len(values)} runs, 2 real workers; target <= 1000 ms: "
+              f"{'met' if med <= 1.0 else 'MISSED'})")
 
 
 if __name__ == "__main__":
