@@ -96,6 +96,27 @@ class _ReferenceFleet(Fleet):
         return self.parts
 
 
+def test_a_transport_key_prefix_is_honoured(redis_url: str, start_workers: Any, redis_client: redis.Redis) -> None:
+    """With ``global_keyprefix`` the worker pushes its replies to the prefixed list: the round reads that one."""
+    (worker,) = start_workers(redis_url, queues=["obs-p"], env={"CELERYOPS_TEST_KEYPREFIX": "pfx:"}, wait=False)
+    app = control_app(redis_url)
+    app.conf.broker_transport_options = {"global_keyprefix": "pfx:"}
+    fleet = Fleet(app, timeout=5.0)
+    try:
+        worker.wait_ready(app)
+        names = [worker.nodename]
+        want = reference(app, names)
+        assert asyncio.run(fleet._observe_round(names)) == want  # celeryops_observe refused, then the four
+        assert asyncio.run(fleet._observe_round(names)) == want
+        obs = asyncio.run(fleet.observe(names, ("obs-p",)))
+        assert obs.workers[worker.nodename].replied and obs.workers[worker.nodename].queues == ("obs-p",)
+        assert all(k.startswith("pfx:") for k in redis_client.keys("*") if "binding" in k or "reply" in k)
+    finally:
+        fleet.close()
+        app.close()
+    assert not [k for k in redis_client.keys("*") if "reply" in k]
+
+
 def test_a_frozen_worker_is_unknown_and_its_late_replies_never_reach_a_later_round(
         redis_url: str, start_workers: Any) -> None:
     """A worker that does not answer in time is not replied (never zero); when it thaws, the replies it sends to the
