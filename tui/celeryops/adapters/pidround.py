@@ -59,6 +59,7 @@ class RedisRound:
         self._mailbox: Any = None
         self._client: redis.Redis | None = None
         self._client_timeout = 0.0
+        self._late = False  # a round ended before every addressed worker replied: late replies may land in the list
         self._accept = _kombu_serialization().prepare_accept_content(list(app.conf.accept_content or ["json"]))
         self._json_ok = "application/json" in self._accept
         self._serializer = "json"
@@ -74,6 +75,7 @@ class RedisRound:
             conn.ensure_connection(max_retries=1)
             self._conn = conn
             self._mailbox = self.app.control.mailbox(conn)
+            self._serializer = self._mailbox.serializer or "json"  # as kombu's rounds: the app's task_serializer
             self._producer = producer_cls(conn.default_channel, auto_declare=False)
         if self._client is None or self._client_timeout < timeout + 5:
             if self._client is not None:
@@ -84,12 +86,16 @@ class RedisRound:
         return self._producer, self._client
 
     def close(self) -> None:
-        with self._lock:
+        """Delete the reply list (if a round gave up on a worker) and release the connections. Waits up to 2 s for
+        a round in progress (closing under it makes that round fail; its caller, shutting down, no longer reads)."""
+        locked = self._lock.acquire(timeout=2.0)
+        try:
             if self._client is not None:
-                try:
-                    self._client.delete(self.keyprefix + self.reply_key)
-                except redis.RedisError:
-                    pass
+                if self._late:  # (else every reply was taken: nothing to delete, no round trip at exit)
+                    try:
+                        self._client.delete(self.keyprefix + self.reply_key)
+                    except redis.RedisError:
+                        pass
                 self._client.close()
                 self._client = None
             if self._conn is not None:
@@ -98,6 +104,9 @@ class RedisRound:
                 except Exception:  # a connection that already broke: nothing left to release
                     pass
                 self._conn = self._producer = self._mailbox = None
+        finally:
+            if locked:
+                self._lock.release()
 
     def _reset(self) -> None:
         """After an error: drop the held connection (the next round opens a fresh one)."""
@@ -155,19 +164,22 @@ class RedisRound:
             pipe.lrange(key, 0, -1)
             pipe.delete(key)
             rest, _ = pipe.execute()
-            for raw in (first[1], *reversed(rest)):  # LPUSH + RPOP order: oldest first
-                self._take(raw, by_ticket, waiting)
-            deadline = time.monotonic() + timeout  # kombu's window: the wait for the NEXT reply
+            taken = [self._take(raw, by_ticket, waiting) for raw in (first[1], *reversed(rest))]  # oldest first
+            if any(taken):
+                deadline = time.monotonic() + timeout  # kombu's window: the wait for the NEXT reply
+        if not _complete(waiting):
+            self._late = True
         return [by_ticket[t] for t in tickets]
 
     def _take(self, raw: bytes, by_ticket: dict[str, dict[str, Any]],
-              waiting: dict[str, set[str] | None]) -> None:
+              waiting: dict[str, set[str] | None]) -> bool:
+        """Count one reply in; False when it is not one of this round's (a late reply of an earlier round)."""
         try:
             envelope = json.loads(raw)
             headers = envelope.get("headers") or {}
             ticket = headers.get("ticket")
             if ticket not in by_ticket:
-                return  # a late reply of an earlier round
+                return False
             if headers.get("clock"):
                 self._mailbox.clock.adjust(headers["clock"])
             props = envelope.get("properties") or {}
@@ -176,13 +188,14 @@ class RedisRound:
                 body = base64.b64decode(body)
             reply = self._loads(body, envelope.get("content-type"), envelope.get("content-encoding") or "utf-8")
         except Exception:  # not a reply envelope we can read: ignored, the worker then counts as not replied
-            return
+            return False
         if not isinstance(reply, dict):
-            return
+            return False
         by_ticket[ticket].update(reply)
         pending = waiting.get(ticket)
         if pending is not None:
             pending.difference_update(reply)
+        return True
 
     def _loads(self, body: Any, content_type: str | None, encoding: str) -> Any:
         """kombu's ``loads``; JSON without kombu's typed values (``{"__type__": ..., "__value__": ...}``, the only
