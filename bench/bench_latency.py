@@ -17,7 +17,8 @@ task's end) with tasks ending at random times, and one real Celery worker starte
 (``CELERYOPS_TEST_EVENTS=1`` -> ``worker_send_task_events``) running a sleep task, whose finish time is read from
 the task's own record (ct:run:<id>, Redis TIME).
 
-Usage: .venv/bin/python bench/bench_latency.py [--trials 3] [--real-trials 20] [--interval 1.5] [--streaks 2,3] [--no-real]
+Usage: .venv/bin/python bench/bench_latency.py [--trials 3] [--real-trials 20] [--interval 1.5] [--streaks 2,3]
+       [--no-real]
 """
 
 from __future__ import annotations
