@@ -1,15 +1,29 @@
 """Console benchmarks (printed table, not a test): how long one drain update takes with 100 / 1,000 / 10,000 rows in
 the task table, from the handler until the frame showing the updated table is ready for the terminal (target <= 50
-ms at 10,000), time to first frame, and CPU while idle-polling a fleet (target < 2 % of one core).
-Run: ``.venv/bin/python bench/bench_console.py``. See bench/README.md."""
+ms at 10,000), time to first frame, CPU while idle-polling a fleet (target < 2 % of one core), and console start:
+from starting the ``celeryops`` process in a terminal (a pty) to the first painted home frame showing a live fleet
+of real workers (target <= 1.0 s), with ``celery --version`` (whole process) as the anchor in the same run.
+Run: ``.venv/bin/python bench/bench_console.py [--start-only]`` (console start needs redis-server). See
+bench/README.md."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import os
+import pty
+import select
+import signal
 import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import termios
 import time
 from dataclasses import replace
+from pathlib import Path
 
 from rich.console import RenderableType
 from textual._compositor import CompositorUpdate
@@ -144,8 +158,97 @@ async def idle_cpu(seconds: float = 10.0) -> float:
     return 100 * (c1 - c0) / (w1 - w0)
 
 
+HOME_MARK = b"Queue depths"  # a border title of the home screen, painted in its first frame
+
+
+def cpu_of(pid: int) -> float:
+    """CPU seconds (user + system, all threads) the process has used so far."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def console_start_once(broker: str, names: list[str], state_dir: str,
+                       timeout: float = 30.0) -> tuple[float, float, float, float]:
+    """Seconds from starting ``celeryops --broker URL`` (the console's home view) in a 120x40 pty until the terminal
+    output shows the home screen (its first painted frame), and until it names every worker (the first frame with
+    the fleet), each with the CPU time the process had used by then; the process is then killed."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", SIZE[1], SIZE[0], 0, 0))
+    env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": str(SIZE[0]), "LINES": str(SIZE[1])}
+    env.pop("NO_COLOR", None)
+    cmd = [*celeryops_cli(), "--broker", broker, "--state-dir", state_dir]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True,
+                            close_fds=True)
+    os.close(slave)
+    seen = b""
+    home = home_cpu = 0.0
+    try:
+        deadline = time.monotonic() + timeout
+        while not all(n.encode() in seen for n in names):
+            if not home and HOME_MARK in seen:
+                home, home_cpu = time.perf_counter() - t0, cpu_of(proc.pid)
+            left = deadline - time.monotonic()
+            if left <= 0 or proc.poll() is not None:
+                raise RuntimeError(f"the console did not show {names} (exit {proc.poll()}): {seen[-1500:]!r}")
+            ready, _, _ = select.select([master], [], [], min(left, 0.5))
+            if ready:
+                try:
+                    seen += os.read(master, 65536)
+                except OSError:  # the pty closed: the process exited
+                    continue
+        fleet, fleet_cpu = time.perf_counter() - t0, cpu_of(proc.pid)
+        return home or fleet, home_cpu or fleet_cpu, fleet, fleet_cpu
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        os.close(master)
+
+
+def celeryops_cli() -> list[str]:
+    script = Path(sys.executable).parent / "celeryops"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "celeryops"]
+
+
+def celery_cli() -> list[str]:
+    script = Path(sys.executable).parent / "celery"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "celery"]
+
+
+def process_time(cmd: list[str]) -> float:
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, timeout=60)
+    if out.returncode != 0:
+        raise RuntimeError(f"{cmd} failed ({out.returncode}): {out.stderr[-500:]!r}")
+    return time.perf_counter() - t0
+
+
+def console_start(repeats: int = 5) -> tuple[list[tuple[float, float, float, float]], list[float]]:
+    """Console start times (home frame, frame with the fleet) and `celery --version` times (whole processes, taken in
+    turns), 2 real workers."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from common import bench_fleet  # needs redis-server; the in-process benches above do not
+
+    starts: list[tuple[float, float, float, float]] = []
+    anchors: list[float] = []
+    with bench_fleet() as bench, tempfile.TemporaryDirectory(prefix="celeryops-bench-state-") as state:
+        workers = bench.add(2)
+        names = [w.nodename.split("@", 1)[1] for w in workers]
+        console_start_once(bench.broker, names, state)  # warm-up (file caches)
+        process_time([*celery_cli(), "--version"])
+        for _ in range(repeats):
+            starts.append(console_start_once(bench.broker, names, state))
+            anchors.append(process_time([*celery_cli(), "--version"]))
+    return starts, anchors
+
+
 async def main() -> None:
     print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    if "--start-only" in sys.argv:
+        print_console_start()
+        return
     print(f"{'drain update (median of 7 polls)':<40}{'handler':>10}{'CPU':>10}{'painted':>10}{'CPU':>10}")
     cases = [(f"{rows:,} rows, next poll 15 s later", rows, 15.0) for rows in (100, 1_000, 10_000)]
     cases.append(("10,000 rows, every row changed", 10_000, 60.0))
@@ -155,6 +258,18 @@ async def main() -> None:
               f"{r['painted_cpu']:>7.1f} ms")
     print(f"{'time to first frame (home with fleet)':<40}{await first_frame():>7.1f} ms")
     print(f"{'CPU while idle-polling every 1 s':<40}{await idle_cpu():>8.2f} %")
+    print_console_start()
+
+
+def print_console_start() -> None:
+    starts, anchors = console_start()
+    anchor = statistics.median(anchors)
+    for i, label in ((0, "console start -> first home frame"), (2, "console start -> home showing the fleet")):
+        values = [s[i] for s in starts]
+        med, cpu = statistics.median(values), statistics.median(s[i + 1] for s in starts)
+        print(f"{label:<40}{med * 1000:>7.0f} ms (CPU {cpu * 1000:.0f} ms; max {max(values) * 1000:.0f} ms; "
+              f"{med / anchor:.2f}x `celery --version` {anchor * 1000:.0f} ms; {len(values)} runs, 2 real workers; "
+              f"target <= 1000 ms: {'met' if med <= 1.0 else 'MISSED'})")
 
 
 if __name__ == "__main__":

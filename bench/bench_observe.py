@@ -8,21 +8,18 @@ held, so the replies are not empty), side by side in the same run with:
       default 1 s timeout: it waits the whole timeout because a broadcast cannot know how many workers exist);
   (b) one in-process ``app.control.inspect(destination=known, limit=N).active()`` round trip: the floor.
 
-Targets: ours <= 0.05x (a) and <= 1.5x (b). Also measured, as proposals for ``Fleet.observe`` (prototypes here,
-not in fleet.py):
+Two fleets in one: the bench workers run ``-A bench_observe:worker_app`` (the test task app plus the plugin's
+``celeryops_observe`` command, registered as celeryops.fence registers it), so the same workers serve
 
-  (p1) the four broadcasts one after another on one held connection, no threads;
-  (p2) pipelined: the four commands published at once on one held connection, their 4N replies collected from
-       the one reply queue in a single wait, told apart by their ticket header;
-  (p3) one command: a worker-side inspect command ``celeryops_observe`` answering active + reserved + scheduled +
-       active_queues in one reply (registered here in the bench workers, the way celeryops.fence registers
-       ``celeryops_fence``), sent as one broadcast in a thread like Fleet._broadcast: the floor's round trip with
-       a bigger reply.
+  ours, plugin   ``Fleet.observe``: one ``celeryops_observe`` per worker;
+  ours, plain    ``Fleet.observe`` with every worker known as plain (no plugin): the four standard inspect
+                 commands, which is exactly what a worker without the plugin is sent;
+  before, plain  the plain path before issue 16: four ``app.control.broadcast`` calls in parallel threads (each
+                 its own reply queue and collection, replies routed through the reply exchange).
 
-The bench workers run ``-A bench_observe:worker_app``: the test task app (celeryops_harness.taskapp) plus the
-``celeryops_observe`` command; every contender talks to the same workers.
+Targets: plugin <= 0.05x (a) and <= 1.5x (b); plain <= 2.0x (b).
 
-Usage: .venv/bin/python bench/bench_observe.py [--repeats 30] [--cli-repeats 5] [--sizes 1,4,8]
+Usage: .venv/bin/python bench/bench_observe.py [--repeats 20] [--cli-repeats 3] [--sizes 1,4,8]
 """
 
 from __future__ import annotations
@@ -39,43 +36,30 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery
-from kombu.connection import Connection
-from kombu.messaging import Consumer
-from kombu.utils.uuid import uuid
 
 from celeryops.adapters.fleet import Fleet
 from celeryops_harness.workers import wait_for
 from common import BenchFleet, Timing, bench_fleet, control_app, measure, measure_interleaved, ms, ratio, table
 
 COMMANDS = ("active", "reserved", "scheduled", "active_queues")
-OBSERVE_COMMAND = "celeryops_observe"
 TIMEOUT = 1.0  # Celery's default inspect timeout, also Fleet's default reply window
 TARGET_A = 0.05
 TARGET_B = 1.5
+TARGET_PLAIN = 2.0
 
 
 # -- worker side (imported by the bench workers only) ----------------------------------------------------------------
 
 
-def _celeryops_observe(state: Any, **_: Any) -> dict[str, Any]:
-    """Active, reserved and scheduled tasks and consumed queues of this worker, in one reply (celeryops bench)."""
-    from celery.worker import control
-
-    return {"active": control.active(state), "reserved": control.reserved(state),
-            "scheduled": control.scheduled(state), "active_queues": control.active_queues(state)}
-
-
 def __getattr__(name: str) -> Any:
-    """``worker_app``: the test task app with ``celeryops_observe`` registered (lazy: the bench process itself
-    never imports the task app, whose broker comes from the worker's environment)."""
+    """``worker_app``: the test task app with the plugin's ``celeryops_observe`` command registered (lazy: the bench
+    process itself never imports the task app, whose broker comes from the worker's environment)."""
     if name != "worker_app":
         raise AttributeError(name)
-    from celery.worker.control import Panel, inspect_command
-
+    from celeryops.fence.control import register_command
     from celeryops_harness.taskapp import app as worker_app
 
-    if OBSERVE_COMMAND not in Panel.data:
-        inspect_command(name=OBSERVE_COMMAND)(_celeryops_observe)
+    register_command()
     return worker_app
 
 
@@ -139,82 +123,32 @@ def ours(fleet: Fleet, loop: asyncio.AbstractEventLoop, known: list[str]) -> Cal
     return call
 
 
-def sequential_held(conn: Connection, app: Celery, known: list[str]) -> Callable[[], None]:
-    def call() -> None:
-        for command in COMMANDS:
-            replies = app.control.broadcast(command, destination=known, limit=len(known), reply=True,
-                                            timeout=TIMEOUT, connection=conn)
-            if len(replies or []) != len(known):
-                raise RuntimeError(f"{command}: {len(replies or [])} replies, expected {len(known)}")
-
-    return call
+def ours_plain(app: Celery, loop: asyncio.AbstractEventLoop, known: list[str]) -> Callable[[], None]:
+    """Fleet.observe on workers known as plain: the four standard commands in one round."""
+    fleet = Fleet(app, timeout=TIMEOUT)
+    fleet._plain.update(known)
+    return ours(fleet, loop, known)
 
 
-def one_command(app: Celery, loop: asyncio.AbstractEventLoop, known: list[str]) -> Callable[[], None]:
-    """One broadcast, sent the way Fleet._broadcast sends one (a pooled connection, in a thread)."""
+def before_plain(app: Celery, loop: asyncio.AbstractEventLoop, known: list[str]) -> Callable[[], None]:
+    """The plain path before issue 16: four broadcasts in parallel threads (app.control.broadcast each)."""
 
-    def broadcast() -> list[dict[str, Any]]:
-        return app.control.broadcast(OBSERVE_COMMAND, destination=known, limit=len(known), reply=True,
-                                     timeout=TIMEOUT) or []
-
-    def call() -> None:
-        replies = loop.run_until_complete(asyncio.to_thread(broadcast))
+    def broadcast(command: str) -> dict[str, Any]:
         merged: dict[str, Any] = {}
-        for item in replies:
+        for item in app.control.broadcast(command, destination=known, limit=len(known), reply=True,
+                                          timeout=TIMEOUT) or []:
             merged.update(item)
-        if set(merged) != set(known) or any(len(merged[n]["active"]) < 2 for n in known):
-            raise RuntimeError(f"{OBSERVE_COMMAND}: replies {merged}, expected two active tasks from each of {known}")
+        return merged
+
+    async def four() -> list[dict[str, Any]]:
+        return list(await asyncio.gather(*(asyncio.to_thread(broadcast, c) for c in COMMANDS)))
+
+    def call() -> None:
+        replies = loop.run_until_complete(four())
+        if any(set(r) != set(known) for r in replies) or any(len(replies[0][n]) < 2 for n in known):
+            raise RuntimeError(f"before, plain: replies from {[sorted(r) for r in replies]}, expected {known}")
 
     return call
-
-
-class Pipelined:
-    """Prototype: publish all four commands, then collect the 4N replies in one wait on one reply queue.
-
-    Uses kombu's pidbox Mailbox on one held connection and channel. The reply queue name is derived from the
-    mailbox object, so one mailbox is kept for all rounds (a fresh one per call declares a fresh queue)."""
-
-    def __init__(self, app: Celery, conn: Connection) -> None:
-        self.conn = conn
-        self.mailbox = app.control.mailbox(conn)
-        self.channel = conn.channel()
-        self.replies: dict[str, dict[str, Any]] = {}
-        self.tickets: dict[str, str] = {}
-        self.consumer = Consumer(self.channel, [self.mailbox.reply_queue], accept=["json"], no_ack=True,
-                                 callbacks=[self._on_reply])
-        self.consumer.consume()
-
-    def _on_reply(self, body: dict[str, Any], message: Any) -> None:
-        command = self.tickets.get(message.headers.get("ticket", ""))
-        if command is not None:  # a late reply of an earlier round has an old ticket: dropped
-            self.replies.setdefault(command, {}).update(body)
-
-    def round(self, known: list[str]) -> dict[str, dict[str, Any]]:
-        self.replies = {}
-        self.tickets = {uuid(): command for command in COMMANDS}
-        for ticket, command in self.tickets.items():
-            self.mailbox._publish(command, {}, destination=known, reply_ticket=ticket, channel=self.channel,
-                                  timeout=TIMEOUT, serializer="json")
-        want = len(COMMANDS) * len(known)
-        deadline = time.monotonic() + TIMEOUT
-        while sum(len(r) for r in self.replies.values()) < want:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            try:
-                self.conn.drain_events(timeout=remaining)
-            except TimeoutError:
-                break
-        return self.replies
-
-    def call(self, known: list[str]) -> Callable[[], None]:
-        def call() -> None:
-            replies = self.round(known)
-            got = {c: len(replies.get(c, {})) for c in COMMANDS}
-            if any(v != len(known) for v in got.values()):
-                raise RuntimeError(f"pipelined: replies per command {got}, expected {len(known)} each")
-
-        return call
 
 
 # -- run ------------------------------------------------------------------------------------------------------------
@@ -235,14 +169,10 @@ def main() -> int:
     here = str(Path(__file__).resolve().parent)
     pythonpath = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
     rows: list[list[object]] = []
-    proto_rows: list[list[object]] = []
     with bench_fleet() as bench:
         app = control_app(bench.broker)
         fleet = Fleet(app, timeout=TIMEOUT)
         loop = asyncio.new_event_loop()
-        held = app.connection_for_write()
-        held.ensure_connection(max_retries=3)
-        pipe = Pipelined(app, app.connection_for_write())
         try:
             for n in sizes:
                 new = bench.add(n - len(bench.workers), own_queue=True, pool="threads", concurrency=2,
@@ -252,31 +182,22 @@ def main() -> int:
                 t_a = measure(cli_inspect(bench.broker, known), args.cli_repeats, warmup=0)
                 t = measure_interleaved({
                     "b": floor_inspect(app, known),
-                    "ours": ours(fleet, loop, known),
-                    "p1": sequential_held(held, app, known),
-                    "p2": pipe.call(known),
-                    "p3": one_command(app, loop, known),
+                    "plugin": ours(fleet, loop, known),
+                    "plain": ours_plain(app, loop, known),
+                    "before": before_plain(app, loop, known),
                 }, args.repeats, warmup=3)
-                t_b, t_ours, t_p1, t_p2, t_p3 = t["b"], t["ours"], t["p1"], t["p2"], t["p3"]
-                rows.append(result_row(n, t_ours, t_a, t_b))
-                proto_rows.append(proto_row(n, t_ours, t_b, t_p1, t_p2, t_p3))
+                rows.append(result_row(n, t_a, t["b"], t["plugin"], t["plain"], t["before"]))
                 print(f"  N={n}: done ({time.monotonic() - t_start:.0f} s)", flush=True)
         finally:
-            held.release()
-            pipe.conn.release()
             fleet.close()
             loop.close()
             app.close()
 
     print()
-    print(table(["N", "(a) cli ms med/p95", "(b) floor ms med/p95", "ours ms med/p95", "ours/(a)", "ours/(b)",
-                 "targets"], rows,
-                title=f"One full observation (Fleet.observe), Redis broker, threads workers; repeats: "
-                      f"(a) {args.cli_repeats}, others {args.repeats} (taken in turns)"))
-    print()
-    print(table(["N", "ours ms med/p95", "(p1) seq held ms", "(p2) pipelined ms", "(p3) one command ms", "ours/(b)",
-                 "p1/(b)", "p2/(b)", "p3/(b)"], proto_rows,
-                title="Proposals for Fleet.observe (prototypes in this file; each checks that every worker answered)"))
+    print(table(["N", "(a) cli ms", "(b) floor ms", "plugin ms", "plain ms", "before plain ms", "plugin/(a)",
+                 "plugin/(b)", "plain/(b)", "before/(b)", "targets"], rows,
+                title=f"One full observation (Fleet.observe), Redis broker, threads workers; ms median / p95; "
+                      f"repeats: (a) {args.cli_repeats}, others {args.repeats} (taken in turns)"))
     print(f"\ntotal {time.monotonic() - t_start:.0f} s")
     return 0
 
@@ -285,17 +206,16 @@ def pair(t: Timing) -> str:
     return f"{ms(t.median)} / {ms(t.p95)}"
 
 
-def result_row(n: int, t_ours: Timing, t_a: Timing, t_b: Timing) -> list[object]:
-    ok_a = t_ours.median <= TARGET_A * t_a.median
-    ok_b = t_ours.median <= TARGET_B * t_b.median
-    verdict = f"(a) {'met' if ok_a else 'MISSED'}, (b) {'met' if ok_b else 'MISSED'}"
-    return [n, pair(t_a), pair(t_b), pair(t_ours), ratio(t_ours.median, t_a.median),
-            ratio(t_ours.median, t_b.median), verdict]
-
-
-def proto_row(n: int, t_ours: Timing, t_b: Timing, *protos: Timing) -> list[object]:
-    return [n, pair(t_ours), *(pair(t) for t in protos), ratio(t_ours.median, t_b.median),
-            *(ratio(t.median, t_b.median) for t in protos)]
+def result_row(n: int, t_a: Timing, t_b: Timing, t_plugin: Timing, t_plain: Timing,
+               t_before: Timing) -> list[object]:
+    ok_a = t_plugin.median <= TARGET_A * t_a.median
+    ok_b = t_plugin.median <= TARGET_B * t_b.median
+    ok_plain = t_plain.median <= TARGET_PLAIN * t_b.median
+    verdict = (f"plugin (a) {'met' if ok_a else 'MISSED'}, (b) {'met' if ok_b else 'MISSED'}; "
+               f"plain {'met' if ok_plain else 'MISSED'}")
+    return [n, pair(t_a), pair(t_b), pair(t_plugin), pair(t_plain), pair(t_before),
+            ratio(t_plugin.median, t_a.median), ratio(t_plugin.median, t_b.median),
+            ratio(t_plain.median, t_b.median), ratio(t_before.median, t_b.median), verdict]
 
 
 if __name__ == "__main__":

@@ -56,9 +56,17 @@ def _kombu() -> Any:
     return kombu
 
 
+_QUEUE_DICTS: dict[str, dict[str, Any]] = {}
+
+
 def _queue_dict(name: str) -> dict[str, Any]:
-    kombu = _kombu()
-    return dict(kombu.Queue(name, kombu.Exchange(name), routing_key=name).as_dict(recurse=True))
+    """kombu's ``Queue.as_dict(recurse=True)`` of a worker's queue (built once per name: replies only serialize it)."""
+    found = _QUEUE_DICTS.get(name)
+    if found is None:
+        kombu = _kombu()
+        found = _QUEUE_DICTS[name] = dict(kombu.Queue(name, kombu.Exchange(name), routing_key=name)
+                                          .as_dict(recurse=True))
+    return found
 
 
 def _ping(state: _Worker, **_: Any) -> dict[str, Any]:
@@ -242,13 +250,13 @@ class Server:
 
     def _fire(self) -> None:
         now = time.time()
-        due: dict[tuple[str, str], list[tuple[str, dict[str, Any]]]] = {}
+        due: dict[tuple[str, str] | None, list[tuple[str, dict[str, Any]]]] = {}
         while self.heap and self.heap[0][0] <= now:
             _, _, kind, payload = heapq.heappop(self.heap)
             if kind == "reply":
                 name, body = payload
                 reply_to = body.get("reply_to")
-                key = (str(reply_to["exchange"]), str(reply_to["routing_key"])) if reply_to else ("", "")
+                key = (str(reply_to["exchange"]), str(reply_to["routing_key"])) if reply_to else None
                 due.setdefault(key, []).append((name, body))
             else:
                 generation, name, task = payload
@@ -264,7 +272,7 @@ class Server:
                         del due[key]
                     self._answer(key, chunk)
 
-    def _answer(self, key: tuple[str, str], chunk: list[tuple[str, dict[str, Any]]]) -> None:
+    def _answer(self, key: tuple[str, str] | None, chunk: list[tuple[str, dict[str, Any]]]) -> None:
         """Run each command on its node (as ``kombu.pidbox.Node.dispatch`` does) and publish the replies the way
         ``Mailbox._publish_reply`` does (same envelope, ticket and clock headers) to the caller's reply queue,
         routed once per chunk and written in one pipeline (``Producer.batch``): one process answers for hundreds
@@ -276,13 +284,16 @@ class Server:
             except Exception as exc:
                 reply = {"error": repr(exc)}
             replies.append((str(body.get("ticket")), {name: reply}))
-        exchange, routing_key = key
-        if not exchange:
+        if key is None:
             return  # a cast (reply=False)
-        try:
-            queues = self.channel._lookup(exchange, routing_key)
-        except Exception:
-            return
+        exchange, routing_key = key
+        if not exchange:  # the default exchange: the routing key is the reply list (kombu's basic_publish)
+            queues = [routing_key]
+        else:
+            try:
+                queues = self.channel._lookup(exchange, routing_key)
+            except Exception:
+                return
         for ticket, data in replies:
             for queue in queues:
                 self.producer.publish(data, exchange="", routing_key=queue, serializer="json",

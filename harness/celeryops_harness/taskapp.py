@@ -5,6 +5,7 @@ Configured from the environment so that one module serves every broker:
   CELERYOPS_TEST_RECORD            Redis URL where tasks record their start/finish (default: the broker if Redis)
   CELERYOPS_TEST_CONTROL_EXCHANGE  remote-control exchange name (isolates test sessions sharing one RabbitMQ)
   CELERYOPS_TEST_PREFETCH          worker_prefetch_multiplier (default 1)
+  CELERYOPS_TEST_KEYPREFIX         the Redis transport's global_keyprefix (default: none)
 
 Every task run records, in the record Redis:
   ct:run:<id>      hash: name, worker, started, finished (Redis TIME, seconds as float)
@@ -36,6 +37,9 @@ app.conf.update(
     task_send_sent_event=False,
     broker_transport_options={"visibility_timeout": 3600},
 )
+if os.environ.get("CELERYOPS_TEST_KEYPREFIX"):
+    app.conf.broker_transport_options = {**app.conf.broker_transport_options,
+                                         "global_keyprefix": os.environ["CELERYOPS_TEST_KEYPREFIX"]}
 if os.environ.get("CELERYOPS_TEST_CONTROL_EXCHANGE"):
     app.conf.control_exchange = os.environ["CELERYOPS_TEST_CONTROL_EXCHANGE"]
 

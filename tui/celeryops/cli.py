@@ -1,10 +1,15 @@
-"""The ``celeryops`` command line (click). Subcommands live in ``celeryops.commands.*`` (``COMMANDS`` lists)."""
+"""The ``celeryops`` command line (click). Subcommands live in ``celeryops.commands.*`` (``COMMANDS`` lists).
+
+Start-up imports only what the command line needs (click and this module): a subcommand's module (and with it
+Celery, Redis, the ops layer, Textual...) is imported when that subcommand runs. ``--help`` lists the subcommands
+from ``COMMAND_TABLE`` (module and the first paragraph of the help, from which click makes the short help), which
+``tests/test_cli_startup.py`` checks against the modules themselves.
+"""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-import pkgutil
 import sys
 from typing import Any
 
@@ -25,10 +30,30 @@ _require_console_extra()
 
 import click
 
-from celeryops import __version__, commands
+from celeryops import __version__
 from celeryops.commands.common import FleetSpec, fleet_options
 from celeryops.core.errors import UserError
 from celeryops.core.masking import mask_text
+
+# name -> (module in celeryops.commands, first paragraph of the command's help). Kept equal to the modules by
+# tests/test_cli_startup.py (which prints the table to paste when it is not).
+COMMAND_TABLE: dict[str, tuple[str, str]] = {
+    "abort": ("drain", "Restore the consumers stopped by the current run (recovery rules), and end it."),
+    "demo": ("demo", "Run celeryops on a local sandbox: Redis, Celery workers, Cloud Run and registry stand-ins, a "
+                     "git remote."),
+    "deploy": ("deploy", "Deploy RELEASE (a branch pushed to the release remote): preflight, drain, deploy, verify. "
+                         "In a terminal (without --json or --headless) it opens the console on the deploy's "
+                         "preflight."),
+    "drain": ("drain", "Stop consumers and wait until no task runs (exit 0: drained, consumers stay stopped). In a "
+                       "terminal (without --json or --headless) it opens the console on the drain's preflight."),
+    "resume": ("drain", "Continue the fleet's interrupted run from its phase (same settings): drain again, then "
+                        "deploy if it is a deploy run; a deploy already started finishes by the rollout's outcome."),
+    "runs": ("runs", "List the runs recorded in the local journal, newest first. Reads only."),
+    "slots": ("slots", "Show CPU/GPU slot pools: totals, used, free, the hosts adding to a global pool, holders and "
+                       "their leases, waiting requests."),
+    "status": ("runs", "Show the fleet's current run (phase, age, owner) and what recovery would do. Reads only."),
+    "watch": ("console", "Follow the fleet and its live run, read-only: nothing is stopped, started or written."),
+}
 
 
 class _Main(click.Group):
@@ -59,6 +84,32 @@ class _Main(click.Group):
             click.echo(f"celeryops: {mask_text(str(err))}", err=True)
             sys.exit(err.exit_code)
 
+    # -- lazy subcommands ---------------------------------------------------------------------------------------
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(COMMAND_TABLE) | set(self.commands))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        """The subcommand, its module imported now (the first time it is asked for)."""
+        if cmd_name not in self.commands and cmd_name in COMMAND_TABLE:
+            module = importlib.import_module(f"celeryops.commands.{COMMAND_TABLE[cmd_name][0]}")
+            for command in getattr(module, "COMMANDS", []):
+                self.commands.setdefault(str(command.name), command)
+        return self.commands.get(cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """click's listing, with each short help made from the table (no subcommand module is imported)."""
+        names = [n for n in self.list_commands(ctx) if n in COMMAND_TABLE or not self.commands[n].hidden]
+        if not names:
+            return
+        limit = formatter.width - 6 - max(len(n) for n in names)
+        rows = []
+        for name in names:
+            command = self.commands.get(name) or click.Command(name, help=COMMAND_TABLE[name][1])
+            rows.append((name, command.get_short_help_str(limit)))
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
 
 @click.group(cls=_Main, invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="celeryops")
@@ -73,12 +124,3 @@ def main(ctx: click.Context, fleet: FleetSpec, state_dir: str | None) -> None:
 
         open_console(fleet, start="home", state_dir=state_dir)
 
-
-def _register() -> None:
-    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-        module = importlib.import_module(f"{commands.__name__}.{info.name}")
-        for command in getattr(module, "COMMANDS", []):
-            main.add_command(command)
-
-
-_register()

@@ -20,6 +20,7 @@ from typing import Any
 import redis
 from celery import Celery
 
+from celeryops.adapters.pidround import RedisRound, Request
 from celeryops.core.errors import EXIT_USAGE, BrokerUnreachable, UserError
 from celeryops.core.events import Observation, TaskInfo, WorkerObs
 from celeryops.core.masking import mask_text, mask_url
@@ -27,20 +28,26 @@ from celeryops.core.masking import mask_text, mask_url
 PIDBOX_SEP = "\x06\x16"
 # Answered by workers running the celeryops worker plugin (celeryops.fence): a whole observation in one reply.
 OBSERVE_COMMAND = "celeryops_observe"
+OBSERVE_PARTS = ("active", "reserved", "scheduled", "active_queues")
 MemberSource = Callable[[], Awaitable[set[str]]]
 #: Worker name -> True (its heartbeat is live) / False (its heartbeat expired): evidence of life or departure.
 HeartbeatSource = Callable[[], Awaitable[dict[str, bool]]]
 
 
 def short_args(args: Any, kwargs: Any = None, width: int = 60) -> str:
-    text = ", ".join(p for p in (_text(args), _text(kwargs)) if p)
+    a, k = _text(args), _text(kwargs)
+    text = f"{a}, {k}" if a and k else a or k
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+_EMPTY = ("", "()", "{}", "[]")
+
+
 def _text(value: Any) -> str:
-    if value in (None, "", (), [], {}, "()", "{}", "[]"):
+    if not value and (value is None or isinstance(value, (str, tuple, list, dict))):
         return ""
-    return str(value)
+    text = str(value)
+    return "" if text in _EMPTY else text
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,7 @@ class Fleet:
             raise UserError(f"The broker URL names an unknown transport ({exc.args[0]}): nothing was contacted; "
                             "use redis://, rediss:// or amqp:// in --broker, -A or the config.", EXIT_USAGE) from None
         self._redis: redis.Redis | None = None
+        self._round: RedisRound | None = None
         self._plain: set[str] = set()  # workers known to answer without the celeryops plugin
         self.heartbeat_sources: list[HeartbeatSource] = []  # the fence plugin's registry (see ``heartbeats``)
 
@@ -109,6 +117,9 @@ class Fleet:
         if self._redis is not None:
             self._redis.close()
             self._redis = None
+        if self._round is not None:
+            self._round.close()
+            self._round = None
 
     # -- membership ---------------------------------------------------------------------------------------------
 
@@ -320,41 +331,56 @@ class Fleet:
 
     async def _observe_round(self, known: list[str]) -> tuple[dict[str, Any], ...]:
         """Plugin workers answer one ``celeryops_observe``; the others (learned from their "unknown command"
-        reply) get the four standard inspect commands, in parallel with the first group."""
+        reply) get the four standard inspect commands, in the same round. On Redis a round is one publish of every
+        command and one collection of every reply (``RedisRound``); elsewhere parallel broadcasts."""
         plain = [w for w in known if w in self._plain]
         rich = [w for w in known if w not in self._plain]
+        requests: list[Request] = []
+        if rich:
+            requests.append(Request(OBSERVE_COMMAND, tuple(rich)))
+        if plain or not known:
+            dest = tuple(plain) if plain else None
+            requests += [Request(c, dest) for c in OBSERVE_PARTS]
+        replies = await self._rounds(requests)
         out: tuple[dict[str, Any], ...] = ({}, {}, {}, {})
-
-        async def four(dest: list[str] | None) -> tuple[dict[str, Any], ...]:
-            return tuple(await asyncio.gather(*(self._broadcast(c, destination=dest)
-                                                for c in ("active", "reserved", "scheduled", "active_queues"))))
-
-        async def one(dest: list[str]) -> tuple[dict[str, Any], ...]:
-            replies = await self._broadcast(OBSERVE_COMMAND, destination=dest)
-            parts: tuple[dict[str, Any], ...] = ({}, {}, {}, {})
-            fallback: list[str] = []
-            for worker, reply in replies.items():
+        fallback: list[str] = []
+        if rich:
+            for worker, reply in replies.pop(0).items():
                 if isinstance(reply, dict) and "active_queues" in reply:
-                    for part, key in zip(parts, ("active", "reserved", "scheduled", "active_queues"), strict=True):
+                    for part, key in zip(out, OBSERVE_PARTS, strict=True):
                         part[worker] = reply.get(key)
                 else:  # answered, but without the plugin: remember, and ask it the standard way now
                     self._plain.add(worker)
                     fallback.append(worker)
-            if fallback:
-                extra = await four(fallback)
-                for part, more in zip(parts, extra, strict=True):
-                    part.update(more)
-            return parts
-
-        jobs = []
-        if rich:
-            jobs.append(one(rich))
-        if plain or not known:
-            jobs.append(four(plain or None))
-        for result in await asyncio.gather(*jobs):
-            for part, more in zip(out, result, strict=True):
+        if replies:  # the four standard commands' replies
+            for part, more in zip(out, replies, strict=True):
+                part.update(more)
+        if fallback:
+            extra = await self._rounds([Request(c, tuple(fallback)) for c in OBSERVE_PARTS])
+            for part, more in zip(out, extra, strict=True):
                 part.update(more)
         return out
+
+    async def _rounds(self, requests: list[Request]) -> list[dict[str, Any]]:
+        """Every request's replies (worker -> reply), in order: one ``RedisRound`` on Redis, else one parallel
+        broadcast per request."""
+        if not requests:
+            return []
+        if not self.is_redis:
+            return list(await asyncio.gather(*(
+                self._broadcast(r.command, dict(r.arguments), destination=list(r.destination)
+                                if r.destination is not None else None) for r in requests)))
+        if self._round is None:
+            opts = self.app.conf.broker_transport_options or {}
+            self._round = RedisRound(self.app, self.broker_url, keyprefix=str(opts.get("global_keyprefix", "")))
+        rounds = self._round
+        try:
+            return await asyncio.to_thread(rounds.round, requests, self.timeout)
+        except Exception as exc:
+            raise BrokerUnreachable(
+                f"Lost the broker at {self.display_url} while observing the workers ({mask_text(_reason(exc))}): "
+                "check that the broker is up, then run `celeryops status` to see what state the fleet is in."
+            ) from None
 
     # -- plumbing -----------------------------------------------------------------------------------------------
 

@@ -16,16 +16,17 @@ import base64
 import ipaddress
 import json
 import re
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from email.message import Message
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from celeryops.core.errors import EXIT_PREFLIGHT, UserError
 from celeryops.core.masking import mask_text
+
+if TYPE_CHECKING:  # urllib.request (and with it http.client, email) is imported by the first request
+    import urllib.request
+    from email.message import Message
 
 # What we accept, newest first: a multi-arch index is as good as a single-arch manifest.
 MANIFEST_MEDIA_TYPES = (
@@ -319,12 +320,17 @@ class ImageRegistry:
         return await asyncio.to_thread(self._request_sync, method, url, headers)
 
     def _opener(self, url: str) -> urllib.request.OpenerDirector:
+        import urllib.request
+
         host = urllib.parse.urlsplit(url).hostname or ""
         if is_loopback(host):  # never send loopback traffic through an HTTP proxy
             return urllib.request.build_opener(urllib.request.ProxyHandler({}))
         return urllib.request.build_opener()
 
     def _request_sync(self, method: str, url: str, headers: Mapping[str, str]) -> _Response:
+        import urllib.error
+        import urllib.request
+
         request = urllib.request.Request(url, method=method, headers=dict(headers))
         try:
             with self._opener(url).open(request, timeout=self._timeout) as resp:
@@ -338,6 +344,9 @@ class ImageRegistry:
             raise _Unreachable(_one_line(exc)) from exc
 
     def _get_json(self, url: str, headers: Mapping[str, str]) -> tuple[int, object]:
+        import urllib.error
+        import urllib.request
+
         request = urllib.request.Request(url, headers=dict(headers))
         try:
             with self._opener(url).open(request, timeout=self._timeout) as resp:

@@ -4,6 +4,12 @@ Celery task events (``task-succeeded`` / ``-failed`` / ``-revoked`` / ``-rejecte
 running with ``-E`` / ``worker_send_task_events``) are received on the broker in a thread. This only shortens the
 pause before the next poll; the drained verdict still needs ``streak`` empty observations ``interval`` apart, and
 workers without events simply never wake it (no Textual here).
+
+A worker may hold a task's end event for up to a second: Celery buffers task events on workers whose consumer
+runs an event loop (``buffer_group=['task']``) and sends them from that loop, which a threads-pool worker wakes only
+when a message arrives or its one-second poll times out (measured: 0-0.9 s after the task's end, uniformly). So
+while the watch waits for the tasks of the last poll, it nudges the workers holding them every ``nudge`` seconds
+with a ``ping`` cast (no reply: the message only wakes the worker's loop, which then sends what it buffered).
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from celery import Celery
 from celeryops.core.events import DrainProgress, Event
 
 END_EVENTS = ("task-succeeded", "task-failed", "task-revoked", "task-rejected", "task-retried")
+NUDGE = 0.2  # seconds between nudges while the watch waits for the tasks in flight
+NUDGE_DESTINATIONS = 64  # above this many workers, a nudge is one broadcast to all (a small message)
 
 
 class TaskWatch:
@@ -30,39 +38,51 @@ class TaskWatch:
     event, ``wake`` is set (once per poll) from the loop's thread. Workers without task events never wake it:
     the drain then keeps its interval, so correctness never depends on events."""
 
-    def __init__(self, app: Celery, wake: asyncio.Event, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, app: Celery, wake: asyncio.Event, loop: asyncio.AbstractEventLoop, *,
+                 nudge: float | None = NUDGE) -> None:
         self.app = app
         self.wake = wake
         self.loop = loop
+        self.nudge = nudge
         self.lock = threading.Lock()
         self.pending: set[str] = set()
+        self.holders: dict[str, str] = {}  # pending task id -> the worker holding it
         self.armed = False
         self.finished: dict[str, float] = {}  # recent end events (an event may beat the poll's report)
         self.ready = threading.Event()
         self.receiver: Any = None
         self.thread = threading.Thread(target=self._run, name="taskwatch", daemon=True)
+        self.nudger = threading.Thread(target=self._nudge_loop, name="taskwatch-nudge", daemon=True)
+        self.stopping = threading.Event()
         self.wakes = 0
+        self.nudges = 0
 
     def start(self, timeout: float = 30.0) -> TaskWatch:
         self.thread.start()
         if not self.ready.wait(timeout):
             raise TimeoutError("task event receiver not consuming")
+        if self.nudge:
+            self.nudger.start()
         return self
 
     def stop(self) -> None:
+        self.stopping.set()
         if self.receiver is not None:
             self.receiver.should_stop = True
         self.thread.join(3)
+        if self.nudger.is_alive():
+            self.nudger.join(3)
 
     def on_event(self, event: Event) -> None:
         if not isinstance(event, DrainProgress):
             return
-        ids = {t.id for t in event.tasks if t.state in ("active", "reserved")}
+        held = {t.id: t.worker for t in event.tasks if t.state in ("active", "reserved")}
         with self.lock:
             cutoff = time.monotonic() - 60
             self.finished = {k: v for k, v in self.finished.items() if v > cutoff}
-            self.pending = ids - set(self.finished)
-            self.armed = bool(ids) and event.streak == 0 and not event.unknown
+            self.pending = set(held) - set(self.finished)
+            self.holders = {k: held[k] for k in self.pending}
+            self.armed = bool(held) and event.streak == 0 and not event.unknown
             if self.armed and not self.pending:
                 self._fire()
 
@@ -71,8 +91,24 @@ class TaskWatch:
         with self.lock:
             self.finished[task_id] = time.monotonic()
             self.pending.discard(task_id)
+            self.holders.pop(task_id, None)
             if self.armed and not self.pending:
                 self._fire()
+
+    def _nudge_loop(self) -> None:
+        """While armed: a ``ping`` cast to the workers holding the pending tasks, every ``nudge`` seconds."""
+        assert self.nudge
+        while not self.stopping.wait(self.nudge):
+            with self.lock:
+                workers = sorted(set(self.holders.values())) if self.armed else []
+            if not workers:
+                continue
+            try:
+                self.app.control.broadcast("ping", reply=False,
+                                           destination=workers if len(workers) <= NUDGE_DESTINATIONS else None)
+                self.nudges += 1
+            except Exception:  # the broker is away: the drain's own poll says so; nudging is an optimisation
+                continue
 
     def _fire(self) -> None:
         self.armed = False

@@ -8,14 +8,17 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
-from celery import Celery
 
-from celeryops.core.config import Config, load_config
 from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.core.masking import mask_url
+
+if TYPE_CHECKING:  # imported where used: `celeryops --help` and `--version` load neither Celery nor the config
+    from celery import Celery
+
+    from celeryops.core.config import Config
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -32,15 +35,32 @@ class FleetSpec:
 
     def config(self, overrides: dict[str, Any] | None = None) -> Config:
         """The validated configuration with this command's flags applied (None values: flag not given)."""
+        from celeryops.core.config import load_config
+
         if self._config is None or overrides:
             merged = {"broker": self.broker, "app": self.app_path, **(overrides or {})}
             self._config = load_config(self.config_path, Path.cwd(), os.environ, merged)
         return self._config
 
     def resolve_broker_url(self) -> str:
+        """The broker URL. A Redis URL given as such (flag, config, $CELERY_BROKER_URL; no app to load) is returned
+        as given, without loading Celery (``celeryops status`` and ``slots`` start faster); anything else as the
+        Celery app's connection spells it."""
+        url = self.plain_broker_url()
+        if url and url.startswith(("redis://", "rediss://")):
+            return url
         return str(self.celery_app().connection_for_write().as_uri(include_password=True))
 
+    def plain_broker_url(self) -> str | None:
+        """The broker URL when no Celery app is involved (no -A, no ``app`` in the config), else None."""
+        cfg = self.config()
+        if self.app_path or (not self.broker and cfg.app):
+            return None
+        return self.broker or cfg.broker or os.environ.get("CELERY_BROKER_URL") or None
+
     def celery_app(self) -> Celery:
+        from celery import Celery
+
         cfg = self.config()
         app_path = self.app_path or (None if self.broker else cfg.app)
         if app_path:
@@ -65,6 +85,7 @@ class FleetSpec:
 
 def load_celery_app(path: str, broker: str | None = None) -> Celery:
     """Import the app the way ``celery -A`` does (the current directory is importable)."""
+    from celery import Celery
     from celery.app.utils import find_app
 
     if os.getcwd() not in sys.path:

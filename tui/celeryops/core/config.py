@@ -13,7 +13,6 @@ together in a single :class:`~celeryops.core.errors.UserError` with exit code ``
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
 import ipaddress
 import math
@@ -606,6 +605,8 @@ def _unknown_keys(table: Mapping[str, Any], known: tuple[str, ...], prefix: str,
 
 
 def _did_you_mean(word: str, choices: tuple[str, ...] | list[str], *, braces: bool = False) -> str:
+    import difflib  # only to suggest a name for a typo
+
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     if not close:
         return ""

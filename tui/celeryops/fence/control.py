@@ -9,14 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
-
-from celery import Celery
-from celery.worker.control import Panel, inspect_command
-from kombu.exceptions import OperationalError
+from typing import TYPE_CHECKING, Any, Protocol
 
 from celeryops.core.errors import BrokerUnreachable
 from celeryops.core.masking import mask_url
+
+if TYPE_CHECKING:  # celery.worker.control is imported where the commands are registered (it is a worker's)
+    from celery import Celery
 
 COMMAND = "celeryops_fence"
 OBSERVE_COMMAND = "celeryops_observe"  # keep in sync with celeryops.adapters.fleet.OBSERVE_COMMAND
@@ -86,6 +85,8 @@ def _celeryops_observe(state: Any, **_: Any) -> dict[str, Any]:
 
 def register_command() -> None:
     """Add the commands to Celery's (process-global) control panel; idempotent."""
+    from celery.worker.control import Panel, inspect_command
+
     for name, handler in ((COMMAND, _celeryops_fence), (OBSERVE_COMMAND, _celeryops_observe)):
         if name not in Panel.data:
             decorate: Callable[[Callable[..., dict[str, Any]]], object] = inspect_command(name=name)
@@ -96,6 +97,8 @@ def fence_status(app: Celery, destination: Sequence[str] | None = None, timeout:
     """Ask workers (all, or ``destination``) for their fence plugin status; every worker that answered is in the
     result, with ``plugin`` False when it runs without the plugin. Returns as soon as every addressed worker replied.
     Raises BrokerUnreachable (nothing changed) when the broker cannot be reached."""
+    from kombu.exceptions import OperationalError
+
     dest = list(destination) if destination else None
     try:
         replies = app.control.broadcast(
