@@ -14,6 +14,7 @@ from test_flows import backend_for, console, press, until
 
 from celeryops.console.screens.home import HomeScreen
 from celeryops.console.screens.releases import ReleasesScreen
+from celeryops.console.screens.resume import ResumeScreen
 from celeryops.console.screens.runs import RunsScreen
 from celeryops.console.screens.slots import SlotsScreen
 from celeryops.core.config import load_config
@@ -140,8 +141,7 @@ async def test_run_history_lists_the_journals_runs_and_opens_a_timeline(tmp_path
     try:
         app = console(backend)
         async with app.run_test(size=SIZE) as pilot:
-            await until(pilot, lambda: isinstance(app.screen, HomeScreen) or app.screen_stack[-1] is not None, 5,
-                        "the console")
+            await until(pilot, lambda: isinstance(app.screen, ResumeScreen), 30, "the resume panel of the open run")
             while not isinstance(app.screen, HomeScreen):  # the open deploy run offers the resume panel first
                 await press(pilot, "escape")
             await press(pilot, "r")
@@ -175,6 +175,7 @@ async def test_the_console_answers_keys_while_redis_is_paused(tmp_path: Path, re
     try:
         app = console(backend)
         async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: isinstance(app.screen, ResumeScreen), 30, "the resume panel of the open run")
             while not isinstance(app.screen, HomeScreen):
                 await press(pilot, "escape")
                 await pilot.pause(0.05)

@@ -24,7 +24,7 @@ class ReleasesScreen(ConsoleScreen):
     VIEW_TITLE = "deploy: pick a release"
     DANGEROUS = frozenset({"deploy"})
     BINDINGS = [
-        Binding("enter", "deploy", "Preflight", id="releases.deploy",
+        Binding("enter", "deploy", "Preflight", id="releases.deploy", priority=True,
                 tooltip="Run the preflight checklist for this release; nothing changes until you confirm there."),
         Binding("slash", "filter", "Filter", id="releases.filter", key_display="/",
                 tooltip="Filter releases by branch name, commit or subject."),
@@ -143,8 +143,8 @@ class ReleasesScreen(ConsoleScreen):
         if not allowed:
             return allowed
         box = next(iter(self.query("#filter").results(Input)), None)
-        if action == "filter" and box is not None and box.has_focus:
-            return False
+        if action in ("filter", "deploy") and box is not None and box.has_focus:
+            return False  # typing in the filter: "/" goes into it, Enter leaves it
         if action == "deploy":
             return True if self.view is not None and self._current() is not None else None
         return True

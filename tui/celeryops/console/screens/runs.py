@@ -118,7 +118,7 @@ class RunsScreen(ConsoleScreen):
         log.border_title = f"Timeline of {run_id}"
         start = entries[0].at if entries else 0.0
         for entry in entries:
-            line = Text(f"+{compact_left(entry.at - start):>7} ", style="dim")
+            line = Text(f"+{compact_left(entry.at - start):<7} ", style="dim")
             line.append(entry.text, style=LEVEL_STYLE.get(entry.level, ""))
             log.write(line)
         if not entries:

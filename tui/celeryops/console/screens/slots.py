@@ -18,8 +18,9 @@ from celeryops.ops.views import PoolView, SlotsView
 def pool_title(pool: PoolView) -> Text:
     """``pool default · global · 2 hosts: gpu-node-a cpu:8 gpu:4, cpu-node-b cpu:8``."""
     text = Text(f"pool {pool.name}", style="bold cyan")
-    text.append(f" · {pool.scope}" + (f" {pool.host}" if pool.host and pool.host not in pool.name else ""),
-                style="dim")
+    if pool.scope != pool.name:
+        text.append(f" · {pool.scope}" + (f" {pool.host}" if pool.host and pool.host not in pool.name else ""),
+                    style="dim")
     if pool.hosts:
         text.append(f" · {len(pool.hosts)} host{'s' if len(pool.hosts) != 1 else ''}: ", style="dim")
         for i, share in enumerate(pool.hosts):
