@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from celeryops.core.config import Config, DrainSettings, ReleaseSettings, Target, is_loopback_endpoint, load_config
+from celeryops.core.config import Config, DrainSettings, ReleaseSettings, Target, is_loopback_endpoint
+from celeryops.core.configload import load_config
 from celeryops.core.errors import EXIT_USAGE, UserError
 
 FULL_PYPROJECT = """

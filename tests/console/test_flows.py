@@ -23,7 +23,8 @@ from celeryops.console.screens.confirm import ConfirmScreen
 from celeryops.console.screens.deploy import DeployScreen
 from celeryops.console.screens.quit import QuitScreen
 from celeryops.console.screens.resume import ResumeScreen
-from celeryops.core.config import Config, DrainSettings, load_config
+from celeryops.core.config import Config, DrainSettings
+from celeryops.core.configload import load_config
 from celeryops.core.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT
 from celeryops.demo.standins.cloudrun import CloudRunStandIn, standin_config
 from celeryops.demo.standins.gitrepo import GitFixture

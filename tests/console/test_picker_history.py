@@ -17,7 +17,7 @@ from celeryops.console.screens.releases import ReleasesScreen
 from celeryops.console.screens.resume import ResumeScreen
 from celeryops.console.screens.runs import RunsScreen
 from celeryops.console.screens.slots import SlotsScreen
-from celeryops.core.config import load_config
+from celeryops.core.configload import load_config
 from celeryops.demo.standins.gitrepo import GitFixture
 from celeryops.demo.standins.registry import RegistryStandIn
 from celeryops.ops.console_backend import OpsBackend

@@ -35,7 +35,7 @@ class FleetSpec:
 
     def config(self, overrides: dict[str, Any] | None = None) -> Config:
         """The validated configuration with this command's flags applied (None values: flag not given)."""
-        from celeryops.core.config import load_config
+        from celeryops.core.configload import load_config
 
         if self._config is None or overrides:
             merged = {"broker": self.broker, "app": self.app_path, **(overrides or {})}

@@ -32,7 +32,8 @@ from types import TracebackType
 
 import redis
 
-from celeryops.core.config import Config, load_config
+from celeryops.core.config import Config
+from celeryops.core.configload import load_config
 from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.demo.autoscaler import Autoscaler
 from celeryops.demo.broker import DemoRedis
