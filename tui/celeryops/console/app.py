@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import PurePath
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from textual.app import App, SystemCommand
 from textual.binding import Binding
@@ -369,3 +369,10 @@ def run_demo_console(handoff: Any) -> int:
     finally:
         backend.close_sync()
     return code if isinstance(code, int) else 0
+
+
+if TYPE_CHECKING:
+    from celeryops.console.host import ConsoleHost
+
+    def _screens_can_host_in(app: ConsoleApp) -> ConsoleHost:
+        return app  # mypy proves the app is what screens expect of it

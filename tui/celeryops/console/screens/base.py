@@ -15,7 +15,7 @@ from textual.widgets import DataTable, Footer
 from celeryops.console.widgets.status_bar import StatusBar
 
 if TYPE_CHECKING:
-    from celeryops.console.app import ConsoleApp
+    from celeryops.console.host import ConsoleHost
     from celeryops.console.model import RunModel
 
 
@@ -77,7 +77,8 @@ class ConsoleScreen(Screen):
             self._bindings = BindingsMap(b for _, b in self._bindings if b.action.split("(")[0] not in self.DANGEROUS)
 
     @property
-    def console(self) -> ConsoleApp:
+    def console(self) -> ConsoleHost:
+        """The application this screen runs in, as the protocol screens may use (no import of the app module)."""
         return self.app  # type: ignore[return-value]
 
     def status_bar(self) -> StatusBar:
