@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import getpass
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -26,52 +25,19 @@ from celeryops.core.errors import EXIT_FAILURE, ReadOnlyRefused, UserError
 from celeryops.core.events import ConsumersRestored, DrainFinished, DrainProgress, Event, Notice, PhaseChanged
 from celeryops.core.runsettings import RunSettings
 from celeryops.fence import FenceStore
-from celeryops.ops.drain import BROADCAST, Drain, DrainResult, restore_consumers
+from celeryops.ops.drain import Drain, DrainResult, restore_consumers
 from celeryops.ops.journal import PHASES, Journal, Phase, Run
 from celeryops.ops.membership import held_by
 from celeryops.ops.publish import Publisher
 from celeryops.ops.recovery import RecoveryPlan, Rollout, plan
+from celeryops.ops.runfence import RunFence
 from celeryops.ops.runlease import LeaseHeld, RunLease, drop_dead_lease, read_lease
+from celeryops.ops.runsupport import JournalHooks, current_user, uncut, unverified
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Outcome = Literal["drained", "timeout", "interrupted", "error"]
-
-
-def _user() -> str:
-    try:
-        return getpass.getuser()
-    except (OSError, KeyError):
-        return "unknown"
-
-
-@dataclass
-class JournalHooks:
-    """Write-ahead records of a drain's side effects in the run journal."""
-
-    journal: Journal
-    run_id: str
-    on_first_stop: Callable[[tuple[str, ...]], Awaitable[None]] | None = None
-    _restore_intent: int | None = None
-
-    async def before_stop(self, stops: dict[str, tuple[str, ...]], before: dict[str, tuple[str, ...]]) -> None:
-        await self.journal.aio.intend_cancel_consumers(self.run_id, stops, before)
-        if self.on_first_stop is not None:
-            first, self.on_first_stop = self.on_first_stop, None
-            await first(tuple(sorted({q for qs in stops.values() for q in qs})))
-
-    async def before_restore(self, restore: dict[str, tuple[str, ...]]) -> None:
-        self._restore_intent = await self.journal.aio.intend_add_consumers(self.run_id, restore)
-
-    async def member_changed(self, name: str, change: Literal["gone", "rejoined"], evidence: str) -> None:
-        await self.journal.aio.note(self.run_id, {"member": name, "change": change, "evidence": evidence})
-
-    async def after_restore(self, event: ConsumersRestored) -> None:
-        if self._restore_intent is not None:
-            await self.journal.aio.settle(self._restore_intent, {
-                "ok": event.verified, "restored": {w: list(q) for w, q in event.restored.items()},
-                "missing": {w: list(q) for w, q in event.missing.items()}})
 
 
 @dataclass
@@ -91,9 +57,7 @@ class Runner:
     _held: RunLease | None = field(default=None, init=False)
     _deploy_follows: bool = field(default=False, init=False)
     _pub: Publisher | None = field(default=None, init=False)
-    _fence: FenceStore | None = field(default=None, init=False)
-    _fence_run: str | None = field(default=None, init=False)
-    _fence_keeper: asyncio.Future[None] | None = field(default=None, init=False)
+    _fence: RunFence | None = field(default=None, init=False)
     _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False)
 
     def _refuse_if_read_only(self, what: str) -> None:
@@ -160,14 +124,14 @@ class Runner:
         self._pub = Publisher(self.coord, self.fleet_name, run_id=run.id, owner=run.user, host=run.host,
                               release=run.release, started_at=run.created, phase=run.phase)
         self._pub.start()
-        self._fence = FenceStore(self.coord, self.fleet_name)
-        self._fence_run = run.id
+        self._fence = RunFence(FenceStore(self.coord, self.fleet_name), run.id, self.settings, self.emit)
 
     async def release_lease(self) -> None:
         """Stop the heartbeats and give the lease back (the fence, if any, is left to expire unless lifted)."""
         lease, self._held = self._held, None
         pub, self._pub = self._pub, None
-        await self._stop_fence_keeper()
+        if self._fence is not None:
+            await self._fence.stop_keeping()
         if pub is not None:
             await pub.close()
         if lease is not None:
@@ -175,71 +139,30 @@ class Runner:
             with contextlib.suppress(redis.RedisError):
                 await asyncio.to_thread(lease.release)
 
-    # -- fence -------------------------------------------------------------------------------------------------
+    # -- fence (ops/runfence.py) -------------------------------------------------------------------------------
+
+    def _the_fence(self) -> RunFence | None:
+        """The fence of the run this process holds; else, to lift one after the fact, the fleet's."""
+        if self._fence is not None:
+            return self._fence
+        return RunFence(FenceStore(self.coord, self.fleet_name), None, self.settings, self.emit) if self.coord else None
 
     async def raise_fence(self, queues: tuple[str, ...]) -> None:
-        """Before the first cancel broadcast: plugin workers (also ones that start later) hold these queues."""
-        if self._fence is None or self._fence_run is None:
-            return
-        try:
-            await asyncio.to_thread(self._fence.raise_fence, self._fence_run, list(queues), _user(),
-                                    self.settings.fence_ttl)
-        except redis.RedisError as exc:
-            self.emit(Notice(level="warning", message=f"Could not raise the drain fence ({exc}); the re-broadcast "
-                                                      "still stops workers."))
-            return
-        if self._fence_keeper is None:
-            self._fence_keeper = asyncio.ensure_future(self._keep_fence())
-
-    async def _stop_fence_keeper(self) -> None:
-        keeper, self._fence_keeper = self._fence_keeper, None
-        if keeper is not None:
-            keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await keeper
-
-    async def _keep_fence(self) -> None:
-        assert self._fence is not None and self._fence_run is not None
-        while True:
-            await asyncio.sleep(self.settings.fence_ttl / 3)
-            with contextlib.suppress(redis.RedisError):
-                await asyncio.to_thread(self._fence.renew, self._fence_run, self.settings.fence_ttl)
+        if self._fence is not None:
+            await self._fence.raise_(queues, current_user())
 
     async def exempt_from_fence(self, versions: list[str], revisions: list[str] | None = None) -> None:
-        """During a deploy: workers of the new release consume while the old ones stay held."""
-        if self._fence is None or self._fence_run is None:
-            return
-        with contextlib.suppress(redis.RedisError):
-            record = await asyncio.to_thread(self._fence.read)
-            old_versions = list(getattr(record, "exempt_versions", ()) or ())
-            old_revisions = list(getattr(record, "exempt_revisions", ()) or ())
-            await asyncio.to_thread(
-                lambda: self._fence.rescope(  # type: ignore[union-attr]
-                    self._fence_run or "", exempt_versions=sorted(set(old_versions) | {v for v in versions if v}),
-                    exempt_revisions=sorted(set(old_revisions) | set(revisions or []))))
+        if self._fence is not None:
+            await self._fence.exempt(versions, revisions or [])
 
     async def park_fence(self) -> None:
-        """The run ends drained and stays open after this process: stop renewing the fence every ttl/3 and give
-        it ``fence_parked_ttl`` instead, so plugin workers stay held until a deploy or ``abort`` lifts it."""
-        await self._stop_fence_keeper()
-        if self._fence is None or self._fence_run is None:
-            return
-        try:
-            await asyncio.to_thread(self._fence.renew, self._fence_run, self.settings.fence_parked_ttl)
-        except redis.RedisError as exc:
-            self.emit(Notice(level="warning", message=f"Could not keep the drain fence up after the drain ({exc}): "
-                                                      "plugin workers resume within "
-                                                      f"{self.settings.fence_ttl:g}s although the run stays drained; "
-                                                      "run `celeryops abort` to end it."))
+        if self._fence is not None:
+            await self._fence.park()
 
     async def lift_fence(self, run_id: str | None = None) -> None:
-        fence = self._fence or (FenceStore(self.coord, self.fleet_name) if self.coord is not None else None)
-        rid = run_id or self._fence_run
-        if fence is None or rid is None:
-            return
-        await self._stop_fence_keeper()
-        with contextlib.suppress(redis.RedisError):
-            await asyncio.to_thread(fence.lift, rid)
+        fence = self._the_fence()
+        if fence is not None:
+            await fence.lift(run_id)
 
     # -- drain -------------------------------------------------------------------------------------------------
 
@@ -321,7 +244,7 @@ class Runner:
         self._drain = drain
         if run.phase == "preflight":
             for name in forget:
-                await self.journal.aio.note(run.id, {"forget": name, "by": _user()})
+                await self.journal.aio.note(run.id, {"forget": name, "by": current_user()})
 
         current = run.phase
 
@@ -370,9 +293,9 @@ class Runner:
         drain.forget = tuple(sorted({*drain.forget, name}))
         drain.known.discard(name)
         open_run = self.unfinished()
-        run_id = self._fence_run or (open_run.id if open_run is not None else None)
+        run_id = (self._held.run_id if self._held is not None else None) or (open_run.id if open_run else None)
         if run_id is not None:
-            await self.journal.aio.note(run_id, {"forget": name, "by": _user()})
+            await self.journal.aio.note(run_id, {"forget": name, "by": current_user()})
         self.emit(Notice(level="warning", message=f"{name} is treated as gone from now on (recorded)."))
 
     async def resume(self, *, run: Run | None = None, keep_lease: bool = False) -> tuple[Outcome, Run]:
@@ -400,7 +323,7 @@ class Runner:
         forget = tuple(st.get("forget") or ())
         self._loop = asyncio.get_running_loop()
         await self._acquire(run, take_over=True, own_run=run.id)  # refused while its owner is alive
-        await self.journal.aio.note(run.id, {"resumed_by": _user(), "pid": os.getpid()})
+        await self.journal.aio.note(run.id, {"resumed_by": current_user(), "pid": os.getpid()})
         self._deploy_follows = keep_lease
         outcome = await self._drain_holding(run, queues, settings, forget, keep_lease)
         return outcome, await self.journal.aio.get(run.id)
@@ -419,13 +342,13 @@ class Runner:
             return
         # The fence goes first: a plugin worker that still saw it would stop the queue the restore just added back
         # (and the restore's check would report it missing). A second interrupt must not cut either short.
-        await _uncut(self.lift_fence(run.id))
-        event = await _uncut(drain.restore())
+        await uncut(self.lift_fence(run.id))
+        event = await uncut(drain.restore())
         await self.advance(run.id, "aborted", reason=why)
         if finished is not None:
             self.emit(finished)
         if not event.verified:
-            self.emit(Notice(level="warning", message=_unverified(event)))
+            self.emit(Notice(level="warning", message=unverified(event)))
 
     # -- abort / recovery --------------------------------------------------------------------------------------
 
@@ -458,7 +381,7 @@ class Runner:
                                                    "missing": {w: list(q) for w, q in restored.missing.items()}})
             self.emit(restored)
             if not restored.verified:
-                self.emit(Notice(level="warning", message=_unverified(restored)))
+                self.emit(Notice(level="warning", message=unverified(restored)))
         if decided.mark_as is not None and decided.action != "ask":
             await self.advance(run.id, decided.mark_as, reason="abort")
             if self._pub is None and self.coord is not None:  # not our run's process: publish the end once
@@ -487,19 +410,3 @@ class Runner:
             raise UserError(f"Run {run.id} is still running ({holder.describe()}): nothing was changed; stop it with "
                             f"Ctrl-C where it runs (it restores the consumers itself), or wait until its lease "
                             f"expires before you {doing}.", EXIT_FAILURE)
-
-
-def _unverified(event: ConsumersRestored) -> str:
-    who = ", ".join(f"{w} ({', '.join(q)})" for w, q in sorted(event.missing.items()) if w != BROADCAST)
-    return (f"Could not confirm that these consumers are back: {who}; they may be busy (a solo-pool worker "
-            "answers when its task ends) — check with `celeryops status` and run `celeryops abort` again if needed.")
-
-
-async def _uncut(work: Awaitable[T]) -> T:
-    """Run ``work`` to its end although the caller is being cancelled (a second interrupt must not cut a restore
-    or a recovery short)."""
-    task = asyncio.ensure_future(work)
-    while not task.done():
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.shield(task)
-    return task.result()

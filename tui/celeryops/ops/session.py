@@ -59,6 +59,7 @@ from celeryops.ops.preflight.fleet import UNREACHABLE, fleet_checks
 from celeryops.ops.recovery import RecoveryPlan, Rollout
 from celeryops.ops.rollout import DeployFailure, Rollouts
 from celeryops.ops.runner import Outcome, Runner
+from celeryops.ops.runsupport import uncut
 
 T = TypeVar("T")
 
@@ -205,7 +206,8 @@ class RunSession:
             # open with its consumers stopped; apply the recovery rules before the process ends.
             current = await asyncio.to_thread(self.runner.unfinished)
             if current is not None and current.release == release and not self.runner.detached:
-                await _uncut(self._recover(current))
+                with contextlib.suppress(Exception):  # the interruption is what the caller must see
+                    await uncut(self._recover(current))
             raise
         finally:
             await self.runner.release_lease()
@@ -283,7 +285,8 @@ class RunSession:
             except asyncio.CancelledError:
                 current = await asyncio.to_thread(self.runner.unfinished)
                 if current is not None and current.id == run.id and not self.runner.detached:
-                    await _uncut(self._recover(current))
+                    with contextlib.suppress(Exception):  # the interruption is what the caller must see
+                        await uncut(self._recover(current))
                 raise
             finally:
                 await self.runner.release_lease()
@@ -339,15 +342,3 @@ def _missing(rollouts: Rollouts, target: Target) -> Callable[[], Awaitable[list[
         return await rollouts.deployer(target).missing_permissions(target)
 
     return missing
-
-
-async def _uncut(work: Awaitable[T]) -> T | None:
-    """Run ``work`` to its end although the caller is being cancelled (a second interrupt must not cut a
-    recovery short)."""
-    task = asyncio.ensure_future(work)
-    while not task.done():
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.shield(task)
-    with contextlib.suppress(Exception):
-        return task.result()
-    return None
