@@ -78,7 +78,7 @@ def test_plain_install_requires_only_celery_and_redis(wheel: Path) -> None:
     required = sorted(line.split(":", 1)[1].strip().split(";")[0].replace(" ", "")
                       for line in lines if line.startswith("Requires-Dist:") and "extra ==" not in line)
     assert [r.split(">")[0].split("=")[0].split("<")[0] for r in required] == ["celery[redis]", "redis"], required
-    console = [line for line in lines if line.startswith("Requires-Dist:") and "extra == 'console'" in line
+    console = [line for line in lines if (line.startswith("Requires-Dist:") and "extra == 'console'" in line)
                or 'extra == "console"' in line]
     assert any("textual" in line for line in console) and any("google-cloud-run" in line for line in console)
 

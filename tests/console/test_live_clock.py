@@ -7,12 +7,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from test_snapshots import deploy_backend
+
 from celeryops.console import sample
 from celeryops.console.screens.drain import DrainScreen
 from celeryops.console.static import StaticBackend
 from celeryops.console.widgets.meters import Countdown
 from celeryops.core.events import DrainFinished, PhaseChanged
-from test_snapshots import deploy_backend
 
 
 class Clock:
