@@ -7,7 +7,6 @@ Redis: ``--redis URL``, else ``$CELERYOPS_SLOTS_REDIS_URL``, else the fleet's br
 from __future__ import annotations
 
 import json
-import os
 
 import click
 import humanize
@@ -21,7 +20,7 @@ from celeryops.slots.store import connect, read_all
 
 
 def _redis_url(fleet: FleetSpec, explicit: str | None) -> str:
-    url = explicit or os.environ.get("CELERYOPS_SLOTS_REDIS_URL")
+    url = explicit or fleet.config().run.slots_redis_url  # $CELERYOPS_SLOTS_REDIS_URL, read by the config
     if url:
         return url
     url = fleet.resolve_broker_url()
