@@ -50,7 +50,9 @@ def test_many_processes_with_kills_keep_counters_true(redis_url: str, redis_clie
     rng = random.Random(SEED)
     victims = rng.sample(range(PROCS), 4)
     redis_client.sadd("stress:victims", *[str(v) for v in victims])
-    ctx = multiprocessing.get_context("fork")
+    # spawn, not fork: a fork of this test process (threads of earlier tests live in it) can copy a held lock and
+    # hang the child for good
+    ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_client, args=(redis_url, i, SEED), daemon=True) for i in range(PROCS)]
     for p in procs:
         p.start()
