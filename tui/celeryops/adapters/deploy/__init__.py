@@ -6,6 +6,9 @@
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from celeryops.adapters.deploy.base import (
     PERMISSION_ROLES,
     CommandOutput,
@@ -26,22 +29,42 @@ from celeryops.adapters.deploy.base import (
     role_for,
     short_revision,
 )
-from celeryops.adapters.deploy.cloudrun import (
-    CloudRunClients,
-    CloudRunDeployer,
-    default_clients,
-    resolve_credentials,
-    state_of,
-)
 from celeryops.adapters.deploy.command import CommandDeployer, render_command
 from celeryops.core.config import Target
+
+if TYPE_CHECKING:
+    from celeryops.adapters.deploy.cloudrun import (
+        CloudRunClients,
+        CloudRunDeployer,
+        default_clients,
+        resolve_credentials,
+        state_of,
+    )
+
+# google-cloud-run costs ~0.35 s to import: loaded when a Cloud Run deployer is first needed, not when the deploy
+# events' module (deploy.base) or the command deployer is imported.
+_CLOUDRUN_NAMES = ("CloudRunClients", "CloudRunDeployer", "default_clients", "resolve_credentials", "state_of")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CLOUDRUN_NAMES:
+        value = getattr(importlib.import_module("celeryops.adapters.deploy.cloudrun"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'celeryops.adapters.deploy' has no attribute {name!r}")
+
+
+def _cloudrun_deployer() -> CloudRunDeployer:
+    from celeryops.adapters.deploy.cloudrun import CloudRunDeployer
+
+    return CloudRunDeployer()
 
 
 def deployer_for(target: Target, *, cloudrun: CloudRunDeployer | None = None,
                  command: CommandDeployer | None = None) -> Deployer:
     """The deployer for ``target``'s kind (pass configured instances to override the defaults)."""
     if target.is_cloudrun:
-        return cloudrun or CloudRunDeployer()
+        return cloudrun or _cloudrun_deployer()
     return command or CommandDeployer()
 
 
@@ -59,7 +82,7 @@ class Deployers:
         if target.name in self.overrides:
             return self.overrides[target.name]
         if target.is_cloudrun:
-            self._cloudrun = self._cloudrun or CloudRunDeployer()
+            self._cloudrun = self._cloudrun or _cloudrun_deployer()
             return self._cloudrun
         self._command = self._command or CommandDeployer()
         return self._command
