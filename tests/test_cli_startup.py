@@ -111,3 +111,12 @@ def test_worker_side_modules_load_no_operator_side_package(module: str) -> None:
     assert not {"textual", "grpc", "google", "humanize", "platformdirs", "rich"} & names
     assert not {n for n in names if n.startswith(("celeryops.ops", "celeryops.adapters", "celeryops.console",
                                                    "celeryops.commands", "celeryops.core.config"))}
+
+
+def test_the_console_starts_without_google_cloud_run() -> None:
+    """The console's app and backend show rollout events but load google-cloud-run (~0.35 s) only for a deploy."""
+    names, out = imported([], code="import celeryops.commands.console, celeryops.console.app, "
+                                   "celeryops.ops.console_backend")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "textual" in names and not {"google", "grpc"} & names, sorted({"google", "grpc"} & names)
+    assert "celeryops.adapters.deploy.cloudrun" not in names
