@@ -1,7 +1,9 @@
 """The verdict of a chaos trial (``Verdict``), its record (``TrialResult``) and the table of a series (``summary``).
 
 Once the fleet is left to finish: every task ran exactly once or is still in the broker's queue (``lost`` = ran zero
-times and is nowhere; ``duplicated`` = ran twice; ``cut`` = started on a worker the trial SIGKILLed, counted apart),
+times and is nowhere; ``duplicated`` = ran twice; ``cut`` = started on a worker the trial SIGKILLed, or delivered to it
+and acked there (the task apps use acks_late=False: Celery acks a task just before it runs, so a SIGKILL between
+the two ends it with its worker), counted apart),
 and every live worker consumes its queue (``stranded`` = a live worker that does not; a worker in its warm shutdown
 after SIGTERM is on its way out, not stranded). Task runs are counted in the record Redis (``ct:runs:<id>``,
 ``ct:run:<id>``) by the workers' task apps.
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -32,7 +35,7 @@ class TrialResult:
     lost: list[str] = field(default_factory=list)
     duplicated: list[str] = field(default_factory=list)
     stranded: list[str] = field(default_factory=list)
-    cut: list[str] = field(default_factory=list)  # started on a worker the trial SIGKILLed: cut with it, not lost
+    cut: list[str] = field(default_factory=list)  # died with a worker the trial SIGKILLed (started or acked there)
     commands: list[tuple[str, int]] = field(default_factory=list)  # (command, exit code) in order
     anomalies: list[str] = field(default_factory=list)  # unexpected exit codes, recovery that needed a retry
     elapsed: float = 0.0
@@ -179,9 +182,23 @@ class Verdict:
         res.once = sum(1 for n in runs.values() if n == 1)
         res.duplicated = sorted(t for t, n in runs.items() if n > 1)
         res.queued = sum(1 for t, n in runs.items() if n == 0 and t in held)
-        res.lost = sorted(t for t, n in runs.items() if n == 0 and t not in held)
-        res.cut = sorted(t for t, n in runs.items() if n == 1 and not record.hget(f"ct:run:{t}", "finished")
-                         and record.hget(f"ct:run:{t}", "worker") in killed)
+        received = _received_by(fleet.killed)  # delivered to a worker the trial SIGKILLed (its log says so)
+        res.lost = sorted(t for t, n in runs.items() if n == 0 and t not in held and t not in received)
+        res.cut = sorted([t for t, n in runs.items() if n == 1 and not record.hget(f"ct:run:{t}", "finished")
+                          and record.hget(f"ct:run:{t}", "worker") in killed]
+                         + [t for t, n in runs.items() if n == 0 and t not in held and t in received])
+
+
+def _received_by(workers: Iterable[WorkerProcess]) -> set[str]:
+    """Task ids the workers' logs say they received (``Task NAME[ID] received``)."""
+    ids: set[str] = set()
+    for worker in workers:
+        with contextlib.suppress(OSError):
+            ids.update(_RECEIVED.findall(worker.log_path.read_text(errors="replace")))
+    return ids
+
+
+_RECEIVED = re.compile(r"Task [\w.]+\[([0-9a-f-]+)\] received")
 
 
 def _unacked_ids(client: redis.Redis) -> set[str]:
