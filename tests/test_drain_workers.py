@@ -65,8 +65,9 @@ def test_scale_out_mid_drain_is_stopped_within_one_poll(redis_url: str, celery_a
                         "--json"], env)
     drain.wait_event("poll", 30)
     (late,) = start_workers(redis_url, n=1, queues=[queue_name], concurrency=1)
-    joined = drain.wait_event("poll", 60, where=lambda e: late.nodename in e["workers"])
-    # Within one poll of being seen, the new worker consumes nothing any more.
+    # Seen first through its pidbox binding, a new worker may not listen to broadcasts yet; once it replies it does,
+    # and within one poll of that it consumes nothing any more (the stop is re-sent at the end of every poll).
+    joined = drain.wait_event("poll", 60, where=lambda e: e["workers"].get(late.nodename, {}).get("replied"))
     after = drain.wait_event("poll", 30)
     assert after["workers"][late.nodename]["state"] == "stopped", after["workers"][late.nodename]
     drained = drain.wait_event("drained", 60)
