@@ -112,37 +112,30 @@ def _entries(client: redis.Redis, fleet: str) -> dict[str, PluginWorkerInfo | No
     return out
 
 
-def plugin_workers(client: redis.Redis, fleet: str | None = None) -> dict[str, PluginWorkerInfo]:
-    """Live plugin workers of the fleet (entry not expired by Redis TIME), by hostname. Read-only."""
-    name = fleet_name(fleet)
+def _listed(client: redis.Redis, fleet: str | None) -> tuple[float, dict[str, PluginWorkerInfo]]:
+    """Redis TIME and every readable registry entry of the fleet, by hostname (one atomic read)."""
     pipe = client.pipeline(transaction=True)
     pipe.time()
-    pipe.hgetall(registry_key(name))
+    pipe.hgetall(registry_key(fleet_name(fleet)))
     (sec, usec), raw = pipe.execute()
-    now = float(sec) + float(usec) / 1e6
-    live: dict[str, PluginWorkerInfo] = {}
+    entries: dict[str, PluginWorkerInfo] = {}
     for k, v in raw.items():
         host = decode(k) or ""
         info = PluginWorkerInfo.from_json(host, decode(v) or "")
-        if info is not None and info.expires_at > now:
-            live[host] = info
-    return live
+        if info is not None:
+            entries[host] = info
+    return float(sec) + float(usec) / 1e6, entries
+
+
+def plugin_workers(client: redis.Redis, fleet: str | None = None) -> dict[str, PluginWorkerInfo]:
+    """Live plugin workers of the fleet (entry not expired by Redis TIME), by hostname. Read-only."""
+    now, entries = _listed(client, fleet)
+    return {host: info for host, info in entries.items() if info.expires_at > now}
 
 
 def heartbeat_states(client: redis.Redis, fleet: str | None = None) -> dict[str, bool]:
     """Every listed plugin worker of the fleet: True while its heartbeat is live, False once it expired (by Redis
     TIME). An expired entry is evidence that the worker stopped beating (its beats come from a daemon thread, also
     while a solo pool is busy). Read-only; workers prune entries long expired."""
-    name = fleet_name(fleet)
-    pipe = client.pipeline(transaction=True)
-    pipe.time()
-    pipe.hgetall(registry_key(name))
-    (sec, usec), raw = pipe.execute()
-    now = float(sec) + float(usec) / 1e6
-    states: dict[str, bool] = {}
-    for k, v in raw.items():
-        host = decode(k) or ""
-        info = PluginWorkerInfo.from_json(host, decode(v) or "")
-        if info is not None:
-            states[host] = info.expires_at > now
-    return states
+    now, entries = _listed(client, fleet)
+    return {host: info.expires_at > now for host, info in entries.items()}
