@@ -22,9 +22,6 @@ class Review:
     accepted: frozenset[str] = frozenset()
     accept_all: bool = False
 
-    def accepts(self, check_id: str) -> bool:
-        return self.accept_all or check_id in self.accepted
-
 
 class Operator(Protocol):
     async def review(self, report: PreflightReport, accepted: frozenset[str]) -> Review:

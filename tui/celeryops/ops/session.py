@@ -47,7 +47,14 @@ from celeryops.core.events import (
 )
 from celeryops.ops.journal import Run
 from celeryops.ops.operator import Operator
-from celeryops.ops.preflight import Check, PreflightEvent, PreflightReport, run_checks
+from celeryops.ops.preflight import (
+    Check,
+    PreflightEvent,
+    PreflightReport,
+    is_accepted,
+    run_checks,
+    unaccepted_warnings,
+)
 from celeryops.ops.preflight.checks import (
     cloudrun_checks,
     freshness_check,
@@ -129,16 +136,13 @@ class RunSession:
                 self.emit(CheckUpdate(event.id, event.title, "running"))  # type: ignore[union-attr]
             else:
                 self.emit(CheckUpdate(result.id, result.title, result.status, result.detail, result.remedy,
-                                      accepted=result.status == "warn" and self._accepts(result.id)))
+                                      accepted=is_accepted(result, self.accept_all, self.accepted)))
 
         return await run_checks(checks, on_check)
 
-    def _accepts(self, check_id: str) -> bool:
-        return self.accept_all or check_id in self.accepted
-
     async def _review(self, report: PreflightReport, *, unreachable_exit: int) -> RunFinished | None:
         """None: the operator said go. Else the run ends here, having touched nothing."""
-        accepted = frozenset(w.id for w in report.warnings if self._accepts(w.id))
+        accepted = frozenset(w.id for w in report.warnings if is_accepted(w, self.accept_all, self.accepted))
         self.emit(PreflightDone(failed=len(report.failed), warnings=len(report.warnings),
                                 accepted=tuple(sorted(accepted))))
         if report.failed:
@@ -147,7 +151,7 @@ class RunSession:
             return self._finish("preflight_failed", code, _failure_sentence(report))
         self.emit(PhaseChanged("ready", "waiting for the operator"))
         review = await self.operator.review(report, accepted)
-        unaccepted = [w for w in report.warnings if not (w.id in accepted or review.accepts(w.id))]
+        unaccepted = unaccepted_warnings(report, review.accept_all, accepted | review.accepted)
         if unaccepted:
             flags = " ".join(f"--accept-warning {w.id}" for w in unaccepted)
             return self._finish("preflight_failed", EXIT_PREFLIGHT,
