@@ -324,3 +324,17 @@ async def test_backend_error_is_one_masked_sentence(app_factory: Any) -> None:
         assert app.is_running and isinstance(app.screen, PreflightScreen)
         last = app.model.log[-1]
         assert last.level == "error" and "s3cret" not in last.text and ":***@h" in last.text
+
+
+def test_run_events_and_errors_arriving_while_the_console_shuts_down_update_the_model_only() -> None:
+    """A run's events can still arrive once the console has torn its screens down (quitting mid-preflight): the
+    model takes them, nothing is drawn and nothing raises (CI once saw 'No screens on stack' here)."""
+    from celeryops.console.app import make_app
+    from celeryops.console.messages import OpsEvent
+
+    app = make_app(deploy_backend(), animate=False)
+    assert not app.screen_stack
+    app.on_ops_event(OpsEvent(PhaseChanged("draining")))
+    assert app.model.phase == "draining"
+    app._report(UserError("the broker went away"))
+    assert any("the broker went away" in line.text for line in app.model.log)

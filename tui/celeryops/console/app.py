@@ -106,6 +106,8 @@ class ConsoleApp(App[int]):
             self.push_screen(screen)
 
     def _render_run(self) -> None:
+        if not self.screen_stack:  # the app is shutting down: late run events update the model only
+            return
         self.sync_view()
         if isinstance(self.screen, ConsoleScreen):
             self.screen.render_model(self.model)
@@ -238,6 +240,8 @@ class ConsoleApp(App[int]):
     def _report(self, err: UserError) -> None:
         text = mask_text(str(err))
         self.model.say("error", text)
+        if not self.screen_stack:
+            return
         self.notify(text, severity="error", timeout=10)
         if isinstance(self.screen, ConsoleScreen):
             self.screen.render_model(self.model)
