@@ -27,6 +27,7 @@ from celeryops.core.events import DrainProgress, Event
 END_EVENTS = ("task-succeeded", "task-failed", "task-revoked", "task-rejected", "task-retried")
 NUDGE = 0.2  # seconds between nudges while the watch waits for the tasks in flight
 NUDGE_DESTINATIONS = 64  # above this many workers, a nudge is one broadcast to all (a small message)
+RECONNECT_FIRST, RECONNECT_MAX = 0.5, 5.0  # seconds between the event receiver's reconnection attempts
 
 
 class TaskWatch:
@@ -56,6 +57,7 @@ class TaskWatch:
         self.stopping = threading.Event()
         self.wakes = 0
         self.nudges = 0
+        self.reconnects = 0
 
     def start(self, timeout: float = 30.0) -> TaskWatch:
         self.thread.start()
@@ -116,11 +118,25 @@ class TaskWatch:
         self.loop.call_soon_threadsafe(self.wake.set)
 
     def _run(self) -> None:
-        with self.app.connection_for_read() as conn:
-            receiver = self.app.events.Receiver(conn, handlers={name: self._on_end for name in END_EVENTS})
-            receiver.on_consume_ready = lambda *a, **kw: self.ready.set()
-            self.receiver = receiver
-            receiver.capture(limit=None, timeout=None, wakeup=False)
+        """Receive until stopped; when the broker goes away (a restart, the network), reconnect with a growing
+        pause: events missed meanwhile only mean the drain keeps its interval, and nothing may leave this thread
+        (an uncaught error would print a traceback on the operator's terminal)."""
+        pause = RECONNECT_FIRST
+        while not self.stopping.is_set():
+            try:
+                with self.app.connection_for_read() as conn:
+                    receiver = self.app.events.Receiver(conn, handlers={name: self._on_end for name in END_EVENTS})
+                    receiver.on_consume_ready = lambda *a, **kw: self.ready.set()
+                    self.receiver = receiver
+                    if self.stopping.is_set():  # stop() ran before the receiver existed: it could not reach it
+                        return
+                    receiver.capture(limit=None, timeout=None, wakeup=False)
+                    return  # stop() set should_stop
+            except Exception:
+                self.reconnects += 1
+                if self.stopping.wait(pause):
+                    return
+                pause = min(pause * 2, RECONNECT_MAX)
 
 
 async def start_watch(app: Celery, wake: asyncio.Event, timeout: float = 5.0) -> TaskWatch | None:
