@@ -144,6 +144,8 @@ async def test_quit_mid_drain_abort_restores_consumers(redis_url: str, busy_work
             await press(pilot, "A")
             await until(pilot, lambda: app.return_value is not None, 60, "the abort to settle and the app to exit")
         assert app.return_value == EXIT_INTERRUPTED
+        assert any("drain aborted from this console" in line.text for line in app.model.log), \
+            "the operator's abort is named as such, not as an interruption"
         assert await consumed_async(redis_url, worker) == [queue_name]
         with Journal(state_dir=str(tmp_path)) as journal:
             assert journal.unfinished_runs() == []

@@ -148,7 +148,10 @@ class RunModel:
                      f"{' (verified)' if event.verified else ''}{missing}")
         elif isinstance(event, DrainFinished):
             self.finished = event
-            self.say("ok" if event.outcome == "drained" else "error", f"drain {event.outcome}: {event.message}")
+            if event.outcome == "interrupted" and self.operator_aborted:  # X here, not a signal
+                self.say("warning", "drain aborted from this console: consumers restored, nothing was killed.")
+            else:
+                self.say("ok" if event.outcome == "drained" else "error", f"drain {event.outcome}: {event.message}")
         elif isinstance(event, RolloutEvent):
             targets = dict(self.deploy or {})
             targets[event.target] = fold_rollout(targets.get(event.target), event)
