@@ -112,7 +112,21 @@ def test_redis_unreachable_falls_back_to_the_journal(state: Path, drained_run: s
     assert "hunter2" not in result.output
     data = json.loads(cli("status", "--broker", dead, "--state-dir", str(state), "--json").stdout)
     assert data["source"] == "journal" and any("unreachable" in n for n in data["notes"])
+    assert data["redis_unreachable"] is True
     assert "hunter2" not in json.dumps(data)
+
+
+def test_redis_unreachable_and_no_local_run_does_not_claim_the_fleet_is_idle(tmp_path: Path) -> None:
+    """Another machine's run lives in the fleet's Redis: when that Redis does not answer, "no run" is only the
+    local journal's word, and the headline says so."""
+    dead = f"redis://:hunter2@127.0.0.1:{free_port()}/0"
+    result = cli("status", "--broker", dead, "--state-dir", str(tmp_path / "empty"))
+    assert result.exit_code == 0, result.output
+    headline = result.stdout.splitlines()[0]
+    assert headline.startswith("No run in progress in the local journal") and "did not answer" in headline
+    assert "hunter2" not in result.output
+    data = json.loads(cli("status", "--broker", dead, "--state-dir", str(tmp_path / "empty"), "--json").stdout)
+    assert data["run"] is None and data["redis_unreachable"] is True
 
 
 def test_no_fleet_given_reads_the_journal(state: Path, drained_run: str) -> None:

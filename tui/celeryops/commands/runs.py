@@ -99,6 +99,7 @@ class StatusReport:
     recovery: RecoveryPlan | None = None
     notes: list[str] = field(default_factory=list)
     redis_read: bool = False  # Redis answered (so "no lease" means no lease)
+    redis_unreachable: bool = False  # the fleet's Redis was asked and did not answer: only the local journal was read
     local_ids: set[str] = field(default_factory=set)  # runs the local journal knows
     last: PublishedStatus | None = None  # a finished run still published, when nothing is current
 
@@ -138,7 +139,7 @@ class StatusReport:
                         "depends_on_rollout": self.recovery.action == "ask"}
         return {"fleet": self.fleet, "source": self.source, "run": run,
                 "lease": self.lease.as_dict() if self.lease else None, "recovery": recovery, "notes": self.notes,
-                "last": self.last.as_dict() if self.last else None}
+                "last": self.last.as_dict() if self.last else None, "redis_unreachable": self.redis_unreachable}
 
 
 def gather_status(fleet_spec: FleetSpec, state_dir: str | None, fleet: str | None = None) -> StatusReport:
@@ -168,6 +169,7 @@ def gather_status(fleet_spec: FleetSpec, state_dir: str | None, fleet: str | Non
             local, _ended = merge_open(local, FleetStore(client, name))
             redis_ok = report.redis_read = True
         except redis.RedisError as exc:
+            report.redis_unreachable = True
             report.notes.append(f"Redis at {mask_url(url)} is unreachable ({mask_text(str(exc)).rstrip('.')}), "
                                 "so this is the local journal only")
         finally:
@@ -198,6 +200,9 @@ def gather_status(fleet_spec: FleetSpec, state_dir: str | None, fleet: str | Non
 def _status_lines(report: StatusReport) -> list[str]:
     if not report.current:
         line = f"No run in progress on fleet {report.fleet}."
+        if report.redis_unreachable:  # a run another machine started is held in that Redis: say what was not seen
+            line = (f"No run in progress in the local journal for fleet {report.fleet}; a run started on another "
+                    "machine would not show here, as the fleet's Redis did not answer.")
         if report.last is not None:
             line += (f" The last published run {report.last.run_id} ended in phase {phase_word(report.last.phase)} "
                      f"{ago(time.time() - report.last.updated_at)}.")
