@@ -167,6 +167,9 @@ ROWS = [
     Row("corrupt-journal-abort", lambda w: ["abort", "--broker", w.broker.url], 1, "corrupt", state="corrupt"),
     Row("nothing-to-abort", lambda w: ["abort", "--broker", w.broker.url], 1, "no unfinished run"),
     Row("nothing-to-resume", lambda w: ["resume", "--broker", w.broker.url, "--json"], 1, "no unfinished run"),
+    # the fleet's Redis is down: a run another machine left open cannot be seen, so "no run" is not claimed
+    Row("redis-down-abort", lambda w: ["abort", "--broker", w.down_url], 4, "did not answer"),
+    Row("redis-down-resume", lambda w: ["resume", "--broker", w.down_url, "--json"], 4, "did not answer"),
 ]
 
 

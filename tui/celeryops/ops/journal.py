@@ -130,6 +130,7 @@ class Journal(FleetCopy):
         self._clock = clock
         self._lock = threading.RLock()
         self._degraded = False
+        self.fleet_unread: str | None = None  # why the last unfinished_runs() could not read the fleet's Redis
         self._conn = open_db(self.path, read_only)
         self.aio = AsyncJournal(self)
 
@@ -335,7 +336,7 @@ class Journal(FleetCopy):
     def unfinished_runs(self, fleet: str | None = None) -> list[Run]:
         """Runs not in a terminal phase (of ``fleet``, or all), oldest first. With a fleet store for ``fleet``: also
         the runs the fleet's Redis holds open (its copy wins); a local run the fleet knows as ended is brought home
-        (its end recorded here) and not listed. Redis down: the local journal's alone."""
+        (its end recorded here) and not listed. Redis down: the local journal's alone (``fleet_unread`` says why)."""
         terminal = tuple(TERMINAL_PHASES)
         marks = ",".join("?" * len(terminal))
 
@@ -354,8 +355,10 @@ class Journal(FleetCopy):
         try:
             runs, ended = merge_open(local, store)
         except redis.RedisError as exc:
-            log.info("the fleet-held journal could not be read (%s); local runs only", mask_text(str(exc)))
+            self.fleet_unread = mask_text(str(exc)).rstrip(".")
+            log.info("the fleet-held journal could not be read (%s); local runs only", self.fleet_unread)
             return local
+        self.fleet_unread = None
         if not self.read_only:
             for held in ended:
                 self._adopt(held)

@@ -21,7 +21,7 @@ import redis
 from celeryops.adapters.fleet import Fleet
 from celeryops.adapters.taskevents import TaskWatch, start_watch
 from celeryops.core.config import DrainSettings
-from celeryops.core.errors import EXIT_FAILURE, ReadOnlyRefused, UserError
+from celeryops.core.errors import EXIT_BROKER, EXIT_FAILURE, ReadOnlyRefused, UserError
 from celeryops.core.events import ConsumersRestored, DrainFinished, DrainProgress, Event, Notice, PhaseChanged
 from celeryops.core.runsettings import RunSettings
 from celeryops.fence import FenceStore
@@ -94,6 +94,15 @@ class Runner:
     def unfinished(self) -> Run | None:
         runs = self.journal.unfinished_runs(self.fleet_name)
         return runs[-1] if runs else None
+
+    def no_open_run(self, nothing: str, then: str = "") -> UserError:
+        """The error when there is no unfinished run to act on. When the fleet's Redis did not answer, a run another
+        machine started may be open there: say so (exit 4), rather than that there is none."""
+        if self.journal.fleet_unread is not None:
+            return UserError("The local journal has no unfinished run for this fleet and the fleet's Redis did not "
+                             f"answer ({self.journal.fleet_unread}), so a run started on another machine cannot be "
+                             f"seen: {nothing}; try again when Redis answers (`celeryops status`).", EXIT_BROKER)
+        return UserError(f"There is no unfinished run for this fleet in the journal: {nothing}{then}.", EXIT_FAILURE)
 
     async def _acquire(self, run: Run, take_over: bool, own_run: str | None = None) -> None:
         """Take the fleet's run lease (one run at a time), start the status mirror and the fence keeper."""
@@ -305,8 +314,7 @@ class Runner:
         self._refuse_if_read_only("resume the run")
         run = run or self.unfinished()
         if run is None:
-            raise UserError("There is no unfinished run for this fleet in the journal: nothing to resume; start one "
-                            "with `celeryops drain` or `celeryops deploy`.", EXIT_FAILURE)
+            raise self.no_open_run("nothing was resumed", "; start one with `celeryops drain` or `celeryops deploy`")
         if run.phase == "drained" and not run.release:
             self.emit(Notice(level="info", message=f"Run {run.id} is already drained; its consumers stay stopped. "
                                                    "Deploy now, or undo with `celeryops abort`."))
@@ -362,8 +370,7 @@ class Runner:
         self._loop = asyncio.get_running_loop()
         run = run or await asyncio.to_thread(self.unfinished)
         if run is None:
-            raise UserError("There is no unfinished run for this fleet in the journal: nothing was changed.",
-                            EXIT_FAILURE)
+            raise self.no_open_run("nothing was changed")
         await self._refuse_if_live(run, "abort it")
         decided = self.recovery_plan(run, rollout)
         if decided.action == "ask" and force_restore:

@@ -26,7 +26,6 @@ from celeryops.core.config import Config, DrainSettings, Target
 from celeryops.core.errors import (
     EXIT_BROKER,
     EXIT_DEPLOY,
-    EXIT_FAILURE,
     EXIT_OK,
     EXIT_PREFLIGHT,
     EXIT_TIMEOUT,
@@ -270,8 +269,8 @@ class RunSession:
         self._refuse_if_read_only("resume the run")
         run = run or self.runner.unfinished()
         if run is None:
-            raise UserError("There is no unfinished run for this fleet in the journal: nothing to resume; start one "
-                            "with `celeryops drain` or `celeryops deploy`.", EXIT_FAILURE)
+            raise self.runner.no_open_run("nothing was resumed",
+                                          "; start one with `celeryops drain` or `celeryops deploy`")
         if not run.release:
             outcome, _ = await self.runner.resume(run=run)
             return EXIT_OK if outcome == "drained" else EXIT_TIMEOUT
