@@ -4,13 +4,16 @@ and says how it ended."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
 from test_snapshots import deploy_backend
+from textual.widgets import Static
 
 from celeryops.console import sample
 from celeryops.console.screens.drain import DrainScreen
+from celeryops.console.screens.home import HomeScreen
 from celeryops.console.static import StaticBackend
 from celeryops.console.widgets.meters import Countdown
 from celeryops.core.events import DrainFinished, PhaseChanged
@@ -78,3 +81,33 @@ async def test_the_countdown_ticks_every_second_between_polls_and_stops_when_the
         await pilot.pause(1.5)
         assert (countdown.elapsed, countdown.remaining) == stopped == (1200.0, 0.0)
         assert countdown.render_countdown(100).plain.endswith("timeout after 20m 00s")
+
+
+async def test_the_home_banner_counts_down_between_polls_and_holds_once_the_drain_is_over(app_factory: Any) -> None:
+    """A run seen on the home view (this console's or a teammate's, from the published status) shows its time to
+    max wait from the last poll less the time since, every second, without polling."""
+    clock = Clock()
+    fleet = sample.fleet()
+    assert fleet.run is not None
+    run = dataclasses.replace(fleet.run, remaining=300.0, measured_at=sample.NOW)
+    backend = Counting(fleet=dataclasses.replace(fleet, run=run), slots=sample.slots())
+    app = app_factory(backend, clock=clock)
+
+    def banner() -> str:
+        screen = app.screen
+        return str(screen.query_one("#run-banner", Static).render()) if isinstance(screen, HomeScreen) else ""
+
+    async with app.run_test(size=(140, 40)) as pilot:
+        await until(pilot, lambda: "5 minutes to max wait" in banner(), "the first poll's banner")
+        polls = backend.polls
+        clock.now = sample.NOW + 7
+        await until(pilot, lambda: "4 minutes and 53 seconds to max wait" in banner(), "the banner at +7 s")
+        clock.now = sample.NOW + 400  # past max wait: it reads zero, never negative
+        await until(pilot, lambda: "0 seconds to max wait" in banner(), "the banner past max wait")
+        assert backend.polls == polls, "the banner's clock polled the fleet"
+        backend.fleet = dataclasses.replace(fleet, run=dataclasses.replace(run, phase="drained", remaining=120.0))
+        app.poll_now()
+        await until(pilot, lambda: "drained" in banner(), "the drained run")
+        clock.now += 60
+        await pilot.pause(1.5)
+        assert "2 minutes to max wait" in banner(), "a drain that is over does not count down"

@@ -59,6 +59,7 @@ class _Live:
     task: asyncio.Task[None] | None = None
     detached: bool = False
     progress: DrainProgress | None = None
+    progress_at: float | None = None  # the console's clock when ``progress`` arrived
 
     @property
     def running(self) -> bool:
@@ -68,7 +69,8 @@ class _Live:
         p = self.progress
         return RunSummary(run_id="this console", kind=self.kind, phase=self.phase, release=self.release,
                           owner="you", started_at=self.started_at, streak=p.streak if p else 0,
-                          required=p.required if p else 0, remaining=p.remaining if p else None)
+                          required=p.required if p else 0, remaining=p.remaining if p else None,
+                          measured_at=self.progress_at if p else None)
 
 
 class OpsBackend:
@@ -165,7 +167,7 @@ class OpsBackend:
         if isinstance(event, PhaseChanged):
             live.phase = event.phase
         elif isinstance(event, DrainProgress):
-            live.progress = event
+            live.progress, live.progress_at = event, self.clock()
         live.sink(event)
 
     async def _guard(self, live: _Live, work: Coroutine[Any, Any, object]) -> None:

@@ -66,6 +66,7 @@ class RunSummary:
     streak: int = 0
     required: int = 0
     remaining: float | None = None  # seconds to max wait
+    measured_at: float | None = None  # epoch seconds when ``remaining`` was measured: the home banner counts down
 
 
 @dataclass(frozen=True)

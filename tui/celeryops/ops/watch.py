@@ -33,7 +33,8 @@ def summary_from_status(status: PublishedStatus, progress: DrainProgress | None)
                       phase=phase.phase if isinstance(phase, PhaseChanged) else "draining",
                       release=status.release, owner=f"{status.owner}@{status.host}", started_at=status.started_at,
                       streak=progress.streak if progress else 0, required=progress.required if progress else 0,
-                      remaining=progress.remaining if progress else None)
+                      remaining=progress.remaining if progress else None,
+                      measured_at=status.updated_at if progress else None)
 
 
 def published_progress(status: PublishedStatus) -> DrainProgress | None:

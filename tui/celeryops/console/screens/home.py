@@ -11,7 +11,7 @@ from textual.widgets import DataTable, Input, Static
 
 from celeryops.console.fmt import gauge, left, since, state_text
 from celeryops.console.screens.base import ConsoleScreen, Row, refill
-from celeryops.ops.views import FleetView, SlotsView
+from celeryops.ops.views import FleetView, RunSummary, SlotsView
 
 
 def _worker_matches(worker, needle: str, view: FleetView) -> bool:
@@ -79,6 +79,7 @@ class HomeScreen(ConsoleScreen):
         box = self.query_one("#filter", Input)
         box.display = False
         box.cursor_blink = self.console.motion
+        self.set_interval(1.0, self._tick)  # the run's countdown and age move between polls
         self.console.poll_now()
 
     def show_fleet(self, view: FleetView) -> None:
@@ -107,6 +108,39 @@ class HomeScreen(ConsoleScreen):
         if expired:
             text.append(f" · {expired} expired", style="bold red")
         gauges.update(text)
+
+    def _render_banner(self) -> None:
+        """The run line; called on every poll and every second (its countdown and age move between polls)."""
+        view = self.fleet
+        if view is None or not self.is_mounted:
+            return
+        banner = self.query_one("#run-banner", Static)
+        run = view.run
+        if run is None:
+            banner_text = Text(" No run in progress.", style="dim")
+            idle = sum(1 for w in view.workers if w.state == "stopped" or (w.state == "consuming" and not w.queues))
+            if idle:  # e.g. a drained run parked, or a restore a broker reconnect undid
+                banner_text.append(f" {idle} worker(s) consume nothing (see Consuming).", style="bold yellow")
+            banner.update(banner_text)
+        else:
+            age = since(self.console.clock() - run.started_at)
+            text = Text(" RUN ", style="bold black on cyan")
+            text.append(f" {run.kind} {run.release or ''} · {run.phase}")
+            if run.required:
+                text.append(f" · streak {run.streak}/{run.required}")
+            remaining = remaining_now(run, self.console.clock())
+            if remaining is not None:
+                text.append(f" · {left(remaining)} to max wait")
+            text.append(f" · {run.owner}, {age} ago")
+            if run.phase == "drained":
+                text.append("  consumers stopped until a deploy or an abort", style="bold yellow")
+            if self.console.model.view is not None:  # this console runs or follows it: w shows it
+                text.append("  (w to watch)", style="dim")
+            banner.update(text)
+
+    def _tick(self) -> None:
+        if self.fleet is not None and self.fleet.run is not None:
+            self._render_banner()
 
     def _render_fleet(self) -> None:
         view = self.fleet
@@ -142,28 +176,7 @@ class HomeScreen(ConsoleScreen):
                 f"{q.depth:,}", style="bold yellow" if q.depth > 1000 else "")
             rows.append((q.name, (q.name, depth, q.consumers)))
         refill(self.query_one("#queues", DataTable), rows)
-        banner = self.query_one("#run-banner", Static)
-        run = view.run
-        if run is None:
-            banner_text = Text(" No run in progress.", style="dim")
-            idle = sum(1 for w in view.workers if w.state == "stopped" or (w.state == "consuming" and not w.queues))
-            if idle:  # e.g. a drained run parked, or a restore a broker reconnect undid
-                banner_text.append(f" {idle} worker(s) consume nothing (see Consuming).", style="bold yellow")
-            banner.update(banner_text)
-        else:
-            age = since(self.console.clock() - run.started_at)
-            text = Text(" RUN ", style="bold black on cyan")
-            text.append(f" {run.kind} {run.release or ''} · {run.phase}")
-            if run.required:
-                text.append(f" · streak {run.streak}/{run.required}")
-            if run.remaining is not None:
-                text.append(f" · {left(run.remaining)} to max wait")
-            text.append(f" · {run.owner}, {age} ago")
-            if run.phase == "drained":
-                text.append("  consumers stopped until a deploy or an abort", style="bold yellow")
-            if self.console.model.view is not None:  # this console runs or follows it: w shows it
-                text.append("  (w to watch)", style="dim")
-            banner.update(text)
+        self._render_banner()
         unknown = sum(1 for w in view.workers if w.state == "unknown" and w.observed)
         waiting = sum(q.depth or 0 for q in view.queues)
         hint = Text(f" {len(view.workers)} workers", style="bold")
@@ -218,3 +231,10 @@ class HomeScreen(ConsoleScreen):
 
     def action_start_deploy(self) -> None:
         self.console.action_pick_release()
+
+
+def remaining_now(run: RunSummary, now: float) -> float | None:
+    """Time to max wait at ``now``: the last measure less the time since it (only while the drain runs)."""
+    if run.remaining is None or run.measured_at is None or run.phase not in ("stopping", "draining"):
+        return run.remaining
+    return max(0.0, run.remaining - max(0.0, now - run.measured_at))
