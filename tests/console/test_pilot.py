@@ -4,6 +4,7 @@ offers nor performs them, quitting mid-run asks, the task table updates rows in 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import pytest
@@ -338,3 +339,36 @@ def test_run_events_and_errors_arriving_while_the_console_shuts_down_update_the_
     assert app.model.phase == "draining"
     app._report(UserError("the broker went away"))
     assert any("the broker went away" in line.text for line in app.model.log)
+
+
+async def test_f_forgets_silent_workers_but_never_one_a_live_heartbeat_shows_busy(app_factory: Any) -> None:
+    """F stops waiting for unknown workers that may be dead; a silent worker whose plugin heartbeat is live is busy
+    (its tasks would be cut by the deploy): it is named as kept and never forgotten; with only such workers, F is
+    shown disabled."""
+    backend = deploy_backend()
+    app = app_factory(backend, start="drain")
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await press(pilot, "G", "y")
+        assert isinstance(app.screen, DrainScreen)
+        base = sample.progress()
+        both = dataclasses.replace(base, unknown=("celery@gpu-2", "celery@busy-1"),
+                                   silent={"celery@gpu-2": 40.0, "celery@busy-1": 40.0}, alive=("celery@busy-1",))
+        backend.emit(both)
+        await settle(pilot)
+        assert app.screen.check_action("forget_unknown", ()) is True
+        await press(pilot, "F")
+        assert isinstance(app.screen, ConfirmScreen)
+        assert "celery@busy-1 is busy" in str(app.screen.what_happens)
+        await press(pilot, "y")
+        await settle(pilot)
+        forgotten = [call for call in backend.calls if call[0] == "forget a worker"]
+        assert forgotten == [("forget a worker", "celery@gpu-2")]
+        only_busy = dataclasses.replace(both, unknown=("celery@busy-1",), silent={"celery@busy-1": 50.0})
+        backend.emit(only_busy)
+        await settle(pilot)
+        assert isinstance(app.screen, DrainScreen)
+        assert app.screen.check_action("forget_unknown", ()) is None  # shown disabled: nothing to forget
+        await press(pilot, "F")
+        assert not isinstance(app.screen, ConfirmScreen)
+        assert [call for call in backend.calls if call[0] == "forget a worker"] == forgotten

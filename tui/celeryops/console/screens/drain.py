@@ -14,6 +14,7 @@ from celeryops.console.model import LEVEL_STYLE, RunModel
 from celeryops.console.screens.base import ConsoleScreen
 from celeryops.console.widgets.meters import Countdown, StreakMeter, WorkerBadges
 from celeryops.console.widgets.task_table import TaskTable
+from celeryops.core.events import DrainProgress
 
 
 class DrainScreen(ConsoleScreen):
@@ -165,7 +166,7 @@ class DrainScreen(ConsoleScreen):
         if action == "abort":  # a live run, or a drain-only run that ended drained and keeps consumers stopped
             return True if model.active or model.parked else None
         if action == "forget_unknown":
-            return True if model.progress is not None and model.progress.unknown else None
+            return True if model.progress is not None and forgettable(model.progress) else None
         return True
 
     def action_filter(self) -> None:
@@ -199,12 +200,21 @@ class DrainScreen(ConsoleScreen):
 
     def action_forget_unknown(self) -> None:
         progress = self.console.model.progress
-        if progress is None or not progress.unknown:
+        names = forgettable(progress) if progress is not None else []
+        if not names:
             return
-        names = list(progress.unknown)
+        busy = [n for n in progress.unknown if n in progress.alive] if progress is not None else []
+        kept = (f" {', '.join(busy)} {'is' if len(busy) == 1 else 'are'} busy (live plugin heartbeat) and stay "
+                "waited for." if busy else "")
         self.console.confirm(
             "Forget workers that do not reply?",
             f"The drain stops waiting for {', '.join(names)}: they are treated as gone. If one is only slow, "
-            "its tasks are no longer counted and may be cut by the deploy.",
+            f"its tasks are no longer counted and may be cut by the deploy.{kept}",
             "Forget", lambda: self.console.call_backend("forget a worker", *[
                 self.console.backend.forget_worker(n) for n in names]))
+
+
+def forgettable(progress: DrainProgress) -> list[str]:
+    """The unknown workers F may forget: not those a live plugin heartbeat shows busy (forgetting one would stop
+    waiting for the tasks it runs, which a deploy would then cut)."""
+    return [name for name in progress.unknown if name not in progress.alive]
