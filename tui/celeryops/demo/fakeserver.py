@@ -10,10 +10,10 @@ is torn down like every other part of the sandbox (its own process group).
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import threading
-from types import FrameType
+
+from celeryops.demo.stopsignal import until_signalled
 
 
 def serve(host: str, port: int) -> None:
@@ -23,19 +23,13 @@ def serve(host: str, port: int) -> None:
     server = TcpFakeServer((host, port), server_type="redis")
     # Handler threads must not keep the process alive once the server is told to stop.
     server.daemon_threads = True
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = until_signalled()
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
     thread.start()
     actual = server.server_address[1]
     sys.stdout.write(f"ready {host}:{actual}\n")
     sys.stdout.flush()
-    stop.wait()
+    stop()
     server.shutdown()
     server.server_close()
 

@@ -29,8 +29,6 @@ Run standalone: ``python -m celeryops.demo.standins.cloudrun --port 8089 --seed-
 from __future__ import annotations
 
 import argparse
-import signal
-import threading
 from collections.abc import Callable, Iterable
 from concurrent import futures
 from dataclasses import dataclass
@@ -68,6 +66,7 @@ from celeryops.demo.standins.cloudrun_support import (
     region_of,
     standin_config,
 )
+from celeryops.demo.stopsignal import until_signalled
 
 __all__ = [
     "ALL_PERMISSIONS",
@@ -354,14 +353,11 @@ def _serve(argv: list[str] | None = None) -> None:
         standin.add_service(seed.project, seed.region, seed.name, seed.image)
     for seed in args.seed_worker_pool:
         standin.add_worker_pool(seed.project, seed.region, seed.name, seed.image)
-    done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    stop = until_signalled()
     address = standin.start()
     print(f"Cloud Run stand-in listening on {address} (Ctrl-C to stop)", flush=True)
     try:
-        done.wait()
-    except KeyboardInterrupt:
-        pass
+        stop()
     finally:
         standin.stop()
 
