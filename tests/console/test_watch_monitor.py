@@ -15,6 +15,7 @@ from celery import Celery
 
 from celeryops.console.app import ConsoleApp, make_app
 from celeryops.console.screens.home import HomeScreen
+from celeryops.console.widgets.status_bar import StatusBar
 from celeryops.core.config import Config
 from celeryops.core.errors import ReadOnlyRefused
 from celeryops.ops.console_backend import open_backend
@@ -115,6 +116,8 @@ async def test_watch_sends_no_control_command_and_writes_nothing(
                 assert home.fleet.run.phase == "draining"
                 assert [w.name for w in home.fleet.workers] == [worker.nodename]
                 assert console.model.progress.active == 1
+                header = console.screen.query_one(StatusBar).render().plain
+                assert "default @ watched fleet" in header, header  # which fleet's runs this watcher follows
                 for key in ("S", "G", "X", "F", "R", "A"):  # dangerous keys do nothing here
                     await pilot.press(key)
                     await pilot.pause()

@@ -35,7 +35,7 @@ class ConsoleBackend(Protocol):
     """What the console needs from ops."""
 
     read_only: bool
-    fleet_display: str  # the fleet as the header shows it: a masked broker URL or the -A path
+    fleet_display: str  # the fleet as the header shows it: its name @ a masked broker URL or the -A path
 
     async def fleet_snapshot(self) -> FleetView:
         """Workers (queues consumed, active/reserved/scheduled, state), queue depths, the current run."""

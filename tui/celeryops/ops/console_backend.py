@@ -82,7 +82,9 @@ class OpsBackend:
                  follow_interval: float = 1.0) -> None:
         self.wiring = wiring
         self.read_only = read_only
-        self.fleet_display = fleet_display or wiring.fleet.display_url
+        # The fleet's name first: a watcher whose CELERYOPS_FLEET differs from the operator's sees another fleet's
+        # runs (none), so the header says which fleet this is.
+        self.fleet_display = f"{wiring.fleet_name} @ {fleet_display or wiring.fleet.display_url}"
         self.drain_request = drain or DrainRequest()
         self.targets = targets
         self.repo = repo or Path.cwd()
