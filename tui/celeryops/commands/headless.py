@@ -71,8 +71,11 @@ def open_wiring(fleet: FleetSpec, config: Config, printer: Printer) -> Wiring:
 def run_headless(wiring: Wiring, printer: Printer, main: Callable[[], Awaitable[T]], interrupted: str) -> T:
     """Run ``main`` interruptibly; errors and interruptions end the --json stream with a final event. Exits 130 when
     interrupted (after ``main`` applied the recovery rules)."""
+    stuck = None
     try:
         result, was_interrupted = run_interruptibly(main)
+        if (was_interrupted or result is None) and wiring.runner is not None:
+            stuck = wiring.runner.left_stopped()  # the recovery could not finish (the broker stayed down)
     except UserError as err:
         if printer.as_json and not printer.finished:
             printer.json({"event": "error", "message": str(err), "exit_code": err.exit_code})
@@ -80,8 +83,12 @@ def run_headless(wiring: Wiring, printer: Printer, main: Callable[[], Awaitable[
     finally:
         wiring.close()
     if was_interrupted or result is None:
+        if stuck is not None:
+            interrupted = (f"Interrupted, but the recovery could not finish: run {stuck.id} still has consumers "
+                           "stopped; run `celeryops abort` once the broker answers (`celeryops status` shows it).")
+            sys.stderr.write(f"celeryops: {interrupted}\n")
         if printer.as_json and not printer.finished:
-            printer.json({"event": "interrupted", "message": interrupted})
+            printer.json({"event": "interrupted", "message": interrupted, "recovered": stuck is None})
         sys.exit(EXIT_INTERRUPTED)
     return result
 

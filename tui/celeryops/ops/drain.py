@@ -43,6 +43,8 @@ from celeryops.ops.membership import (
 )
 
 BROADCAST = "*"  # in a stop record: queues to restore on workers whose own queues were never seen
+RESTORE_PATIENCE = 30.0  # seconds a restore keeps trying while the broker does not answer (a restart, a failover)
+RESTORE_RETRY_FIRST, RESTORE_RETRY_MAX = 0.5, 4.0  # the pause between those tries, doubling
 
 
 # -- the pure policy --------------------------------------------------------------------------------------------
@@ -245,7 +247,8 @@ class Drain:
         """Put back exactly the consumers this drain stopped, then verify with active_queues."""
         record = dict(self.stopped)
         await self.hooks.before_restore(record)
-        event = await restore_consumers(self.fleet, record, known=self.known, exclude=set(self.forget) | self.gone)
+        event = await restore_consumers(self.fleet, record, known=self.known, exclude=set(self.forget) | self.gone,
+                                        on_wait=lambda exc: self.on_event(broker_wait_notice(exc)))
         await self.hooks.after_restore(event)
         self.on_event(event)
         return event
@@ -344,10 +347,34 @@ class Drain:
 
 
 async def restore_consumers(fleet: Fleet, record: dict[str, tuple[str, ...]], *, known: Iterable[str] = (),
-                            exclude: Iterable[str] = (), attempts: int = 3) -> ConsumersRestored:
+                            exclude: Iterable[str] = (), attempts: int = 3, patience: float = RESTORE_PATIENCE,
+                            on_wait: Callable[[BrokerUnreachable], None] | None = None) -> ConsumersRestored:
     """Add back every queue in ``record`` (worker -> queues; ``"*"`` -> queues for workers whose own queues were
     never seen) that the worker does not consume now, then verify with active_queues. Idempotent. ``exclude``:
-    workers known to be gone (forgotten, or left the fleet), never addressed."""
+    workers known to be gone (forgotten, or left the fleet), never addressed.
+
+    A broker that does not answer (a restart, a failover) is tried again for ``patience`` seconds before the
+    restore gives up with :class:`BrokerUnreachable`: stopped consumers must not stay stopped over a blip.
+    ``on_wait`` hears the first such failure (to tell the operator why the restore takes longer)."""
+    deadline = time.monotonic() + patience
+    pause = RESTORE_RETRY_FIRST
+    told = False
+    while True:
+        try:
+            return await _restore_once(fleet, record, known=known, exclude=exclude, attempts=attempts)
+        except BrokerUnreachable as exc:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise
+            if on_wait is not None and not told:
+                told = True
+                on_wait(exc)
+            await asyncio.sleep(min(pause, left))
+            pause = min(pause * 2, RESTORE_RETRY_MAX)
+
+
+async def _restore_once(fleet: Fleet, record: dict[str, tuple[str, ...]], *, known: Iterable[str],
+                        exclude: Iterable[str], attempts: int) -> ConsumersRestored:
     broadcast = set(record.get(BROADCAST, ()))
     skip = set(exclude)
     per_worker = {w: set(qs) for w, qs in record.items() if w != BROADCAST and w not in skip}
@@ -382,3 +409,8 @@ async def restore_consumers(fleet: Fleet, record: dict[str, tuple[str, ...]], *,
         missing = {w: tuple(sorted(qs - set(final.get(w, ())))) for w, qs in per_worker.items()
                    if qs - set(final.get(w, ()))}
     return ConsumersRestored(restored=restored, verified=not missing, missing=missing)
+
+
+def broker_wait_notice(exc: BrokerUnreachable) -> Notice:
+    return Notice(level="warning", message=f"The broker does not answer ({exc}); the consumers are still stopped: "
+                                           f"the restore keeps trying for up to {RESTORE_PATIENCE:g} s.")

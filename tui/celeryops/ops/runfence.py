@@ -14,6 +14,8 @@ from celeryops.core.events import Event, Notice
 from celeryops.core.runsettings import RunSettings
 from celeryops.fence import FenceStore
 
+LIFT_PATIENCE = 30.0  # seconds the fence's lift keeps trying while Redis does not answer (a restart)
+
 
 class RunFence:
     def __init__(self, store: FenceStore, run_id: str | None, settings: RunSettings,
@@ -78,11 +80,26 @@ class RunFence:
                                                       f"{self.settings.fence_ttl:g}s although the run stays drained; "
                                                       "run `celeryops abort` to end it."))
 
-    async def lift(self, run_id: str | None = None) -> None:
+    async def lift(self, run_id: str | None = None, patience: float = LIFT_PATIENCE) -> None:
         """Lift the fence of ``run_id`` (default: this run's); plugin workers consume again."""
         rid = run_id or self.run_id
         await self.stop_keeping()
         if rid is None:
             return
-        with contextlib.suppress(redis.RedisError):
-            await asyncio.to_thread(self.store.lift, rid)
+        # Redis may be restarting: the restore that follows needs the fence gone (a plugin worker that still saw
+        # it would stop its queue again), so keep trying for a while, then say what is left.
+        deadline = asyncio.get_running_loop().time() + patience
+        pause = 0.5
+        while True:
+            try:
+                await asyncio.to_thread(self.store.lift, rid)
+                return
+            except redis.RedisError as exc:
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    self.emit(Notice(level="warning", message=(
+                        f"Could not lift the drain fence ({exc}): plugin workers may hold their queues until "
+                        "Redis answers and the fence expires; `celeryops status` shows the fleet.")))
+                    return
+                await asyncio.sleep(min(pause, left))
+                pause = min(pause * 2, 4.0)

@@ -25,7 +25,7 @@ from celeryops.core.errors import EXIT_BROKER, EXIT_FAILURE, ReadOnlyRefused, Us
 from celeryops.core.events import ConsumersRestored, DrainFinished, DrainProgress, Event, Notice, PhaseChanged
 from celeryops.core.runsettings import RunSettings
 from celeryops.fence import FenceStore
-from celeryops.ops.drain import Drain, DrainResult, restore_consumers
+from celeryops.ops.drain import Drain, DrainResult, broker_wait_notice, restore_consumers
 from celeryops.ops.journal import PHASES, Journal, Phase, Run
 from celeryops.ops.membership import held_by
 from celeryops.ops.publish import Publisher
@@ -94,6 +94,14 @@ class Runner:
     def unfinished(self) -> Run | None:
         runs = self.journal.unfinished_runs(self.fleet_name)
         return runs[-1] if runs else None
+
+    def left_stopped(self) -> Run | None:
+        """After an interrupted run: the fleet's open run if it still holds consumers that recovery would restore
+        (its recovery could not finish, e.g. the broker stayed down), else None."""
+        run = self.unfinished()
+        if run is None or self.detached or not run.stopped_consumers():
+            return None
+        return run if plan(run, None).action == "restore" else None
 
     def no_open_run(self, nothing: str, then: str = "") -> UserError:
         """The error when there is no unfinished run to act on. When the fleet's Redis did not answer, a run another
@@ -383,7 +391,8 @@ class Runner:
         if decided.action == "restore":
             record = {w: tuple(qs) for w, qs in decided.restore.items()}
             intent = await self.journal.aio.intend_add_consumers(run.id, record)
-            restored = await restore_consumers(self.fleet, record, exclude=set(run.settings.get("forget", [])))
+            restored = await restore_consumers(self.fleet, record, exclude=set(run.settings.get("forget", [])),
+                                               on_wait=lambda exc: self.emit(broker_wait_notice(exc)))
             await self.journal.aio.settle(intent, {"ok": restored.verified,
                                                    "missing": {w: list(q) for w, q in restored.missing.items()}})
             self.emit(restored)
