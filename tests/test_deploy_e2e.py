@@ -18,6 +18,7 @@ from google.cloud.run_v2.services.services.transports import ServicesGrpcTranspo
 
 from celeryops.demo.standins.cloudrun import CloudRunStandIn, standin_config
 from celeryops.demo.standins.gitrepo import GitFixture
+from celeryops.demo.standins.redis_server import RedisServer
 from celeryops.demo.standins.registry import RegistryStandIn
 from celeryops_harness.workers import WorkerProcess, wait_for
 from clihelp import CliProcess, cli_env, run_cli
@@ -174,6 +175,53 @@ def test_failed_rollout_restores_consumers_exit_6(setup, redis_url: str) -> None
     replies = app.control.inspect(destination=[worker.nodename], timeout=2, limit=1).active_queues() or {}
     assert [q["name"] for q in replies[worker.nodename]] == [fleet.queue]  # old workers consume again
     assert not fleet.replaced.is_set()
+
+
+def test_interrupted_while_the_broker_is_down_says_the_consumers_are_still_stopped(
+        setup, redis_url: str, redis_server: RedisServer) -> None:
+    """The rollout fails while the broker (Redis) is down, the restore keeps trying, Ctrl-C arrives, and the broker
+    stays down past the recovery's patience: the deploy must not claim the recovery rules were applied. It exits
+    130 naming the run whose consumers are still stopped (`recovered: false`); once the broker is back,
+    `celeryops abort` restores them."""
+    fleet: Fleet = setup["fleet"]
+    (worker,) = fleet.start(1, "worker-00001-old")
+    setup["standin"].fail_next_rollout("worker")
+    setup["standin"].slow_next_rollout("worker", 3.0)  # time to stop the broker while it rolls out
+    env = cli_env(setup["dir"] / "state", CELERYOPS_RECOVERY_PATIENCE="10")
+    deploy = CliProcess(["deploy", "demo-2", "--yes", "--accept-warnings", "--json", "--repo",
+                         str(setup["git"].work)], env, cwd=setup["dir"])
+    try:
+        deploy.wait_event("stage", 120, where=lambda e: e.get("stage") == "deploy")
+        redis_server.stop()
+        deploy.wait_event("notice", 60, where=lambda e: "restore keeps trying" in e.get("message", ""))
+        deploy.proc.send_signal(signal.SIGINT)
+        assert deploy.proc.wait(120) == 130
+        last = [e for e in deploy.events if e["event"] != "text"]
+        while (event := deploy.next_event(10)) is not None:
+            last.append(event)
+        final = last[-1]
+        assert final["event"] == "interrupted" and final["recovered"] is False, final
+        assert "still has consumers stopped" in final["message"] and "celeryops abort" in final["message"]
+        assert "still has consumers stopped" in deploy.read_stderr()
+    finally:
+        if deploy.proc.poll() is None:
+            deploy.proc.kill()
+        redis_server.start()
+    app = Celery("t", broker=redis_url)
+
+    def consuming() -> list[str] | None:
+        try:  # the broker restarted: a first connection of this client may still meet the old socket
+            replies = app.control.inspect(destination=[worker.nodename], timeout=2, limit=1).active_queues() or {}
+        except Exception:
+            return None
+        return None if worker.nodename not in replies else [q["name"] for q in replies[worker.nodename] or []]
+
+    # The worker reconnects on its own back-off (Celery: up to 12 s between tries); the operator aborts once
+    # `celeryops status` shows the fleet again. Its queue is still stopped: nothing restored it meanwhile.
+    wait_for(lambda: consuming() == [], 120, "the old worker to reconnect, still stopped")
+    aborted = run_cli(["abort", "--json"], env, cwd=setup["dir"])
+    assert aborted.returncode == 0, aborted.stdout[-2000:] + aborted.stderr[-2000:]
+    wait_for(lambda: consuming() == [fleet.queue], 60, "the old worker to consume again after the abort")
 
 
 @pytest.mark.parametrize(("kill_after", "resumed_exit"), [("phase:drained", 0), ("settle:deploy_start", 0),

@@ -19,6 +19,7 @@ RUN_ENV: dict[str, str] = {
     "CELERYOPS_FENCE_TTL": "fence_ttl",
     "CELERYOPS_FENCE_PARKED_TTL": "fence_parked_ttl",
     "CELERYOPS_TASK_EVENTS": "task_events",
+    "CELERYOPS_RECOVERY_PATIENCE": "recovery_patience",
 }
 
 
@@ -31,6 +32,7 @@ class RunSettings:
     fence_ttl: float = 30.0  # seconds the drain fence outlives its renewals
     fence_parked_ttl: float = 7 * 24 * 3600.0  # the fence of a drained run that stays open after its process
     task_events: bool = True  # re-poll as soon as task events say the in-flight tasks ended (workers with -E)
+    recovery_patience: float = 30.0  # seconds a restore (and the fence's lift) retries while the broker is away
 
 
 def run_settings(env: Mapping[str, str]) -> RunSettings:
@@ -40,7 +42,7 @@ def run_settings(env: Mapping[str, str]) -> RunSettings:
         raw = env.get(var)
         if raw is None or raw == "":
             continue
-        if name in ("lease_ttl", "fence_ttl", "fence_parked_ttl"):
+        if name in ("lease_ttl", "fence_ttl", "fence_parked_ttl", "recovery_patience"):
             try:
                 number = float(raw)
             except ValueError:

@@ -138,6 +138,7 @@ class Drain:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     prior_stopped: dict[str, tuple[str, ...]] = field(default_factory=dict)  # from an interrupted run (resume)
+    restore_patience: float = RESTORE_PATIENCE  # seconds the restore retries while the broker does not answer
     # state
     known: set[str] = field(default_factory=set)
     stopped: dict[str, tuple[str, ...]] = field(default_factory=dict)
@@ -247,8 +248,10 @@ class Drain:
         """Put back exactly the consumers this drain stopped, then verify with active_queues."""
         record = dict(self.stopped)
         await self.hooks.before_restore(record)
+        patience = self.restore_patience
         event = await restore_consumers(self.fleet, record, known=self.known, exclude=set(self.forget) | self.gone,
-                                        on_wait=lambda exc: self.on_event(broker_wait_notice(exc)))
+                                        patience=patience,
+                                        on_wait=lambda exc: self.on_event(broker_wait_notice(exc, patience)))
         await self.hooks.after_restore(event)
         self.on_event(event)
         return event
@@ -363,12 +366,12 @@ async def restore_consumers(fleet: Fleet, record: dict[str, tuple[str, ...]], *,
         try:
             return await _restore_once(fleet, record, known=known, exclude=exclude, attempts=attempts)
         except BrokerUnreachable as exc:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise
             if on_wait is not None and not told:
                 told = True
                 on_wait(exc)
+            left = deadline - time.monotonic()
+            if left <= 0:  # (one try against a dead broker can itself take seconds: connection retries)
+                raise
             await asyncio.sleep(min(pause, left))
             pause = min(pause * 2, RESTORE_RETRY_MAX)
 
@@ -411,6 +414,6 @@ async def _restore_once(fleet: Fleet, record: dict[str, tuple[str, ...]], *, kno
     return ConsumersRestored(restored=restored, verified=not missing, missing=missing)
 
 
-def broker_wait_notice(exc: BrokerUnreachable) -> Notice:
+def broker_wait_notice(exc: BrokerUnreachable, patience: float) -> Notice:
     return Notice(level="warning", message=f"The broker does not answer ({exc}); the consumers are still stopped: "
-                                           f"the restore keeps trying for up to {RESTORE_PATIENCE:g} s.")
+                                           f"the restore keeps trying ({patience:g} s in all).")

@@ -353,6 +353,9 @@ class Journal(FleetCopy):
         if store is None:
             return local
         try:
+            if not self.read_only:  # records Redis missed while it was down go first: the fleet's copy then wins
+                for run in local:
+                    self._catch_up(run.id, store)
             runs, ended = merge_open(local, store)
         except redis.RedisError as exc:
             self.fleet_unread = mask_text(str(exc)).rstrip(".")

@@ -51,8 +51,10 @@ class RecoveryPlan:
 def deploy_state(run: Run, rollout: Rollout | None) -> Rollout | None:
     """None when no deploy was started; else the observed ``rollout`` if known, else what the journal says."""
     start, settled = run.deploy()
-    if start is None and run.phase not in ("deploying", "deployed"):
-        return None
+    if start is None:
+        # The deploy_start intent is durable (in the fleet's Redis too) before any update is sent: a run that
+        # reached deploying without one never changed the target (e.g. Redis was down when it would have started).
+        return None if run.phase not in ("deploying", "deployed") else "not_started"
     if rollout is not None and rollout != "unknown":
         return rollout
     if run.phase in ("deployed", "done") and start is not None:

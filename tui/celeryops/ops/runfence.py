@@ -14,8 +14,6 @@ from celeryops.core.events import Event, Notice
 from celeryops.core.runsettings import RunSettings
 from celeryops.fence import FenceStore
 
-LIFT_PATIENCE = 30.0  # seconds the fence's lift keeps trying while Redis does not answer (a restart)
-
 
 class RunFence:
     def __init__(self, store: FenceStore, run_id: str | None, settings: RunSettings,
@@ -80,7 +78,7 @@ class RunFence:
                                                       f"{self.settings.fence_ttl:g}s although the run stays drained; "
                                                       "run `celeryops abort` to end it."))
 
-    async def lift(self, run_id: str | None = None, patience: float = LIFT_PATIENCE) -> None:
+    async def lift(self, run_id: str | None = None) -> None:
         """Lift the fence of ``run_id`` (default: this run's); plugin workers consume again."""
         rid = run_id or self.run_id
         await self.stop_keeping()
@@ -88,7 +86,7 @@ class RunFence:
             return
         # Redis may be restarting: the restore that follows needs the fence gone (a plugin worker that still saw
         # it would stop its queue again), so keep trying for a while, then say what is left.
-        deadline = asyncio.get_running_loop().time() + patience
+        deadline = asyncio.get_running_loop().time() + self.settings.recovery_patience
         pause = 0.5
         while True:
             try:

@@ -21,7 +21,7 @@ import redis
 from celeryops.adapters.fleet import Fleet
 from celeryops.adapters.taskevents import TaskWatch, start_watch
 from celeryops.core.config import DrainSettings
-from celeryops.core.errors import EXIT_BROKER, EXIT_FAILURE, ReadOnlyRefused, UserError
+from celeryops.core.errors import EXIT_BROKER, EXIT_FAILURE, BrokerUnreachable, ReadOnlyRefused, UserError
 from celeryops.core.events import ConsumersRestored, DrainFinished, DrainProgress, Event, Notice, PhaseChanged
 from celeryops.core.runsettings import RunSettings
 from celeryops.fence import FenceStore
@@ -53,6 +53,8 @@ class Runner:
     settings: RunSettings = field(default_factory=RunSettings)  # lease/fence TTLs, task events
     # The console's "detach": an interruption then leaves the consumers stopped and the run open for `resume`.
     detached: bool = False
+    # A restore of this process that the broker never let finish (it stayed down past the patience): the run id.
+    restore_failed: str | None = field(default=None, init=False)
     _drain: Drain | None = field(default=None, init=False)
     _held: RunLease | None = field(default=None, init=False)
     _deploy_follows: bool = field(default=False, init=False)
@@ -96,12 +98,12 @@ class Runner:
         return runs[-1] if runs else None
 
     def left_stopped(self) -> Run | None:
-        """After an interrupted run: the fleet's open run if it still holds consumers that recovery would restore
-        (its recovery could not finish, e.g. the broker stayed down), else None."""
-        run = self.unfinished()
-        if run is None or self.detached or not run.stopped_consumers():
+        """After an interrupted run: the fleet's open run if a restore of this process could not finish (the broker
+        stayed down) and its consumers are still recorded as stopped, else None."""
+        if self.restore_failed is None:
             return None
-        return run if plan(run, None).action == "restore" else None
+        run = self.unfinished()
+        return run if run is not None and run.id == self.restore_failed and run.stopped_consumers() else None
 
     def no_open_run(self, nothing: str, then: str = "") -> UserError:
         """The error when there is no unfinished run to act on. When the fleet's Redis did not answer, a run another
@@ -257,7 +259,7 @@ class Runner:
             self.emit(event)
 
         drain = Drain(self.fleet, settings, queues=queues, forget=forget, on_event=on_event, hooks=hooks,
-                      prior_stopped=prior, wake=wake)
+                      prior_stopped=prior, wake=wake, restore_patience=self.settings.recovery_patience)
         self._drain = drain
         if run.phase == "preflight":
             for name in forget:
@@ -359,7 +361,11 @@ class Runner:
         # The fence goes first: a plugin worker that still saw it would stop the queue the restore just added back
         # (and the restore's check would report it missing). A second interrupt must not cut either short.
         await uncut(self.lift_fence(run.id))
-        event = await uncut(drain.restore())
+        try:
+            event = await uncut(drain.restore())
+        except BrokerUnreachable:
+            self.restore_failed = run.id
+            raise
         await self.advance(run.id, "aborted", reason=why)
         if finished is not None:
             self.emit(finished)
@@ -391,8 +397,14 @@ class Runner:
         if decided.action == "restore":
             record = {w: tuple(qs) for w, qs in decided.restore.items()}
             intent = await self.journal.aio.intend_add_consumers(run.id, record)
-            restored = await restore_consumers(self.fleet, record, exclude=set(run.settings.get("forget", [])),
-                                               on_wait=lambda exc: self.emit(broker_wait_notice(exc)))
+            patience = self.settings.recovery_patience
+            try:
+                restored = await restore_consumers(self.fleet, record, exclude=set(run.settings.get("forget", [])),
+                                                   patience=patience,
+                                                   on_wait=lambda exc: self.emit(broker_wait_notice(exc, patience)))
+            except BrokerUnreachable:
+                self.restore_failed = run.id
+                raise
             await self.journal.aio.settle(intent, {"ok": restored.verified,
                                                    "missing": {w: list(q) for w, q in restored.missing.items()}})
             self.emit(restored)
