@@ -54,7 +54,10 @@ def deploy_state(run: Run, rollout: Rollout | None) -> Rollout | None:
     if start is None:
         # The deploy_start intent is durable (in the fleet's Redis too) before any update is sent: a run that
         # reached deploying without one never changed the target (e.g. Redis was down when it would have started).
-        return None if run.phase not in ("deploying", "deployed") else "not_started"
+        if run.phase == "deploying":
+            return "not_started"
+        if run.phase != "deployed":
+            return None
     if rollout is not None and rollout != "unknown":
         return rollout
     if run.phase in ("deployed", "done") and start is not None:
