@@ -41,10 +41,10 @@ from celeryops.ops.membership import (
     gone_now,
     remedy,
 )
+from celeryops.ops.retry import keep_trying
 
 BROADCAST = "*"  # in a stop record: queues to restore on workers whose own queues were never seen
 RESTORE_PATIENCE = 30.0  # seconds a restore keeps trying while the broker does not answer (a restart, a failover)
-RESTORE_RETRY_FIRST, RESTORE_RETRY_MAX = 0.5, 4.0  # the pause between those tries, doubling
 
 
 # -- the pure policy --------------------------------------------------------------------------------------------
@@ -359,21 +359,8 @@ async def restore_consumers(fleet: Fleet, record: dict[str, tuple[str, ...]], *,
     A broker that does not answer (a restart, a failover) is tried again for ``patience`` seconds before the
     restore gives up with :class:`BrokerUnreachable`: stopped consumers must not stay stopped over a blip.
     ``on_wait`` hears the first such failure (to tell the operator why the restore takes longer)."""
-    deadline = time.monotonic() + patience
-    pause = RESTORE_RETRY_FIRST
-    told = False
-    while True:
-        try:
-            return await _restore_once(fleet, record, known=known, exclude=exclude, attempts=attempts)
-        except BrokerUnreachable as exc:
-            if on_wait is not None and not told:
-                told = True
-                on_wait(exc)
-            left = deadline - time.monotonic()
-            if left <= 0:  # (one try against a dead broker can itself take seconds: connection retries)
-                raise
-            await asyncio.sleep(min(pause, left))
-            pause = min(pause * 2, RESTORE_RETRY_MAX)
+    return await keep_trying(lambda: _restore_once(fleet, record, known=known, exclude=exclude, attempts=attempts),
+                             BrokerUnreachable, patience, on_wait)
 
 
 async def _restore_once(fleet: Fleet, record: dict[str, tuple[str, ...]], *, known: Iterable[str],

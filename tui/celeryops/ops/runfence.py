@@ -13,6 +13,7 @@ import redis
 from celeryops.core.events import Event, Notice
 from celeryops.core.runsettings import RunSettings
 from celeryops.fence import FenceStore
+from celeryops.ops.retry import keep_trying
 
 
 class RunFence:
@@ -86,18 +87,10 @@ class RunFence:
             return
         # Redis may be restarting: the restore that follows needs the fence gone (a plugin worker that still saw
         # it would stop its queue again), so keep trying for a while, then say what is left.
-        deadline = asyncio.get_running_loop().time() + self.settings.recovery_patience
-        pause = 0.5
-        while True:
-            try:
-                await asyncio.to_thread(self.store.lift, rid)
-                return
-            except redis.RedisError as exc:
-                left = deadline - asyncio.get_running_loop().time()
-                if left <= 0:
-                    self.emit(Notice(level="warning", message=(
-                        f"Could not lift the drain fence ({exc}): plugin workers may hold their queues until "
-                        "Redis answers and the fence expires; `celeryops status` shows the fleet.")))
-                    return
-                await asyncio.sleep(min(pause, left))
-                pause = min(pause * 2, 4.0)
+        try:
+            await keep_trying(lambda: asyncio.to_thread(self.store.lift, rid), redis.RedisError,
+                              self.settings.recovery_patience)
+        except redis.RedisError as exc:
+            self.emit(Notice(level="warning", message=(
+                f"Could not lift the drain fence ({exc}): plugin workers may hold their queues until Redis answers "
+                "and the fence expires; `celeryops status` shows the fleet.")))
