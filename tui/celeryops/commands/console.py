@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, NoReturn
 
@@ -56,19 +59,24 @@ def open_console(fleet: FleetSpec, *, start: Start = "home", read_only: bool = F
 
 def run_surviving_terminal(console: App[int], backend: OpsBackend) -> int | None:
     """Run the console so that its run outlives the console itself: SIGHUP (the terminal closed, an SSH drop) and
-    SIGTERM close the console (its terminal may be gone: nothing more is drawn), then the live run is cancelled
-    and its recovery awaited (a drain short of drained restores its consumers; a deploy follows the recovery rules)
-    before the process exits 130. A crash of the console (an exception out of it) and a plain exit also cancel
-    whatever still runs, and wait for it."""
+    SIGTERM cancel the live run at once, which applies the recovery rules (a drain short of drained restores its
+    consumers; a deploy follows the recovery rules), while the console closes (its terminal may be gone: nothing
+    more is drawn); the process exits 130 once both are done. The recovery never waits on the console's shutdown:
+    should that hang once the recovery is done, the process still exits after :data:`SHUTDOWN_GRACE` seconds. A
+    crash of the console (an exception out of it) and a plain exit also cancel whatever still runs, and wait for
+    it."""
     interrupted: list[signal.Signals] = []
 
     async def main() -> int | None:
         loop = asyncio.get_running_loop()
 
         def on_signal(sig: signal.Signals) -> None:
-            if not interrupted:
-                interrupted.append(sig)
-                console.exit(EXIT_INTERRUPTED)
+            if interrupted:
+                return
+            interrupted.append(sig)
+            recovery = asyncio.ensure_future(backend.close())  # cancels the live run: its recovery runs now
+            recovery.add_done_callback(lambda _: _exit_after_grace())
+            console.exit(EXIT_INTERRUPTED)
 
         for sig in CONSOLE_SIGNALS:
             loop.add_signal_handler(sig, on_signal, sig)
@@ -77,7 +85,7 @@ def run_surviving_terminal(console: App[int], backend: OpsBackend) -> int | None
         finally:
             if interrupted:
                 _say(f"{interrupted[0].name}: applying the recovery rules before exiting...")
-            await backend.close()  # cancels the live run: the session applies the recovery rules first
+            await backend.close()  # waits for the recovery begun at the signal, or cancels what still runs
             for sig in CONSOLE_SIGNALS:
                 loop.remove_signal_handler(sig)
 
@@ -86,6 +94,21 @@ def run_surviving_terminal(console: App[int], backend: OpsBackend) -> int | None
         _say(f"{interrupted[0].name}: the recovery rules were applied.")
         return EXIT_INTERRUPTED
     return code
+
+
+SHUTDOWN_GRACE = 15.0
+
+
+def _exit_after_grace() -> None:
+    """The recovery is done: if the console's own shutdown has not ended the process in SHUTDOWN_GRACE seconds,
+    end it (a daemon thread, so a stuck event loop cannot hold it back)."""
+
+    def watchdog() -> None:
+        time.sleep(SHUTDOWN_GRACE)
+        _say("The recovery rules were applied but the console did not close; exiting.")
+        os._exit(EXIT_INTERRUPTED)
+
+    threading.Thread(target=watchdog, name="celeryops-exit-watchdog", daemon=True).start()
 
 
 def _say(line: str) -> None:

@@ -32,6 +32,7 @@ from celeryops.console.screens.resume import ResumeScreen
 from celeryops.console.screens.runs import RunsScreen
 from celeryops.console.screens.slots import SlotsScreen
 from celeryops.console.stylesheets import stylesheets
+from celeryops.console.terminal import driver_class
 from celeryops.core.errors import EXIT_INTERRUPTED, UserError
 from celeryops.core.events import Event
 from celeryops.core.masking import mask_text
@@ -61,7 +62,7 @@ class ConsoleApp(App[int]):
 
     def __init__(self, backend: ConsoleBackend, *, read_only: bool, clock: Callable[[], float], start: Start,
                  release: str | None, animate: bool, poll_interval: float) -> None:
-        super().__init__()
+        super().__init__(driver_class=driver_class())  # survives its terminal hanging up (console/terminal.py)
         self.backend = backend
         self.read_only = read_only
         self.clock = clock

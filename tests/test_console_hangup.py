@@ -1,0 +1,92 @@
+"""The console's terminal driver survives its terminal hanging up (``console/terminal.py``).
+
+A real Textual app on the console's driver runs in a real terminal (tmux); the terminal goes away (kill-session: the
+kernel sends SIGHUP, then SIGCONT, and every write fails with EIO). Like the console applying the recovery rules, the
+app keeps drawing for a while after the SIGHUP, then exits. On Textual's own driver the SIGCONT restarts application
+mode with a second output thread that dies on EIO, the app's writes fill its queue and the app blocks for good; on
+the console's driver it exits. The same app is also suspended (SIGTSTP) and brought back with ``fg``: a SIGCONT while
+the terminal is there still redraws.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+from celeryops_harness.workers import wait_for
+from termhelp import Tmux, pid_alive, tmux  # noqa: F401 - the tmux fixture
+
+APP = """
+import asyncio, os, signal, sys
+from pathlib import Path
+from textual.app import App
+from textual.widgets import Static
+from celeryops.console.terminal import driver_class
+
+OUT = Path(sys.argv[1])
+
+class Ticking(App[int]):
+    def compose(self):
+        yield Static("starting", id="tick")
+
+    def on_mount(self):
+        self.ticks = 0
+        self.set_interval(0.01, self.tick)
+
+    def tick(self):
+        self.ticks += 1
+        self.query_one("#tick").update(f"tick {self.ticks} " + "#" * (self.ticks % 90))
+
+async def main():
+    app = Ticking(driver_class=driver_class())
+    loop = asyncio.get_running_loop()
+
+    def hung_up():
+        (OUT / "hup").write_text(str(app.ticks))
+        loop.call_later(1.5, app.exit, 130)  # keeps drawing meanwhile: about 150 more frames
+
+    loop.add_signal_handler(signal.SIGHUP, hung_up)
+    (OUT / "pid").write_text(str(os.getpid()))
+    code = await app.run_async()
+    (OUT / "exited").write_text(str(code))
+
+asyncio.run(main())
+"""
+
+
+def start(tmux: Tmux, tmp_path: Path, shell: bool = False) -> int:  # noqa: F811
+    (tmp_path / "app.py").write_text(APP)
+    command = f"{sys.executable} {tmp_path / 'app.py'} {tmp_path}"
+    if shell:
+        tmux.tmux("-f", "/dev/null", "new-session", "-d", "-s", tmux.session, "-x", "100", "-y", "20", "sh")
+        tmux.keys(command, "Enter")
+    else:
+        tmux.tmux("-f", "/dev/null", "new-session", "-d", "-s", tmux.session, "-x", "100", "-y", "20", command)
+    wait_for(lambda: "tick 5" in tmux.screen() or "tick 6" in tmux.screen(), 60, "the app to draw", step=0.05)
+    return int((tmp_path / "pid").read_text())
+
+
+def test_the_console_driver_exits_after_its_terminal_hangs_up(tmux: Tmux, tmp_path: Path) -> None:  # noqa: F811
+    pid = start(tmux, tmp_path)
+    tmux.tmux("kill-session", "-t", tmux.session)
+    wait_for(lambda: (tmp_path / "hup").exists(), 30, "the app to see SIGHUP")
+    try:
+        wait_for(lambda: not pid_alive(pid), 60, "the app to exit after its terminal hung up", step=0.1)
+    finally:
+        if pid_alive(pid):
+            import os
+
+            os.kill(pid, signal.SIGKILL)
+    assert (tmp_path / "exited").read_text() == "130"  # through the app's own end, not a kill
+
+
+def test_a_sigcont_while_the_terminal_is_there_redraws(tmux: Tmux, tmp_path: Path) -> None:  # noqa: F811
+    import os
+
+    pid = start(tmux, tmp_path, shell=True)
+    os.kill(pid, signal.SIGTSTP)  # the driver leaves application mode, then stops the process
+    wait_for(lambda: "tick" not in tmux.screen(), 30, "the app to leave the screen to the shell")
+    tmux.keys("fg", "Enter")  # SIGCONT with the terminal there: application mode again
+    wait_for(lambda: "tick" in tmux.screen(), 30, "the app to draw again")
+    os.kill(pid, signal.SIGKILL)
