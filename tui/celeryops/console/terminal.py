@@ -9,9 +9,12 @@ until someone ran ``celeryops abort``). This driver:
 
 - ignores a SIGCONT that arrives once the terminal is gone, and stops reading input there (a hung-up terminal
   reads as an endless end-of-file, which spins the input thread);
-- drops output the terminal can no longer take instead of letting the output thread die.
+- drops output the terminal can no longer take instead of letting the output thread die;
+- suspends (SIGTSTP) and resumes (SIGCONT with the terminal there) from the event loop, not inside the signal
+  handler: Textual does it in the handler, which can run in the middle of the app's own write to the output queue
+  and then blocks for good on that queue's lock (seen under load: the console then ignores even SIGHUP).
 
-Ctrl-Z and ``fg`` (a SIGCONT while the terminal is still there) behave as in Textual.
+Suspend and ``fg`` otherwise behave as in Textual.
 """
 
 from __future__ import annotations
@@ -71,10 +74,13 @@ def driver_class() -> type[Driver] | None:
             super().__init__(*args, **kwargs)
             self._file = _Output(self._file)  # type: ignore[assignment]  # a file to the writer thread
 
+        def _sigtstp_application(self, *args: Any) -> None:
+            self._loop.call_soon_threadsafe(super()._sigtstp_application)
+
         def _sigcont_application(self, *args: Any) -> None:
             if terminal_gone(self.fileno):
                 self.exit_event.set()  # nothing more will be typed: let the input thread end
                 return
-            super()._sigcont_application(*args)
+            self._loop.call_soon_threadsafe(super()._sigcont_application)
 
     return HangupSafeDriver
