@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 
@@ -174,3 +175,37 @@ def test_task_events_trigger_an_early_poll(redis_url: str, start_workers, redis_
     drain.signal(signal.SIGINT)
     assert drain.finish() == 130
     assert runs(redis_client, tid)["finished"] <= woke["_at"]
+
+
+def test_an_unconfirmed_restore_is_confirmed_by_abort_again(redis_url: str, start_workers,
+                                                             redis_client: redis.Redis, queue_name: str,
+                                                             env: dict[str, str]) -> None:
+    """A drain times out while a solo-pool worker is busy: the restore is sent but the worker cannot answer, so the
+    run ends aborted with a warning to run ``abort`` again; once the task ends, ``abort`` confirms the consumers
+    (rather than "no unfinished run"), and a third ``abort`` has nothing left to do."""
+    (solo,) = start_workers(redis_url, pool="solo", queues=[queue_name])
+    start_workers(redis_url, queues=[queue_name + "-other"])  # one worker answers the drain's preflight
+    (tid,) = enqueue(redis_url, queue_name, 20.0)  # busy through the drain's timeout and its restore
+    wait_for(lambda: started(redis_client, [tid]), 30, "the solo task to start")
+    drain = CliProcess(["drain", "--broker", redis_url, "-Q", queue_name, "--interval", "0.3", "--max-wait", "1",
+                        "--json"], env)
+    drain.wait_event("timeout", 60)
+    assert drain.finish() == 3
+    (restored,) = [e for e in drain.events if e["event"] == "restored"]
+    assert not restored["verified"] and solo.nodename in restored["missing"], restored
+    assert any("celeryops abort` again" in e.get("message", "") for e in drain.events if e["event"] == "notice")
+    assert not redis_client.hget(f"ct:run:{tid}", "finished"), "the task must still run: nothing was killed"
+
+    wait_for(lambda: finished(redis_client, [tid]), 60, "the solo task to end")
+    again = run_cli(["abort", "--broker", redis_url, "--json"], env)
+    assert again.returncode == 0, again.stderr
+    events = [json.loads(line) for line in again.stdout.splitlines()]
+    confirmed = [e for e in events if e["event"] == "restored"]
+    assert confirmed and confirmed[-1]["verified"], events
+    app = Celery(broker=redis_url, set_as_current=False)
+    try:
+        assert consuming(app, solo) == {queue_name}
+    finally:
+        app.close()
+    done = run_cli(["abort", "--broker", redis_url], env)
+    assert done.returncode == 1 and "no unfinished run" in done.stderr, done.stderr

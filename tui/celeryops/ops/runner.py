@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -384,7 +384,10 @@ class Runner:
         self._loop = asyncio.get_running_loop()
         run = run or await asyncio.to_thread(self.unfinished)
         if run is None:
-            raise self.no_open_run("nothing was changed")
+            again = await asyncio.to_thread(self.unconfirmed)
+            if again is None:
+                raise self.no_open_run("nothing was changed")
+            return await self._restore_again(again)
         await self._refuse_if_live(run, "abort it")
         decided = self.recovery_plan(run, rollout)
         if decided.action == "ask" and force_restore:
@@ -395,21 +398,7 @@ class Runner:
         if decided.action in ("restore", "nothing"):
             await self.lift_fence(run.id)  # before the restore: a plugin worker would stop the queue again
         if decided.action == "restore":
-            record = {w: tuple(qs) for w, qs in decided.restore.items()}
-            intent = await self.journal.aio.intend_add_consumers(run.id, record)
-            patience = self.settings.recovery_patience
-            try:
-                restored = await restore_consumers(self.fleet, record, exclude=set(run.settings.get("forget", [])),
-                                                   patience=patience,
-                                                   on_wait=lambda exc: self.emit(broker_wait_notice(exc, patience)))
-            except BrokerUnreachable:
-                self.restore_failed = run.id
-                raise
-            await self.journal.aio.settle(intent, {"ok": restored.verified,
-                                                   "missing": {w: list(q) for w, q in restored.missing.items()}})
-            self.emit(restored)
-            if not restored.verified:
-                self.emit(Notice(level="warning", message=unverified(restored)))
+            restored = await self._restore_recorded(run, decided.restore)
         if decided.mark_as is not None and decided.action != "ask":
             await self.advance(run.id, decided.mark_as, reason="abort")
             if self._pub is None and self.coord is not None:  # not our run's process: publish the end once
@@ -419,6 +408,44 @@ class Runner:
                 await asyncio.to_thread(pub.flush, True)
                 await self._drop_dead_lease(run.id)
         return decided, restored
+
+    def unconfirmed(self) -> Run | None:
+        """The fleet's latest run in this journal if it ended aborted with consumers never confirmed back (its
+        restore was unverified: a busy or reconnecting worker did not answer), else None."""
+        latest = self.journal.history(1, self.fleet_name)
+        if not latest or latest[0].phase != "aborted":
+            return None
+        run = self.journal.get(latest[0].id)
+        return run if run.stopped_consumers() else None
+
+    async def _restore_again(self, run: Run) -> tuple[RecoveryPlan, ConsumersRestored | None]:
+        """``abort`` once more after an unverified restore: send the restore again and confirm it (the run stays
+        aborted)."""
+        stopped = {w: sorted(qs) for w, qs in run.stopped_consumers().items()}
+        decided = RecoveryPlan("restore", stopped, f"Run {run.id} ended aborted, but some consumers it stopped were "
+                                                   "never confirmed back: restoring them again.")
+        await self.lift_fence(run.id)
+        return decided, await self._restore_recorded(run, stopped)
+
+    async def _restore_recorded(self, run: Run, restore: Mapping[str, Iterable[str]]) -> ConsumersRestored:
+        """Restore ``restore`` for ``run`` (intent first, settled with whether it was confirmed), over a broker
+        outage of up to the recovery patience; an unconfirmed restore is warned about."""
+        record = {w: tuple(qs) for w, qs in restore.items()}
+        intent = await self.journal.aio.intend_add_consumers(run.id, record)
+        patience = self.settings.recovery_patience
+        try:
+            restored = await restore_consumers(self.fleet, record, exclude=set(run.settings.get("forget", [])),
+                                               patience=patience,
+                                               on_wait=lambda exc: self.emit(broker_wait_notice(exc, patience)))
+        except BrokerUnreachable:
+            self.restore_failed = run.id
+            raise
+        await self.journal.aio.settle(intent, {"ok": restored.verified,
+                                               "missing": {w: list(q) for w, q in restored.missing.items()}})
+        self.emit(restored)
+        if not restored.verified:
+            self.emit(Notice(level="warning", message=unverified(restored)))
+        return restored
 
     async def _drop_dead_lease(self, run_id: str) -> None:
         """The run is over: free the fleet from its lease if its owner is gone (a live owner keeps it)."""
