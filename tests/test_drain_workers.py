@@ -195,6 +195,10 @@ def test_an_unconfirmed_restore_is_confirmed_by_abort_again(redis_url: str, star
     assert not restored["verified"] and solo.nodename in restored["missing"], restored
     assert any("celeryops abort` again" in e.get("message", "") for e in drain.events if e["event"] == "notice")
     assert not redis_client.hget(f"ct:run:{tid}", "finished"), "the task must still run: nothing was killed"
+    status = run_cli(["status", "--broker", redis_url, "--json"], env)
+    assert json.loads(status.stdout)["unconfirmed"]["consumers"] == {solo.nodename: [queue_name]}, status.stdout
+    said = run_cli(["status", "--broker", redis_url], env).stdout
+    assert "without confirming" in said and solo.nodename in said and "celeryops abort" in said, said
 
     wait_for(lambda: finished(redis_client, [tid]), 60, "the solo task to end")
     again = run_cli(["abort", "--broker", redis_url, "--json"], env)
@@ -207,5 +211,6 @@ def test_an_unconfirmed_restore_is_confirmed_by_abort_again(redis_url: str, star
         assert consuming(app, solo) == {queue_name}
     finally:
         app.close()
+    assert json.loads(run_cli(["status", "--broker", redis_url, "--json"], env).stdout)["unconfirmed"] is None
     done = run_cli(["abort", "--broker", redis_url], env)
     assert done.returncode == 1 and "no unfinished run" in done.stderr, done.stderr

@@ -102,6 +102,7 @@ class StatusReport:
     redis_unreachable: bool = False  # the fleet's Redis was asked and did not answer: only the local journal was read
     local_ids: set[str] = field(default_factory=set)  # runs the local journal knows
     last: PublishedStatus | None = None  # a finished run still published, when nothing is current
+    unconfirmed: Run | None = None  # the latest run ended aborted with consumers never confirmed back
 
     @property
     def current(self) -> bool:
@@ -139,7 +140,10 @@ class StatusReport:
                         "depends_on_rollout": self.recovery.action == "ask"}
         return {"fleet": self.fleet, "source": self.source, "run": run,
                 "lease": self.lease.as_dict() if self.lease else None, "recovery": recovery, "notes": self.notes,
-                "last": self.last.as_dict() if self.last else None, "redis_unreachable": self.redis_unreachable}
+                "last": self.last.as_dict() if self.last else None, "redis_unreachable": self.redis_unreachable,
+                "unconfirmed": None if self.unconfirmed is None else {
+                    "run": self.unconfirmed.id,
+                    "consumers": {w: sorted(qs) for w, qs in sorted(self.unconfirmed.unconfirmed_consumers().items())}}}
 
 
 def gather_status(fleet_spec: FleetSpec, state_dir: str | None, fleet: str | None = None) -> StatusReport:
@@ -149,6 +153,7 @@ def gather_status(fleet_spec: FleetSpec, state_dir: str | None, fleet: str | Non
     journal = open_journal_if_any(state_dir)
     try:
         local = journal.unfinished_runs(name) if journal else []
+        report.unconfirmed = journal.unconfirmed(name) if journal and not local else None
     finally:
         if journal is not None:
             journal.close()
@@ -206,6 +211,11 @@ def _status_lines(report: StatusReport) -> list[str]:
         if report.last is not None:
             line += (f" The last published run {report.last.run_id} ended in phase {phase_word(report.last.phase)} "
                      f"{ago(time.time() - report.last.updated_at)}.")
+        if report.unconfirmed is not None:
+            who = ", ".join(f"{w} ({', '.join(sorted(qs))})"
+                            for w, qs in sorted(report.unconfirmed.unconfirmed_consumers().items()))
+            line += (f" Run {report.unconfirmed.id} ended aborted without confirming that these consumers came back: "
+                     f"{who}; run `celeryops abort` to restore and confirm them.")
         return [line, *(f"Note: {n}." for n in report.notes)]
     data = report.as_dict()["run"]
     release = f", release {data['release']}" if data["release"] else ""

@@ -382,6 +382,15 @@ class Journal(FleetCopy):
 
         return self._read(work)
 
+    def unconfirmed(self, fleet: str) -> Run | None:
+        """The fleet's latest run in this journal if it ended aborted with consumers it stopped never confirmed back
+        (its restore was unverified: a busy or reconnecting worker did not answer), else None."""
+        latest = self.history(1, fleet)
+        if not latest or latest[0].phase != "aborted":
+            return None
+        run = self.get(latest[0].id)
+        return run if run.unconfirmed_consumers() and run.stopped_consumers() else None
+
 
 _RUN_COLUMNS: Final = "id, fleet, broker, user, host, pid, release, settings, created, updated, phase, outcome"
 

@@ -117,6 +117,15 @@ class Run:
                         stopped.get(target, set()).difference_update(queues)
         return {w: qs for w, qs in stopped.items() if qs}
 
+    def unconfirmed_consumers(self) -> dict[str, set[str]]:
+        """The consumers the latest settled restore of this run could not confirm back, per worker ({} when it was
+        confirmed, or none was settled)."""
+        settled = [r for r in self.records if r.kind == "settle" and r.intent == ADD_CONSUMERS]
+        if not settled or settled[-1].payload.get("ok", True):
+            return {}
+        missing = _queue_map(settled[-1].payload.get("missing", {}))
+        return {w: set(qs) for w, qs in missing.items() if qs}
+
     def consumed_before(self) -> dict[str, set[str]]:
         """The queues each worker consumed before this run first stopped anything (as recorded)."""
         before: dict[str, set[str]] = {}

@@ -384,7 +384,7 @@ class Runner:
         self._loop = asyncio.get_running_loop()
         run = run or await asyncio.to_thread(self.unfinished)
         if run is None:
-            again = await asyncio.to_thread(self.unconfirmed)
+            again = await asyncio.to_thread(self.journal.unconfirmed, self.fleet_name)
             if again is None:
                 raise self.no_open_run("nothing was changed")
             return await self._restore_again(again)
@@ -408,15 +408,6 @@ class Runner:
                 await asyncio.to_thread(pub.flush, True)
                 await self._drop_dead_lease(run.id)
         return decided, restored
-
-    def unconfirmed(self) -> Run | None:
-        """The fleet's latest run in this journal if it ended aborted with consumers never confirmed back (its
-        restore was unverified: a busy or reconnecting worker did not answer), else None."""
-        latest = self.journal.history(1, self.fleet_name)
-        if not latest or latest[0].phase != "aborted":
-            return None
-        run = self.journal.get(latest[0].id)
-        return run if run.stopped_consumers() else None
 
     async def _restore_again(self, run: Run) -> tuple[RecoveryPlan, ConsumersRestored | None]:
         """``abort`` once more after an unverified restore: send the restore again and confirm it (the run stays
