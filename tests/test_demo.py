@@ -26,6 +26,7 @@ from celeryops.demo.timing import Timing
 from celeryops.slots import read_all
 from celeryops_harness.workers import wait_for
 from clihelp import CliProcess, cli_env, run_cli
+from termhelp import Tmux, tmux  # noqa: F401 - the tmux fixture
 
 MARK = "DEMO_TEST_MARK"
 
@@ -221,6 +222,36 @@ def test_killed_demo_leaves_no_process_behind(tmp_path: Path) -> None:
         raise AssertionError(f"processes left behind: {marked_processes(mark)}") from None
     for leftover in tmp_path.glob("celeryops-demo-*"):  # no chance to remove it: tidy up for the next run
         shutil.rmtree(leftover, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_demo_console_whose_terminal_closes_mid_drain_tears_the_sandbox_down(tmp_path: Path,
+                                                                              tmux: Tmux) -> None:  # noqa: F811
+    """The demo runs its console as every console runs: the terminal closing (SIGHUP, then the kernel's SIGCONT)
+    applies the recovery rules to the drain, then the demo tears its sandbox down itself (the directory goes too,
+    which the reaper alone would leave)."""
+    env, mark = demo_env(tmp_path)
+    tmux.start(["demo", "--speed", "3"], {**env, "TERM": "xterm-256color"})
+
+    def draining() -> bool:
+        screen = tmux.screen()
+        if "phase draining" in screen:
+            return True
+        if "y Confirm" in screen:
+            tmux.keys("y")
+        elif "Press G" in screen:
+            tmux.keys("G")
+        elif "S Start drain" in screen:
+            tmux.keys("S")
+        return False
+
+    try:
+        wait_for(draining, 120, "the demo console's drain to start (S, G, y)", step=0.5)
+    except TimeoutError:
+        raise AssertionError("the demo's drain did not start; its screen:\n" + tmux.screen()) from None
+    assert len(marked_processes(mark)) >= 4
+    tmux.tmux("kill-session", "-t", tmux.session)
+    assert_nothing_left(mark, tmp_path, timeout=90)
 
 
 def environ_of(pid: int) -> dict[str, str]:

@@ -78,6 +78,7 @@ def run_surviving_terminal(console: App[int], backend: OpsBackend) -> int | None
             recovery.add_done_callback(lambda _: _exit_after_grace())
             console.exit(EXIT_INTERRUPTED)
 
+        previous = {sig: signal.getsignal(sig) for sig in CONSOLE_SIGNALS}
         for sig in CONSOLE_SIGNALS:
             loop.add_signal_handler(sig, on_signal, sig)
         try:
@@ -86,8 +87,10 @@ def run_surviving_terminal(console: App[int], backend: OpsBackend) -> int | None
             if interrupted:
                 _say(f"{interrupted[0].name}: applying the recovery rules before exiting...")
             await backend.close()  # waits for the recovery begun at the signal, or cancels what still runs
-            for sig in CONSOLE_SIGNALS:
+            for sig, handler in previous.items():  # the caller's own (the demo's: tear the sandbox down)
                 loop.remove_signal_handler(sig)
+                if handler is not None:
+                    signal.signal(sig, handler)
 
     code = asyncio.run(main())
     if interrupted:

@@ -28,9 +28,12 @@ from celeryops.core.events import Notice
 from celeryops.demo.timing import Timing
 
 if TYPE_CHECKING:
-    from celeryops.demo.sandbox import DemoHandoff, Sandbox
+    from textual.app import App
 
-CONSOLE_HOOK = ("celeryops.console.app", "run_demo_console")
+    from celeryops.demo.sandbox import DemoHandoff, Sandbox
+    from celeryops.ops.console_backend import OpsBackend
+
+CONSOLE_HOOK = ("celeryops.console.app", "demo_console")
 _SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
@@ -85,13 +88,13 @@ def run_headless(sandbox: Sandbox, printer: Printer) -> int:
     return result.exit_code
 
 
-ConsoleHook = Callable[["DemoHandoff"], int]
+ConsoleHook = Callable[["DemoHandoff"], "tuple[App[int], OpsBackend]"]
 
 
 def console_hook() -> ConsoleHook:
-    """The console's entry for the demo: ``celeryops.console.app.run_demo_console(handoff) -> exit code``. It builds
-    the ops backend from ``handoff.config`` / ``handoff.repo``, shows ``handoff.notice`` in the header and
-    ``handoff.hint`` on the home view, and returns when the operator quits. Checked before anything starts."""
+    """The console's entry for the demo: ``celeryops.console.app.demo_console(handoff) -> (app, backend)``, the
+    console built on the sandbox (the backend from ``handoff.config`` / ``handoff.repo``, ``handoff.notice`` in the
+    header, ``handoff.hint`` on the home view). Checked before anything starts."""
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise UserError("celeryops demo opens the console, but there is no terminal: nothing was started; run it "
                         "in a terminal, or use celeryops demo --headless for a deploy without the console.",
@@ -105,8 +108,16 @@ def console_hook() -> ConsoleHook:
 
 
 def open_console(sandbox: Sandbox, hook: ConsoleHook) -> int:
-    """Hand the started sandbox to the console; returns the console's exit code."""
-    return int(hook(sandbox.handoff()))
+    """Run the console on the started sandbox as every console runs (SIGHUP and SIGTERM apply the recovery rules
+    to its run before it exits 130); returns its exit code."""
+    from celeryops.commands.console import run_surviving_terminal
+
+    console, backend = hook(sandbox.handoff())
+    try:
+        code = run_surviving_terminal(console, backend)
+    finally:
+        backend.close_sync()
+    return code if isinstance(code, int) else 0
 
 
 def _progress(printer: Printer) -> Callable[[str], None]:

@@ -354,10 +354,10 @@ def make_app(backend: ConsoleBackend, *, read_only: bool = False, clock: Callabl
     return app
 
 
-def run_demo_console(handoff: Any) -> int:
+def demo_console(handoff: Any) -> tuple[ConsoleApp, OpsBackend]:
     """``celeryops demo``: the console on the sandbox (``celeryops.demo.sandbox.DemoHandoff``), on the home view
-    with the hint line; D opens the release picker on ``handoff.release``. Returns the exit code when the
-    operator quits."""
+    with the hint line; D opens the release picker on ``handoff.release``. The caller runs it as every console runs
+    (``celeryops.commands.console.run_surviving_terminal``) and closes the backend after."""
     from celery import Celery
 
     from celeryops.core.masking import mask_url
@@ -369,15 +369,12 @@ def run_demo_console(handoff: Any) -> int:
                            state_dir=str(handoff.state_dir), repo=handoff.repo)
     console = make_app(backend, start="home", release=handoff.release)
     console.hint = handoff.hint
-    try:
-        code = console.run()
-    finally:
-        backend.close_sync()
-    return code if isinstance(code, int) else 0
+    return console, backend
 
 
 if TYPE_CHECKING:
     from celeryops.console.host import ConsoleHost
+    from celeryops.ops.console_backend import OpsBackend
 
     def _screens_can_host_in(app: ConsoleApp) -> ConsoleHost:
         return app  # mypy proves the app is what screens expect of it
