@@ -29,6 +29,9 @@ PIDBOX_SEP = "\x06\x16"
 # Answered by workers running the celeryops worker plugin (celeryops.fence): a whole observation in one reply.
 OBSERVE_COMMAND = "celeryops_observe"
 OBSERVE_PARTS = ("active", "reserved", "scheduled", "active_queues")
+#: Seconds after a Redis restart during which a worker without a control subscription may still be reconnecting
+#: (kombu's reconnect pauses grow to 30 s, and its consumer restarts after): no listener evidence meanwhile.
+RECONNECT_GRACE = 60.0
 MemberSource = Callable[[], Awaitable[set[str]]]
 #: Worker name -> True (its heartbeat is live) / False (its heartbeat expired): evidence of life or departure.
 HeartbeatSource = Callable[[], Awaitable[dict[str, bool]]]
@@ -76,6 +79,7 @@ class Fleet:
         self._round: RedisRound | None = None
         self._plain: set[str] = set()  # workers known to answer without the celeryops plugin
         self.heartbeat_sources: list[HeartbeatSource] = []  # the fence plugin's registry (see ``heartbeats``)
+        self._first_listeners_at: float | None = None  # see ``pidbox_listeners``
 
     # -- connection ---------------------------------------------------------------------------------------------
 
@@ -174,29 +178,42 @@ class Fleet:
                     found[name] = found.get(name, False) or bool(live)
         return found
 
-    async def pidbox_listeners(self) -> int | None:
+    async def pidbox_listeners(self, since: float | None = None) -> int | None:
         """Redis: how many connections listen on the fleet's control channel now (None: not Redis, or unknown).
 
         Every live worker holds one pattern subscription to the pidbox fanout topic, also while a solo pool is busy
         (the subscription is the server's state; the worker only reads later); a SIGKILLed worker's connection
         closes with its process, so its subscription goes while its pidbox binding stays. PUBSUB NUMPAT counts
         patterns, not subscribers, so this publishes an empty message: PUBLISH returns how many clients got it,
-        and kombu's consumers skip a message without data. Writes no key."""
+        and kombu's consumers skip a message without data. Writes no key.
+
+        A Redis that restarted after ``since`` (wall time; default: this adapter's first reading) and less than
+        :data:`RECONNECT_GRACE` seconds ago gives no evidence (None): its workers may still be reconnecting (kombu
+        retries with a growing pause), and one that has not yet would look gone."""
         if not self.is_redis:
             return None
         exchange = self.app.conf.control_exchange
         name = f"{exchange}.pidbox"
 
-        def count() -> int:
+        def count() -> tuple[int, float]:
             with self.app.connection_for_write() as conn:
                 channel: Any = conn.default_channel
                 topics = channel._get_publish_topics(name, "")
-                return sum(int(channel.client.publish(topic, "")) for topic in topics)
+                listeners = sum(int(channel.client.publish(topic, "")) for topic in topics)
+                uptime = float(channel.client.info("server").get("uptime_in_seconds", RECONNECT_GRACE))
+                return listeners, uptime
 
         try:
-            return await asyncio.to_thread(count)
+            listeners, uptime = await asyncio.to_thread(count)
         except Exception:  # an older kombu without the topic helpers, a broker blip: no evidence
             return None
+        now = time.time()
+        if self._first_listeners_at is None:
+            self._first_listeners_at = now
+        since = self._first_listeners_at if since is None else since
+        if uptime < RECONNECT_GRACE and now - uptime > since + 1.0:  # restarted since (1 s: uptime's resolution)
+            return None
+        return listeners
 
     async def pidbox_consumers(self, names: Iterable[str]) -> dict[str, int | None]:
         """AMQP: consumers on each worker's own pidbox queue (``<name>.<exchange>.pidbox``, passive queue_declare):

@@ -351,20 +351,23 @@ class Drain:
 
 async def restore_consumers(fleet: Fleet, record: dict[str, tuple[str, ...]], *, known: Iterable[str] = (),
                             exclude: Iterable[str] = (), attempts: int = 3, patience: float = RESTORE_PATIENCE,
-                            on_wait: Callable[[BrokerUnreachable], None] | None = None) -> ConsumersRestored:
+                            on_wait: Callable[[BrokerUnreachable], None] | None = None,
+                            since: float | None = None) -> ConsumersRestored:
     """Add back every queue in ``record`` (worker -> queues; ``"*"`` -> queues for workers whose own queues were
     never seen) that the worker does not consume now, then verify with active_queues. Idempotent. ``exclude``:
     workers known to be gone (forgotten, or left the fleet), never addressed.
 
     A broker that does not answer (a restart, a failover) is tried again for ``patience`` seconds before the
     restore gives up with :class:`BrokerUnreachable`: stopped consumers must not stay stopped over a blip.
-    ``on_wait`` hears the first such failure (to tell the operator why the restore takes longer)."""
-    return await keep_trying(lambda: _restore_once(fleet, record, known=known, exclude=exclude, attempts=attempts),
+    ``on_wait`` hears the first such failure (to tell the operator why the restore takes longer). ``since``: when
+    the run began (see ``Fleet.pidbox_listeners``: a worker still reconnecting after a Redis restart is not gone)."""
+    return await keep_trying(lambda: _restore_once(fleet, record, known=known, exclude=exclude, attempts=attempts,
+                                                   since=since),
                              BrokerUnreachable, patience, on_wait)
 
 
 async def _restore_once(fleet: Fleet, record: dict[str, tuple[str, ...]], *, known: Iterable[str],
-                        exclude: Iterable[str], attempts: int) -> ConsumersRestored:
+                        exclude: Iterable[str], attempts: int, since: float | None) -> ConsumersRestored:
     broadcast = set(record.get(BROADCAST, ()))
     skip = set(exclude)
     per_worker = {w: set(qs) for w, qs in record.items() if w != BROADCAST and w not in skip}
@@ -373,11 +376,11 @@ async def _restore_once(fleet: Fleet, record: dict[str, tuple[str, ...]], *, kno
         per_worker[name] = set(broadcast)  # appeared since: its own queues were never recorded
     restored: dict[str, tuple[str, ...]] = {}
     missing: dict[str, tuple[str, ...]] = {}
-    before = await fleet.pidbox_listeners()
+    before = await fleet.pidbox_listeners(since)
     for attempt in range(attempts):
         current = await fleet.active_queues(sorted(per_worker)) if per_worker else {}
         if attempt == 0:  # workers gone by evidence (SIGKILLed, their bindings stay) are not addressed
-            for name in await gone_now(fleet, set(per_worker) - set(current), current, before):
+            for name in await gone_now(fleet, set(per_worker) - set(current), current, before, since):
                 del per_worker[name]
         missing = {}
         for worker, queues in per_worker.items():

@@ -61,13 +61,15 @@ def departures(silent: Iterable[str], replied: Iterable[str], evidence: Evidence
     return gone
 
 
-async def gone_now(fleet: Fleet, silent: Iterable[str], replied: Iterable[str], before: int | None) -> dict[str, str]:
+async def gone_now(fleet: Fleet, silent: Iterable[str], replied: Iterable[str], before: int | None,
+                   since: float | None = None) -> dict[str, str]:
     """One reading of the evidence for ``silent`` workers (``before``: listeners read before their silence was seen),
-    for a restore from a fresh process: a worker gone by evidence is not addressed (nor reported missing)."""
+    for a restore from a fresh process: a worker gone by evidence is not addressed (nor reported missing).
+    ``since``: when the run began (a Redis restarted since gives no listener evidence for a while)."""
     silent = sorted(set(silent))
     if not silent:
         return {}
-    heartbeats, after, pidbox = await asyncio.gather(fleet.heartbeats(), fleet.pidbox_listeners(),
+    heartbeats, after, pidbox = await asyncio.gather(fleet.heartbeats(), fleet.pidbox_listeners(since),
                                                      fleet.pidbox_consumers(silent))
     listeners = None if before is None or after is None else max(before, after)
     return departures(silent, replied, Evidence(listeners=listeners, heartbeats=heartbeats, pidbox=pidbox))

@@ -426,7 +426,7 @@ class Runner:
         patience = self.settings.recovery_patience
         try:
             restored = await restore_consumers(self.fleet, record, exclude=set(run.settings.get("forget", [])),
-                                               patience=patience,
+                                               patience=patience, since=run.created,
                                                on_wait=lambda exc: self.emit(broker_wait_notice(exc, patience)))
         except BrokerUnreachable:
             self.restore_failed = run.id
