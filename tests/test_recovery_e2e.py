@@ -179,6 +179,23 @@ def test_sigkill_in_each_phase_then_abort_restores_exactly(fleet: SharedFleet, e
     assert_no_current_run(status(fleet, env), run.id)
 
 
+def test_abort_after_a_one_queue_drain_gives_no_worker_a_queue_it_never_had(fleet: SharedFleet, env: dict[str, str],
+                                                                           fleet_name: str, coord: redis.Redis) -> None:
+    """Only w2 consumes c: a drain of c records w1 with nothing stopped. A restore from the journal must not take
+    w1 for a worker that appeared since (those get the drained queues by broadcast) and make it consume c."""
+    w1, w2 = (w.nodename for w in fleet.workers)
+    (only_w2,) = fleet.baseline[w2] - fleet.baseline[w1]
+    drain = run_cli(["drain", "--broker", fleet.url, "-Q", only_w2, *FAST, "--json"], env,
+                    kill_after="phase:draining")
+    assert drain.returncode == -signal.SIGKILL, (drain.returncode, drain.stdout, drain.stderr)
+    assert fleet.consuming() == {w1: fleet.baseline[w1], w2: fleet.baseline[w2] - {only_w2}}
+    run = only_run(env)
+    wait_orphaned(coord, fleet_name, run.id)
+    abort = run_cli(["abort", "--broker", fleet.url, "--json"], env)
+    assert abort.returncode == 0, abort.stderr
+    assert fleet.consuming() == fleet.baseline  # w1 does not consume c: it never did
+
+
 # -- SIGINT / SIGTERM / SIGHUP: the drain restores by itself --------------------------------------------------------
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)

@@ -117,6 +117,14 @@ class Run:
                         stopped.get(target, set()).difference_update(queues)
         return {w: qs for w, qs in stopped.items() if qs}
 
+    def recorded_workers(self) -> set[str]:
+        """Every worker a stop of this run named, also those it stopped nothing on (they consumed none of the drained
+        queues): a restore must not take them for workers that appeared since."""
+        named: set[str] = set()
+        for rec in self.intents(CANCEL_CONSUMERS):
+            named |= set(_queue_map(_section(rec.payload, "stop"))) | set(_queue_map(rec.payload.get("before", {})))
+        return named - {ALL_WORKERS}
+
     def unconfirmed_consumers(self) -> dict[str, set[str]]:
         """The consumers the latest settled restore of this run could not confirm back, per worker ({} when it was
         confirmed, or none was settled)."""

@@ -413,8 +413,8 @@ class Runner:
         """``abort`` once more after an unverified restore: send the restore again and confirm it (the run stays
         aborted)."""
         stopped = {w: sorted(qs) for w, qs in run.stopped_consumers().items()}
-        decided = RecoveryPlan("restore", stopped, f"Run {run.id} ended aborted, but some consumers it stopped were "
-                                                   "never confirmed back: restoring them again.")
+        decided = RecoveryPlan("restore", stopped, f"Run {run.id} had ended aborted with consumers it stopped never "
+                                                   "confirmed back: its restore was sent again and checked.")
         await self.lift_fence(run.id)
         return decided, await self._restore_recorded(run, stopped)
 
@@ -423,6 +423,9 @@ class Runner:
         outage of up to the recovery patience; an unconfirmed restore is warned about."""
         record = {w: tuple(qs) for w, qs in restore.items()}
         intent = await self.journal.aio.intend_add_consumers(run.id, record)
+        # Workers the run stopped nothing on are named too, with nothing to add: a restore gives the drained queues
+        # (by broadcast) only to workers the run never saw.
+        record = {**{w: () for w in run.recorded_workers()}, **record}
         patience = self.settings.recovery_patience
         try:
             restored = await restore_consumers(self.fleet, record, exclude=set(run.settings.get("forget", [])),
