@@ -50,21 +50,17 @@ def open_console(fleet: FleetSpec, *, start: Start = "home", read_only: bool = F
                            state_dir=cfg.state_dir, drain=drain,
                            targets=targets, repo=Path(repo) if repo else None)
     console = make_app(backend, read_only=read_only, start=start, release=release)
-    try:
-        code = run_surviving_terminal(console, backend)
-    finally:
-        backend.close_sync()
-    sys.exit(code if isinstance(code, int) else 0)
+    sys.exit(run_surviving_terminal(console, backend))
 
 
-def run_surviving_terminal(console: App[int], backend: OpsBackend) -> int | None:
+def run_surviving_terminal(console: App[int], backend: OpsBackend) -> int:
     """Run the console so that its run outlives the console itself: SIGHUP (the terminal closed, an SSH drop) and
     SIGTERM cancel the live run at once, which applies the recovery rules (a drain short of drained restores its
     consumers; a deploy follows the recovery rules), while the console closes (its terminal may be gone: nothing
     more is drawn); the process exits 130 once both are done. The recovery never waits on the console's shutdown:
     should that hang once the recovery is done, the process still exits after :data:`SHUTDOWN_GRACE` seconds. A
     crash of the console (an exception out of it) and a plain exit also cancel whatever still runs, and wait for
-    it."""
+    it. The backend is closed after; returns the exit code."""
     interrupted: list[signal.Signals] = []
 
     async def main() -> int | None:
@@ -92,11 +88,14 @@ def run_surviving_terminal(console: App[int], backend: OpsBackend) -> int | None
                 if handler is not None:
                     signal.signal(sig, handler)
 
-    code = asyncio.run(main())
+    try:
+        code = asyncio.run(main())
+    finally:
+        backend.close_sync()
     if interrupted:
         _say(f"{interrupted[0].name}: the recovery rules were applied.")
         return EXIT_INTERRUPTED
-    return code
+    return code if isinstance(code, int) else 0
 
 
 SHUTDOWN_GRACE = 15.0

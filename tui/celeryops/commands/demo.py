@@ -112,12 +112,7 @@ def open_console(sandbox: Sandbox, hook: ConsoleHook) -> int:
     to its run before it exits 130); returns its exit code."""
     from celeryops.commands.console import run_surviving_terminal
 
-    console, backend = hook(sandbox.handoff())
-    try:
-        code = run_surviving_terminal(console, backend)
-    finally:
-        backend.close_sync()
-    return code if isinstance(code, int) else 0
+    return run_surviving_terminal(*hook(sandbox.handoff()))
 
 
 def _progress(printer: Printer) -> Callable[[str], None]:

@@ -357,7 +357,7 @@ def make_app(backend: ConsoleBackend, *, read_only: bool = False, clock: Callabl
 def demo_console(handoff: Any) -> tuple[ConsoleApp, OpsBackend]:
     """``celeryops demo``: the console on the sandbox (``celeryops.demo.sandbox.DemoHandoff``), on the home view
     with the hint line; D opens the release picker on ``handoff.release``. The caller runs it as every console runs
-    (``celeryops.commands.console.run_surviving_terminal``) and closes the backend after."""
+    (``celeryops.commands.console.run_surviving_terminal``), which closes the backend after."""
     from celery import Celery
 
     from celeryops.core.masking import mask_url
