@@ -22,6 +22,7 @@ from celeryops.ops.journal import TERMINAL_PHASES, Journal, Run, journal_path
 from celeryops.ops.publish import PublishedStatus, read_status
 from celeryops.ops.recovery import RecoveryPlan, plan
 from celeryops.ops.runlease import LeaseInfo, ago, read_lease
+from celeryops.ops.runmodel import consumers_text
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
@@ -212,8 +213,7 @@ def _status_lines(report: StatusReport) -> list[str]:
             line += (f" The last published run {report.last.run_id} ended in phase {phase_word(report.last.phase)} "
                      f"{ago(time.time() - report.last.updated_at)}.")
         if report.unconfirmed is not None:
-            who = ", ".join(f"{w} ({', '.join(sorted(qs))})"
-                            for w, qs in sorted(report.unconfirmed.unconfirmed_consumers().items()))
+            who = consumers_text(report.unconfirmed.unconfirmed_consumers())
             line += (f" Run {report.unconfirmed.id} ended aborted without confirming that these consumers came back: "
                      f"{who}; run `celeryops abort` to restore and confirm them.")
         return [line, *(f"Note: {n}." for n in report.notes)]

@@ -183,6 +183,11 @@ def _section(payload: dict[str, Any], name: str) -> object:
     return {k: v for k, v in payload.items() if k not in ("before", "stop", "add")}
 
 
+def consumers_text(consumers: Mapping[str, Iterable[str]]) -> str:
+    """``worker (queue, queue), ...`` for the operator (the by-broadcast entry left out)."""
+    return ", ".join(f"{w} ({', '.join(sorted(q))})" for w, q in sorted(consumers.items()) if w != ALL_WORKERS)
+
+
 def _queue_map(value: object) -> dict[str, set[str]]:
     if not isinstance(value, Mapping):
         return {}

@@ -32,7 +32,7 @@ from celeryops.ops.publish import Publisher
 from celeryops.ops.recovery import RecoveryPlan, Rollout, plan
 from celeryops.ops.runfence import RunFence
 from celeryops.ops.runlease import LeaseHeld, RunLease, drop_dead_lease, read_lease
-from celeryops.ops.runsupport import JournalHooks, current_user, uncut, unverified
+from celeryops.ops.runsupport import JournalHooks, current_user, restore_settlement, uncut, unverified
 
 log = logging.getLogger(__name__)
 
@@ -434,8 +434,7 @@ class Runner:
         except BrokerUnreachable:
             self.restore_failed = run.id
             raise
-        await self.journal.aio.settle(intent, {"ok": restored.verified,
-                                               "missing": {w: list(q) for w, q in restored.missing.items()}})
+        await self.journal.aio.settle(intent, restore_settlement(restored))
         self.emit(restored)
         if not restored.verified:
             self.emit(Notice(level="warning", message=unverified(restored)))

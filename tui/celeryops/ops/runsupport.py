@@ -8,11 +8,11 @@ import contextlib
 import getpass
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from celeryops.core.events import ConsumersRestored
-from celeryops.ops.drain import BROADCAST
 from celeryops.ops.journal import Journal
+from celeryops.ops.runmodel import consumers_text
 
 T = TypeVar("T")
 
@@ -47,13 +47,17 @@ class JournalHooks:
 
     async def after_restore(self, event: ConsumersRestored) -> None:
         if self._restore_intent is not None:
-            await self.journal.aio.settle(self._restore_intent, {
-                "ok": event.verified, "restored": {w: list(q) for w, q in event.restored.items()},
-                "missing": {w: list(q) for w, q in event.missing.items()}})
+            await self.journal.aio.settle(self._restore_intent, restore_settlement(event))
+
+
+def restore_settlement(event: ConsumersRestored) -> dict[str, Any]:
+    """How a restore went, as its intent's settle record (``ok`` only when every consumer was confirmed back)."""
+    return {"ok": event.verified, "restored": {w: list(q) for w, q in event.restored.items()},
+            "missing": {w: list(q) for w, q in event.missing.items()}}
 
 
 def unverified(event: ConsumersRestored) -> str:
-    who = ", ".join(f"{w} ({', '.join(q)})" for w, q in sorted(event.missing.items()) if w != BROADCAST)
+    who = consumers_text(event.missing)
     return (f"Could not confirm that these consumers are back: {who}; they may be busy (a solo-pool worker "
             "answers when its task ends) — check with `celeryops status` and run `celeryops abort` again if needed.")
 
