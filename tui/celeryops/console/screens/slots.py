@@ -11,7 +11,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import DataTable, Sparkline, Static
 
 from celeryops.console.fmt import gauge, left, since, slots_text
-from celeryops.console.screens.base import ConsoleScreen
+from celeryops.console.screens.base import ConsoleScreen, Row, refill
 from celeryops.ops.views import PoolView, SlotsView
 
 
@@ -73,9 +73,9 @@ class SlotsScreen(ConsoleScreen):
         await box.remove_children()
         holders = self.query_one("#holders", DataTable)
         waiting = self.query_one("#waiting", DataTable)
-        holders.clear()
-        waiting.clear()
         if view is None or not view.pools:
+            refill(holders, [])
+            refill(waiting, [])
             await box.mount(Static(Text("This fleet has no slot pool.", style="dim")))
             return
         box.border_title = f"Resources · {len(view.pools)} pool{'s' if len(view.pools) != 1 else ''}"
@@ -89,12 +89,12 @@ class SlotsScreen(ConsoleScreen):
                                        Static(Text(f" last {span}", style="dim"), classes="span"),
                                        classes="resource"))
         await box.mount_all(rows)
+        held: list[Row] = []
         for h in sorted(view.holders, key=lambda h: h.ttl_left):
             ttl = Text("EXPIRED", style="bold white on red") if h.expired else Text(
                 left(h.ttl_left), style="yellow" if h.ttl_left < 30 else "")
-            holders.add_row(h.task, h.worker, slots_text(h.slots), since(h.age), ttl, h.pool,
-                            key=f"{h.pool}\0{h.lease_id}")
-        for i, w in enumerate(view.waiting):
-            waiting.add_row(w.task, w.worker, slots_text(w.slots), since(w.waiting), w.pool, key=str(i))
-        if not view.waiting:
-            waiting.add_row(Text("nobody is waiting", style="dim"), "", "", "", "")
+            held.append((f"{h.pool}\0{h.lease_id}", [h.task, h.worker, slots_text(h.slots), since(h.age), ttl, h.pool]))
+        refill(holders, held)
+        wanting: list[Row] = [(str(i), [w.task, w.worker, slots_text(w.slots), since(w.waiting), w.pool])
+                              for i, w in enumerate(view.waiting)]
+        refill(waiting, wanting or [(None, [Text("nobody is waiting", style="dim"), "", "", "", ""])])
