@@ -107,7 +107,9 @@ class ConsoleApp(App[int]):
             self.push_screen(screen)
 
     def _render_run(self) -> None:
-        if not self.screen_stack:  # the app is shutting down: late run events update the model only
+        # The app is shutting down (Textual clears `_running` first, then takes the screens' widgets down before
+        # the stack): late run events update the model only.
+        if not self.screen_stack or not self._running:
             return
         self.sync_view()
         if isinstance(self.screen, ConsoleScreen):
