@@ -37,7 +37,7 @@ from celery import Celery
 from celeryops.adapters.fleet import Fleet
 from celeryops.adapters.taskevents import NUDGE, TaskWatch
 from celeryops.demo.standins.redis_server import RedisServer
-from celeryops.ops.drain import Drain, DrainSettings
+from celeryops.ops.drain.engine import Drain, DrainSettings
 from celeryops_harness.simfleet import SimSpec, SimTask, sim_fleet
 from common import bench_fleet, control_app, table
 

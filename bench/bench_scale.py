@@ -79,7 +79,7 @@ def delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
 def poll_child(broker: str, expect: int, repeats: int) -> dict[str, Any]:
     """Runs in its own process: start a drain (once), then time ``repeats`` polls (after one warm-up)."""
     from celeryops.adapters.fleet import Fleet
-    from celeryops.ops.drain import Drain, DrainSettings
+    from celeryops.ops.drain.engine import Drain, DrainSettings
 
     client = redis.Redis.from_url(broker)
     rss_base = rss_mb()

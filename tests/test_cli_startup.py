@@ -80,7 +80,7 @@ def test_a_subcommand_is_imported_when_it_runs_and_unknown_ones_are_click_errors
     assert out.returncode == 0 and "List the runs recorded" in out.stdout
     # (importlib.import_module is not logged by -X importtime; what the modules import is)
     assert "celeryops.ops.journal" in names  # imported by commands/runs.py
-    assert not {"celeryops.ops.runner", "celeryops.ops.release", "celeryops.demo.sandbox", "textual"} & names
+    assert not {"celeryops.ops.run.runner", "celeryops.ops.release", "celeryops.demo.sandbox", "textual"} & names
     _, out = imported(["nosuch"])
     assert out.returncode == 2 and "No such command 'nosuch'" in out.stderr and "Traceback" not in out.stderr
 
@@ -116,7 +116,7 @@ def test_worker_side_modules_load_no_operator_side_package(module: str) -> None:
 def test_the_console_starts_without_google_cloud_run() -> None:
     """The console's app and backend show rollout events but load google-cloud-run (~0.35 s) only for a deploy."""
     names, out = imported([], code="import celeryops.commands.console, celeryops.console.app, "
-                                   "celeryops.ops.console_backend")
+                                   "celeryops.ops.backend.console")
     assert out.returncode == 0, out.stderr[-2000:]
     assert "textual" in names and not {"google", "grpc"} & names, sorted({"google", "grpc"} & names)
     assert "celeryops.adapters.deploy.cloudrun" not in names

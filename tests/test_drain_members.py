@@ -18,8 +18,8 @@ import pytest
 import redis
 
 from celeryops.fence import heartbeat_states
+from celeryops.ops.drain.membership import HEARTBEAT, NO_LISTENER
 from celeryops.ops.journal import Journal
-from celeryops.ops.membership import HEARTBEAT, NO_LISTENER
 from celeryops_harness.workers import wait_for
 from clihelp import CliProcess, cli_env, run_cli
 from drainhelp import enqueue, finished, runs, started

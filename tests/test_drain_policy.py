@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from celeryops.core.events import Observation, WorkerObs
-from celeryops.ops.drain import DrainSettings, PolicyState, judge
+from celeryops.ops.drain.engine import DrainSettings, PolicyState, judge
 
 S = DrainSettings(interval=15, streak=2, max_wait=1200)
 

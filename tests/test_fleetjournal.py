@@ -11,8 +11,7 @@ import pytest
 import redis
 
 from celeryops.demo.standins.redis_server import RedisServer
-from celeryops.ops.fleetjournal import FleetStore, merge_open
-from celeryops.ops.journal import FleetStoreDown, Journal
+from celeryops.ops.journal import FleetStore, FleetStoreDown, Journal, merge_open
 from e2ehelp import dump_redis
 
 BROKER = "redis://:pw-secret@broker:6379/0"

@@ -15,7 +15,7 @@ import pytest
 
 from celeryops.core.errors import UserError
 from celeryops.ops.journal import PHASES, InvalidTransition, Journal, Phase, UnknownRun, journal_path, new_run_id
-from celeryops.ops.recovery import plan
+from celeryops.ops.run.recovery import plan
 
 # The documented transitions, written out independently of the module's table.
 ALLOWED: set[tuple[str, str]] = {

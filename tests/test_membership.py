@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from celeryops.core.events import DrainProgress
-from celeryops.ops.decode import decode
-from celeryops.ops.membership import (
+from celeryops.ops.drain.membership import (
     HEARTBEAT,
     NO_LISTENER,
     PIDBOX_QUEUE,
@@ -14,6 +13,7 @@ from celeryops.ops.membership import (
     held_by,
     remedy,
 )
+from celeryops.ops.fleetwide.decode import decode
 
 
 def test_expired_heartbeat_and_closed_control_queue_are_evidence() -> None:

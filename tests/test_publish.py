@@ -9,8 +9,8 @@ import pytest
 import redis
 
 from celeryops.demo.standins.redis_server import RedisServer
-from celeryops.ops.publish import Publisher, events_key, read_events, read_status, status_key
-from celeryops.ops.runlease import RunLease, read_lease
+from celeryops.ops.fleetwide.lease import RunLease, read_lease
+from celeryops.ops.fleetwide.publish import Publisher, events_key, read_events, read_status, status_key
 
 
 def make(client: redis.Redis, **kw: object) -> Publisher:

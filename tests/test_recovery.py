@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from celeryops.core.errors import EXIT_DEPLOY, EXIT_OK
 from celeryops.ops.journal import PHASES, TERMINAL_PHASES, Phase, Record, Run
-from celeryops.ops.recovery import ABORT, ABORT_RESTORE, RESUME, ROLLOUTS, Rollout, deploy_state, plan
+from celeryops.ops.run.recovery import ABORT, ABORT_RESTORE, RESUME, ROLLOUTS, Rollout, deploy_state, plan
 
 
 class Builder:

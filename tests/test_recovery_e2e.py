@@ -20,9 +20,9 @@ import redis
 
 from celeryops.core.masking import mask_url
 from celeryops.demo.standins.redis_server import RedisServer
+from celeryops.ops.fleetwide.lease import read_lease
+from celeryops.ops.fleetwide.publish import read_events
 from celeryops.ops.journal import Journal, journal_path
-from celeryops.ops.publish import read_events
-from celeryops.ops.runlease import read_lease
 from celeryops_harness.workers import WorkerProcess, control_app, wait_for
 from clihelp import CliProcess, cli_env, run_cli
 from drainhelp import enqueue, finished, runs, started

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from celeryops.ops.fleetjournal import FleetStore
+from celeryops.ops.journal import FleetStore
 from celeryops_harness.workers import wait_for
 from clihelp import CliProcess, cli_env, run_cli
 from e2ehelp import SharedFleet, cli_json, journal_runs, one_sentence_error, only_run

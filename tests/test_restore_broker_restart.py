@@ -19,8 +19,8 @@ import redis
 from celeryops.adapters.fleet import Fleet
 from celeryops.core.errors import BrokerUnreachable
 from celeryops.demo.standins.redis_server import RedisServer
-from celeryops.ops.drain import restore_consumers
-from celeryops.ops.membership import NO_LISTENER, gone_now
+from celeryops.ops.drain.engine import restore_consumers
+from celeryops.ops.drain.membership import NO_LISTENER, gone_now
 from celeryops_harness.workers import control_app, wait_for
 
 WAIT = 60.0

@@ -13,7 +13,7 @@ import redis
 
 from celeryops.core.errors import EXIT_PREFLIGHT
 from celeryops.core.namespace import fleet_key
-from celeryops.ops.runlease import LeaseHeld, RunLease, read_lease
+from celeryops.ops.fleetwide.lease import LeaseHeld, RunLease, read_lease
 from celeryops_harness.workers import wait_for
 
 
@@ -110,7 +110,7 @@ async def test_heartbeat_keeps_a_short_lease_alive_and_reports_loss(redis_url: s
 HOLDER = textwrap.dedent("""
     import asyncio, sys
     import redis
-    from celeryops.ops.runlease import RunLease
+    from celeryops.ops.fleetwide.lease import RunLease
 
     async def main():
         client = redis.Redis.from_url(sys.argv[1])

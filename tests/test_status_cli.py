@@ -12,9 +12,9 @@ from click.testing import CliRunner, Result
 
 from celeryops.cli import main
 from celeryops.demo.standins.redis_server import free_port
+from celeryops.ops.fleetwide.lease import RunLease
+from celeryops.ops.fleetwide.publish import Publisher
 from celeryops.ops.journal import Journal, journal_path
-from celeryops.ops.publish import Publisher
-from celeryops.ops.runlease import RunLease
 
 CLEAN_ENV = {"CELERYOPS_REDIS_URL": None, "CELERY_BROKER_URL": None, "CELERYOPS_FLEET": None}
 

@@ -22,10 +22,9 @@ import redis
 
 from celeryops.demo.standins.cloudrun import standin_config
 from celeryops.demo.standins.redis_server import RedisServer
-from celeryops.ops.fleetjournal import FleetStore, merge_open
-from celeryops.ops.journal import Journal, Run, journal_path
-from celeryops.ops.recovery import plan as plan_recovery
-from celeryops.ops.runlease import read_lease
+from celeryops.ops.fleetwide.lease import read_lease
+from celeryops.ops.journal import FleetStore, Journal, Run, journal_path, merge_open
+from celeryops.ops.run.recovery import plan as plan_recovery
 from celeryops_harness.chaos_amqp import create_vhost, delete_vhost
 from celeryops_harness.chaos_plan import WORKER_KILL, Fault, TrialPlan
 from celeryops_harness.chaos_procs import CliRun, TrialFleet, aof_redis_server

@@ -1,4 +1,4 @@
-"""The console over the real ops layer (``celeryops.ops.console_backend.OpsBackend``), driven by Pilot against a real
+"""The console over the real ops layer (``celeryops.ops.backend.console.OpsBackend``), driven by Pilot against a real
 redis-server, real Celery workers and the local Cloud Run stand-in: preflight -> drain -> deploy -> done;
 timeout -> consumers restored; quit mid-drain -> abort restores; detach leaves the run, and a restarted console
 opens the resume/abort panel whose abort restores the consumers."""
@@ -29,9 +29,9 @@ from celeryops.core.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT
 from celeryops.demo.standins.cloudrun import CloudRunStandIn, standin_config
 from celeryops.demo.standins.gitrepo import GitFixture
 from celeryops.demo.standins.registry import RegistryStandIn
-from celeryops.ops.console_backend import OpsBackend, open_backend
+from celeryops.ops.backend.console import OpsBackend, open_backend
 from celeryops.ops.journal import Journal
-from celeryops.ops.session import DrainRequest
+from celeryops.ops.run.session import DrainRequest
 from celeryops_harness.workers import WorkerProcess, wait_for
 from drainhelp import enqueue, started
 
@@ -280,7 +280,7 @@ async def test_console_resume_finishes_an_interrupted_deploy_as_the_cli_does(
         tmp_path: Path, redis_url: str, queue_name: str, kill_after: str) -> None:
     """A `celeryops deploy` SIGKILLed after its drain (or right after the update was accepted); the console's
     resume panel resumes it: drain again and deploy (or, the rollout being ready, finish), as `celeryops resume`."""
-    from celeryops.ops.runlease import read_lease
+    from celeryops.ops.fleetwide.lease import read_lease
     from clihelp import cli_env, run_cli
 
     git = GitFixture(tmp_path / "git", branch="demo-2").create(commits=2, age=timedelta(days=1))

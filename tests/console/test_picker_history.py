@@ -20,7 +20,7 @@ from celeryops.console.screens.slots import SlotsScreen
 from celeryops.core.configload import load_config
 from celeryops.demo.standins.gitrepo import GitFixture
 from celeryops.demo.standins.registry import RegistryStandIn
-from celeryops.ops.console_backend import OpsBackend
+from celeryops.ops.backend.console import OpsBackend
 from celeryops.ops.journal import Journal
 
 SIZE = (120, 40)

@@ -13,7 +13,7 @@ from test_flows import backend_for, console, press, until
 
 from celeryops.console.fmt import gauge
 from celeryops.console.screens.slots import SlotsScreen
-from celeryops.ops.console_backend import OpsBackend
+from celeryops.ops.backend.console import OpsBackend
 from celeryops_harness.slotapp import slot_sleep
 
 BASE = {"CELERYOPS_SLOTS_DETECT": "0", "CELERYOPS_TEST_SLOT_COUNTDOWN": "0.3", "CELERYOPS_SLOTS_LEASE_TTL": "5",

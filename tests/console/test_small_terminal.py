@@ -21,7 +21,7 @@ from celeryops.console.screens.quit import QuitScreen
 from celeryops.console.static import StaticBackend
 from celeryops.console.widgets.meters import Countdown, WorkerBadges, compact_left
 from celeryops.console.widgets.status_bar import StatusBar
-from celeryops.ops.views import Condition
+from celeryops.ops.backend.views import Condition
 
 SMALL = (80, 24)
 

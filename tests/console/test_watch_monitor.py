@@ -18,9 +18,9 @@ from celeryops.console.screens.home import HomeScreen
 from celeryops.console.widgets.status_bar import StatusBar
 from celeryops.core.config import Config
 from celeryops.core.errors import ReadOnlyRefused
-from celeryops.ops.console_backend import open_backend
-from celeryops.ops.publish import read_status
-from celeryops.ops.wiring import WATCH_CLIENT_NAME
+from celeryops.ops.backend.console import open_backend
+from celeryops.ops.fleetwide.publish import read_status
+from celeryops.ops.run.wiring import WATCH_CLIENT_NAME
 from celeryops_harness.workers import wait_for
 from clihelp import CliProcess, cli_env
 from drainhelp import enqueue, started

@@ -14,7 +14,7 @@ from test_watch_monitor import watcher  # tests/console is on sys.path
 from textual.widgets import Static
 
 from celeryops.console.screens.home import HomeScreen
-from celeryops.ops.publish import Publisher
+from celeryops.ops.fleetwide.publish import Publisher
 
 
 async def test_watcher_shows_a_parked_drained_run(redis_url: str, start_workers: Any, queue_name: str,

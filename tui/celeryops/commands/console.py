@@ -22,8 +22,8 @@ from celeryops.core.errors import EXIT_INTERRUPTED, EXIT_USAGE, UserError
 if TYPE_CHECKING:
     from textual.app import App
 
-    from celeryops.ops.console_backend import OpsBackend
-    from celeryops.ops.session import DrainRequest
+    from celeryops.ops.backend.console import OpsBackend
+    from celeryops.ops.run.session import DrainRequest
 
 Start = Literal["home", "deploy", "drain"]
 CONSOLE_SIGNALS = (signal.SIGHUP, signal.SIGTERM)
@@ -42,7 +42,7 @@ def open_console(fleet: FleetSpec, *, start: Start = "home", read_only: bool = F
         raise UserError("The console needs a terminal and this is not one: nothing was contacted; use "
                         "`celeryops status` (or a command with --json) in scripts.", EXIT_USAGE)
     from celeryops.console.app import make_app
-    from celeryops.ops.console_backend import open_backend  # Textual and the ops layer load only when needed
+    from celeryops.ops.backend.console import open_backend  # Textual and the ops layer load only when needed
 
     cfg = config or fleet.config({"state_dir": state_dir})
     app = fleet.celery_app()

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from textual.app import App
 
     from celeryops.demo.sandbox import DemoHandoff, Sandbox
-    from celeryops.ops.console_backend import OpsBackend
+    from celeryops.ops.backend.console import OpsBackend
 
 CONSOLE_HOOK = ("celeryops.console.app", "demo_console")
 _SIGNALS = (signal.SIGTERM, signal.SIGHUP)

@@ -12,7 +12,7 @@ from celeryops.commands.common import FleetSpec, fleet_options
 from celeryops.commands.headless import RECOVERED, RESTORED, flag_operator, open_wiring, run_headless
 from celeryops.commands.output import Printer
 from celeryops.core.errors import EXIT_USAGE, UserError
-from celeryops.ops.session import DrainRequest
+from celeryops.ops.run.session import DrainRequest
 
 
 def _positive(name: str) -> Callable[[click.Context, click.Parameter, Any], Any]:

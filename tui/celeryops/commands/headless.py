@@ -15,8 +15,8 @@ from celeryops.commands.common import FleetSpec
 from celeryops.commands.output import Printer
 from celeryops.core.config import Config
 from celeryops.core.errors import EXIT_INTERRUPTED, UserError
-from celeryops.ops.operator import FlagOperator
-from celeryops.ops.wiring import Wiring, wire
+from celeryops.ops.run.operator import FlagOperator
+from celeryops.ops.run.wiring import Wiring, wire
 
 T = TypeVar("T")
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

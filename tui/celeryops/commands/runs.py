@@ -17,12 +17,10 @@ from celeryops.commands.common import FleetSpec, fleet_options
 from celeryops.core.errors import UserError
 from celeryops.core.events import RUN_PHASES
 from celeryops.core.masking import mask_text, mask_url
-from celeryops.ops.fleetjournal import FleetStore, merge_open
-from celeryops.ops.journal import TERMINAL_PHASES, Journal, Run, journal_path
-from celeryops.ops.publish import PublishedStatus, read_status
-from celeryops.ops.recovery import RecoveryPlan, plan
-from celeryops.ops.runlease import LeaseInfo, ago, read_lease
-from celeryops.ops.runmodel import consumers_text
+from celeryops.ops.fleetwide.lease import LeaseInfo, ago, read_lease
+from celeryops.ops.fleetwide.publish import PublishedStatus, read_status
+from celeryops.ops.journal import TERMINAL_PHASES, FleetStore, Journal, Run, consumers_text, journal_path, merge_open
+from celeryops.ops.run.recovery import RecoveryPlan, plan
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 

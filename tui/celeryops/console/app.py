@@ -36,7 +36,7 @@ from celeryops.console.terminal import driver_class
 from celeryops.core.errors import EXIT_INTERRUPTED, UserError
 from celeryops.core.events import Event
 from celeryops.core.masking import mask_text
-from celeryops.ops.views import RecoveryChoice, RunView
+from celeryops.ops.backend.views import RecoveryChoice, RunView
 
 Start = Literal["home", "deploy", "drain"]
 RUN_SCREENS: dict[View, type[ConsoleScreen]] = {"preflight": PreflightScreen, "drain": DrainScreen,
@@ -363,7 +363,7 @@ def demo_console(handoff: Any) -> tuple[ConsoleApp, OpsBackend]:
     from celery import Celery
 
     from celeryops.core.masking import mask_url
-    from celeryops.ops.console_backend import open_backend
+    from celeryops.ops.backend.console import open_backend
 
     celery_app = Celery("celeryops", broker=handoff.broker_url, set_as_current=False)
     display = mask_url(handoff.broker_url) + (f" · {handoff.notice}" if handoff.notice else "")
@@ -376,7 +376,7 @@ def demo_console(handoff: Any) -> tuple[ConsoleApp, OpsBackend]:
 
 if TYPE_CHECKING:
     from celeryops.console.host import ConsoleHost
-    from celeryops.ops.console_backend import OpsBackend
+    from celeryops.ops.backend.console import OpsBackend
 
     def _screens_can_host_in(app: ConsoleApp) -> ConsoleHost:
         return app  # mypy proves the app is what screens expect of it

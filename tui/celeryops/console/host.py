@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
     from celeryops.console.model import RunModel
     from celeryops.console.ports import ConsoleBackend
-    from celeryops.ops.views import RecoveryChoice, RunView
+    from celeryops.ops.backend.views import RecoveryChoice, RunView
 
 
 class ConsoleHost(Protocol):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from textual.message import Message
 
 from celeryops.core.events import DrainProgress, Event
-from celeryops.ops.views import FleetView, SlotsView
+from celeryops.ops.backend.views import FleetView, SlotsView
 
 
 class OpsEvent(Message):

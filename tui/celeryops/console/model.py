@@ -28,7 +28,7 @@ from celeryops.core.events import (
     TargetDeployed,
 )
 from celeryops.core.masking import mask_text
-from celeryops.ops.views import DeployTarget, WorkerView, fold_rollout
+from celeryops.ops.backend.views import DeployTarget, WorkerView, fold_rollout
 
 View = Literal["preflight", "drain", "deploy"]
 ACTIVE_PHASES = ("preflight", "ready", "stopping", "draining", "deploying", "deployed")

@@ -1,14 +1,14 @@
 """The narrow interface between the console and the ops layer.
 
-The console only renders views (:mod:`celeryops.ops.views`) and events (:mod:`celeryops.core.events` and the run
-events in ``celeryops.ops.views``) and sends operator decisions back through a :class:`ConsoleBackend`. The ops
+The console only renders views (:mod:`celeryops.ops.backend.views`) and events (:mod:`celeryops.core.events` and the run
+events in ``celeryops.ops.backend.views``) and sends operator decisions back through a :class:`ConsoleBackend`. The ops
 side implements this protocol structurally (it never imports the console); a
 :class:`~celeryops.console.static.StaticBackend` drives snapshot tests and the preview.
 
 Contract for implementations:
 
 - ``read_only`` True (watch mode): every method marked *dangerous* raises
-  :class:`celeryops.ops.views.ReadOnlyRefused` and changes nothing (the console also never offers them).
+  :class:`celeryops.ops.backend.views.ReadOnlyRefused` and changes nothing (the console also never offers them).
 - Snapshots are read-only: they send no control command that changes a worker and write no key.
 - ``on_event`` may be called from any thread; the console posts each event to its message queue.
 - Nothing blocks the console's event loop: every journal read, Redis read, git and registry call runs off it
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from celeryops.ops.views import (
+from celeryops.ops.backend.views import (
     EventSink,
     FleetView,
     ReleasesView,

@@ -15,7 +15,7 @@ from celeryops.core.events import (
     TaskInfo,
     WorkerObs,
 )
-from celeryops.ops.views import (
+from celeryops.ops.backend.views import (
     FleetView,
     HostShare,
     PoolView,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from celeryops.core.errors import ReadOnlyRefused
 from celeryops.core.events import Event
-from celeryops.ops.views import (
+from celeryops.ops.backend.views import (
     EventSink,
     FleetView,
     ReleasesView,

@@ -1,7 +1,7 @@
 """The one event vocabulary: what a run emits, typed from the adapters up to the screens, ``--json`` and the
 published status. The headless CLI prints these events (text or ``--json``), the console folds them into its
-model, and the status publisher mirrors them to Redis, where :mod:`celeryops.ops.decode` turns them back into the
-same types for watchers. No Textual, no I/O here; nothing downstream parses the human text of an event.
+model, and the status publisher mirrors them to Redis, where :mod:`celeryops.ops.fleetwide.decode` turns them back
+into the same types for watchers. No Textual, no I/O here; nothing downstream parses the human text of an event.
 
 Every event has ``kind`` (the ``--json`` event name) and ``to_json()``. The deployers' rollout progress events
 (``celeryops.adapters.deploy.base``) are events of this vocabulary too (kind ``deploy``).

@@ -11,7 +11,7 @@ from textual.widgets import DataTable, Input, Static
 
 from celeryops.console.fmt import gauge, left, since, state_text
 from celeryops.console.screens.base import ConsoleScreen, Row, refill
-from celeryops.ops.views import FleetView, RunSummary, SlotsView
+from celeryops.ops.backend.views import FleetView, RunSummary, SlotsView
 
 
 def _worker_matches(worker, needle: str, view: FleetView) -> bool:

@@ -13,7 +13,7 @@ from celeryops.console.fmt import shorten, since
 from celeryops.console.screens.base import ConsoleScreen, Row, refill
 from celeryops.core.errors import UserError
 from celeryops.core.masking import mask_text
-from celeryops.ops.views import ReleasesView, ReleaseView
+from celeryops.ops.backend.views import ReleasesView, ReleaseView
 
 IMAGE_TEXT = {"exists": ("✔ exists", "green"), "missing": ("✘ missing", "bold red"),
               "unknown": ("? unknown", "yellow"), "none": ("-", "dim")}

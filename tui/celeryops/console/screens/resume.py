@@ -11,7 +11,7 @@ from textual.widgets import Static
 
 from celeryops.console.fmt import since
 from celeryops.console.screens.base import ConsoleScreen
-from celeryops.ops.views import RunView
+from celeryops.ops.backend.views import RunView
 
 CHOICE_KEYS = {"resume": "R", "abort": "X", "detach": "D"}
 

@@ -15,7 +15,7 @@ from celeryops.console.screens.base import ConsoleScreen, Row, refill
 from celeryops.console.widgets.meters import compact_left
 from celeryops.core.errors import UserError
 from celeryops.core.masking import mask_text
-from celeryops.ops.views import RunRecordView
+from celeryops.ops.backend.views import RunRecordView
 
 PHASE_STYLE = {"done": "green", "drained": "green", "aborted": "yellow", "failed": "bold red"}
 COLUMNS = (("started", "Started"), ("kind", "Kind"), ("release", "Release"), ("phase", "Phase"),

@@ -12,7 +12,7 @@ from textual.widgets import DataTable, Sparkline, Static
 
 from celeryops.console.fmt import gauge, left, since, slots_text
 from celeryops.console.screens.base import ConsoleScreen, Row, refill
-from celeryops.ops.views import PoolView, SlotsView
+from celeryops.ops.backend.views import PoolView, SlotsView
 
 
 def pool_title(pool: PoolView) -> Text:

@@ -9,10 +9,10 @@ import redis
 
 from celeryops.adapters.fleet import Fleet
 from celeryops.core.errors import UserError
+from celeryops.ops.fleetwide.lease import read_lease
 from celeryops.ops.journal import Journal
 from celeryops.ops.preflight.checks import fence_plugin_check
 from celeryops.ops.preflight.framework import Check, CheckResult
-from celeryops.ops.runlease import read_lease
 
 #: Checks whose failure means the fleet cannot be reached at all (a drain exits 4 for these, as documented).
 UNREACHABLE = frozenset({"broker", "workers"})

@@ -2,7 +2,7 @@
 
 The console, the headless commands (``drain``, ``deploy``, ``resume``, ``abort``) and the demo all drive this same
 session. It runs the same preflight for the same kind of run wherever it is started, asks its
-:class:`~celeryops.ops.operator.Operator` for every decision (go ahead after preflight, deploy after the drain),
+:class:`~celeryops.ops.run.operator.Operator` for every decision (go ahead after preflight, deploy after the drain),
 and emits the typed events of :mod:`celeryops.core.events` through the runner (to the printer or the console, and
 to the published status). Every side effect is written ahead in the journal by the runner and the rollouts; every
 interruption (task cancellation) follows the recovery rules before the session's coroutine ends:
@@ -45,7 +45,6 @@ from celeryops.core.events import (
     TargetDeployed,
 )
 from celeryops.ops.journal import Run
-from celeryops.ops.operator import Operator
 from celeryops.ops.preflight import (
     Check,
     PreflightEvent,
@@ -62,10 +61,11 @@ from celeryops.ops.preflight.checks import (
     release_branch_check,
 )
 from celeryops.ops.preflight.fleet import UNREACHABLE, fleet_checks
-from celeryops.ops.recovery import RecoveryPlan, Rollout
-from celeryops.ops.rollout import DeployFailure, Rollouts
-from celeryops.ops.runner import Outcome, Runner
-from celeryops.ops.runsupport import uncut
+from celeryops.ops.run.hooks import uncut
+from celeryops.ops.run.operator import Operator
+from celeryops.ops.run.recovery import RecoveryPlan, Rollout
+from celeryops.ops.run.rollout import DeployFailure, Rollouts
+from celeryops.ops.run.runner import Outcome, Runner
 
 T = TypeVar("T")
 

@@ -4,7 +4,7 @@ One SQLite file (``<state_dir>/journal.sqlite3``, WAL mode, ``synchronous=FULL``
 who started it, where, with which settings, its phase, its outcome and an ordered list of records. Every write is
 committed before the method returns, so a SIGKILL right after a call loses nothing.
 
-The journal is also **held by the fleet**: with a :class:`~celeryops.ops.fleetjournal.FleetStore` (the wiring gives
+The journal is also **held by the fleet**: with a :class:`~celeryops.ops.journal.FleetStore` (the wiring gives
 it one whenever the fleet has a coordination Redis), every record of a run is written to the fleet's Redis first,
 then to SQLite, both before the call returns; ``unfinished_runs`` is the union of the local and the fleet-held open
 runs (the fleet's copy wins), and a run known only to the fleet (its operator's machine is gone) is copied into this
@@ -20,7 +20,7 @@ Side effects are written ahead: ``intend()`` records what is about to happen (st
 deploy) and ``settle()`` records how it went. An intent without a settle counts as *done* for anything that stops
 work (we cannot know it did not happen), and as *not done* for anything that restores work (we cannot know it did),
 so recovery computed from the journal alone never leaves workers stopped. The model lives in
-:mod:`celeryops.ops.runmodel`; ``Journal.aio`` offers the same calls as coroutines (SQLite and Redis in a thread).
+:mod:`celeryops.ops.journal.model`; ``Journal.aio`` offers the same calls as coroutines (SQLite and Redis in a thread).
 """
 
 from __future__ import annotations
@@ -41,11 +41,11 @@ import redis
 
 from celeryops.core.masking import mask_text, mask_url
 from celeryops.core.paths import state_dir as default_state_dir
-from celeryops.ops.fleetjournal import FleetStore, head_fields, merge_open, record_json
-from celeryops.ops.journal_aio import AsyncJournal
-from celeryops.ops.journal_db import SCHEMA_VERSION, open_db, unusable
-from celeryops.ops.journal_fleet import FleetCopy, FleetStoreDown, new_uid
-from celeryops.ops.runmodel import (
+from celeryops.ops.journal.aio import AsyncJournal
+from celeryops.ops.journal.db import SCHEMA_VERSION, open_db, unusable
+from celeryops.ops.journal.fleetcopy import FleetCopy, FleetStoreDown, new_uid
+from celeryops.ops.journal.fleetstore import FleetStore, head_fields, merge_open, record_json
+from celeryops.ops.journal.model import (
     ADD_CONSUMERS,
     ALL_WORKERS,
     ALLOWED_TRANSITIONS,

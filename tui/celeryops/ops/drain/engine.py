@@ -7,7 +7,7 @@ is killed or revoked; the caller restores the consumers (``Drain.restore``) exac
 
 The loop (``Drain``) re-broadcasts ``cancel_consumer`` for every queue at every poll, after observing, so a
 worker that scaled out since the last poll is seen with its own queues first, then stopped within one poll.
-Membership is by evidence (``celeryops.ops.membership``): a silent worker leaves the known set only when evidence
+Membership is by evidence (``celeryops.ops.drain.membership``): a silent worker leaves the known set only when evidence
 says it is gone, and is otherwise named with how long it has been silent and the remedy. On AMQP, drained also
 needs the drained queues' consumer counts at 0 (a busy solo worker answers nothing but keeps its consumer).
 """
@@ -32,7 +32,7 @@ from celeryops.core.events import (
     Notice,
     Observation,
 )
-from celeryops.ops.membership import (
+from celeryops.ops.drain.membership import (
     BINDING,
     Evidence,
     Membership,
@@ -41,7 +41,7 @@ from celeryops.ops.membership import (
     gone_now,
     remedy,
 )
-from celeryops.ops.retry import keep_trying
+from celeryops.ops.drain.retry import keep_trying
 
 BROADCAST = "*"  # in a stop record: queues to restore on workers whose own queues were never seen
 RESTORE_PATIENCE = 30.0  # seconds a restore keeps trying while the broker does not answer (a restart, a failover)

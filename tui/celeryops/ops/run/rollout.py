@@ -12,8 +12,8 @@ from celeryops.adapters.deploy.base import Deployer, DeployResult, RevisionCreat
 from celeryops.core.config import Config, Target
 from celeryops.core.events import Event, Notice
 from celeryops.ops.journal import FleetStoreDown, Run
-from celeryops.ops.recovery import Rollout
-from celeryops.ops.runner import Runner
+from celeryops.ops.run.recovery import Rollout
+from celeryops.ops.run.runner import Runner
 
 
 @dataclass

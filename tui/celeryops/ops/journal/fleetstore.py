@@ -26,7 +26,7 @@ from typing import Any, Final, cast
 import redis
 
 from celeryops.core.namespace import fleet_key
-from celeryops.ops.runmodel import Phase, Record, RecordKind, Run
+from celeryops.ops.journal.model import Phase, Record, RecordKind, Run
 
 DAY: Final = 24 * 3600.0
 DEFAULT_TTL: Final = 8 * DAY  # an open run: the parked fence's 7 days, and a day more

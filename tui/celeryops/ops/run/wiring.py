@@ -17,11 +17,10 @@ from celery import Celery
 from celeryops.adapters.fleet import Fleet
 from celeryops.core.config import Config
 from celeryops.core.events import Event
-from celeryops.ops.fleetjournal import DAY, DEFAULT_TTL, FleetStore
-from celeryops.ops.journal import Journal, journal_path
-from celeryops.ops.operator import Operator
-from celeryops.ops.runner import Runner
-from celeryops.ops.session import RunSession
+from celeryops.ops.journal import DAY, DEFAULT_TTL, FleetStore, Journal, journal_path
+from celeryops.ops.run.operator import Operator
+from celeryops.ops.run.runner import Runner
+from celeryops.ops.run.session import RunSession
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 CONSOLE_CLIENT_NAME = "celeryops-console"

@@ -1,6 +1,6 @@
 """The run journal's model: phases and their allowed moves, the records of a run and what they mean for recovery
 (which consumers a run stopped, which deploy it started). Pure data, no I/O: the local journal
-(:mod:`celeryops.ops.journal`) and the fleet-held copy (:mod:`celeryops.ops.fleetjournal`) both build these."""
+(:mod:`celeryops.ops.journal`) and the fleet-held copy (:mod:`celeryops.ops.journal.fleetstore`) both build these."""
 
 from __future__ import annotations
 

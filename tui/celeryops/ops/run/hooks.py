@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from celeryops.core.events import ConsumersRestored
-from celeryops.ops.journal import Journal
-from celeryops.ops.runmodel import consumers_text
+from celeryops.ops.journal import Journal, consumers_text
 
 T = TypeVar("T")
 

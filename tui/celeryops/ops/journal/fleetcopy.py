@@ -1,4 +1,4 @@
-"""How :class:`~celeryops.ops.journal.Journal` keeps its fleet-held copy (:mod:`celeryops.ops.fleetjournal`) in step:
+"""How :class:`~celeryops.ops.journal.Journal` keeps its fleet-held copy (:mod:`.fleetstore`) in step:
 each record goes to the fleet's Redis before SQLite, the records Redis missed while it was down are copied at the
 next write that reaches it, a run the fleet does not hold (expired, or from before) is copied whole, and a run only
 the fleet holds (another machine's) is brought into the local journal, told apart record by record by uid."""
@@ -17,8 +17,8 @@ import redis
 
 from celeryops.core.errors import UserError
 from celeryops.core.masking import mask_text
-from celeryops.ops.fleetjournal import FleetStore, HeldRun, head_fields, record_json
-from celeryops.ops.runmodel import CANCEL_CONSUMERS, DEPLOY_START, Run, UnknownRun, dumps_masked
+from celeryops.ops.journal.fleetstore import FleetStore, HeldRun, head_fields, record_json
+from celeryops.ops.journal.model import CANCEL_CONSUMERS, DEPLOY_START, Run, UnknownRun, dumps_masked
 
 log = logging.getLogger("celeryops.ops.journal")
 

@@ -1,5 +1,5 @@
 """The console's ops side (no Textual): :class:`OpsBackend` implements ``celeryops.console.ports.ConsoleBackend``
-by driving the same :class:`~celeryops.ops.session.RunSession` the headless commands drive. It holds no flow of
+by driving the same :class:`~celeryops.ops.run.session.RunSession` the headless commands drive. It holds no flow of
 its own: the console's keys become the session's operator decisions (:class:`ConsoleOperator`), and the session's
 events go to the console as they are.
 
@@ -26,13 +26,10 @@ from celeryops.core.config import Config, Target
 from celeryops.core.errors import EXIT_USAGE, ReadOnlyRefused, UserError
 from celeryops.core.events import DrainProgress, Event, Notice, PhaseChanged, RunKind, RunPhase
 from celeryops.core.masking import mask_text
-from celeryops.ops.history import local_runs, local_timeline, merge_runs
-from celeryops.ops.operator import ConsoleOperator
-from celeryops.ops.releases import list_releases
-from celeryops.ops.runner import Runner
-from celeryops.ops.session import DrainRequest, RunSession
-from celeryops.ops.snapshots import Snapshots
-from celeryops.ops.views import (
+from celeryops.ops.backend.history import local_runs, local_timeline, merge_runs
+from celeryops.ops.backend.releases import list_releases
+from celeryops.ops.backend.snapshots import Snapshots
+from celeryops.ops.backend.views import (
     EventSink,
     FleetView,
     ReleasesView,
@@ -42,8 +39,11 @@ from celeryops.ops.views import (
     SlotsView,
     TimelineEntry,
 )
-from celeryops.ops.watch import follow
-from celeryops.ops.wiring import CONSOLE_CLIENT_NAME, Wiring, wire
+from celeryops.ops.backend.watch import follow
+from celeryops.ops.run.operator import ConsoleOperator
+from celeryops.ops.run.runner import Runner
+from celeryops.ops.run.session import DrainRequest, RunSession
+from celeryops.ops.run.wiring import CONSOLE_CLIENT_NAME, Wiring, wire
 
 
 @dataclass

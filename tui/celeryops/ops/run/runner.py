@@ -1,4 +1,4 @@
-"""The run's engine under :class:`~celeryops.ops.session.RunSession`: the drain with every side effect written
+"""The run's engine under :class:`~celeryops.ops.run.session.RunSession`: the drain with every side effect written
 ahead in the journal, one run at a time per fleet (Redis lease), the fence, the live status mirrored to Redis for
 watchers (every event the run emits goes there too), and the recovery rules applied by ``abort``.
 
@@ -25,14 +25,14 @@ from celeryops.core.errors import EXIT_BROKER, EXIT_FAILURE, BrokerUnreachable, 
 from celeryops.core.events import ConsumersRestored, DrainFinished, DrainProgress, Event, Notice, PhaseChanged
 from celeryops.core.runsettings import RunSettings
 from celeryops.fence import FenceStore
-from celeryops.ops.drain import Drain, DrainResult, broker_wait_notice, restore_consumers
+from celeryops.ops.drain.engine import Drain, DrainResult, broker_wait_notice, restore_consumers
+from celeryops.ops.drain.membership import held_by
+from celeryops.ops.drain.runfence import RunFence
+from celeryops.ops.fleetwide.lease import LeaseHeld, RunLease, drop_dead_lease, read_lease
+from celeryops.ops.fleetwide.publish import Publisher
 from celeryops.ops.journal import PHASES, Journal, Phase, Run
-from celeryops.ops.membership import held_by
-from celeryops.ops.publish import Publisher
-from celeryops.ops.recovery import RecoveryPlan, Rollout, plan
-from celeryops.ops.runfence import RunFence
-from celeryops.ops.runlease import LeaseHeld, RunLease, drop_dead_lease, read_lease
-from celeryops.ops.runsupport import JournalHooks, current_user, restore_settlement, uncut, unverified
+from celeryops.ops.run.hooks import JournalHooks, current_user, restore_settlement, uncut, unverified
+from celeryops.ops.run.recovery import RecoveryPlan, Rollout, plan
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ class Runner:
             with contextlib.suppress(redis.RedisError):
                 await asyncio.to_thread(lease.release)
 
-    # -- fence (ops/runfence.py) -------------------------------------------------------------------------------
+    # -- fence (ops/drain/runfence.py) -------------------------------------------------------------------------
 
     def _the_fence(self) -> RunFence | None:
         """The fence of the run this process holds; else, to lift one after the fact, the fleet's."""

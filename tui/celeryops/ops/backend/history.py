@@ -4,8 +4,8 @@ runs them in a worker thread); a fleet-held run store plugs in as another source
 
 from __future__ import annotations
 
+from celeryops.ops.backend.views import RunRecordView, TimelineEntry
 from celeryops.ops.journal import ADD_CONSUMERS, CANCEL_CONSUMERS, DEPLOY_START, Journal, Record, Run
-from celeryops.ops.views import RunRecordView, TimelineEntry
 
 
 def local_runs(journal: Journal, fleet: str, limit: int) -> list[RunRecordView]:

@@ -13,7 +13,7 @@ import redis
 from celeryops.core.events import Event, Notice
 from celeryops.core.runsettings import RunSettings
 from celeryops.fence import FenceStore
-from celeryops.ops.retry import keep_trying
+from celeryops.ops.drain.retry import keep_trying
 
 
 class RunFence:

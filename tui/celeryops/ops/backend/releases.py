@@ -11,7 +11,7 @@ from pathlib import Path
 from celeryops.adapters.gitrepo import GitRepo, remote_branches
 from celeryops.adapters.registry import ImageRegistry
 from celeryops.core.config import Config, Target
-from celeryops.ops.views import ImageState, ReleasesView, ReleaseView
+from celeryops.ops.backend.views import ImageState, ReleasesView, ReleaseView
 
 MAX_RELEASES = 30  # the newest ones; the picker's / filter narrows them down
 _PROBES_AT_ONCE = 8

@@ -13,10 +13,7 @@ from typing import TYPE_CHECKING
 import redis
 
 from celeryops.core.events import DrainProgress
-from celeryops.ops.publish import PublishedStatus
-from celeryops.ops.recovery import plan
-from celeryops.ops.runlease import read_lease
-from celeryops.ops.views import (
+from celeryops.ops.backend.views import (
     FleetView,
     HostShare,
     PoolView,
@@ -30,8 +27,11 @@ from celeryops.ops.views import (
     SlotWaiter,
     WorkerView,
 )
-from celeryops.ops.watch import live_status, published_progress, summary_from_status
-from celeryops.ops.wiring import Wiring
+from celeryops.ops.backend.watch import live_status, published_progress, summary_from_status
+from celeryops.ops.fleetwide.lease import read_lease
+from celeryops.ops.fleetwide.publish import PublishedStatus
+from celeryops.ops.run.recovery import plan
+from celeryops.ops.run.wiring import Wiring
 
 if TYPE_CHECKING:
     from celeryops.slots.snapshot import PoolSnapshot

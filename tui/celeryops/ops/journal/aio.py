@@ -7,10 +7,10 @@ import asyncio
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from celeryops.ops.runmodel import Phase, Run, RunSummary
+from celeryops.ops.journal.model import Phase, Run, RunSummary
 
 if TYPE_CHECKING:
-    from celeryops.ops.journal import Journal
+    from celeryops.ops.journal.journal import Journal
 
 
 class AsyncJournal:

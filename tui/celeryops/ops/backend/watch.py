@@ -9,11 +9,11 @@ import redis
 
 from celeryops.core.events import DrainProgress, Notice, PhaseChanged, RunFollowed
 from celeryops.core.masking import mask_text
-from celeryops.ops.decode import decode, progress_from_json
+from celeryops.ops.backend.views import EventSink, RunSummary
+from celeryops.ops.fleetwide.decode import decode, progress_from_json
+from celeryops.ops.fleetwide.lease import read_lease
+from celeryops.ops.fleetwide.publish import PublishedStatus, read_events, read_status
 from celeryops.ops.journal import TERMINAL_PHASES
-from celeryops.ops.publish import PublishedStatus, read_events, read_status
-from celeryops.ops.runlease import read_lease
-from celeryops.ops.views import EventSink, RunSummary
 
 
 def live_status(coord: redis.Redis, fleet: str) -> PublishedStatus | None:
