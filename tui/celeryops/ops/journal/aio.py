@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from celeryops.ops.journal.model import Phase, Run, RunSummary
+from celeryops.ops.journal.model import Phase, Run, RunLine
 
 if TYPE_CHECKING:
     from celeryops.ops.journal.journal import Journal
@@ -55,5 +55,5 @@ class AsyncJournal:
     async def unfinished_runs(self, fleet: str | None = None) -> list[Run]:
         return await asyncio.to_thread(self._j.unfinished_runs, fleet)
 
-    async def history(self, limit: int = 20, fleet: str | None = None) -> list[RunSummary]:
+    async def history(self, limit: int = 20, fleet: str | None = None) -> list[RunLine]:
         return await asyncio.to_thread(self._j.history, limit, fleet)

@@ -11,7 +11,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 import redis
 
@@ -39,78 +39,87 @@ def new_uid() -> str:
     return secrets.token_hex(8)
 
 
-class FleetCopy:
-    """The fleet-held copy's half of :class:`~celeryops.ops.journal.Journal` (which provides the SQLite side)."""
+class LocalSide(Protocol):
+    """What the fleet copy needs of the journal's own SQLite side (:class:`~celeryops.ops.journal.Journal` is it)."""
 
     path: Path
     read_only: bool
-    fleet_store: FleetStore | None
-    on_warning: Callable[[str], None] | None
-    _degraded: bool
-    _lock: threading.RLock
+    lock: threading.RLock
 
-    def _read(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        raise NotImplementedError
+    def read_sql(self, work: Callable[[sqlite3.Connection], T]) -> T: ...
 
-    def _tx(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        raise NotImplementedError
+    def write_sql(self, work: Callable[[sqlite3.Connection], T]) -> T: ...
 
-    def _insert(self, conn: sqlite3.Connection, run_id: str, at: float, kind: str, payload_json: str,
-                intent: str | None, settles: int | None, uid: str, fleet_seq: int | None) -> int:
-        raise NotImplementedError
+    def insert_record(self, conn: sqlite3.Connection, run_id: str, at: float, kind: str, payload_json: str,
+                      intent: str | None, settles: int | None, uid: str, fleet_seq: int | None) -> int: ...
 
-    def get(self, run_id: str) -> Run:
-        raise NotImplementedError
+    def get(self, run_id: str) -> Run: ...
 
-    def _store(self, fleet: str) -> FleetStore | None:
-        store = self.fleet_store
+
+class FleetCopy:
+    """The fleet-held copy of a journal (``store``; None: the journal is local only), kept in step with its SQLite
+    side (``local``). ``on_warning(sentence)``: told once when a record could not reach the store, until it works
+    again."""
+
+    def __init__(self, local: LocalSide, store: FleetStore | None = None,
+                 on_warning: Callable[[str], None] | None = None) -> None:
+        self.local = local
+        self.store = store
+        self.on_warning = on_warning
+        self._degraded = False
+
+    def store_for(self, fleet: str) -> FleetStore | None:
+        """The store when it holds ``fleet``'s runs, else None."""
+        store = self.store
         return store if store is not None and store.fleet == fleet else None
 
-    def _fleet_of(self, run_id: str) -> str:
+    def fleet_of(self, run_id: str) -> str:
         """The run's fleet; a run only the fleet's Redis holds (its operator's machine is gone) is copied here."""
-        row = self._read(lambda conn: conn.execute("SELECT fleet FROM runs WHERE id = ?", (run_id,)).fetchone())
+        row = self.local.read_sql(
+            lambda conn: conn.execute("SELECT fleet FROM runs WHERE id = ?", (run_id,)).fetchone())
         if row is not None:
             return str(row[0])
         held: HeldRun | None = None
-        if self.fleet_store is not None and not self.read_only:
+        if self.store is not None and not self.local.read_only:
             try:
-                held = self.fleet_store.read(run_id)
+                held = self.store.read(run_id)
             except redis.RedisError as exc:
-                raise UnknownRun(f"Run {run_id} is not in the journal {self.path} and the fleet's Redis did not "
-                                 f"answer ({mask_text(str(exc))}): nothing was recorded; try again when Redis "
+                raise UnknownRun(f"Run {run_id} is not in the journal {self.local.path} and the fleet's Redis did "
+                                 f"not answer ({mask_text(str(exc))}): nothing was recorded; try again when Redis "
                                  "answers.") from None
         if held is None:
-            raise UnknownRun(f"No run {run_id!r} in the journal {self.path}: nothing was recorded; "
+            raise UnknownRun(f"No run {run_id!r} in the journal {self.local.path}: nothing was recorded; "
                              "check the id with `celeryops runs`.")
-        self._adopt(held)
+        self.adopt(held)
         return held.run.fleet
 
-    def _copy(self, run_id: str, fleet: str, kind: str, intent: str | None,
+    def copy(self, run_id: str, fleet: str, kind: str, intent: str | None,
               record: Callable[[Callable[[int | None], int | None]], str], head: Mapping[str, Any], *,
               terminal: bool) -> int | None:
         """Write a record to the fleet's Redis (records it missed first); its position there, or None."""
-        store = self._store(fleet)
+        store = self.store_for(fleet)
         if store is None:
             return None
         fields = head_fields(head)
         try:
-            self._catch_up(run_id, store)
-            pos = store.write(run_id, record(self._fleet_seq), fields, terminal=terminal)
+            self.catch_up(run_id, store)
+            pos = store.write(run_id, record(self.fleet_seq), fields, terminal=terminal)
             if pos is None:  # the fleet does not hold the run (expired, or never copied): copy it whole first
                 self._copy_whole(run_id, store)
-                pos = store.write(run_id, record(self._fleet_seq), fields, terminal=terminal)
+                pos = store.write(run_id, record(self.fleet_seq), fields, terminal=terminal)
         except redis.RedisError as exc:
             if kind == "intent" and intent in _STOPS:
-                raise self._down(str(intent), exc) from None
+                raise self.down(str(intent), exc) from None
             self._degrade(exc)
             return None
         self._degraded = False
         return pos
 
-    def _fleet_seq(self, seq: int | None) -> int | None:
+    def fleet_seq(self, seq: int | None) -> int | None:
         if seq is None:
             return None
-        row = self._read(lambda conn: conn.execute("SELECT fleet_seq FROM mirror WHERE seq = ?", (seq,)).fetchone())
+        row = self.local.read_sql(
+            lambda conn: conn.execute("SELECT fleet_seq FROM mirror WHERE seq = ?", (seq,)).fetchone())
         return None if row is None or row[0] is None else int(row[0])
 
     def _local_records(self, run_id: str, missing_only: bool) -> list[tuple[Any, ...]]:
@@ -118,11 +127,11 @@ class FleetCopy:
                "LEFT JOIN mirror m ON m.seq = r.seq WHERE r.run_id = ?")
         if missing_only:
             sql += " AND m.fleet_seq IS NULL"
-        return self._read(lambda conn: conn.execute(sql + " ORDER BY r.seq", (run_id,)).fetchall())
+        return self.local.read_sql(lambda conn: conn.execute(sql + " ORDER BY r.seq", (run_id,)).fetchall())
 
     def _copied(self, seq: int, uid: str, pos: int) -> None:
-        self._tx(lambda conn: conn.execute("INSERT OR REPLACE INTO mirror (seq, uid, fleet_seq) VALUES (?, ?, ?)",
-                                           (seq, uid, pos)))
+        self.local.write_sql(lambda conn: conn.execute(
+            "INSERT OR REPLACE INTO mirror (seq, uid, fleet_seq) VALUES (?, ?, ?)", (seq, uid, pos)))
 
     def _head(self, run: Run) -> dict[str, str]:
         return head_fields({"id": run.id, "fleet": run.fleet, "broker": run.broker, "user": run.user,
@@ -130,15 +139,15 @@ class FleetCopy:
                             "settings": dumps_masked(run.settings), "created": run.created, "updated": run.updated,
                             "phase": run.phase, "outcome": run.outcome})
 
-    def _catch_up(self, run_id: str, store: FleetStore) -> None:
+    def catch_up(self, run_id: str, store: FleetStore) -> None:
         """Copy the records Redis missed while it was down, in order."""
         missing = self._local_records(run_id, missing_only=True)
         if not missing:
             return
-        run = self.get(run_id)
+        run = self.local.get(run_id)
         for seq, at, kind, intent, settles, payload, uid in missing:
             uid = uid or new_uid()
-            pos = store.write(run_id, record_json(uid, at, kind, payload, intent, self._fleet_seq(settles)),
+            pos = store.write(run_id, record_json(uid, at, kind, payload, intent, self.fleet_seq(settles)),
                               self._head(run), terminal=run.finished)
             if pos is None:
                 self._copy_whole(run_id, store)
@@ -146,7 +155,7 @@ class FleetCopy:
             self._copied(seq, uid, pos)
 
     def _copy_whole(self, run_id: str, store: FleetStore) -> None:
-        run = self.get(run_id)
+        run = self.local.get(run_id)
         head = self._head(run)
         positions: dict[int, int] = {}
         for index, (seq, at, kind, intent, settles, payload, uid) in enumerate(self._local_records(run_id, False)):
@@ -156,7 +165,7 @@ class FleetCopy:
             positions[seq] = int(pos or 0)
             self._copied(seq, uid, int(pos or 0))
 
-    def _adopt(self, held: HeldRun) -> None:
+    def adopt(self, held: HeldRun) -> None:
         """Bring the fleet's copy of a run into this journal: the run if it is new here, and the records another
         machine added (told apart by uid); the run's phase and outcome become the fleet's."""
         run = held.run
@@ -177,15 +186,16 @@ class FleetCopy:
                     conn.execute("UPDATE mirror SET fleet_seq = ? WHERE uid = ?", (rec.seq, uid))
                     continue
                 settles = None if rec.settles is None else local_of.get(rec.settles)
-                local_of[rec.seq] = self._insert(conn, run.id, rec.at, rec.kind, dumps_masked(rec.payload),
-                                                 rec.intent, settles, uid or new_uid(), rec.seq)
+                local_of[rec.seq] = self.local.insert_record(conn, run.id, rec.at, rec.kind,
+                                                             dumps_masked(rec.payload), rec.intent, settles,
+                                                             uid or new_uid(), rec.seq)
             conn.execute("UPDATE runs SET phase = ?, outcome = ?, updated = MAX(updated, ?) WHERE id = ?",
                          (run.phase, run.outcome, run.updated, run.id))
 
-        with self._lock:
-            self._tx(work)
+        with self.local.lock:
+            self.local.write_sql(work)
 
-    def _down(self, what: str, exc: BaseException) -> FleetStoreDown:
+    def down(self, what: str, exc: BaseException) -> FleetStoreDown:
         return FleetStoreDown(f"Could not record {_STOPS[what]} in the fleet's Redis ({mask_text(str(exc))}): "
                               f"{_NOT_DONE[what]}; without that record nobody could recover the run from another "
                               "machine, so check that Redis answers and try again.")

@@ -42,12 +42,11 @@ import redis
 from celeryops.core.masking import mask_text, mask_url
 from celeryops.core.paths import state_dir as default_state_dir
 from celeryops.ops.journal.aio import AsyncJournal
-from celeryops.ops.journal.db import SCHEMA_VERSION, open_db, unusable
-from celeryops.ops.journal.fleetcopy import FleetCopy, FleetStoreDown, new_uid
+from celeryops.ops.journal.db import open_db, unusable
+from celeryops.ops.journal.fleetcopy import FleetCopy, new_uid
 from celeryops.ops.journal.fleetstore import FleetStore, head_fields, merge_open, record_json
 from celeryops.ops.journal.model import (
     ADD_CONSUMERS,
-    ALL_WORKERS,
     ALLOWED_TRANSITIONS,
     CANCEL_CONSUMERS,
     DEFAULT_OUTCOME,
@@ -59,41 +58,18 @@ from celeryops.ops.journal.model import (
     Record,
     RecordKind,
     Run,
-    RunSummary,
+    RunLine,
     UnknownRun,
     dumps_masked,
     new_run_id,
     queue_json,
 )
 
-__all__ = [
-    "ADD_CONSUMERS",
-    "ALLOWED_TRANSITIONS",
-    "ALL_WORKERS",
-    "CANCEL_CONSUMERS",
-    "DEFAULT_OUTCOME",
-    "DEPLOY_START",
-    "JOURNAL_FILE",
-    "PHASES",
-    "SCHEMA_VERSION",
-    "TERMINAL_PHASES",
-    "AsyncJournal",
-    "FleetStoreDown",
-    "InvalidTransition",
-    "Journal",
-    "Phase",
-    "Record",
-    "RecordKind",
-    "Run",
-    "RunSummary",
-    "UnknownRun",
-    "journal_path",
-    "new_run_id",
-]
-
 log = logging.getLogger(__name__)
 
 JOURNAL_FILE: Final = "journal.sqlite3"
+
+
 def journal_path(state_dir: str | os.PathLike[str] | None = None) -> Path:
     return default_state_dir(state_dir) / JOURNAL_FILE
 
@@ -101,7 +77,7 @@ def journal_path(state_dir: str | os.PathLike[str] | None = None) -> Path:
 T = TypeVar("T")
 
 
-class Journal(FleetCopy):
+class Journal:
     """The run journal at ``path`` (default ``<state_dir>/journal.sqlite3``). Thread-safe; one connection.
 
     ``fleet_store``: the fleet-held copy (see the module docstring); ``on_warning(sentence)``: told when a record
@@ -124,18 +100,32 @@ class Journal(FleetCopy):
     ) -> None:
         self.path = Path(path) if path is not None else journal_path(state_dir)
         self.read_only = read_only
-        self.fleet_store = fleet_store
-        self.on_warning = on_warning
         self._after_write = after_write
         self._clock = clock
-        self._lock = threading.RLock()
-        self._degraded = False
+        self.lock = threading.RLock()
         self.fleet_unread: str | None = None  # why the last unfinished_runs() could not read the fleet's Redis
         self._conn = open_db(self.path, read_only)
         self.aio = AsyncJournal(self)
+        self.fleet_copy = FleetCopy(self, fleet_store, on_warning)
+
+    @property
+    def fleet_store(self) -> FleetStore | None:
+        return self.fleet_copy.store
+
+    @fleet_store.setter
+    def fleet_store(self, store: FleetStore | None) -> None:
+        self.fleet_copy.store = store
+
+    @property
+    def on_warning(self) -> Callable[[str], None] | None:
+        return self.fleet_copy.on_warning
+
+    @on_warning.setter
+    def on_warning(self, told: Callable[[str], None] | None) -> None:
+        self.fleet_copy.on_warning = told
 
     def close(self) -> None:
-        with self._lock:
+        with self.lock:
             self._conn.close()
 
     def __enter__(self) -> Journal:
@@ -145,7 +135,7 @@ class Journal(FleetCopy):
         self.close()
 
     # -- writing -----------------------------------------------------------------------------------------------
-    def _tx(self, work: Callable[[sqlite3.Connection], T]) -> T:
+    def write_sql(self, work: Callable[[sqlite3.Connection], T]) -> T:
         """One SQLite transaction (the caller holds the lock)."""
         if self.read_only:
             raise RuntimeError("this journal was opened read-only")
@@ -166,7 +156,7 @@ class Journal(FleetCopy):
             for kind in kinds:
                 self._after_write(kind)
 
-    def _insert(self, conn: sqlite3.Connection, run_id: str, at: float, kind: str, payload_json: str,
+    def insert_record(self, conn: sqlite3.Connection, run_id: str, at: float, kind: str, payload_json: str,
                 intent: str | None, settles: int | None, uid: str, fleet_seq: int | None) -> int:
         updated = conn.execute("UPDATE runs SET updated = MAX(updated, ?) WHERE id = ?", (at, run_id)).rowcount
         if not updated:
@@ -201,17 +191,17 @@ class Journal(FleetCopy):
                 "release": release, "settings": dumps_masked(dict(settings or {})), "created": now, "updated": at,
                 "phase": "preflight", "outcome": None}
         payload, uid = dumps_masked({"phase": "preflight"}), new_uid()
-        with self._lock:
+        with self.lock:
             if self.read_only:
                 raise RuntimeError("this journal was opened read-only")
             fleet_seq: int | None = None
-            store = self._store(fleet)
+            store = self.fleet_copy.store_for(fleet)
             if store is not None:
                 try:
                     fleet_seq = store.write(rid, record_json(uid, at, "created", payload, None, None),
                                             head_fields(head), create=True, created=now)
                 except redis.RedisError as exc:
-                    raise self._down("created", exc) from None
+                    raise self.fleet_copy.down("created", exc) from None
 
             def work(conn: sqlite3.Connection) -> None:
                 conn.execute(
@@ -219,40 +209,40 @@ class Journal(FleetCopy):
                     "phase, outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'preflight', NULL)",
                     tuple(head[k] for k in ("id", "fleet", "broker", "user", "host", "pid", "release", "settings",
                                             "created", "updated")))
-                self._insert(conn, rid, at, "created", payload, None, None, uid, fleet_seq)
+                self.insert_record(conn, rid, at, "created", payload, None, None, uid, fleet_seq)
 
-            self._tx(work)
+            self.write_sql(work)
         self._hook("created")
         return self.get(rid)
 
     def _record(self, run_id: str, kind: RecordKind, payload: Mapping[str, Any], *, intent: str | None = None,
                 settles: int | None = None, phase: Phase | None = None, outcome: str | None = None) -> int:
         """Write one record: to the fleet's Redis first (see the module docstring), then SQLite."""
-        with self._lock:
-            fleet = self._fleet_of(run_id)
+        with self.lock:
+            fleet = self.fleet_copy.fleet_of(run_id)
             now = self._clock()
             body, uid = dumps_masked(dict(payload)), new_uid()
             head: dict[str, Any] = {"updated": now}
             if phase is not None:
                 head.update(phase=phase, outcome=outcome)
-            fleet_seq = self._copy(run_id, fleet, kind, intent, lambda fs: record_json(uid, now, kind, body, intent,
-                                                                                        fs(settles)), head,
-                                   terminal=phase in TERMINAL_PHASES)
+            fleet_seq = self.fleet_copy.copy(
+                run_id, fleet, kind, intent, lambda fs: record_json(uid, now, kind, body, intent, fs(settles)), head,
+                terminal=phase in TERMINAL_PHASES)
 
             def work(conn: sqlite3.Connection) -> int:
                 if phase is not None:
                     conn.execute("UPDATE runs SET phase = ?, outcome = ? WHERE id = ?", (phase, outcome, run_id))
-                return self._insert(conn, run_id, now, kind, body, intent, settles, uid, fleet_seq)
+                return self.insert_record(conn, run_id, now, kind, body, intent, settles, uid, fleet_seq)
 
-            return self._tx(work)
+            return self.write_sql(work)
 
     def advance(self, run_id: str, phase: Phase, *, reason: str | None = None, outcome: str | None = None) -> Run:
         """Move a run to ``phase`` (validated against ``ALLOWED_TRANSITIONS``); terminal phases set the outcome."""
         if phase not in PHASES:
             raise InvalidTransition(f"Unknown phase {phase!r}: the run was left unchanged; use one of "
                                     f"{', '.join(PHASES)}.")
-        with self._lock:
-            self._fleet_of(run_id)  # a run only the fleet holds is copied here first
+        with self.lock:
+            self.fleet_copy.fleet_of(run_id)  # a run only the fleet holds is copied here first
             current = self.get(run_id).phase
             if phase not in ALLOWED_TRANSITIONS[current]:
                 allowed = ", ".join(sorted(ALLOWED_TRANSITIONS[current])) or "none (the run has ended)"
@@ -286,8 +276,8 @@ class Journal(FleetCopy):
 
     def settle(self, intent_id: int, result: Mapping[str, Any] | None = None) -> None:
         """Record how an intent went. ``result["ok"]`` (default True) says whether it took effect."""
-        with self._lock:
-            row = self._read(lambda conn: conn.execute(
+        with self.lock:
+            row = self.read_sql(lambda conn: conn.execute(
                 "SELECT run_id, intent FROM records WHERE seq = ? AND kind = 'intent'", (intent_id,)).fetchone())
             if row is None:
                 raise UnknownRun(f"No intent {intent_id} in the journal {self.path}: nothing was recorded.")
@@ -301,8 +291,8 @@ class Journal(FleetCopy):
         return seq
 
     # -- reading -----------------------------------------------------------------------------------------------
-    def _read(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        with self._lock:
+    def read_sql(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        with self.lock:
             try:
                 return work(self._conn)
             except sqlite3.Error as exc:
@@ -318,7 +308,7 @@ class Journal(FleetCopy):
                                 "ORDER BY seq", (run_id,)).fetchall()
             return _run_from_row(row, recs)
 
-        run = self._read(work)
+        run = self.read_sql(work)
         if run is None and self.fleet_store is not None:
             try:
                 held = self.fleet_store.read(run_id)
@@ -348,14 +338,14 @@ class Journal(FleetCopy):
                 args.append(fleet)
             return [str(r[0]) for r in conn.execute(sql + " ORDER BY created, id", args).fetchall()]
 
-        local = [self.get(rid) for rid in self._read(work)]
-        store = self._store(fleet) if fleet is not None else None
+        local = [self.get(rid) for rid in self.read_sql(work)]
+        store = self.fleet_copy.store_for(fleet) if fleet is not None else None
         if store is None:
             return local
         try:
             if not self.read_only:  # records Redis missed while it was down go first: the fleet's copy then wins
                 for run in local:
-                    self._catch_up(run.id, store)
+                    self.fleet_copy.catch_up(run.id, store)
             runs, ended = merge_open(local, store)
         except redis.RedisError as exc:
             self.fleet_unread = mask_text(str(exc)).rstrip(".")
@@ -364,23 +354,23 @@ class Journal(FleetCopy):
         self.fleet_unread = None
         if not self.read_only:
             for held in ended:
-                self._adopt(held)
+                self.fleet_copy.adopt(held)
         return runs
 
-    def history(self, limit: int = 20, fleet: str | None = None) -> list[RunSummary]:
+    def history(self, limit: int = 20, fleet: str | None = None) -> list[RunLine]:
         """The latest ``limit`` runs of this journal, newest first."""
 
-        def work(conn: sqlite3.Connection) -> list[RunSummary]:
+        def work(conn: sqlite3.Connection) -> list[RunLine]:
             sql = "SELECT id, fleet, release, phase, outcome, created, updated FROM runs"
             args: list[object] = []
             if fleet is not None:
                 sql += " WHERE fleet = ?"
                 args.append(fleet)
             rows = conn.execute(sql + " ORDER BY created DESC, id DESC LIMIT ?", [*args, limit]).fetchall()
-            return [RunSummary(id=r[0], fleet=r[1], release=r[2], phase=cast(Phase, r[3]), outcome=r[4],
+            return [RunLine(id=r[0], fleet=r[1], release=r[2], phase=cast(Phase, r[3]), outcome=r[4],
                                created=float(r[5]), updated=float(r[6])) for r in rows]
 
-        return self._read(work)
+        return self.read_sql(work)
 
     def unconfirmed(self, fleet: str) -> Run | None:
         """The fleet's latest run in this journal if it ended aborted with consumers it stopped never confirmed back

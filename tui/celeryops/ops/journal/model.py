@@ -154,8 +154,8 @@ class Run:
 
 
 @dataclass(frozen=True)
-class RunSummary:
-    """One line of ``celeryops runs``."""
+class RunLine:
+    """One line of ``celeryops runs``: a run without its records, as :meth:`Journal.history` lists it."""
 
     id: str
     fleet: str
