@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import getpass
 import logging
 import os
 import secrets
@@ -30,6 +29,7 @@ import humanize
 import redis
 
 from celeryops.core.errors import EXIT_PREFLIGHT, UserError
+from celeryops.core.identity import current_user
 from celeryops.core.namespace import fleet_key
 
 log = logging.getLogger(__name__)
@@ -209,7 +209,7 @@ class RunLease:
         self.client = client
         self.fleet = fleet
         self.run_id = run_id
-        self.owner = owner or _user()
+        self.owner = owner or current_user()
         self.host = host or socket.gethostname()
         self.pid = os.getpid() if pid is None else pid
         self.ttl = ttl
@@ -310,13 +310,6 @@ class RunLease:
                 await asyncio.to_thread(self.release)
             except redis.RedisError as exc:
                 log.warning("could not release the lease of fleet %s (%s); it expires by itself", self.fleet, exc)
-
-
-def _user() -> str:
-    try:
-        return getpass.getuser()
-    except (OSError, KeyError):
-        return "unknown"
 
 
 def drop_dead_lease(client: redis.Redis, fleet: str, run_id: str) -> bool:

@@ -25,7 +25,6 @@ so recovery computed from the journal alone never leaves workers stopped. The mo
 
 from __future__ import annotations
 
-import getpass
 import json
 import logging
 import os
@@ -39,6 +38,7 @@ from typing import Any, Final, TypeVar, cast
 
 import redis
 
+from celeryops.core.identity import current_user
 from celeryops.core.masking import mask_text, mask_url
 from celeryops.core.paths import state_dir as default_state_dir
 from celeryops.ops.journal.aio import AsyncJournal
@@ -186,7 +186,7 @@ class Journal:
         now = self._clock()
         at = self._clock()  # the `created` record's time
         rid = run_id or new_run_id(now)
-        head = {"id": rid, "fleet": fleet, "broker": mask_url(broker), "user": user or _current_user(),
+        head = {"id": rid, "fleet": fleet, "broker": mask_url(broker), "user": user or current_user(),
                 "host": host or socket.gethostname(), "pid": pid if pid is not None else os.getpid(),
                 "release": release, "settings": dumps_masked(dict(settings or {})), "created": now, "updated": at,
                 "phase": "preflight", "outcome": None}
@@ -394,9 +394,3 @@ def _run_from_row(row: tuple[Any, ...], recs: list[tuple[Any, ...]]) -> Run:
                settings=json.loads(row[7]), created=float(row[8]), updated=float(row[9]),
                phase=cast(Phase, row[10]), outcome=row[11], records=records)
 
-
-def _current_user() -> str:
-    try:
-        return getpass.getuser()
-    except (OSError, KeyError):
-        return str(os.getuid()) if hasattr(os, "getuid") else "unknown"

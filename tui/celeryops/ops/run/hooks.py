@@ -1,26 +1,14 @@
-"""Small pieces the run's engine shares with the session: the journal's write-ahead hooks for a drain, the operator's
-user name, restores that a second interrupt cannot cut short, and the sentence for consumers that did not come back."""
+"""The journal's write-ahead hooks for a drain (the drain engine knows no journal), a restore's settle record and
+the sentence for consumers that did not come back."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import getpass
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from celeryops.core.events import ConsumersRestored
 from celeryops.ops.journal import Journal, consumers_text
-
-T = TypeVar("T")
-
-
-def current_user() -> str:
-    try:
-        return getpass.getuser()
-    except (OSError, KeyError):
-        return "unknown"
 
 
 @dataclass
@@ -59,13 +47,3 @@ def unverified(event: ConsumersRestored) -> str:
     who = consumers_text(event.missing)
     return (f"Could not confirm that these consumers are back: {who}; they may be busy (a solo-pool worker "
             "answers when its task ends) — check with `celeryops status` and run `celeryops abort` again if needed.")
-
-
-async def uncut(work: Awaitable[T]) -> T:
-    """Run ``work`` to its end although the caller is being cancelled (a second interrupt must not cut a restore
-    or a recovery short)."""
-    task = asyncio.ensure_future(work)
-    while not task.done():
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.shield(task)
-    return task.result()

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -23,6 +23,7 @@ from celeryops.adapters.taskevents import TaskWatch, start_watch
 from celeryops.core.config import DrainSettings
 from celeryops.core.errors import EXIT_BROKER, EXIT_FAILURE, BrokerUnreachable, ReadOnlyRefused, UserError
 from celeryops.core.events import ConsumersRestored, DrainFinished, DrainProgress, Event, Notice, PhaseChanged
+from celeryops.core.identity import current_user
 from celeryops.core.runsettings import RunSettings
 from celeryops.fence import FenceStore
 from celeryops.ops.drain.engine import Drain, DrainResult, broker_wait_notice, restore_consumers
@@ -31,7 +32,7 @@ from celeryops.ops.drain.runfence import RunFence
 from celeryops.ops.fleetwide.lease import LeaseHeld, RunLease, drop_dead_lease, read_lease
 from celeryops.ops.fleetwide.publish import Publisher
 from celeryops.ops.journal import PHASES, Journal, Phase, Run
-from celeryops.ops.run.hooks import JournalHooks, current_user, restore_settlement, uncut, unverified
+from celeryops.ops.run.hooks import JournalHooks, restore_settlement, unverified
 from celeryops.ops.run.recovery import RecoveryPlan, Rollout, plan
 
 log = logging.getLogger(__name__)
@@ -458,3 +459,13 @@ class Runner:
             raise UserError(f"Run {run.id} is still running ({holder.describe()}): nothing was changed; stop it with "
                             f"Ctrl-C where it runs (it restores the consumers itself), or wait until its lease "
                             f"expires before you {doing}.", EXIT_FAILURE)
+
+
+async def uncut(work: Awaitable[T]) -> T:
+    """Run ``work`` to its end although the caller is being cancelled (a second interrupt must not cut a restore
+    or a recovery short)."""
+    task = asyncio.ensure_future(work)
+    while not task.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(task)
+    return task.result()

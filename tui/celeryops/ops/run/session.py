@@ -61,11 +61,10 @@ from celeryops.ops.preflight.checks import (
     release_branch_check,
 )
 from celeryops.ops.preflight.fleet import UNREACHABLE, fleet_checks
-from celeryops.ops.run.hooks import uncut
 from celeryops.ops.run.operator import Operator
 from celeryops.ops.run.recovery import RecoveryPlan, Rollout
 from celeryops.ops.run.rollout import DeployFailure, Rollouts
-from celeryops.ops.run.runner import Outcome, Runner
+from celeryops.ops.run.runner import Outcome, Runner, uncut
 
 T = TypeVar("T")
 
