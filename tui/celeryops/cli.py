@@ -31,7 +31,7 @@ _require_console_extra()
 import click
 
 from celeryops import __version__
-from celeryops.commands.common import FleetSpec, fleet_options
+from celeryops.commands.common import FleetSpec, fleet_options, state_dir_option
 from celeryops.core.errors import UserError
 from celeryops.core.masking import mask_text
 
@@ -114,8 +114,7 @@ class _Main(click.Group):
 @click.group(cls=_Main, invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="celeryops")
 @fleet_options
-@click.option("--state-dir", type=click.Path(file_okay=False), default=None,
-              help="Where the run journal lives (default: the user state dir).")
+@state_dir_option()
 @click.pass_context
 def main(ctx: click.Context, fleet: FleetSpec, state_dir: str | None) -> None:
     """Drain, deploy and recover Celery fleets safely. Without a command: the console's home view."""

@@ -24,10 +24,12 @@ from celeryops.adapters.pidround import RedisRound, Request
 from celeryops.core.errors import EXIT_USAGE, BrokerUnreachable, UserError
 from celeryops.core.events import Observation, TaskInfo, WorkerObs
 from celeryops.core.masking import mask_text, mask_url
+from celeryops.core.namespace import OBSERVE_COMMAND
+from celeryops.core.urls import is_redis_url
 
 PIDBOX_SEP = "\x06\x16"
-# Answered by workers running the celeryops worker plugin (celeryops.fence): a whole observation in one reply.
-OBSERVE_COMMAND = "celeryops_observe"
+# The parts of one observation: OBSERVE_COMMAND, answered by workers running the worker plugin (celeryops.fence),
+# sends them all in one reply.
 OBSERVE_PARTS = ("active", "reserved", "scheduled", "active_queues")
 #: Seconds after a Redis restart during which a worker without a control subscription may still be reconnecting
 #: (kombu's reconnect pauses grow to 30 s, and its consumer restarts after): no listener evidence meanwhile.
@@ -89,7 +91,7 @@ class Fleet:
 
     @property
     def is_redis(self) -> bool:
-        return self.broker_url.startswith(("redis://", "rediss://"))
+        return is_redis_url(self.broker_url)
 
     def redis(self) -> redis.Redis | None:
         """A client for the broker's Redis (None for other brokers)."""

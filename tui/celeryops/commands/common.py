@@ -14,6 +14,7 @@ import click
 
 from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.core.masking import mask_url
+from celeryops.core.urls import is_redis_url
 
 if TYPE_CHECKING:  # imported where used: `celeryops --help` and `--version` load neither Celery nor the config
     from celery import Celery
@@ -47,7 +48,7 @@ class FleetSpec:
         as given, without loading Celery (``celeryops status`` and ``slots`` start faster); anything else as the
         Celery app's connection spells it."""
         url = self.plain_broker_url()
-        if url and url.startswith(("redis://", "rediss://")):
+        if is_redis_url(url):
             return url
         return str(self.celery_app().connection_for_write().as_uri(include_password=True))
 
@@ -102,6 +103,13 @@ def load_celery_app(path: str, broker: str | None = None) -> Celery:
     if broker:
         app.conf.broker_url = broker
     return app
+
+
+def state_dir_option(read_only: bool = False) -> Callable[[F], F]:
+    """``--state-dir DIR``: where the run journal lives (``read_only``: the command only reads it there)."""
+    note = "read only here; " if read_only else ""
+    return click.option("--state-dir", type=click.Path(file_okay=False), default=None,
+                        help=f"Where the run journal lives ({note}default: the user state dir).")
 
 
 def fleet_options(func: F) -> F:

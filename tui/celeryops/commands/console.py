@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Literal, NoReturn
 
 import click
 
-from celeryops.commands.common import FleetSpec, fleet_options
+from celeryops.commands.common import FleetSpec, fleet_options, state_dir_option
 from celeryops.core.config import Config, Target
 from celeryops.core.errors import EXIT_INTERRUPTED, EXIT_USAGE, UserError
 
@@ -121,8 +121,7 @@ def _say(line: str) -> None:
 
 @click.command()
 @fleet_options
-@click.option("--state-dir", type=click.Path(file_okay=False), default=None,
-              help="Where the run journal lives (read only here; default: the user state dir).")
+@state_dir_option(read_only=True)
 def watch(fleet: FleetSpec, state_dir: str | None) -> None:
     """Follow the fleet and its live run, read-only: nothing is stopped, started or written."""
     open_console(fleet, start="home", read_only=True, state_dir=state_dir)

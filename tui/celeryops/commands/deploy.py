@@ -7,8 +7,7 @@ from pathlib import Path
 
 import click
 
-from celeryops.commands.common import FleetSpec, fleet_options
-from celeryops.commands.drain import state_dir_option
+from celeryops.commands.common import FleetSpec, fleet_options, state_dir_option
 from celeryops.commands.headless import RECOVERED, flag_operator, open_wiring, run_headless
 from celeryops.commands.output import Printer
 from celeryops.core.errors import EXIT_USAGE, UserError
@@ -26,7 +25,7 @@ from celeryops.core.errors import EXIT_USAGE, UserError
               help="The git checkout of the release (default: the current directory).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.option("--headless", is_flag=True, help="Plain output even in a terminal (no console).")
-@state_dir_option
+@state_dir_option()
 def deploy(release: str, fleet: FleetSpec, targets: tuple[str, ...], yes: bool, accept_warnings: bool,
            accept: tuple[str, ...], repo: str, as_json: bool, headless: bool, state_dir: str | None) -> None:
     """Deploy RELEASE (a branch pushed to the release remote): preflight, drain, deploy, verify.

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from celeryops.commands.common import FleetSpec, fleet_options
+from celeryops.commands.common import FleetSpec, fleet_options, state_dir_option
 from celeryops.commands.headless import RECOVERED, RESTORED, flag_operator, open_wiring, run_headless
 from celeryops.commands.output import Printer
 from celeryops.core.errors import EXIT_USAGE, UserError
@@ -23,9 +23,6 @@ def _positive(name: str) -> Callable[[click.Context, click.Parameter, Any], Any]
 
     return check
 
-
-state_dir_option = click.option("--state-dir", type=click.Path(file_okay=False), default=None,
-                                help="Where the run journal lives (default: the user state dir).")
 
 
 @click.command()
@@ -44,7 +41,7 @@ state_dir_option = click.option("--state-dir", type=click.Path(file_okay=False),
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before forgetting workers.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.option("--headless", is_flag=True, help="Plain output even in a terminal (no console).")
-@state_dir_option
+@state_dir_option()
 def drain(fleet: FleetSpec, queues: tuple[str, ...], interval: float | None, streak: int | None,
           max_wait: float | None, forget: tuple[str, ...], take_over: bool, yes: bool, as_json: bool,
           headless: bool, state_dir: str | None) -> None:
@@ -74,7 +71,7 @@ def drain(fleet: FleetSpec, queues: tuple[str, ...], interval: float | None, str
 @click.option("--restore", "force_restore", is_flag=True,
               help="The deploy's outcome is unknown but the old revision still serves: restore the consumers.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
-@state_dir_option
+@state_dir_option()
 def abort(fleet: FleetSpec, force_restore: bool, as_json: bool, state_dir: str | None) -> None:
     """Restore the consumers stopped by the current run (recovery rules), and end it."""
     printer = Printer(as_json)
@@ -92,7 +89,7 @@ def abort(fleet: FleetSpec, force_restore: bool, as_json: bool, state_dir: str |
 @click.command()
 @fleet_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
-@state_dir_option
+@state_dir_option()
 def resume(fleet: FleetSpec, as_json: bool, state_dir: str | None) -> None:
     """Continue the fleet's interrupted run from its phase (same settings): drain again, then deploy if it is a
     deploy run; a deploy already started finishes by the rollout's outcome."""

@@ -13,7 +13,7 @@ import click
 import humanize
 import redis
 
-from celeryops.commands.common import FleetSpec, fleet_options
+from celeryops.commands.common import FleetSpec, fleet_options, state_dir_option
 from celeryops.core.errors import UserError
 from celeryops.core.events import RUN_PHASES
 from celeryops.core.masking import mask_text, mask_url
@@ -21,11 +21,6 @@ from celeryops.ops.fleetwide.lease import LeaseInfo, ago, read_lease
 from celeryops.ops.fleetwide.publish import PublishedStatus, read_status
 from celeryops.ops.journal import TERMINAL_PHASES, FleetStore, Journal, Run, consumers_text, journal_path, merge_open
 from celeryops.ops.run.recovery import RecoveryPlan, plan
-
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
-
-state_dir_option = click.option("--state-dir", type=click.Path(file_okay=False), default=None,
-                                help="Where the run journal lives (default: the user state dir).")
 
 
 def _duration(seconds: float) -> str:
@@ -69,20 +64,19 @@ def open_journal_if_any(state_dir: str | None) -> Journal | None:
     return Journal(path, read_only=True) if path.exists() else None
 
 
-def coordination_url(fleet: FleetSpec) -> tuple[str | None, str | None]:
-    """(Redis URL holding the lease/status, or None; a note on why not). ``$CELERYOPS_REDIS_URL`` wins, else the
-    broker when it is Redis."""
-    configured = fleet.config().run.redis_url
-    if configured:
-        return configured, None
+def status_redis(fleet: FleetSpec) -> tuple[str | None, str | None]:
+    """(the fleet's coordination Redis, ``RunSettings.coordination_url``, or None; a note on why not). The broker
+    is resolved only when ``$CELERYOPS_REDIS_URL`` is not set."""
+    run = fleet.config().run
     try:
-        broker = fleet.resolve_broker_url()
+        broker = None if run.redis_url else fleet.resolve_broker_url()
     except UserError:
         if fleet.app_path:  # a broken -A is the operator's mistake: say it
             raise
         return None, "no fleet given (--broker, -A or $CELERY_BROKER_URL), so only the local journal was read"
-    if broker.startswith(REDIS_SCHEMES):
-        return broker, None
+    url = run.coordination_url(broker)
+    if url:
+        return url, None
     return None, "the broker is not Redis and $CELERYOPS_REDIS_URL is not set, so only the local journal was read"
 
 
@@ -160,7 +154,7 @@ def gather_status(fleet_spec: FleetSpec, state_dir: str | None, fleet: str | Non
 
     published: PublishedStatus | None = None
     redis_ok = False
-    url, why_not = coordination_url(fleet_spec)
+    url, why_not = status_redis(fleet_spec)
     if url is None:
         if why_not:
             report.notes.append(why_not)
@@ -246,7 +240,7 @@ def _status_lines(report: StatusReport) -> list[str]:
 @click.command()
 @fleet_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON object.")
-@state_dir_option
+@state_dir_option()
 def status(fleet: FleetSpec, as_json: bool, state_dir: str | None) -> None:
     """Show the fleet's current run (phase, age, owner) and what recovery would do. Reads only."""
     report = gather_status(fleet, state_dir)
@@ -260,7 +254,7 @@ def status(fleet: FleetSpec, as_json: bool, state_dir: str | None) -> None:
 @click.command()
 @click.option("--limit", "-n", type=click.IntRange(min=1), default=20, show_default=True, help="How many runs.")
 @click.option("--json", "as_json", is_flag=True, help="A JSON array, newest first.")
-@state_dir_option
+@state_dir_option()
 def runs(limit: int, as_json: bool, state_dir: str | None) -> None:
     """List the runs recorded in the local journal, newest first. Reads only."""
     journal = open_journal_if_any(state_dir)

@@ -15,6 +15,7 @@ import redis
 from celeryops.commands.common import FleetSpec, fleet_options
 from celeryops.core.errors import EXIT_BROKER, UserError
 from celeryops.core.masking import mask_url
+from celeryops.core.urls import is_redis_url
 from celeryops.slots.snapshot import Snapshot
 from celeryops.slots.store import connect, read_all
 
@@ -24,7 +25,7 @@ def _redis_url(fleet: FleetSpec, explicit: str | None) -> str:
     if url:
         return url
     url = fleet.resolve_broker_url()
-    if not url.startswith(("redis://", "rediss://", "unix://")):
+    if not is_redis_url(url):
         raise UserError(f"The broker {mask_url(url)} is not Redis, so it holds no slot pools: nothing was read; "
                         "pass --redis URL or set CELERYOPS_SLOTS_REDIS_URL.", EXIT_BROKER)
     return url

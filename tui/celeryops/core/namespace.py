@@ -1,4 +1,5 @@
-"""Redis key names shared by the operator side (lease, status, fence writer) and the worker side (fence plugin).
+"""Names shared by the operator side (lease, status, fence writer, fleet observation) and the worker side (fence
+plugin): Redis keys, and the remote-control command the plugin answers observations with.
 
 A fleet is named by ``$CELERYOPS_FLEET`` (default ``default``); one Redis database usually serves one fleet.
 All keys of a fleet carry the same hash tag, so they share one Redis Cluster slot.
@@ -10,6 +11,9 @@ from __future__ import annotations
 import os
 
 DEFAULT_FLEET = "default"
+# The remote-control command the worker plugin answers with a whole observation (active, reserved, scheduled
+# tasks and the queues consumed) in one reply.
+OBSERVE_COMMAND = "celeryops_observe"
 
 
 def fleet_name(explicit: str | None = None) -> str:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.core.namespace import DEFAULT_FLEET
+from celeryops.core.urls import is_redis_url
 
 #: Environment variable -> RunSettings field.
 RUN_ENV: dict[str, str] = {
@@ -33,6 +34,15 @@ class RunSettings:
     fence_parked_ttl: float = 7 * 24 * 3600.0  # the fence of a drained run that stays open after its process
     task_events: bool = True  # re-poll as soon as task events say the in-flight tasks ended (workers with -E)
     recovery_patience: float = 30.0  # seconds a restore (and the fence's lift) retries while the broker is away
+
+    def coordination_url(self, broker_url: str | None) -> str | None:
+        """The Redis holding the fleet's lease, fence, published status and the journal's fleet copy:
+        ``$CELERYOPS_REDIS_URL``, else the broker when it is Redis, else None."""
+        return self.redis_url or (broker_url if is_redis_url(broker_url) else None)
+
+    def slots_url(self, broker_url: str | None) -> str | None:
+        """The Redis holding the slot pools: ``$CELERYOPS_SLOTS_REDIS_URL``, else the broker when it is Redis."""
+        return self.slots_redis_url or (broker_url if is_redis_url(broker_url) else None)
 
 
 def run_settings(env: Mapping[str, str]) -> RunSettings:

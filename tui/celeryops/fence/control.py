@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from celeryops.core.errors import BrokerUnreachable
 from celeryops.core.masking import mask_url
+from celeryops.core.namespace import OBSERVE_COMMAND
 
 if TYPE_CHECKING:  # celery.worker.control is imported where the commands are registered (it is a worker's)
     from celery import Celery
 
 COMMAND = "celeryops_fence"
-OBSERVE_COMMAND = "celeryops_observe"  # keep in sync with celeryops.adapters.fleet.OBSERVE_COMMAND
 # The attribute of the Celery consumer where the plugin keeps its guard (see celeryops.fence.plugin).
 CONSUMER_ATTR = "celeryops_fence"
 

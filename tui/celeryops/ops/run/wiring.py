@@ -22,23 +22,8 @@ from celeryops.ops.run.operator import Operator
 from celeryops.ops.run.runner import Runner
 from celeryops.ops.run.session import RunSession
 
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 CONSOLE_CLIENT_NAME = "celeryops-console"
 WATCH_CLIENT_NAME = "celeryops-watch"
-
-
-def is_redis_url(url: str | None) -> bool:
-    return bool(url) and str(url).startswith(REDIS_SCHEMES)
-
-
-def coordination_url(config: Config, broker_url: str | None) -> str | None:
-    """The Redis holding the fleet's lease, fence and published status: ``$CELERYOPS_REDIS_URL``, else the broker
-    when it is Redis, else None."""
-    return config.run.redis_url or (broker_url if is_redis_url(broker_url) else None)
-
-
-def slots_url(config: Config, broker_url: str | None) -> str | None:
-    return config.run.slots_redis_url or (broker_url if is_redis_url(broker_url) else None)
 
 
 def named_redis(url: str, name: str | None = None) -> redis.Redis:
@@ -91,8 +76,8 @@ def wire(app: Celery, config: Config, *, on_event: Callable[[Event], None] = lam
     else:
         journal = Journal(state_dir=config.state_dir)
     fleet = Fleet(app)
-    coord_at = coordination_url(config, fleet.broker_url)
-    slots_at = slots_url(config, fleet.broker_url)
+    coord_at = config.run.coordination_url(fleet.broker_url)
+    slots_at = config.run.slots_url(fleet.broker_url)
     coord = named_redis(coord_at, name) if coord_at else None
     slots_client = coord if slots_at == coord_at else (named_redis(slots_at, name) if slots_at else None)
     fleet_id = config.run.fleet
