@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -199,15 +199,22 @@ class RunSession:
         if ended is not None:
             return ended
         self.emit(StageStarted(stage="drain"))
-        try:
+        async with self._recovering(lambda current: current.release == release):
             outcome, run = await self.runner.drain(settings=self.config.drain, release=release, keep_lease=True,
                                                    extra_settings={"sha": sha, "targets": [t.name for t in targets]})
             return await self._after_drain(outcome, run, targets, sha, ask=True)
+
+    @contextlib.asynccontextmanager
+    async def _recovering(self, ours: Callable[[Run], bool]) -> AsyncIterator[None]:
+        """Around a deploy run's drain and what follows it. Interrupted inside (also inside ``runner.drain()`` right
+        after its ``drained`` record), the fleet's open run, if ``ours``, has its consumers stopped: the recovery rules
+        are applied before the process ends (unless the operator detached). Always: the lease is given back and the
+        rollouts closed."""
+        try:
+            yield
         except asyncio.CancelledError:
-            # Interrupted after the drain (also inside runner.drain() right after its `drained` record): the run is
-            # open with its consumers stopped; apply the recovery rules before the process ends.
             current = await asyncio.to_thread(self.runner.unfinished)
-            if current is not None and current.release == release and not self.runner.detached:
+            if current is not None and ours(current) and not self.runner.detached:
                 with contextlib.suppress(Exception):  # the interruption is what the caller must see
                     await uncut(self._recover(current))
             raise
@@ -281,18 +288,10 @@ class RunSession:
         sha = str(run.settings.get("sha") or "")
         if run.phase in ("preflight", "stopping", "draining", "drained"):
             self.emit(StageStarted(stage="drain", detail=f"resuming run {run.id}"))
-            try:
+            run_id = run.id
+            async with self._recovering(lambda current: current.id == run_id):
                 outcome, run = await self.runner.resume(run=run, keep_lease=True)
                 return await self._after_drain(outcome, run, targets, sha, ask=False)
-            except asyncio.CancelledError:
-                current = await asyncio.to_thread(self.runner.unfinished)
-                if current is not None and current.id == run.id and not self.runner.detached:
-                    with contextlib.suppress(Exception):  # the interruption is what the caller must see
-                        await uncut(self._recover(current))
-                raise
-            finally:
-                await self.runner.release_lease()
-                await self._rollouts.close()
         # deploying / deployed: the deploy was started; its outcome decides.
         await self.runner.hold(run)
         try:
