@@ -74,8 +74,8 @@ def run_headless(sandbox: Sandbox, printer: Printer) -> int:
 
     sandbox.wait_busy(tasks=2, timeout=60)
     config = sandbox.config
-    wiring = open_wiring(FleetSpec(broker=sandbox.url), config, printer)
-    session = wiring.session(flag_operator(yes=True), repo=sandbox.repo, accept_all=True)
+    wiring = open_wiring(FleetSpec(broker=sandbox.url), config)
+    session = wiring.session(flag_operator(yes=True), printer, repo=sandbox.repo, accept_all=True)
     try:
         with _signals_interrupt():  # run_interruptibly installs its own handlers while the flow runs
             result, interrupted = run_interruptibly(lambda: session.deploy(RELEASE, config.targets))

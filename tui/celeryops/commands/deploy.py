@@ -46,9 +46,10 @@ def deploy(release: str, fleet: FleetSpec, targets: tuple[str, ...], yes: bool, 
         raise UserError("celeryops deploy asks before stopping consumers and before deploying, but there is no "
                         "terminal to ask on: nothing was changed; add --yes to run it unattended.", EXIT_USAGE)
     printer = Printer(as_json)
-    wiring = open_wiring(fleet, config, printer)
-    session = wiring.session(flag_operator(yes=yes), repo=Path(repo), accept_all=accept_warnings, accept=accept)
-    sys.exit(run_headless(wiring, printer, lambda: session.deploy(release, chosen), RECOVERED).exit_code)
+    wiring = open_wiring(fleet, config)
+    session = wiring.session(flag_operator(yes=yes), printer, repo=Path(repo), accept_all=accept_warnings,
+                             accept=accept)
+    sys.exit(run_headless(wiring, session, printer, lambda s: s.deploy(release, chosen), RECOVERED).exit_code)
 
 
 COMMANDS = [deploy]

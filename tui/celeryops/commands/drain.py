@@ -60,10 +60,10 @@ def drain(fleet: FleetSpec, queues: tuple[str, ...], interval: float | None, str
 
     if wants_console(as_json, headless):
         open_console(fleet, start="drain", config=cfg, drain=request)
-    wiring = open_wiring(fleet, cfg, printer)
+    wiring = open_wiring(fleet, cfg)
     # A drain asks nothing: the drain itself waits for silent workers, so its preflight warnings are shown, not asked.
-    session = wiring.session(flag_operator(yes=True), accept_all=True)
-    sys.exit(run_headless(wiring, printer, lambda: session.drain(request), RESTORED))
+    session = wiring.session(flag_operator(yes=True), printer, accept_all=True)
+    sys.exit(run_headless(wiring, session, printer, lambda s: s.drain(request), RESTORED))
 
 
 @click.command()
@@ -75,9 +75,9 @@ def drain(fleet: FleetSpec, queues: tuple[str, ...], interval: float | None, str
 def abort(fleet: FleetSpec, force_restore: bool, as_json: bool, state_dir: str | None) -> None:
     """Restore the consumers stopped by the current run (recovery rules), and end it."""
     printer = Printer(as_json)
-    wiring = open_wiring(fleet, fleet.config({"state_dir": state_dir}), printer)
-    session = wiring.session(flag_operator(yes=True))
-    decided = run_headless(wiring, printer, lambda: session.abort(force_restore=force_restore), RECOVERED)
+    wiring = open_wiring(fleet, fleet.config({"state_dir": state_dir}))
+    session = wiring.session(flag_operator(yes=True), printer)
+    decided = run_headless(wiring, session, printer, lambda s: s.abort(force_restore=force_restore), RECOVERED)
     if as_json:
         printer.json({"event": "abort", "action": decided.action, "message": decided.explanation,
                       "next": decided.next_commands})
@@ -94,9 +94,9 @@ def resume(fleet: FleetSpec, as_json: bool, state_dir: str | None) -> None:
     """Continue the fleet's interrupted run from its phase (same settings): drain again, then deploy if it is a
     deploy run; a deploy already started finishes by the rollout's outcome."""
     printer = Printer(as_json)
-    wiring = open_wiring(fleet, fleet.config({"state_dir": state_dir}), printer)
-    session = wiring.session(flag_operator(yes=True), accept_all=True)
-    sys.exit(run_headless(wiring, printer, session.resume, RECOVERED))
+    wiring = open_wiring(fleet, fleet.config({"state_dir": state_dir}))
+    session = wiring.session(flag_operator(yes=True), printer, accept_all=True)
+    sys.exit(run_headless(wiring, session, printer, lambda s: s.resume(), RECOVERED))
 
 
 COMMANDS = [drain, abort, resume]

@@ -16,6 +16,7 @@ from celeryops.commands.output import Printer
 from celeryops.core.config import Config
 from celeryops.core.errors import EXIT_INTERRUPTED, UserError
 from celeryops.ops.run.operator import FlagOperator
+from celeryops.ops.run.session import RunSession
 from celeryops.ops.run.wiring import Wiring, wire
 
 T = TypeVar("T")
@@ -57,25 +58,21 @@ def run_interruptibly(main: Callable[[], Awaitable[T]]) -> tuple[T | None, bool]
     return result, interrupted
 
 
-def open_wiring(fleet: FleetSpec, config: Config, printer: Printer) -> Wiring:
+def open_wiring(fleet: FleetSpec, config: Config) -> Wiring:
     """Journal first (a bad state dir stops us before the fleet is touched), then the fleet."""
-    from celeryops.core.errors import EXIT_USAGE
-
-    app = fleet.celery_app()
-    wiring = wire(app, config, on_event=printer)
-    if wiring.runner is None:  # pragma: no cover - wire() opens a writable journal unless read-only
-        raise UserError("The run journal could not be opened: nothing was changed.", EXIT_USAGE)
-    return wiring
+    return wire(fleet.celery_app(), config)
 
 
-def run_headless(wiring: Wiring, printer: Printer, main: Callable[[], Awaitable[T]], interrupted: str) -> T:
-    """Run ``main`` interruptibly; errors and interruptions end the --json stream with a final event. Exits 130 when
-    interrupted (after ``main`` applied the recovery rules)."""
+def run_headless(wiring: Wiring, session: RunSession, printer: Printer,
+                 main: Callable[[RunSession], Awaitable[T]], interrupted: str) -> T:
+    """Run ``main(session)`` interruptibly (the session's events go to ``printer``); errors and interruptions end the
+    --json stream with a final event. Exits 130 when interrupted (after ``main`` applied the recovery rules). The
+    wiring is closed before this returns."""
     stuck = None
     try:
-        result, was_interrupted = run_interruptibly(main)
-        if (was_interrupted or result is None) and wiring.runner is not None:
-            stuck = wiring.runner.left_stopped()  # the recovery could not finish (the broker stayed down)
+        result, was_interrupted = run_interruptibly(lambda: main(session))
+        if was_interrupted or result is None:
+            stuck = session.runner.left_stopped()  # the recovery could not finish (the broker stayed down)
     except UserError as err:
         if printer.as_json and not printer.finished:
             printer.json({"event": "error", "message": str(err), "exit_code": err.exit_code})

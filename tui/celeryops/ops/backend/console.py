@@ -3,8 +3,9 @@ by driving the same :class:`~celeryops.ops.run.session.RunSession` the headless 
 its own: the console's keys become the session's operator decisions (:class:`ConsoleOperator`), and the session's
 events go to the console as they are.
 
-- A run runs as a task in the console's event loop. Cancelling it applies the recovery rules (the session's and
-  the runner's); a detached run is left in the journal, stopped, for ``celeryops resume``.
+- A run runs as a task in the console's event loop, in a session of its own whose events go to the console's sink
+  for that run. Cancelling it applies the recovery rules (the session's and the runner's); a detached run is left in
+  the journal, stopped, for ``celeryops resume``.
 - Read-only (watch mode): every dangerous method raises ``ReadOnlyRefused``; the live run comes from its published
   status (reads only), over Redis connections named ``celeryops-watch``.
 """
@@ -41,19 +42,19 @@ from celeryops.ops.backend.views import (
 )
 from celeryops.ops.backend.watch import follow
 from celeryops.ops.run.operator import ConsoleOperator
-from celeryops.ops.run.runner import Runner
 from celeryops.ops.run.session import DrainRequest, RunSession
 from celeryops.ops.run.wiring import CONSOLE_CLIENT_NAME, Wiring, wire
 
 
 @dataclass
 class _Live:
-    """The run this console drives."""
+    """The run this console drives (``session``: set as soon as it is made, with this run's sink)."""
 
     kind: RunKind
     release: str | None
     sink: EventSink
     started_at: float
+    session: RunSession | None = None
     operator: ConsoleOperator = field(default_factory=ConsoleOperator)
     phase: RunPhase = "preflight"
     task: asyncio.Task[None] | None = None
@@ -98,13 +99,19 @@ class OpsBackend:
     def config(self) -> Config:
         return self.wiring.config
 
-    def _runner(self, action: str) -> Runner:
+    def _writable(self, action: str) -> Wiring:
+        """The wiring, for an action that changes something: refused in watch mode and without a journal."""
         if self.read_only:
             raise ReadOnlyRefused(action)
-        if self.wiring.runner is None:
+        if self.wiring.journal is None:
             raise UserError(f"Cannot {action}: this console has no run journal, nothing was changed; "
                             "start it with --state-dir pointing at a writable directory.", EXIT_USAGE)
-        return self.wiring.runner
+        return self.wiring
+
+    def _session(self, live: _Live | None, operator: ConsoleOperator | None = None) -> RunSession:
+        """A session whose events go to ``live``'s run (its phase, progress and sink), or nowhere."""
+        sink: EventSink = (lambda event: self._to(live, event)) if live is not None else (lambda event: None)
+        return self.wiring.session(operator or ConsoleOperator(), sink, repo=self.repo)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(coro)
@@ -153,17 +160,21 @@ class OpsBackend:
 
     # -- runs ------------------------------------------------------------------------------------------------------
 
-    def _begin(self, runner: Runner, kind: RunKind, release: str | None, sink: EventSink,
-               work: Callable[[RunSession], Coroutine[Any, Any, object]]) -> None:
+    def _refuse_if_running(self) -> None:
         if self._live is not None and self._live.running:
             raise UserError("A run is already in progress in this console: nothing was changed; finish or abort it "
                             "first.", EXIT_USAGE)
+
+    def _new_live(self, kind: RunKind, release: str | None, sink: EventSink) -> _Live:
         live = _Live(kind=kind, release=release, sink=sink, started_at=self.clock())
-        runner.on_event = lambda event: self._to(live, event)
-        runner.detached = False
-        session = self.wiring.session(live.operator, repo=self.repo)
+        live.session = self._session(live, live.operator)
+        return live
+
+    def _begin(self, live: _Live, work: Callable[[RunSession], Coroutine[Any, Any, object]]) -> None:
+        self._refuse_if_running()
+        assert live.session is not None
         self._live = live
-        live.task = self._spawn(self._guard(live, work(session)))
+        live.task = self._spawn(self._guard(live, work(live.session)))
 
     def _to(self, live: _Live, event: Event) -> None:
         if isinstance(event, PhaseChanged):
@@ -188,62 +199,71 @@ class OpsBackend:
             self._to(live, PhaseChanged("failed", "unexpected error"))
 
     async def start_deploy(self, release: str, on_event: EventSink) -> None:
-        runner = self._runner("start a deploy")
+        self._writable("start a deploy")
+        self._refuse_if_running()
         targets = self.targets if self.targets is not None else self.config.targets
-        self._begin(runner, "deploy", release, on_event, lambda s: s.deploy(release, targets))
+        self._begin(self._new_live("deploy", release, on_event), lambda s: s.deploy(release, targets))
 
     async def start_drain(self, on_event: EventSink) -> None:
-        runner = self._runner("start a drain")
-        self._begin(runner, "drain", None, on_event, lambda s: s.drain(self.drain_request))
+        self._writable("start a drain")
+        self._refuse_if_running()
+        self._begin(self._new_live("drain", None, on_event), lambda s: s.drain(self.drain_request))
 
     async def resume_run(self, on_event: EventSink) -> None:
-        runner = self._runner("resume the run")
-        run = await asyncio.to_thread(runner.unfinished)
+        self._writable("resume the run")
+        self._refuse_if_running()
+        live = self._new_live("drain", None, on_event)
+        assert live.session is not None
+        run = await asyncio.to_thread(live.session.runner.unfinished)
         if run is None:
             raise UserError("There is no unfinished run to resume: nothing was changed.", EXIT_USAGE)
-        self._begin(runner, "deploy" if run.release else "drain", run.release, on_event, lambda s: s.resume(run))
+        live.kind, live.release = "deploy" if run.release else "drain", run.release
+        self._begin(live, lambda s: s.resume(run))
 
     async def accept_warnings(self) -> None:
-        self._runner("accept the preflight warnings")
+        self._writable("accept the preflight warnings")
         if self._live is not None:
             self._live.operator.accept_warnings()
 
     async def proceed(self) -> None:
-        self._runner("stop consumers")
+        self._writable("stop consumers")
         live = self._live
         if live is None or not live.running:
             raise UserError("There is no run waiting to proceed: nothing was changed.", EXIT_USAGE)
         live.operator.proceed()
 
     async def abort_run(self) -> None:
-        runner = self._runner("abort the run")
+        self._writable("abort the run")
         live = self._live
         if live is not None and live.running and live.task is not None:
             live.task.cancel()  # the session restores what it stopped (or applies the recovery rules) first
             with contextlib.suppress(asyncio.CancelledError):
                 await live.task
             return
-        run = await asyncio.to_thread(runner.unfinished)
+        session = self._session(live)  # the events of the abort go to the console's last run, if any
+        run = await asyncio.to_thread(session.runner.unfinished)
         if run is None:
             raise UserError("There is no run to abort: nothing was changed.", EXIT_USAGE)
+        decided = await session.abort(run)
         sink = live.sink if live is not None else (lambda event: None)
-        runner.on_event = sink if live is None else (lambda event: self._to(live, event))
-        decided = await self.wiring.session(ConsoleOperator(), repo=self.repo).abort(run)
         sink(Notice(level="info" if decided.action != "ask" else "warning", message=decided.explanation))
 
     async def detach(self) -> None:
-        runner = self._runner("detach from the run")
+        self._writable("detach from the run")
         live = self._live
-        if live is None or not live.running or live.task is None:
+        if live is None or not live.running or live.task is None or live.session is None:
             return
         live.detached = True
-        runner.detached = True
+        live.session.detach()
         live.task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await live.task
 
     async def forget_worker(self, name: str) -> None:
-        await self._runner("forget a worker").forget(name)
+        self._writable("forget a worker")
+        live = self._live  # the drain that runs is the console's run's
+        session = live.session if live is not None and live.session is not None else self._session(None)
+        await session.forget(name)
 
     async def follow_run(self, on_event: EventSink) -> None:
         coord = self.wiring.coord

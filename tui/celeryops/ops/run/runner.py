@@ -43,7 +43,8 @@ Outcome = Literal["drained", "timeout", "interrupted", "error"]
 
 @dataclass
 class Runner:
-    """One operator session on one fleet."""
+    """The engine of one run session on one fleet (the wiring makes one per session); its events go to
+    ``on_event``, the session's sink (the printer, or the console's run)."""
 
     fleet: Fleet
     journal: Journal
@@ -52,8 +53,9 @@ class Runner:
     read_only: bool = False
     coord: redis.Redis | None = None  # Redis for the lease and the published status (None: not available)
     settings: RunSettings = field(default_factory=RunSettings)  # lease/fence TTLs, task events
-    # The console's "detach": an interruption then leaves the consumers stopped and the run open for `resume`.
-    detached: bool = False
+    # The console's "detach" (RunSession.detach): an interruption then leaves the consumers stopped and the run open
+    # for `resume`.
+    detached: bool = field(default=False, init=False)
     # A restore of this process that the broker never let finish (it stayed down past the patience): the run id.
     restore_failed: str | None = field(default=None, init=False)
     _drain: Drain | None = field(default=None, init=False)

@@ -103,6 +103,11 @@ class RunSession:
     def emit(self, event: Event) -> None:
         self.runner.emit(event)
 
+    def detach(self) -> None:
+        """The operator detaches from the run (the console): an interruption from now on leaves its consumers stopped
+        and the run open for ``celeryops resume``."""
+        self.runner.detached = True
+
     def _refuse_if_read_only(self, action: str) -> None:
         if self.runner.read_only:
             raise ReadOnlyRefused(action)

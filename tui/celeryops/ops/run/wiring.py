@@ -1,7 +1,7 @@
 """The one place that assembles a run's objects from the configuration: the journal (first: a bad state dir stops
 us before the fleet is touched), the fleet, the coordination Redis (lease, fence, published status, and the copy of
-the journal held by the fleet), the runner
-and the run session. The headless commands, the console and the demo all build through here."""
+the journal held by the fleet), and for each run session its runner, given the sink its events go to. The headless
+commands, the console and the demo all build through here."""
 
 from __future__ import annotations
 
@@ -37,20 +37,26 @@ class Wiring:
 
     config: Config
     fleet: Fleet
-    journal: Journal | None
+    journal: Journal | None  # None: read-only, and no journal yet
     coord: redis.Redis | None
     slots_client: redis.Redis | None
-    runner: Runner | None  # None: read-only without a journal
+    read_only: bool = False
 
     @property
     def fleet_name(self) -> str:
         return self.config.run.fleet
 
-    def session(self, operator: Operator, *, repo: Path | None = None, accept_all: bool = False,
-                accept: tuple[str, ...] = ()) -> RunSession:
-        """A run session; warnings accepted up front: ``accept_all``, or these check ids and the config's."""
-        assert self.runner is not None, "a session needs the journal"
-        return RunSession(self.runner, self.config, operator, repo=repo or Path.cwd(), accept_all=accept_all,
+    def session(self, operator: Operator, sink: Callable[[Event], None], *, repo: Path | None = None,
+                accept_all: bool = False, accept: tuple[str, ...] = ()) -> RunSession:
+        """A run session whose events go to ``sink`` (and to the published status while it holds the run); warnings
+        accepted up front: ``accept_all``, or these check ids and the config's. The journal's warnings (a record the
+        fleet's Redis did not take) go to the newest session: the one that writes."""
+        assert self.journal is not None, "a session needs the journal"
+        runner = Runner(fleet=self.fleet, journal=self.journal, fleet_name=self.fleet_name, on_event=sink,
+                        read_only=self.read_only, coord=self.coord, settings=self.config.run)
+        if not self.read_only:
+            self.journal.on_warning = runner.journal_warning
+        return RunSession(runner, self.config, operator, repo=repo or Path.cwd(), accept_all=accept_all,
                           accepted=frozenset((*accept, *self.config.preflight.accept)))
 
     def close(self) -> None:
@@ -62,8 +68,7 @@ class Wiring:
             self.journal.close()
 
 
-def wire(app: Celery, config: Config, *, on_event: Callable[[Event], None] = lambda e: None,
-         read_only: bool = False, client_name: str | None = None) -> Wiring:
+def wire(app: Celery, config: Config, *, read_only: bool = False, client_name: str | None = None) -> Wiring:
     """Everything for the fleet of ``app``. Read-only (watch mode): the journal is opened read-only (if it exists)
     and every Redis connection is named ``celeryops-watch`` so a MONITOR log can tell them apart."""
     name = client_name or (WATCH_CLIENT_NAME if read_only else None)
@@ -89,12 +94,7 @@ def wire(app: Celery, config: Config, *, on_event: Callable[[Event], None] = lam
         fleet.extra_members.append(lambda: _plugin_members(coord, fleet_id))
         # ... and its heartbeats are evidence: an expired one says the worker is gone (membership by evidence).
         fleet.heartbeat_sources.append(lambda: _plugin_heartbeats(coord, fleet_id))
-    runner = None if journal is None else Runner(fleet=fleet, journal=journal, fleet_name=fleet_id,
-                                                 on_event=on_event, read_only=read_only, coord=coord,
-                                                 settings=config.run)
-    if runner is not None and journal is not None and not read_only:
-        journal.on_warning = runner.journal_warning
-    return Wiring(config, fleet, journal, coord, slots_client, runner)
+    return Wiring(config, fleet, journal, coord, slots_client, read_only)
 
 
 async def _plugin_members(coord: redis.Redis, fleet: str) -> set[str]:
