@@ -2,7 +2,8 @@
 
 ``--headless`` runs a full deploy of release ``demo-2`` without the console (``--yes --accept-warnings``
 semantics) and prints the same events as ``celeryops deploy`` (``--json``: one JSON object per line); CI uses it as a
-smoke test. Without ``--headless`` the console opens on the sandbox through :func:`open_console`.
+smoke test: both go through the same :func:`~celeryops.commands.headless.run_headless` as the command. Without
+``--headless`` the console opens on the sandbox through :func:`open_console`.
 
 Whatever happens (success, a user error, Ctrl-C, SIGTERM/SIGHUP, a crash) the sandbox is torn down before the
 command exits; a second signal during the teardown is ignored (the reaper process covers a SIGKILL).
@@ -11,7 +12,6 @@ command exits; a second signal during the teardown is ignored (the reaper proces
 from __future__ import annotations
 
 import contextlib
-import importlib
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -21,19 +21,16 @@ from typing import TYPE_CHECKING
 import click
 
 from celeryops.commands.common import FleetSpec
-from celeryops.commands.headless import flag_operator, open_wiring, run_interruptibly
+from celeryops.commands.headless import RECOVERED, flag_operator, open_wiring, run_headless
 from celeryops.commands.output import Printer
 from celeryops.core.errors import EXIT_INTERRUPTED, EXIT_USAGE, UserError
 from celeryops.core.events import Notice
+from celeryops.core.masking import mask_url
 from celeryops.demo.timing import Timing
 
 if TYPE_CHECKING:
-    from textual.app import App
+    from celeryops.demo.sandbox import Sandbox
 
-    from celeryops.demo.sandbox import DemoHandoff, Sandbox
-    from celeryops.ops.backend.console import OpsBackend
-
-CONSOLE_HOOK = ("celeryops.console.app", "demo_console")
 _SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
@@ -68,51 +65,45 @@ def _signals_ignored() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def run_headless(sandbox: Sandbox, printer: Printer) -> int:
-    """Deploy ``demo-2`` to the sandbox exactly as ``celeryops deploy demo-2 --yes --accept-warnings`` would."""
+def deploy_headless(sandbox: Sandbox, printer: Printer) -> int:
+    """Deploy ``demo-2`` to the sandbox exactly as ``celeryops deploy demo-2 --yes --accept-warnings`` would
+    (interrupted: the recovery rules are applied and the process exits 130 once the sandbox is torn down)."""
     from celeryops.demo.sandbox import RELEASE
 
     sandbox.wait_busy(tasks=2, timeout=60)
     config = sandbox.config
     wiring = open_wiring(FleetSpec(broker=sandbox.url), config)
     session = wiring.session(flag_operator(yes=True), printer, repo=sandbox.repo, accept_all=True)
-    try:
-        with _signals_interrupt():  # run_interruptibly installs its own handlers while the flow runs
-            result, interrupted = run_interruptibly(lambda: session.deploy(RELEASE, config.targets))
-    finally:
-        wiring.close()
-    if interrupted or result is None:
-        if printer.as_json and not printer.finished:
-            printer.json({"event": "interrupted", "message": "Interrupted: the recovery rules were applied."})
-        return EXIT_INTERRUPTED
-    return result.exit_code
+    return run_headless(wiring, session, printer, lambda s: s.deploy(RELEASE, config.targets), RECOVERED).exit_code
 
 
-ConsoleHook = Callable[["DemoHandoff"], "tuple[App[int], OpsBackend]"]
-
-
-def console_hook() -> ConsoleHook:
-    """The console's entry for the demo: ``celeryops.console.app.demo_console(handoff) -> (app, backend)``, the
-    console built on the sandbox (the backend from ``handoff.config`` / ``handoff.repo``, ``handoff.notice`` in the
-    header, ``handoff.hint`` on the home view). Checked before anything starts."""
+def require_terminal() -> None:
+    """The demo's console needs a terminal: checked before anything starts."""
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise UserError("celeryops demo opens the console, but there is no terminal: nothing was started; run it "
                         "in a terminal, or use celeryops demo --headless for a deploy without the console.",
                         EXIT_USAGE)
-    module_name, attr = CONSOLE_HOOK
-    hook: ConsoleHook | None = getattr(importlib.import_module(module_name), attr, None)
-    if hook is None:
-        raise UserError(f"This build's console cannot open the demo yet ({module_name}.{attr} is missing): nothing "
-                        "was started; run celeryops demo --headless to watch a full deploy.", EXIT_USAGE)
-    return hook
 
 
-def open_console(sandbox: Sandbox, hook: ConsoleHook) -> int:
-    """Run the console on the started sandbox as every console runs (SIGHUP and SIGTERM apply the recovery rules
-    to its run before it exits 130); returns its exit code."""
+def open_console(sandbox: Sandbox) -> int:
+    """Run the console on the started sandbox (its :class:`~celeryops.demo.sandbox.DemoHandoff`: the backend from
+    its config and repo, its notice in the header, its hint on the home view, D opening the release picker on its
+    release) as every console runs (SIGHUP and SIGTERM apply the recovery rules to its run before it exits 130);
+    returns its exit code."""
+    from celery import Celery
+
     from celeryops.commands.console import run_surviving_terminal
+    from celeryops.console.app import make_app
+    from celeryops.ops.backend.console import open_backend
 
-    return run_surviving_terminal(*hook(sandbox.handoff()))
+    handoff = sandbox.handoff()
+    celery_app = Celery("celeryops", broker=handoff.broker_url, set_as_current=False)
+    display = mask_url(handoff.broker_url) + (f" · {handoff.notice}" if handoff.notice else "")
+    backend = open_backend(celery_app, handoff.config, read_only=False, fleet_display=display,
+                           state_dir=str(handoff.state_dir), repo=handoff.repo)
+    console = make_app(backend, start="home", release=handoff.release)
+    console.hint = handoff.hint
+    return run_surviving_terminal(console, backend)
 
 
 def _progress(printer: Printer) -> Callable[[str], None]:
@@ -144,7 +135,8 @@ def demo(speed: float, headless: bool, as_json: bool, workers: int, keep: bool) 
     from celeryops.demo.sandbox import Sandbox  # the stand-ins (google-cloud-run) load only for the demo
 
     timing = Timing(speed)
-    hook = None if headless else console_hook()
+    if not headless:
+        require_terminal()
     printer = Printer(as_json)
     sandbox = Sandbox(timing, workers=workers, cap=workers + 1, keep=keep, progress=_progress(printer))
     code = EXIT_INTERRUPTED
@@ -153,7 +145,7 @@ def demo(speed: float, headless: bool, as_json: bool, workers: int, keep: bool) 
             sandbox.start()
             if sandbox.notice:
                 printer(Notice(level="warning", message=sandbox.notice))
-            code = run_headless(sandbox, printer) if hook is None else open_console(sandbox, hook)
+            code = deploy_headless(sandbox, printer) if headless else open_console(sandbox)
     except KeyboardInterrupt:
         if as_json and not printer.finished:
             printer.json({"event": "interrupted", "message": "Interrupted: the demo sandbox was torn down."})

@@ -26,8 +26,8 @@ RECOVERED = "Interrupted: the recovery rules were applied."
 
 
 def run_interruptibly(main: Callable[[], Awaitable[T]]) -> tuple[T | None, bool]:
-    """Run ``main`` in a fresh loop; SIGINT/SIGTERM/SIGHUP cancel it (so it can restore consumers before it ends).
-    Returns (result, interrupted)."""
+    """Run ``main`` in a fresh loop; SIGINT/SIGTERM/SIGHUP cancel it (so it can restore consumers before it ends),
+    and get their previous handlers back after. Returns (result, interrupted)."""
     interrupted = False
 
     async def runner() -> T | None:
@@ -42,6 +42,7 @@ def run_interruptibly(main: Callable[[], Awaitable[T]]) -> tuple[T | None, bool]
                 sys.stderr.write(f"\n{signal.Signals(signum).name}: applying the recovery rules before exiting...\n")
                 task.cancel()
 
+        previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
         for sig in SIGNALS:
             loop.add_signal_handler(sig, on_signal, sig)
         try:
@@ -51,8 +52,10 @@ def run_interruptibly(main: Callable[[], Awaitable[T]]) -> tuple[T | None, bool]
                 return None
             raise
         finally:
-            for sig in SIGNALS:
+            for sig, handler in previous.items():  # the caller's own (the demo's: tear the sandbox down)
                 loop.remove_signal_handler(sig)
+                if handler is not None:
+                    signal.signal(sig, handler)
 
     result = asyncio.run(runner())
     return result, interrupted

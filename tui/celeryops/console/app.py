@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import PurePath
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from textual.app import App, SystemCommand
 from textual.binding import Binding
@@ -356,27 +356,8 @@ def make_app(backend: ConsoleBackend, *, read_only: bool = False, clock: Callabl
     return app
 
 
-def demo_console(handoff: Any) -> tuple[ConsoleApp, OpsBackend]:
-    """``celeryops demo``: the console on the sandbox (``celeryops.demo.sandbox.DemoHandoff``), on the home view
-    with the hint line; D opens the release picker on ``handoff.release``. The caller runs it as every console runs
-    (``celeryops.commands.console.run_surviving_terminal``), which closes the backend after."""
-    from celery import Celery
-
-    from celeryops.core.masking import mask_url
-    from celeryops.ops.backend.console import open_backend
-
-    celery_app = Celery("celeryops", broker=handoff.broker_url, set_as_current=False)
-    display = mask_url(handoff.broker_url) + (f" · {handoff.notice}" if handoff.notice else "")
-    backend = open_backend(celery_app, handoff.config, read_only=False, fleet_display=display,
-                           state_dir=str(handoff.state_dir), repo=handoff.repo)
-    console = make_app(backend, start="home", release=handoff.release)
-    console.hint = handoff.hint
-    return console, backend
-
-
 if TYPE_CHECKING:
     from celeryops.console.host import ConsoleHost
-    from celeryops.ops.backend.console import OpsBackend
 
     def _screens_can_host_in(app: ConsoleApp) -> ConsoleHost:
         return app  # mypy proves the app is what screens expect of it
