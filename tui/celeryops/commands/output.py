@@ -7,29 +7,23 @@ import sys
 import threading
 from typing import Any, TextIO
 
-import humanize
-
 from celeryops.adapters.deploy.base import RolloutEvent
 from celeryops.core.events import (
     CheckUpdate,
-    ConsumersCancelled,
-    ConsumersRestored,
     DrainFinished,
     DrainProgress,
-    DrainStarted,
     Event,
     FleetBack,
     Notice,
+    PhaseChanged,
+    PreflightDone,
     RunFinished,
+    RunFollowed,
     StageStarted,
     TargetDeployed,
 )
 from celeryops.core.masking import mask_text
-
-
-def duration(seconds: float) -> str:
-    return humanize.precisedelta(seconds, minimum_unit="seconds", format="%0.0f") if seconds >= 1 else "0 seconds"
-
+from celeryops.core.wording import check_line, duration, say
 
 FINAL_EVENTS = ("timeout", "interrupted", "error", "deployed", "preflight_failed", "declined", "deploy_failed")
 
@@ -73,53 +67,50 @@ class Printer:
             self.stream.flush()
 
     def text(self, event: Event) -> str:
-        if isinstance(event, DrainStarted):
-            return (f"Draining {', '.join(event.queues)} on {len(event.workers)} worker(s): poll every "
-                    f"{event.interval:g}s, drained after {event.streak} empty polls in a row, give up after "
-                    f"{duration(event.max_wait)}.")
-        if isinstance(event, ConsumersCancelled):
-            return f"Consumers stopped ({len(event.acknowledged)} worker(s) confirmed)."
+        """The event's line(s) in text mode: the one wording (:mod:`celeryops.core.wording`), with what plain text
+        adds to it (a line per poll, marks and remedies under the checks, the fleet after a deploy)."""
         if isinstance(event, DrainProgress):
-            silent = [f"{n} ({duration(event.silent[n])}{', busy' if n in event.alive else ''})"
-                      for n in event.unknown if n in event.silent]
-            other = [n for n in event.unknown if n not in event.silent]
-            unknown = (f"  silent: {', '.join(silent)}" if silent else "") + (
-                f"  unknown: {', '.join(other)}" if other else "")
-            held = {q: n for q, n in event.consumers.items() if n}
-            if held:
-                unknown += "  consumers: " + ", ".join(f"{q} {n if n >= 0 else '?'}" for q, n in sorted(held.items()))
-            line = (f"[{duration(event.elapsed)}] streak {event.streak}/{event.required}  active {event.active}  "
-                    f"reserved {event.reserved}  scheduled {event.scheduled}  left {duration(event.remaining)}"
-                    f"{unknown}")
-            if event.warnings != self._warned:
-                for warning in event.warnings:
-                    line += f"\n  warning: {warning}"
-                self._warned = event.warnings
-            return line
-        if isinstance(event, ConsumersRestored):
-            if not event.restored:
-                return "Consumers: nothing needed restoring." if event.verified else ""
-            what = "; ".join(f"{w}: {', '.join(q)}" for w, q in sorted(event.restored.items()))
-            return f"Consumers restored ({what})" + (" and verified." if event.verified else ", not all confirmed.")
-        if isinstance(event, DrainFinished):
-            return event.message
-        if isinstance(event, Notice):
-            return f"{event.level}: {event.message}" if event.level != "info" else event.message
-        if isinstance(event, StageStarted):
-            return f"== {event.stage}" + (f": {event.detail}" if event.detail else "")
+            return self._poll(event)
         if isinstance(event, CheckUpdate):
             if event.status in ("running", "pending"):
                 return ""
             mark = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}.get(event.status, event.status)
-            line = f"  [{mark}] {event.title}: {event.detail}" + (" (accepted)" if event.accepted else "")
+            line = f"  [{mark}] {check_line(event)}" + (" (accepted)" if event.accepted else "")
             return line + (f"\n         -> {event.remedy}" if event.remedy and event.status != "ok" else "")
         if isinstance(event, RolloutEvent):
             return f"  {event.text}"
         if isinstance(event, FleetBack):
             return "\n".join(f"  {w}: {', '.join(q)}" for w, q in sorted(event.workers.items()))
-        if isinstance(event, TargetDeployed):  # where the result is: revision, service URL, console page
-            line = f"  {event.target}: revision {event.revision or '-'}" + (f"  {event.url}" if event.url else "")
-            return line + (f"\n    console: {event.console_url}" if event.console_url else "")
-        if isinstance(event, RunFinished):
-            return event.message + (f"\nLogs URL: {event.logs_url}" if event.logs_url else "")
-        return ""  # phases and the preflight's tally: the lines above already say it
+        if isinstance(event, PhaseChanged | PreflightDone | RunFollowed):
+            return ""  # the lines around them already say it
+        said = say(event)
+        if said is None:
+            return ""
+        level, text = said
+        if isinstance(event, StageStarted):
+            return f"== {text}"
+        if isinstance(event, TargetDeployed):
+            return f"  {text}"
+        if isinstance(event, Notice) and level != "info":
+            return f"{level}: {text}"
+        if isinstance(event, RunFinished) and event.logs_url:
+            return f"{text}\nLogs URL: {event.logs_url}"
+        return text
+
+    def _poll(self, event: DrainProgress) -> str:
+        silent = [f"{n} ({duration(event.silent[n])}{', busy' if n in event.alive else ''})"
+                  for n in event.unknown if n in event.silent]
+        other = [n for n in event.unknown if n not in event.silent]
+        unknown = (f"  silent: {', '.join(silent)}" if silent else "") + (
+            f"  unknown: {', '.join(other)}" if other else "")
+        held = {q: n for q, n in event.consumers.items() if n}
+        if held:
+            unknown += "  consumers: " + ", ".join(f"{q} {n if n >= 0 else '?'}" for q, n in sorted(held.items()))
+        line = (f"[{duration(event.elapsed)}] streak {event.streak}/{event.required}  active {event.active}  "
+                f"reserved {event.reserved}  scheduled {event.scheduled}  left {duration(event.remaining)}"
+                f"{unknown}")
+        if event.warnings != self._warned:
+            for warning in event.warnings:
+                line += f"\n  warning: {warning}"
+            self._warned = event.warnings
+        return line

@@ -8,24 +8,20 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from celeryops.adapters.deploy.base import RolloutEvent
+from celeryops.core import wording
 from celeryops.core.errors import EXIT_DEPLOY, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREFLIGHT, EXIT_TIMEOUT
 from celeryops.core.events import (
     CheckUpdate,
-    ConsumersCancelled,
-    ConsumersRestored,
     DrainFinished,
     DrainProgress,
     DrainStarted,
     Event,
     FleetBack,
-    Notice,
     PhaseChanged,
     PreflightDone,
     RunFinished,
     RunFollowed,
     RunPhase,
-    StageStarted,
-    TargetDeployed,
 )
 from celeryops.core.masking import mask_text
 from celeryops.ops.backend.views import DeployTarget, WorkerView, fold_rollout
@@ -118,55 +114,39 @@ class RunModel:
         self.log_total += 1
 
     def apply(self, event: Event) -> None:
-        """Fold one event into the model (and the event log)."""
+        """Fold one event into the model, and its line (:mod:`celeryops.core.wording`) into the event log."""
+        self._fold(event)
+        said = wording.say(event)
+        if said is None or (isinstance(event, CheckUpdate) and event.status not in ("warn", "fail")):
+            return
+        if isinstance(event, DrainFinished) and event.outcome == "interrupted" and self.operator_aborted:
+            said = "warning", "drain aborted from this console: consumers restored, nothing was killed."  # X here
+        self.say(*said)
+        if isinstance(event, RunFinished) and event.logs_url:
+            self.say("info", f"Logs URL: {event.logs_url}")
+
+    def _fold(self, event: Event) -> None:
         if isinstance(event, PhaseChanged):
             self.phase = event.phase
-            self.say("info", f"phase {event.phase}" + (f": {event.message}" if event.message else ""))
         elif isinstance(event, CheckUpdate):
             self.checks[event.id] = event
-            if event.status in ("warn", "fail"):
-                self.say("warning" if event.status == "warn" else "error", f"{event.title}: {event.detail}")
         elif isinstance(event, PreflightDone):
             self.preflight = event
             self.phase = "ready" if not event.failed else "failed"
-            accepted = f" ({len(event.accepted)} accepted by the configuration)" if event.accepted else ""
-            self.say("error" if event.failed else "ok",
-                     f"preflight: {event.failed} failed, {event.warnings} warning(s){accepted}")
         elif isinstance(event, DrainStarted):
             self.started = event
-            self.say("info", f"drain of {', '.join(event.queues)}: {len(event.workers)} workers, "
-                             f"{event.streak} empty polls {event.interval:g} s apart, max wait {event.max_wait:g} s")
-        elif isinstance(event, ConsumersCancelled):
-            self.say("info", f"consumers cancelled on {', '.join(event.queues)}; "
-                             f"{len(event.acknowledged)} worker(s) confirmed")
         elif isinstance(event, DrainProgress):
             self._progress(event)
-        elif isinstance(event, ConsumersRestored):
-            missing = "; still missing: " + ", ".join(event.missing) if event.missing else ""
-            self.say("ok" if event.verified else "warning",
-                     f"consumers restored on {len(event.restored)} worker(s)"
-                     f"{' (verified)' if event.verified else ''}{missing}")
         elif isinstance(event, DrainFinished):
             self.finished = event
-            if event.outcome == "interrupted" and self.operator_aborted:  # X here, not a signal
-                self.say("warning", "drain aborted from this console: consumers restored, nothing was killed.")
-            else:
-                self.say("ok" if event.outcome == "drained" else "error", f"drain {event.outcome}: {event.message}")
         elif isinstance(event, RolloutEvent):
             targets = dict(self.deploy or {})
             targets[event.target] = fold_rollout(targets.get(event.target), event)
             self.deploy = targets
         elif isinstance(event, FleetBack):
             self.fleet_back = tuple(WorkerView(w, "consuming", tuple(q)) for w, q in sorted(event.workers.items()))
-        elif isinstance(event, StageStarted):
-            self.say("info", event.stage + (f": {event.detail}" if event.detail else ""))
-        elif isinstance(event, TargetDeployed):
-            where = ", ".join(w for w in (event.revision, event.url, event.console_url) if w)
-            self.say("ok", f"{event.target} deployed" + (f": {where}" if where else ""))
         elif isinstance(event, RunFinished):
             self._finished(event)
-        elif isinstance(event, Notice):
-            self.say(event.level, event.message)
         elif isinstance(event, RunFollowed):
             self._follow(event)
 
@@ -177,9 +157,6 @@ class RunModel:
             self.deploy = {name: DeployTarget(t.target, t.revision, "failed", t.conditions, t.message)
                            if t.state != "ready" else t for name, t in (self.deploy or {}).items()} or {
                 "deploy": DeployTarget("deploy", state="failed")}
-        self.say("ok" if event.exit_code == 0 else "error", event.message)
-        if event.logs_url:
-            self.say("info", f"logs: {event.logs_url}")
 
     def _follow(self, event: RunFollowed) -> None:
         """Watch mode: another run begins; what the model knew belongs to the run before (the log stays)."""
@@ -188,8 +165,6 @@ class RunModel:
         self.inflight.clear()
         self.deploy, self.fleet_back, self.finished, self.operator_aborted = None, (), None, False
         self.result = None
-        self.say("info", f"following run {event.run_id} of {event.owner}"
-                         + (f", release {event.release}" if event.release else ""))
 
     def _progress(self, event: DrainProgress) -> None:
         previous = self.progress

@@ -1,9 +1,11 @@
 """The fleet's run history for the console: recent runs (phase, kind, release, who, started, duration, outcome)
-and one run's event timeline, read from the local journal. Plain functions over a journal (the console's backend
-runs them in a worker thread); a fleet-held run store plugs in as another source of the same views."""
+and one run's event timeline, read from the local journal (a phase worded as the console's log words it:
+:mod:`celeryops.core.wording`). Plain functions over a journal (the console's backend runs them in a worker
+thread); a fleet-held run store plugs in as another source of the same views."""
 
 from __future__ import annotations
 
+from celeryops.core.wording import phase_line
 from celeryops.ops.backend.views import RunRecordView, TimelineEntry
 from celeryops.ops.journal import ADD_CONSUMERS, CANCEL_CONSUMERS, DEPLOY_START, Journal, Record, Run
 
@@ -44,9 +46,8 @@ def _line(run: Run, rec: Record) -> tuple[str, str]:
         return "info", f"run created by {run.user}@{run.host}" + (f" to deploy {run.release}" if run.release else
                                                                    " to drain")
     if rec.kind == "phase":
-        reason = f": {p['reason']}" if p.get("reason") else ""
         level = {"done": "ok", "drained": "ok", "failed": "error", "aborted": "warning"}.get(str(p.get("to")), "info")
-        return level, f"phase {p.get('from')} → {p.get('to')}{reason}"
+        return level, phase_line(str(p.get("to")), str(p.get("reason") or ""), before=str(p.get("from")))
     if rec.kind == "intent":
         if rec.intent == CANCEL_CONSUMERS:
             return "info", f"about to cancel consumers: {_queues(p.get('stop'))}"
