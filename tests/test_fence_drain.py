@@ -18,7 +18,7 @@ import pytest
 import redis
 from celery import Celery
 
-from celeryops.demo.standins.cloudrun import CloudRunStandIn, standin_config
+from celeryops.demo.standins.cloudrun import CloudRunStandIn, cloud_run_env, standin_config
 from celeryops.demo.standins.gitrepo import GitFixture
 from celeryops.demo.standins.registry import RegistryStandIn
 from celeryops.fence import FenceStore, PluginWorkerInfo, plugin_workers
@@ -184,8 +184,9 @@ def test_killed_drain_plugin_workers_resume_alone_plain_ones_by_abort(redis_url:
 
 class Rollout:
     """The Cloud Run stand-in's update hook: while the new revision rolls out (the hook blocks it), start one more
-    worker of the OLD revision, one with K_REVISION = the new revision and one with CELERYOPS_VERSION = the sha,
-    and record what each of them does with the tasks waiting in the queue."""
+    worker of the OLD revision, one of the new revision (each with what Cloud Run sets in a service's instances)
+    and one outside Cloud Run with CELERYOPS_VERSION = the sha, and record what each of them does with the tasks
+    waiting in the queue."""
 
     def __init__(self, broker: str, queue: str, log_dir: Path, client: redis.Redis, sha: str) -> None:
         self.broker, self.queue, self.log_dir, self.client, self.sha = broker, queue, log_dir, client, sha
@@ -206,9 +207,9 @@ class Rollout:
         try:
             short = revision.rsplit("/", 1)[-1]
             self.seen["revision"] = short
-            old = self.worker(K_REVISION="worker-00001-old")
-            by_revision = self.worker(K_REVISION=short)
-            by_version = self.worker(K_REVISION="", CELERYOPS_VERSION=self.sha)
+            old = self.worker(**cloud_run_env("service", "worker", "worker-00001-old"))
+            by_revision = self.worker(**cloud_run_env("service", "worker", short))
+            by_version = self.worker(CELERYOPS_VERSION=self.sha)
             control = Celery("celeryops_test_rollout", broker=self.broker)
             try:
                 for w in (old, by_revision, by_version):
@@ -261,7 +262,7 @@ def test_deploy_new_release_consumes_while_old_plugin_workers_stay_held(release:
                                                                        start_workers: Any, queue_name: str) -> None:
     rollout: Rollout = release["rollout"]
     (old,) = start_workers(redis_url, app=FENCE_APP, queues=[queue_name],
-                           env={**PLUGIN, "K_REVISION": "worker-00001-old"})
+                           env={**PLUGIN, **cloud_run_env("service", "worker", "worker-00001-old")})
     rollout.before.append(old)
     env = cli_env(release["dir"] / "state")
     proc = CliProcess(["deploy", "demo-7", "--yes", "--accept-warnings", "--json", "--repo",

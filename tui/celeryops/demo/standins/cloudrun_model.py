@@ -32,6 +32,7 @@ from __future__ import annotations
 import random
 import string
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -205,8 +206,9 @@ class CloudRunModel:
 
     def scale(self, name: str, instances: int) -> list[Instance]:
         """A service's autoscaler: run ``instances`` instances in total (kept within the service's min and max
-        instances), divided by the split that serves now; starts what is missing first, then takes away the excess.
-        Returns the instances it started. A worker pool is scaled through its ``manual_instance_count`` instead."""
+        instances), divided by the split that serves now; starts what is missing first, then takes away the excess
+        (a revision still rolling out keeps its instances). Returns the instances it started. A worker pool is
+        scaled through its ``manual_instance_count`` instead."""
         with self._lock:
             res = self._find(name)
             if not res.is_service:
@@ -214,8 +216,22 @@ class CloudRunModel:
             res.instances = max(0, instances)
             wanted = self._wanted(res)
         started = self.instance_set.grow(res.name, res.instance_kind, wanted, self._image_of(res))
-        self.instance_set.shrink(res.name, wanted)
+        others = {rev: n for rev, n in self.instance_set.counts(res.name).items() if rev not in wanted}
+        self.instance_set.shrink(res.name, {**others, **wanted})
         return started
+
+    def scale_out(self, name: str, more: int = 1) -> list[Instance]:
+        """A service's autoscaler adds ``more`` instances to its total (see :meth:`scale`)."""
+        with self._lock:
+            total = self._find(name).instances
+        return self.scale(name, total + more)
+
+    def wait_rollouts(self, timeout: float = 30.0) -> bool:
+        """Wait until every rollout finished, old instances taken away included; False at the deadline."""
+        deadline = time.monotonic() + timeout
+        for thread in list(self._threads):
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self._threads)
 
     def _find(self, name: str) -> ResourceRecord:
         if name in self._resources:
