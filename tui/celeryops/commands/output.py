@@ -117,9 +117,10 @@ class Printer:
             return f"  {event.text}"
         if isinstance(event, FleetBack):
             return "\n".join(f"  {w}: {', '.join(q)}" for w, q in sorted(event.workers.items()))
-        if isinstance(event, TargetDeployed):  # where the result is: revision, service URL, console page
+        if isinstance(event, TargetDeployed):  # where the result is: revision, service URL, console page, logs
             line = f"  {event.target}: revision {event.revision or '-'}" + (f"  {event.url}" if event.url else "")
-            return line + (f"\n    console: {event.console_url}" if event.console_url else "")
+            line += f"\n    console: {event.console_url}" if event.console_url else ""
+            return line + (f"\n    logs: {event.logs_url}" if event.logs_url else "")
         if isinstance(event, RunFinished):
             return event.message + (f"\nLogs URL: {event.logs_url}" if event.logs_url else "")
         return ""  # phases and the preflight's tally: the lines above already say it

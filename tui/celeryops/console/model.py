@@ -163,6 +163,8 @@ class RunModel:
         elif isinstance(event, TargetDeployed):
             where = ", ".join(w for w in (event.revision, event.url, event.console_url) if w)
             self.say("ok", f"{event.target} deployed" + (f": {where}" if where else ""))
+            if event.logs_url:
+                self.say("info", f"{event.target} logs: {event.logs_url}")
         elif isinstance(event, RunFinished):
             self._finished(event)
         elif isinstance(event, Notice):
