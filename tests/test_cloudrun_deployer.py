@@ -24,10 +24,13 @@ from google.cloud.run_v2.services.services.transports import ServicesGrpcTranspo
 from google.cloud.run_v2.services.worker_pools.transports import WorkerPoolsGrpcTransport
 
 from celeryops.adapters.deploy import CloudRunDeployer, DeployError, PollTrouble, PoolUpdate, RolloutState, condense
-from celeryops.adapters.deploy.base import logs_link
+from celeryops.adapters.deploy.base import DeployResult, logs_link
+from celeryops.commands.output import Printer
 from celeryops.core.config import Target
+from celeryops.core.events import RunFinished, TargetDeployed
 from celeryops.demo.standins.cloudrun import CloudRunStandIn, default_service_account, failure_message
 from celeryops.demo.standins.cloudrun_support import log_uri
+from celeryops.ops.decode import decode
 
 SERVICE = "projects/p/locations/europe-west1/services/worker"
 POOL = "projects/p/locations/europe-west1/workerPools/gpu"
@@ -612,3 +615,17 @@ def test_ready_means_the_terminal_condition_succeeded() -> None:
     assert replace(settled, terminal_state="succeeded").ready
     for state in ("", "pending", "reconciling", "failed"):  # "not failed" is not ready
         assert not replace(settled, terminal_state=state).ready
+
+
+def test_the_end_of_a_deploy_prints_each_targets_logs_beside_revision_url_and_console() -> None:
+    result = DeployResult("web", "app:2", f"{SERVICE}/revisions/worker-00002-abc", f"{SERVICE}/revisions/worker-1",
+                          url="https://worker-1.run.app", console_url="https://console/run", logs_url="https://logs/x")
+    deployed = TargetDeployed(**result.summary())
+    text = Printer(as_json=False).text(deployed)
+    assert text.splitlines() == ["  web: revision worker-00002-abc  https://worker-1.run.app",
+                                 "    console: https://console/run", "    logs: https://logs/x"]
+    finished = RunFinished(outcome="deployed", exit_code=0, message="done", targets=(deployed,))
+    (target,) = finished.to_json()["targets"]
+    assert target["logs_url"] == "https://logs/x" and target["revision"] == "worker-00002-abc"
+    assert decode("finished", finished.to_json()) == finished  # what `watch` reads back from the published status
+    assert decode("target", deployed.to_json()) == deployed
