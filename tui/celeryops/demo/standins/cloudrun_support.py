@@ -169,9 +169,10 @@ def iter_conditions(message: Any) -> Iterator[tuple[str, str, str]]:
 def standin_config(*, broker: str, endpoint: str, image: str, interval: float = 0.4, max_wait: float = 60,
                    project: str = "proj", region: str = "europe-west1", resource: str = "worker",
                    name: str = "worker", state_dir: str | None = None, comment: str = "",
-                   branches: str | None = None) -> str:
-    """A ``celeryops.toml`` whose one target is a Cloud Run service of this stand-in at ``endpoint`` (tests, chaos
-    trials, the demo). ``image`` is the template, e.g. ``127.0.0.1:5000/proj/worker:{sha}``."""
+                   branches: str | None = None, kind: str = "cloudrun-service") -> str:
+    """A ``celeryops.toml`` whose one target is a Cloud Run service (``kind``: or worker pool) of this stand-in at
+    ``endpoint`` (tests, chaos trials, the demo). ``image`` is the template, e.g.
+    ``127.0.0.1:5000/proj/worker:{sha}``."""
     head = f"# {comment}\n" if comment else ""
     state = f'state_dir = "{state_dir}"\n' if state_dir else ""
     pattern = f'branches = "{branches}"\n' if branches else ""
@@ -188,7 +189,7 @@ max_age_days = 14
 {pattern}
 [[targets]]
 name = "{name}"
-kind = "cloudrun-service"
+kind = "{kind}"
 project = "{project}"
 region = "{region}"
 resource = "{resource}"
