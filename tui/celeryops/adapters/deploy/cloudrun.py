@@ -200,20 +200,12 @@ class CloudRunDeployer:
     async def deploy(self, target: Target, image: str, on_progress: ProgressCallback, *, sha: str = "",
                      release: str = "") -> DeployResult:
         clients = await self._clients(target)
-        for _attempt in range(3):  # ABORTED: changed by someone else between read and update; read again
-            resource = await self._get(clients, target, self._read_retry(), self.rpc_timeout)
-            before = state_of(target, resource)
+
+        def prepare(resource: Any, before: RolloutState) -> None:
             refuse_unready(target, before)
             prepare_update(target, resource, image, before)
-            try:
-                operation = await self._update(clients, target, resource)
-            except DeployError as err:
-                if err.code == "ABORTED":
-                    continue
-                raise
-            break
-        else:
-            raise self._kept_changing(target)
+
+        before, _asked, operation = await self._send(clients, target, prepare)
         on_progress(RolloutStarted(target.name, image, operation, before.latest_ready_revision))
         return await self._watch(clients, target, image, operation, before, on_progress)
 
@@ -227,26 +219,16 @@ class CloudRunDeployer:
             raise DeployError(f"{target.display} is not a Cloud Run worker pool: instance counts and splits are a "
                               "worker pool's; nothing was changed.", code="KIND")
         clients = await self._clients(target)
-        for _attempt in range(3):
-            resource = await self._get(clients, target, self._read_retry(), self.rpc_timeout)
-            before = state_of(target, resource)
+        new_revision = change.image is not None or bool(change.revision)
+
+        def prepare(resource: Any, before: RolloutState) -> None:
             refuse_unready(target, before, traffic=False)
             prepare_pool_update(target, resource, change)
-            asked = state_of(target, resource)
-            try:
-                operation = await self._update(clients, target, resource,
-                                               force_new_revision=change.image is not None or bool(change.revision))
-            except DeployError as err:
-                if err.code == "ABORTED":
-                    continue
-                raise
-            break
-        else:
-            raise self._kept_changing(target)
+
+        before, asked, operation = await self._send(clients, target, prepare, force_new_revision=new_revision)
         on_progress(RolloutStarted(target.name, asked.image, operation, before.latest_ready_revision))
         return await self._watch(clients, target, asked.image, operation, before, on_progress,
-                                 split=asked.traffic or (("", 100),), new_revision=change.image is not None
-                                 or bool(change.revision))
+                                 split=asked.traffic or (("", 100),), new_revision=new_revision)
 
     async def close(self) -> None:
         """Close every channel this deployer opened (it opens new ones if it is used again)."""
@@ -258,11 +240,25 @@ class CloudRunDeployer:
 
     # ------------------------------------------------------------------------------------------ internals
 
-    @staticmethod
-    def _kept_changing(target: Target) -> DeployError:
-        return DeployError(f"{target.display} kept being changed by someone else while celeryops updated it (etag "
-                           "mismatch three times): nothing was changed by this deploy; find out who else deploys it "
-                           "and deploy again.", code="ABORTED")
+    async def _send(self, clients: CloudRunClients, target: Target, prepare: Callable[[Any, RolloutState], None],
+                    *, force_new_revision: bool = True) -> tuple[RolloutState, RolloutState, str]:
+        """Read the resource, let ``prepare(resource, before)`` refuse or change it, send it whole; read again when
+        someone else changed it in between (ABORTED: the etag), three times at most. Returns the state before, the
+        state asked for, and the operation's name."""
+        for _attempt in range(3):
+            resource = await self._get(clients, target, self._read_retry(), self.rpc_timeout)
+            before = state_of(target, resource)
+            prepare(resource, before)
+            try:
+                operation = await self._update(clients, target, resource, force_new_revision=force_new_revision)
+            except DeployError as err:
+                if err.code == "ABORTED":
+                    continue
+                raise
+            return before, state_of(target, resource), operation
+        raise DeployError(f"{target.display} kept being changed by someone else while celeryops updated it (etag "
+                          "mismatch three times): nothing was changed by this deploy; find out who else deploys it "
+                          "and deploy again.", code="ABORTED")
 
     async def _clients(self, target: Target) -> CloudRunClients:
         if not target.is_cloudrun:
