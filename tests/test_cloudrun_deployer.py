@@ -1,7 +1,9 @@
 """Cloud Run as it really behaves, against the real google-cloud-run clients over gRPC to the local stand-in:
 pinned traffic / instance splits, validate_only before any stop, actAs on the runtime service account, a racing
 update (etag), force_new_revision, one-line failures with the Logs URL apart, credentials resolved once off the
-event loop (a local OAuth token endpoint), and where the result is (revision, URL, console link)."""
+event loop (a local OAuth token endpoint), where the result is (revision, URL, console and logs links), and every
+failure sentence: a disabled API, a missing permission, quota (retried with backoff, then named), a failed
+revision (its name, Cloud Run's reason, its logs), a worker pool without instances, refused credentials."""
 
 from __future__ import annotations
 
@@ -21,9 +23,14 @@ from google.cloud import run_v2
 from google.cloud.run_v2.services.services.transports import ServicesGrpcTransport
 from google.cloud.run_v2.services.worker_pools.transports import WorkerPoolsGrpcTransport
 
-from celeryops.adapters.deploy import CloudRunDeployer, DeployError, RolloutState, condense
+from celeryops.adapters.deploy import CloudRunDeployer, DeployError, PollTrouble, PoolUpdate, RolloutState, condense
+from celeryops.adapters.deploy.base import DeployResult, logs_link
+from celeryops.commands.output import Printer
 from celeryops.core.config import Target
+from celeryops.core.events import RunFinished, TargetDeployed
 from celeryops.demo.standins.cloudrun import CloudRunStandIn, default_service_account, failure_message
+from celeryops.demo.standins.cloudrun_support import log_uri
+from celeryops.ops.fleetwide.decode import decode
 
 SERVICE = "projects/p/locations/europe-west1/services/worker"
 POOL = "projects/p/locations/europe-west1/workerPools/gpu"
@@ -297,7 +304,7 @@ async def test_a_racing_update_is_read_again(standin: CloudRunStandIn, service: 
 
 
 def test_condense_keeps_the_reason_and_takes_the_logs_url_apart() -> None:
-    message = failure_message("worker-00002-abc", "p", "europe-west1", "worker")
+    message = failure_message("worker-00002-abc", log_uri(SERVICE, "worker-00002-abc"))
     reason, logs_url = condense(message)
     assert reason == ("The user-provided container failed to start and listen on the port defined provided by the "
                       "PORT=8080 environment variable within the allocated timeout. This can happen when the "
@@ -442,13 +449,21 @@ async def test_result_names_revision_url_and_console_link(standin: CloudRunStand
         ".europe-west1.run.app")
     assert result.console_url == ("https://console.cloud.google.com/run/detail/europe-west1/worker/revisions"
                                   "?project=p")
+    (revision,) = [r for r in standin.revisions(SERVICE) if r.name == result.revision]
+    assert result.logs_url == revision.log_uri and "cloud_run_revision" in result.logs_url
     summary = result.summary()
     assert summary == {"target": "web", "image": "app:2", "revision": short(result.revision),
                        "previous_revision": short(result.previous_revision), "url": live.uri,
-                       "console_url": result.console_url}
+                       "console_url": result.console_url, "logs_url": result.logs_url}
     pooled = await deployer.deploy(pool, "gpu:2", ignore)
     assert pooled.url == "" and pooled.console_url == (
         "https://console.cloud.google.com/run/worker-pools/details/europe-west1/gpu/revisions?project=p")
+    assert "cloud_run_worker_pool" in pooled.logs_url and short(pooled.revision) in pooled.logs_url
+    # without run.revisions.get the link is built from the worker pool's own log filter
+    standin.grant({"run.workerpools.get", "run.workerpools.update", "run.operations.get"})
+    again = await deployer.deploy(pool, "gpu:3", ignore)
+    assert again.logs_url == logs_link("cloudrun-worker-pool", "p", "europe-west1", "gpu", again.revision)
+    assert "resource.type%3D%22cloud_run_worker_pool%22" in again.logs_url
 
 
 async def test_one_channel_per_target_until_closed(service: Target, pool: Target,
@@ -461,3 +476,156 @@ async def test_one_channel_per_target_until_closed(service: Target, pool: Target
     await deployer.close()
     assert deployer._cache == {}
     assert (await deployer.current(service)).image == "app:1"  # used again: reconnects
+
+
+# -- failures, told as gcloud tells them: one sentence each, with the remedy that fits -----------------------------
+
+
+class Events(list[object]):
+    def __call__(self, event: object) -> None:
+        self.append(event)
+
+    def troubles(self) -> list[str]:
+        return [e.text for e in self if isinstance(e, PollTrouble)]
+
+
+async def test_a_disabled_api_names_the_api_and_the_command_that_enables_it(standin: CloudRunStandIn, service: Target,
+                                                                           pool: Target,
+                                                                           deployer: CloudRunDeployer) -> None:
+    """PERMISSION_DENIED whose ErrorInfo reason is SERVICE_DISABLED: no role would help, so none is named."""
+    standin.disable_api("p")
+    with pytest.raises(DeployError) as info:
+        await deployer.deploy(service, "app:2", ignore)
+    assert str(info.value) == ("The Cloud Run Admin API (run.googleapis.com) is disabled in project p, so celeryops "
+                               "could not read Cloud Run service worker in p/europe-west1: nothing was changed; enable "
+                               "it with `gcloud services enable run.googleapis.com --project p`, wait a minute, and "
+                               "try again.")
+    assert info.value.code == "SERVICE_DISABLED" and not info.value.permission and not info.value.role
+    with pytest.raises(DeployError, match=r"^The Cloud Run Admin API \(run\.googleapis\.com\) is disabled in project "
+                                          r"p, so celeryops could not check permissions on Cloud Run worker pool gpu"):
+        await deployer.missing_permissions(pool)
+    standin.clear_faults()
+    assert (await deployer.current(service)).image == "app:1"
+
+
+async def test_a_missing_permission_still_names_its_role(standin: CloudRunStandIn, service: Target,
+                                                         deployer: CloudRunDeployer) -> None:
+    standin.grant({"run.services.update", "run.operations.get"})
+    with pytest.raises(DeployError) as info:
+        await deployer.current(service)
+    assert str(info.value) == ("The permission run.services.get is missing on Cloud Run service worker in "
+                               "p/europe-west1: nothing was changed; grant it (with roles/run.developer) to the "
+                               "account celeryops runs as.")
+
+
+async def test_quota_refusing_the_update_is_named_with_where_to_raise_it(standin: CloudRunStandIn, service: Target,
+                                                                         deployer: CloudRunDeployer) -> None:
+    standin.refuse(grpc.StatusCode.RESOURCE_EXHAUSTED, "Quota exceeded for quota metric 'Write requests' and limit "
+                   "'Write requests per minute per region'.", rpcs=["UpdateService"], times=1)
+    with pytest.raises(DeployError) as info:
+        await deployer.deploy(service, "app:2", ignore)
+    assert str(info.value) == ("Cloud Run refused to update Cloud Run service worker in p/europe-west1 because a quota "
+                               "of project p is exhausted (Quota exceeded for quota metric 'Write requests' and limit "
+                               "'Write requests per minute per region'): nothing was changed; wait a minute and try "
+                               "again, or raise the quota at https://console.cloud.google.com/iam-admin/quotas"
+                               "?project=p&service=run.googleapis.com.")
+    assert info.value.code == "RESOURCE_EXHAUSTED" and standin.updates == []
+
+
+async def test_quota_while_following_a_rollout_is_retried_with_backoff(standin: CloudRunStandIn, service: Target,
+                                                                       deployer: CloudRunDeployer) -> None:
+    standin.refuse(grpc.StatusCode.RESOURCE_EXHAUSTED, "Quota exceeded for quota metric 'Read requests'.",
+                   rpcs=["GetOperation"], times=3)
+    events = Events()
+    result = await deployer.deploy(service, "app:2", events)
+    assert result.revision == standin.resource(SERVICE).latest_ready_revision
+    troubles = events.troubles()
+    assert len(troubles) == 3 and all("a quota is exhausted (Quota exceeded for quota metric 'Read requests')" in t
+                                      for t in troubles)
+    delays = [float(t.rsplit("retrying in ", 1)[1].split(" ")[0]) for t in troubles]
+    assert delays == sorted(delays) and delays[0] < delays[-1]  # backing off
+
+
+async def test_quota_that_stays_exhausted_is_named_after_the_grace(standin: CloudRunStandIn, service: Target) -> None:
+    deployer = CloudRunDeployer(poll_interval=0.05, rpc_timeout=10, poll_grace=0.5, read_retry=1.0)
+    standin.refuse(grpc.StatusCode.RESOURCE_EXHAUSTED, "Quota exceeded for quota metric 'Read requests'.",
+                   rpcs=["GetOperation"])
+    try:
+        with pytest.raises(DeployError) as info:
+            await deployer.deploy(service, "app:2", ignore)
+    finally:
+        await deployer.close()
+    assert str(info.value) == ("Cloud Run kept answering that a quota of project p is exhausted (Quota exceeded for "
+                               "quota metric 'Read requests') while Cloud Run service worker in p/europe-west1 was "
+                               "rolling out app:2: the rollout may still be going on (nothing was rolled back); watch "
+                               "it at https://console.cloud.google.com/run/detail/europe-west1/worker/revisions"
+                               "?project=p, run recovery, and raise the quota at https://console.cloud.google.com/"
+                               "iam-admin/quotas?project=p&service=run.googleapis.com.")
+    assert info.value.code == "RESOURCE_EXHAUSTED"
+
+
+@pytest.mark.parametrize(("reason", "message", "remedy"), [
+    ("", None, "read the revision's logs, fix the image and deploy again."),
+    ("CONTAINER_MISSING", "Image 'app:nope' not found.",
+     "the image does not exist: push app:nope (or fix the target's image) and deploy again."),
+    ("CONTAINER_PERMISSION_DENIED", "Google Cloud Run Service Agent must have permission to read the image.",
+     "Cloud Run may not pull the image: grant roles/artifactregistry.reader on its repository to the Cloud Run "
+     "service agent (service-PROJECT_NUMBER@serverless-robot-prod.iam.gserviceaccount.com), then deploy again."),
+])
+async def test_a_failed_revision_is_named_with_cloud_runs_reason_and_its_logs(standin: CloudRunStandIn,
+                                                                              service: Target,
+                                                                              deployer: CloudRunDeployer,
+                                                                              reason: str, message: str | None,
+                                                                              remedy: str) -> None:
+    before = await deployer.current(service)
+    standin.fail_next_rollout("worker", message, reason=reason)
+    with pytest.raises(DeployError) as info:
+        await deployer.deploy(service, "app:nope", ignore)
+    failed = standin.revisions(SERVICE)[-1]
+    code = reason or "HEALTH_CHECK_CONTAINER_ERROR"
+    why = message.rstrip(".") if message else ("The user-provided container failed to start and listen on the port "
+                                               "defined provided by the PORT=8080 environment variable within the "
+                                               "allocated timeout. This can happen when the container port is "
+                                               "misconfigured or if the timeout is too short")
+    assert str(info.value) == (f"Cloud Run could not roll out app:nope to Cloud Run service worker in p/europe-west1: "
+                               f"revision {short(failed.name)} failed ({code}: {why}); the previous revision "
+                               f"{short(before.latest_ready_revision)} keeps serving; {remedy}")
+    assert info.value.logs_url == failed.log_uri and "cloud_run_revision" in failed.log_uri
+
+
+async def test_a_worker_pool_without_instances_is_refused_before_anything_changes(standin: CloudRunStandIn,
+                                                                                  pool: Target,
+                                                                                  deployer: CloudRunDeployer) -> None:
+    await deployer.update_worker_pool(pool, PoolUpdate(instance_count=0), ignore)
+    generation = standin.resource(POOL).generation
+    for attempt in (deployer.validate(pool, "gpu:2"), deployer.deploy(pool, "gpu:2", ignore)):
+        with pytest.raises(DeployError) as info:
+            await attempt
+        assert str(info.value) == ("Cloud Run worker pool gpu in p/europe-west1 has scaling.manual_instance_count = 0, "
+                                   "so its new revision would run no instance and no worker would consume: nothing "
+                                   "was changed; give it instances (`gcloud run worker-pools update gpu --instances N "
+                                   "--project p --region europe-west1`) and deploy again.")
+        assert info.value.code == "NO_INSTANCES"
+    assert standin.resource(POOL).generation == generation
+
+
+def test_ready_means_the_terminal_condition_succeeded() -> None:
+    settled = RolloutState(resource=SERVICE, generation=2, observed_generation=2, latest_created_revision="r2",
+                           latest_ready_revision="r2")
+    assert replace(settled, terminal_state="succeeded").ready
+    for state in ("", "pending", "reconciling", "failed"):  # "not failed" is not ready
+        assert not replace(settled, terminal_state=state).ready
+
+
+def test_the_end_of_a_deploy_prints_each_targets_logs_beside_revision_url_and_console() -> None:
+    result = DeployResult("web", "app:2", f"{SERVICE}/revisions/worker-00002-abc", f"{SERVICE}/revisions/worker-1",
+                          url="https://worker-1.run.app", console_url="https://console/run", logs_url="https://logs/x")
+    deployed = TargetDeployed(**result.summary())
+    text = Printer(as_json=False).text(deployed)
+    assert text.splitlines() == ["  web: revision worker-00002-abc  https://worker-1.run.app",
+                                 "    console: https://console/run", "    logs: https://logs/x"]
+    finished = RunFinished(outcome="deployed", exit_code=0, message="done", targets=(deployed,))
+    (target,) = finished.to_json()["targets"]
+    assert target["logs_url"] == "https://logs/x" and target["revision"] == "worker-00002-abc"
+    assert decode("finished", finished.to_json()) == finished  # what `watch` reads back from the published status
+    assert decode("target", deployed.to_json()) == deployed

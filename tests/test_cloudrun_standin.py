@@ -1,13 +1,20 @@
-"""The local Cloud Run stand-in, driven by the real (sync) google-cloud-run clients over plaintext gRPC."""
+"""The local Cloud Run stand-in, driven by the real google-cloud-run clients over plaintext gRPC: its resources,
+faults (quota, a disabled API with its ErrorInfo), and its instances: real processes per revision (real Celery
+workers in the slow test), a new revision's started before old ones are taken away (SIGTERM, SIGKILL after the
+grace), the count divided by the split."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -18,7 +25,12 @@ from google.cloud.run_v2.services.services.transports import ServicesGrpcTranspo
 from google.cloud.run_v2.services.worker_pools.transports import WorkerPoolsGrpcTransport
 from google.longrunning import operations_pb2
 
-from celeryops.demo.standins.cloudrun import CloudRunStandIn, iter_conditions
+from celeryops.adapters.deploy import CloudRunDeployer, DeployError, PoolUpdate
+from celeryops.core.config import Target
+from celeryops.demo.standins.cloudrun import CloudRunStandIn, InstanceSpec, allocate, iter_conditions
+from celeryops.demo.standins.cloudrun_instances import GRACE_SECONDS
+from celeryops.demo.standins.workers import CeleryInstances
+from celeryops.fence import by_revision, plugin_workers
 from celeryops_harness.workers import wait_for
 
 State = run_v2.Condition.State
@@ -238,3 +250,284 @@ def test_fixed_revision_name_cannot_be_reused(services: run_v2.ServicesClient) -
     again.template.containers[0].image = "img:3"
     with pytest.raises(gexc.AlreadyExists, match="worker-fixed"):
         services.update_service(service=again, retry=None)
+
+
+# -- instances: how many each revision runs, started before the old ones are taken away ---------------------------
+
+SLEEPER = """
+import signal, sys, time
+def term(*_):
+    if sys.argv[1] != "ignore":
+        sys.exit(0)
+signal.signal(signal.SIGTERM, term)
+print("up", flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+class Sleeper:
+    """A real process as an instance; what the stand-in sends it is recorded in order (with the starts)."""
+
+    def __init__(self, owner: Sleepers, spec: InstanceSpec, proc: subprocess.Popen[str]) -> None:
+        self.owner, self.spec, self.proc = owner, spec, proc
+
+    def signal(self, sig: int) -> None:
+        self.owner.log(signal.Signals(sig).name, self.spec)
+        os.kill(self.proc.pid, sig)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def environ(self) -> dict[str, str]:
+        pairs = Path(f"/proc/{self.proc.pid}/environ").read_bytes().split(b"\0")
+        return dict(p.decode().split("=", 1) for p in pairs if b"=" in p)
+
+
+class Sleepers:
+    """The launcher: one sleeper process per instance (``ignore_term``: it survives SIGTERM); ``fail`` decides
+    which instances fail to start. ``events``: (what, revision, instance number) in the order they happened."""
+
+    def __init__(self, *, ignore_term: bool = False, fail: Callable[[InstanceSpec], bool] = lambda s: False) -> None:
+        self.ignore_term, self.fail = ignore_term, fail
+        self.events: list[tuple[str, str, int]] = []
+        self.handles: list[Sleeper] = []
+        self._lock = threading.Lock()
+
+    def log(self, what: str, spec: InstanceSpec) -> None:
+        with self._lock:
+            self.events.append((what, spec.revision, spec.number))
+
+    def __call__(self, spec: InstanceSpec) -> Sleeper:
+        if self.fail(spec):
+            raise RuntimeError("exec format error")
+        proc = subprocess.Popen([sys.executable, "-c", SLEEPER, "ignore" if self.ignore_term else "exit"],
+                                env={**os.environ, **spec.env}, stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None and proc.stdout.readline() == "up\n"  # its SIGTERM handler is set
+        handle = Sleeper(self, spec, proc)
+        with self._lock:
+            self.handles.append(handle)
+        self.log("start", spec)
+        return handle
+
+    def of(self, what: str, revision: str) -> list[int]:
+        """Positions in ``events`` of ``what`` happening to ``revision``'s instances."""
+        return [i for i, (w, r, _n) in enumerate(self.events) if w == what and r == revision]
+
+    def stop(self) -> None:
+        for handle in self.handles:
+            if handle.alive():
+                handle.proc.kill()
+            handle.proc.wait(10)
+            assert handle.proc.stdout is not None
+            handle.proc.stdout.close()
+
+
+@pytest.fixture
+def sleepers() -> Iterator[Sleepers]:
+    made = Sleepers()
+    yield made
+    made.stop()
+
+
+def pool_target(standin: CloudRunStandIn, name: str = "gpu") -> Target:
+    return Target(name=name, kind="cloudrun-worker-pool", project="p", region="europe-west1", resource=name,
+                  image=f"{name}:{{sha}}", api_endpoint=standin.address, insecure=True, timeout=60)
+
+
+def counts(standin: CloudRunStandIn, name: str) -> dict[str, int]:
+    return {rev: len(found) for rev, found in standin.instances(name).items()}
+
+
+def short(name: str) -> str:
+    return name.rsplit("/", 1)[-1]
+
+
+def test_allocate_divides_instances_as_cloud_run_documents() -> None:
+    """Proportional shares, the total kept: with fewer instances than revisions, some revisions get none."""
+    assert allocate(4, [("old", 50), ("new", 50)]) == {"old": 2, "new": 2}
+    assert allocate(3, [("old", 50), ("new", 50)]) == {"old": 2, "new": 1}
+    assert allocate(1, [("old", 50), ("new", 50)]) == {"old": 1, "new": 0}
+    assert allocate(10, [("a", 33), ("b", 33), ("c", 34)]) == {"a": 3, "b": 3, "c": 4}
+    assert allocate(5, [("a", 10), ("b", 90)]) == {"a": 1, "b": 4}
+    assert allocate(0, [("a", 100)]) == {"a": 0}
+    assert GRACE_SECONDS == 10.0  # Cloud Run's SIGTERM-to-SIGKILL grace
+
+
+async def test_a_pool_runs_its_count_split_between_revisions_new_ones_first(sleepers: Sleepers) -> None:
+    standin = CloudRunStandIn(rollout_seconds=0.1, launcher=sleepers, grace=2.0)
+    standin.start()
+    deployer = CloudRunDeployer(poll_interval=0.05, rpc_timeout=10, read_retry=1.0)
+    try:
+        name = standin.add_worker_pool("p", "europe-west1", "gpu", "gpu:1", instances=2)
+        (first,) = counts(standin, "gpu")
+        assert counts(standin, "gpu") == {first: 2}
+        env = sleepers.handles[0].environ()
+        assert (env["CLOUD_RUN_WORKER_POOL"], env["CLOUD_RUN_WORKER_POOL_REVISION"]) == ("gpu", first)
+        assert not {"K_SERVICE", "K_REVISION", "K_CONFIGURATION"} & set(env)  # services only
+        pool = pool_target(standin)
+        state = await deployer.current(pool)
+        assert state.instance_count == 2 and state.ready
+
+        # Overlap-style: count doubled, the new revision named up front and split 50/50 in ONE update.
+        result = await deployer.update_worker_pool(
+            pool, PoolUpdate(image="gpu:2", revision="gpu-v2", instance_count=4, split=((first, 50), ("gpu-v2", 50))),
+            lambda e: None)
+        assert short(result.revision) == "gpu-v2" and result.logs_url
+        assert counts(standin, "gpu") == {first: 2, "gpu-v2": 2}
+        assert not sleepers.of("SIGTERM", first)  # nothing was taken away
+        listed = {r.name: r for r in await deployer.revisions(pool)}
+        assert (listed[first].instances, listed["gpu-v2"].instances) == (2, 2)
+        assert listed["gpu-v2"].state == "succeeded" and listed["gpu-v2"].image == "gpu:2"
+        now = await deployer.current(pool)
+        assert now.instance_count == 4 and now.serves(((first, 50), ("gpu-v2", 50)))
+
+        # The split alone: every instance to the latest (gpu-v2) at the original count; the old ones go.
+        await deployer.update_worker_pool(pool, PoolUpdate(instance_count=2, split=(("", 100),)), lambda e: None)
+        wait_for(lambda: counts(standin, "gpu") == {"gpu-v2": 2} and not standin.leaving("gpu"), 30,
+                 "the old revision's instances to leave")
+        assert len(sleepers.of("SIGTERM", first)) == 2 and not sleepers.of("SIGKILL", first)  # they exited in time
+        assert standin.resource(name).latest_created_revision.endswith("/gpu-v2")  # no new revision was made
+
+        # A new revision (a plain deploy): its instances start before any old one gets SIGTERM.
+        third = await deployer.deploy(pool, "gpu:3", lambda e: None)
+        wait_for(lambda: counts(standin, "gpu") == {short(third.revision): 2} and not standin.leaving("gpu"), 30,
+                 "the replaced instances to leave")
+        assert max(sleepers.of("start", short(third.revision))) < min(sleepers.of("SIGTERM", "gpu-v2"))
+    finally:
+        await deployer.close()
+        standin.stop()
+
+
+async def test_an_instance_that_ignores_sigterm_is_killed_after_the_grace() -> None:
+    """A pool set to 0 instances reports ready with none running (celeryops refuses to deploy to it); the
+    instance taken away got SIGTERM, ignored it, and got SIGKILL when the grace ran out."""
+    stubborn = Sleepers(ignore_term=True)
+    standin = CloudRunStandIn(rollout_seconds=0.1, launcher=stubborn, grace=0.5)
+    standin.start()
+    deployer = CloudRunDeployer(poll_interval=0.05, rpc_timeout=10, read_retry=1.0)
+    try:
+        standin.add_worker_pool("p", "europe-west1", "gpu", "gpu:1")  # manual_instance_count unset: 1 instance
+        (first,) = counts(standin, "gpu")
+        assert (await deployer.current(pool_target(standin))).instance_count == 1
+        await deployer.update_worker_pool(pool_target(standin), PoolUpdate(instance_count=0), lambda e: None)
+        assert counts(standin, "gpu") == {}
+        wait_for(lambda: not stubborn.handles[0].alive(), 30, "the SIGKILL after the grace")
+        assert [(w, r) for w, r, _n in stubborn.events] == [("start", first), ("SIGTERM", first), ("SIGKILL", first)]
+        state = await deployer.current(pool_target(standin))
+        assert state.ready and state.instance_count == 0
+        with pytest.raises(DeployError) as info:
+            await deployer.validate(pool_target(standin), "gpu:2")
+        assert info.value.code == "NO_INSTANCES" and "\n" not in str(info.value)
+    finally:
+        await deployer.close()
+        standin.stop()
+        stubborn.stop()
+
+
+async def test_a_revision_whose_instances_fail_to_start_fails_and_the_old_ones_stay() -> None:
+    failing = Sleepers(fail=lambda spec: spec.revision == "gpu-bad" and spec.number == 4)
+    standin = CloudRunStandIn(rollout_seconds=0.1, launcher=failing, grace=2.0)
+    standin.start()
+    deployer = CloudRunDeployer(poll_interval=0.05, rpc_timeout=10, read_retry=1.0)
+    try:
+        standin.add_worker_pool("p", "europe-west1", "gpu", "gpu:1", instances=2)
+        (first,) = counts(standin, "gpu")
+        with pytest.raises(DeployError) as info:
+            await deployer.update_worker_pool(pool_target(standin), PoolUpdate(image="gpu:bad", revision="gpu-bad"),
+                                              lambda e: None)
+        assert info.value.code == "ROLLOUT_FAILED" and "revision gpu-bad failed" in str(info.value)
+        assert "exec format error" in str(info.value)
+        wait_for(lambda: not standin.leaving("gpu"), 30, "the failed revision's instance to leave")
+        assert counts(standin, "gpu") == {first: 2}
+        assert failing.of("SIGTERM", "gpu-bad") and not failing.of("SIGTERM", first)
+        failed = next(r for r in standin.revisions("gpu") if r.name.endswith("/gpu-bad"))
+        ready = failed.conditions[0]
+        assert ready.state == State.CONDITION_FAILED
+        assert ready.revision_reason == run_v2.Condition.RevisionReason.HEALTH_CHECK_CONTAINER_ERROR
+        assert "cloud_run_worker_pool" in failed.log_uri and info.value.logs_url == failed.log_uri
+    finally:
+        await deployer.close()
+        standin.stop()
+        failing.stop()
+
+
+def test_a_service_runs_its_instances_with_what_cloud_run_sets_for_services(sleepers: Sleepers) -> None:
+    standin = CloudRunStandIn(rollout_seconds=0.1, launcher=sleepers, grace=2.0)
+    standin.start()
+    try:
+        standin.add_service("p", "europe-west1", "web", "web:1", instances=2)
+        (first,) = counts(standin, "web")
+        env = sleepers.handles[0].environ()
+        assert (env["K_SERVICE"], env["K_REVISION"], env["K_CONFIGURATION"]) == ("web", first, "web")
+        assert not any(k.startswith("CLOUD_RUN_") for k in env)
+        started = standin.scale("web", 3)  # the autoscaler: one more of the serving revision
+        assert [i.revision for i in started] == [first] and counts(standin, "web") == {first: 3}
+        with grpc.insecure_channel(standin.address) as chan:
+            client = run_v2.ServicesClient(transport=ServicesGrpcTransport(channel=chan))
+            svc = client.get_service(name="projects/p/locations/europe-west1/services/web")
+            svc.template.containers[0].image = "web:2"
+            final = run_v2.Service.deserialize(poll(client, client.update_service(service=svc).operation.name)[-1]
+                                               .response.value)
+        new = short(final.latest_ready_revision)
+        wait_for(lambda: counts(standin, "web") == {new: 3} and not standin.leaving("web"), 30,
+                 "the old revision's instances to leave")
+        assert max(sleepers.of("start", new)) < min(sleepers.of("SIGTERM", first))
+        standin.add_worker_pool("p", "europe-west1", "gpu", "gpu:1")
+        with pytest.raises(ValueError, match="manual_instance_count"):
+            standin.scale("gpu", 2)
+    finally:
+        standin.stop()
+
+
+def test_quota_and_a_disabled_api_answer_as_cloud_run_does(standin: CloudRunStandIn,
+                                                           services: run_v2.ServicesClient) -> None:
+    standin.refuse(grpc.StatusCode.RESOURCE_EXHAUSTED, "Quota exceeded for quota metric 'Read requests'.",
+                   rpcs=["GetService"], times=2)
+    for _ in range(2):
+        with pytest.raises(gexc.ResourceExhausted, match="Quota exceeded"):
+            services.get_service(name=NAME, retry=None)
+    assert services.get_service(name=NAME, retry=None).name == NAME  # two calls only
+    standin.disable_api("p")
+    with pytest.raises(gexc.PermissionDenied) as info:
+        services.get_service(name=NAME, retry=None)
+    assert info.value.reason == "SERVICE_DISABLED" and info.value.domain == "googleapis.com"
+    assert info.value.metadata["service"] == "run.googleapis.com"
+    assert "Cloud Run Admin API has not been used in project" in str(info.value.message)
+    standin.clear_faults()
+    assert services.get_service(name=NAME, retry=None).name == NAME
+
+
+@pytest.mark.slow
+async def test_pool_instances_are_real_celery_workers_per_revision(redis_url: str, redis_client: Any,
+                                                                   queue_name: str, tmp_path: Path) -> None:
+    """Count 4 split 50/50 is 2 Celery workers of each revision, each telling the fence registry which revision of
+    which worker pool it is; moving the split to the new revision takes the old workers away (warm shutdown)."""
+    workers = CeleryInstances(redis_url, app="celeryops_harness.fenceapp", queues=[queue_name], log_dir=tmp_path,
+                              env={"CELERYOPS_TEST_RECORD": redis_url, "CELERYOPS_FENCE_INTERVAL": "0.3"})
+    standin = CloudRunStandIn(rollout_seconds=0.1, launcher=workers)
+    standin.start()
+    deployer = CloudRunDeployer(poll_interval=0.1, rpc_timeout=10, read_retry=1.0)
+    try:
+        standin.add_worker_pool("p", "europe-west1", "gpu", "gpu:1", instances=2)
+        (first,) = counts(standin, "gpu")
+        pool = pool_target(standin)
+        await deployer.update_worker_pool(
+            pool, PoolUpdate(image="gpu:2", revision="gpu-v2", instance_count=4, split=((first, 50), ("gpu-v2", 50))),
+            lambda e: None)
+
+        def registry() -> dict[str, tuple[str, ...]]:
+            return by_revision(plugin_workers(redis_client))
+
+        wait_for(lambda: {r: len(h) for r, h in registry().items()} == {first: 2, "gpu-v2": 2}, 60,
+                 "two plugin workers of each revision in the fence registry")
+        assert {i.cloudrun_kind for i in plugin_workers(redis_client).values()} == {"worker-pool"}
+        assert {i.cloudrun_name for i in plugin_workers(redis_client).values()} == {"gpu"}
+        await deployer.update_worker_pool(pool, PoolUpdate(instance_count=2, split=(("", 100),)), lambda e: None)
+        wait_for(lambda: not workers.alive(first), 60, "the old revision's workers to shut down")
+        wait_for(lambda: set(registry()) == {"gpu-v2"}, 60, "only the new revision in the registry")
+        assert len(workers.alive("gpu-v2")) == 2
+    finally:
+        await deployer.close()
+        standin.stop()
+        workers.stop()

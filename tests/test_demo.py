@@ -15,8 +15,11 @@ import signal
 import uuid
 from pathlib import Path
 
+import grpc
 import pytest
 import redis
+from google.cloud import run_v2
+from google.cloud.run_v2.services.services.transports import ServicesGrpcTransport
 
 from celeryops.commands.demo import _progress
 from celeryops.commands.output import Printer
@@ -260,8 +263,9 @@ def environ_of(pid: int) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_sandbox_parts_scale_out_capped_replace_on_update_and_stop(tmp_path: Path) -> None:
-    """The sandbox in this process: what it starts, the autoscaler's cap, the stand-in's update hook, the teardown."""
+def test_sandbox_parts_scale_out_capped_new_revision_first_and_stop(tmp_path: Path) -> None:
+    """The sandbox in this process: what it starts, the autoscaler's cap, an update of the stand-in's service (its
+    new revision's workers start before the old ones are taken away), the teardown."""
     before = dict(os.environ)
     sandbox = Sandbox(Timing(10), workers=2, cap=3, root=tmp_path / "sandbox")
     pids: list[int] = []
@@ -272,13 +276,17 @@ def test_sandbox_parts_scale_out_capped_replace_on_update_and_stop(tmp_path: Pat
         config = sandbox.config
         assert config.broker == sandbox.url and config.state_dir == str(tmp_path / "sandbox" / "state")
         (target,) = config.targets
-        assert target.insecure and sandbox.standin is not None and target.api_endpoint == sandbox.standin.address
+        standin = sandbox.standin
+        assert target.insecure and standin is not None and target.api_endpoint == standin.address
         assert sandbox.registry is not None and sandbox.registry.has_tag("demo/worker", sandbox.sha)
         assert sandbox.handoff().release == RELEASE and sandbox.handoff().repo == sandbox.repo
         fleet = sandbox.fleet
         assert fleet is not None
         first = fleet.live()
         assert sorted(w.app.rsplit("_", 1)[-1] for w in first) == ["fenced", "plain"]
+        (old_revision,) = standin.instances("worker")
+        assert {environ_of(w.pid)["K_REVISION"] for w in first} == {old_revision}
+        assert all("CLOUD_RUN_WORKER_POOL" not in environ_of(w.pid) for w in first)  # a service's instances
         assert sandbox.wait_busy(tasks=2, timeout=60)
         client = redis.Redis.from_url(sandbox.url, decode_responses=True)
         wait_for(lambda: any(p.usage("cpu").total == 4 and p.usage("gpu").total == 1 for p in read_all(client).pools),
@@ -286,16 +294,22 @@ def test_sandbox_parts_scale_out_capped_replace_on_update_and_stop(tmp_path: Pat
         while fleet.scale_out() is not None:  # the autoscaler may have added one already: never past the cap
             pass
         assert len(fleet.live()) == 3
-        fleet.on_update("projects/demo-project/locations/europe-west1/services/worker",
-                        "projects/demo-project/locations/europe-west1/services/worker/revisions/worker-00002-abc",
-                        f"{sandbox.registry.host}/demo/worker:{sandbox.sha}")
-        assert all(not w.alive() for w in first)
-        new = fleet.live()  # the new revision's two, and maybe one the autoscaler added since (same revision)
-        assert 2 <= len(new) <= 3 and all(".rev00002" in w.nodename for w in new)
-        assert {environ_of(w.pid)["K_REVISION"] for w in new} == {"worker-00002-abc"}
+        with grpc.insecure_channel(standin.address) as chan:  # an update, as the deploy sends it
+            services = run_v2.ServicesClient(transport=ServicesGrpcTransport(channel=chan))
+            service = services.get_service(name=target.resource_path)
+            service.template.containers[0].image = f"{sandbox.registry.host}/demo/worker:{sandbox.sha}"
+            services.update_service(service=service).result(timeout=120)
+        (new_revision,) = set(standin.instances("worker"))
+        assert new_revision != old_revision
+        wait_for(lambda: not any(w.alive() for w in first), 60, "the old revision's workers to shut down")
+        new = fleet.live()  # the new revision's three
+        assert len(new) == 3 and all(".rev00002" in w.nodename for w in new)
+        assert {environ_of(w.pid)["K_REVISION"] for w in new} == {new_revision}
+        assert {environ_of(w.pid)["CELERYOPS_VERSION"] for w in new} == {sandbox.sha}
+        assert set(first) <= set(fleet.retired)
         runs = [int(v) for v in client.mget(list(client.scan_iter("demo:runs:*")))]
         assert runs and max(runs) == 1  # the replacement (SIGTERM: warm shutdown) ran no task twice
-        pids = [w.pid for w in fleet.workers + fleet.retired]
+        pids = [w.pid for w in fleet.workers]
         for pid in (sandbox.redis.pid, sandbox.reaper.pid):
             assert pid is not None
             pids.append(pid)

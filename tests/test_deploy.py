@@ -139,11 +139,14 @@ async def test_failed_rollout_raises_cloud_runs_message(standin: CloudRunStandIn
         await deployer.deploy(service, "app:broken", events)
     err = info.value
     old = before.latest_ready_revision.rsplit("/", 1)[-1]
-    assert str(err) == (f"Cloud Run could not roll out app:broken to Cloud Run service worker in p/europe-west1: "
-                        f"The user-provided container failed to start and listen on the port; the previous "
-                        f"revision {old} keeps serving; fix the image and deploy again.")
-    assert err.code == "ROLLOUT_FAILED" and err.exit_code == EXIT_DEPLOY
     live = standin.resource(SERVICE)
+    new = live.latest_created_revision.rsplit("/", 1)[-1]
+    assert str(err) == (f"Cloud Run could not roll out app:broken to Cloud Run service worker in p/europe-west1: "
+                        f"revision {new} failed (HEALTH_CHECK_CONTAINER_ERROR: The user-provided container failed to "
+                        f"start and listen on the port); the previous revision {old} keeps serving; read the "
+                        "revision's logs, fix the image and deploy again.")
+    assert err.code == "ROLLOUT_FAILED" and err.exit_code == EXIT_DEPLOY
+    assert err.logs_url == standin.revisions(SERVICE)[-1].log_uri != ""
     assert live.latest_ready_revision == before.latest_ready_revision != live.latest_created_revision
     assert not any(isinstance(e, RolloutReady) for e in events)
     now = await deployer.current(service)
@@ -224,7 +227,10 @@ async def test_rollout_timeout(standin: CloudRunStandIn, service: Target, deploy
     with pytest.raises(DeployError) as info:
         await deployer.deploy(replace(service, timeout=0.5), "app:2", Events())
     assert info.value.code == "TIMEOUT" and info.value.exit_code == EXIT_TIMEOUT
-    assert "did not become ready with app:2 within 0.5 s: it was left rolling out" in str(info.value)
+    assert str(info.value) == ("Cloud Run service worker in p/europe-west1 did not become ready with app:2 within "
+                               "0.5 s: it was left rolling out (nothing was rolled back); watch it at "
+                               "https://console.cloud.google.com/run/detail/europe-west1/worker/revisions?project=p "
+                               "and run recovery.")
 
 
 async def test_worker_pool_deploy_and_outcome(standin: CloudRunStandIn, pool: Target,
@@ -247,11 +253,16 @@ async def test_worker_pool_deploy_and_outcome(standin: CloudRunStandIn, pool: Ta
         await deployer.deploy(pool, "gpu:3", events)
     text = str(info.value)
     assert "\n" not in text and "Logs URL" not in text and "troubleshooting" not in text
-    assert text.startswith("Cloud Run could not roll out gpu:3 to Cloud Run worker pool gpu in p/europe-west1: The "
-                           "user-provided container failed to start and listen on the port")
-    assert text.endswith(f"; the previous revision {result.revision.rsplit('/', 1)[-1]} keeps serving; fix the image "
-                         "and deploy again.")
+    failed_revision = standin.revisions(POOL)[-1]
+    assert text.startswith("Cloud Run could not roll out gpu:3 to Cloud Run worker pool gpu in p/europe-west1: "
+                           f"revision {failed_revision.name.rsplit('/', 1)[-1]} failed (HEALTH_CHECK_CONTAINER_ERROR: "
+                           "The user-provided container failed to start and listen on the port")
+    assert text.endswith(f"; the previous revision {result.revision.rsplit('/', 1)[-1]} keeps serving; read the "
+                         "revision's logs, fix the image and deploy again.")
+    # the worker pool's logs: its own log filter (not the service one), the revision's log_uri
+    assert info.value.logs_url == failed_revision.log_uri
     assert info.value.logs_url.startswith("https://console.cloud.google.com/logs/viewer?project=p&")
+    assert "cloud_run_worker_pool" in info.value.logs_url and "cloud_run_revision" not in info.value.logs_url
     failed = [e for e in events.of(ConditionChanged) if e.state == "failed"]  # type: ignore[attr-defined]
     assert failed and all("\n" not in e.message and "Logs URL" not in e.message  # type: ignore[attr-defined]
                           for e in failed)

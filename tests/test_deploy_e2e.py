@@ -1,11 +1,11 @@
 """``celeryops deploy`` end to end: real git remote, registry stand-in, the real google-cloud-run client against
-the local Cloud Run stand-in, real Celery workers that the stand-in restarts as the new revision (issue 5)."""
+the local Cloud Run stand-in, real Celery workers as the stand-in's instances (the new revision's start before the
+old ones get SIGTERM) (issue 5)."""
 
 from __future__ import annotations
 
 import json
 import signal
-import threading
 from datetime import timedelta
 from pathlib import Path
 
@@ -20,56 +20,24 @@ from celeryops.demo.standins.cloudrun import CloudRunStandIn, standin_config
 from celeryops.demo.standins.gitrepo import GitFixture
 from celeryops.demo.standins.redis_server import RedisServer
 from celeryops.demo.standins.registry import RegistryStandIn
-from celeryops_harness.workers import WorkerProcess, wait_for
+from celeryops_harness.workers import RevisionFleet, wait_for
 from clihelp import CliProcess, cli_env, run_cli
 from drainhelp import enqueue, finished, runs, started
 
 pytestmark = pytest.mark.slow
 
 
-class Fleet:
-    """Workers of one 'revision'; the stand-in's update hook replaces them with workers of the new one."""
-
-    def __init__(self, broker: str, record: str, queue: str, tmp: Path) -> None:
-        self.broker, self.record, self.queue, self.tmp = broker, record, queue, tmp
-        self.workers: list[WorkerProcess] = []
-        self.replaced = threading.Event()
-
-    def start(self, n: int, revision: str) -> list[WorkerProcess]:
-        batch = [WorkerProcess(self.broker, queues=[self.queue], log_dir=self.tmp,
-                               env={"CELERYOPS_TEST_RECORD": self.record, "K_REVISION": revision}).start()
-                 for _ in range(n)]
-        app = Celery("t", broker=self.broker)
-        for w in batch:
-            w.wait_ready(app)
-        self.workers.extend(batch)
-        return batch
-
-    def on_update(self, resource: str, revision: str, image: str) -> None:
-        old = list(self.workers)
-        for w in old:  # Cloud Run sends SIGTERM: warm shutdown (the drain made sure nothing runs)
-            w.signal(signal.SIGTERM)
-        for w in old:
-            assert w.proc is not None
-            w.proc.wait(30)
-        self.start(1, revision)
-        self.replaced.set()
-
-    def stop(self) -> None:
-        for w in self.workers:
-            w.stop()
-
-
 @pytest.fixture
 def setup(tmp_path: Path, redis_url: str, queue_name: str):
     git = GitFixture(tmp_path / "git", branch="demo-2").create(commits=2, age=timedelta(days=1))
     registry = RegistryStandIn().start()
-    fleet = Fleet(redis_url, redis_url, queue_name, tmp_path)
-    standin = CloudRunStandIn(rollout_seconds=0.3, on_update=fleet.on_update)
+    fleet = RevisionFleet(redis_url, queue_name, tmp_path)  # the service's instances: real workers
+    standin = CloudRunStandIn(rollout_seconds=0.3, launcher=fleet)
     endpoint = standin.start()
     sha = git.tip(git.remote)
     registry.seed("proj/worker", sha)
-    standin.add_service("proj", "europe-west1", "worker", f"{registry.host}/proj/worker:old")
+    standin.add_service("proj", "europe-west1", "worker", f"{registry.host}/proj/worker:old", instances=0)
+    fleet.attach(standin, "worker")  # each test starts the instances it needs
     (tmp_path / "celeryops.toml").write_text(standin_config(
         broker=redis_url, endpoint=endpoint, image=f"{registry.host}/proj/worker:{{sha}}"))
     yield {"git": git, "registry": registry, "fleet": fleet, "standin": standin, "dir": tmp_path, "sha": sha}
@@ -80,8 +48,8 @@ def setup(tmp_path: Path, redis_url: str, queue_name: str):
 
 def test_deploy_drains_deploys_and_every_task_runs_once(setup, redis_url: str, redis_client: redis.Redis,
                                                         queue_name: str) -> None:
-    fleet: Fleet = setup["fleet"]
-    fleet.start(2, "worker-00001-old")
+    fleet: RevisionFleet = setup["fleet"]
+    fleet.start(2)
     ids = enqueue(redis_url, queue_name, 1.5, n=6)
     wait_for(lambda: started(redis_client, ids), 30, "tasks to start")
     env = cli_env(setup["dir"] / "state")
@@ -103,11 +71,15 @@ def test_deploy_drains_deploys_and_every_task_runs_once(setup, redis_url: str, r
     assert "deployed" in done["message"] or done["exit_code"] == 0
     live = setup["standin"].resource("worker")
     (summary,) = done["targets"]  # where the result is
+    new_revision = live.latest_ready_revision.rsplit("/", 1)[-1]
     assert summary == {"target": "worker", "image": f"{setup['registry'].host}/proj/worker:{setup['sha']}",
-                       "revision": live.latest_ready_revision.rsplit("/", 1)[-1],
-                       "previous_revision": summary["previous_revision"], "url": live.uri,
+                       "revision": new_revision, "previous_revision": summary["previous_revision"], "url": live.uri,
                        "console_url": "https://console.cloud.google.com/run/detail/europe-west1/worker/revisions"
-                                      "?project=proj"}
+                                      "?project=proj",
+                       "logs_url": setup["standin"].revisions("worker")[-1].log_uri}
+    # The new revision's workers were started before the old ones were taken away; they all run it now.
+    assert {i.revision for i in setup["standin"].instances("worker")[new_revision]} == {new_revision}
+    assert set(setup["standin"].instances("worker")) == {new_revision}
     assert checks["traffic"] == "ok" and checks["validate"] == "ok"
     assert setup["standin"].validations == [live.name]  # validated once, before any consumer stopped
     history = run_cli(["runs", "--json"], env)
@@ -137,8 +109,8 @@ def test_preflight_failure_touches_nothing_exit_5(setup, redis_url: str, redis_c
                                                   check: str, words: str) -> None:
     """Found before a consumer is stopped: a missing Run permission, a missing actAs on the runtime service account
     (only Cloud Run's validate_only can tell), a traffic split pinned by a console rollback."""
-    fleet: Fleet = setup["fleet"]
-    (worker,) = fleet.start(1, "worker-00001-old")
+    fleet: RevisionFleet = setup["fleet"]
+    (worker,) = fleet.start(1)
     standin: CloudRunStandIn = setup["standin"]
     if fault == "update-permission":
         standin.grant(["run.services.get", "run.operations.get"])
@@ -160,8 +132,8 @@ def test_preflight_failure_touches_nothing_exit_5(setup, redis_url: str, redis_c
 
 
 def test_failed_rollout_restores_consumers_exit_6(setup, redis_url: str) -> None:
-    fleet: Fleet = setup["fleet"]
-    (worker,) = fleet.start(1, "worker-00001-old")
+    fleet: RevisionFleet = setup["fleet"]
+    (worker,) = fleet.start(1)
     setup["standin"].fail_next_rollout("worker")  # Cloud Run's own several-line message with a Logs URL
     env = cli_env(setup["dir"] / "state")
     result = run_cli(["deploy", "demo-2", "--yes", "--accept-warnings", "--json", "--repo",
@@ -183,8 +155,8 @@ def test_interrupted_while_the_broker_is_down_says_the_consumers_are_still_stopp
     stays down past the recovery's patience: the deploy must not claim the recovery rules were applied. It exits
     130 naming the run whose consumers are still stopped (`recovered: false`); once the broker is back,
     `celeryops abort` restores them."""
-    fleet: Fleet = setup["fleet"]
-    (worker,) = fleet.start(1, "worker-00001-old")
+    fleet: RevisionFleet = setup["fleet"]
+    (worker,) = fleet.start(1)
     setup["standin"].fail_next_rollout("worker")
     setup["standin"].slow_next_rollout("worker", 3.0)  # time to stop the broker while it rolls out
     env = cli_env(setup["dir"] / "state", CELERYOPS_RECOVERY_PATIENCE="10")
@@ -231,8 +203,8 @@ def test_resume_finishes_an_interrupted_deploy(setup, redis_url: str, redis_clie
     """SIGKILL at a precise journal record; `celeryops resume` follows the recovery rules from there: drained ->
     drain again and deploy; deploy settled -> the new revision is ready, finish; deploy intended but never sent ->
     it never took effect, restore the old workers' consumers (exit 6)."""
-    fleet: Fleet = setup["fleet"]
-    (old,) = fleet.start(1, "worker-00001-old")
+    fleet: RevisionFleet = setup["fleet"]
+    (old,) = fleet.start(1)
     env = cli_env(setup["dir"] / "state", CELERYOPS_LEASE_TTL="1")
     args = ["deploy", "demo-2", "--yes", "--accept-warnings", "--json", "--repo", str(setup["git"].work)]
     killed = run_cli(args, env, cwd=setup["dir"], kill_after=kill_after)
@@ -260,8 +232,8 @@ def test_resume_finishes_an_interrupted_deploy(setup, redis_url: str, redis_clie
 def test_warnings_accepted_per_check(setup, redis_url: str) -> None:
     """The fence check warns (plain workers): without acceptance nothing is touched (exit 5) and the message
     names the flag; `[preflight] accept = ["fence"]` in the config lets the same deploy through."""
-    fleet: Fleet = setup["fleet"]
-    fleet.start(1, "worker-00001-old")
+    fleet: RevisionFleet = setup["fleet"]
+    fleet.start(1)
     env = cli_env(setup["dir"] / "state")
     args = ["deploy", "demo-2", "--yes", "--json", "--repo", str(setup["git"].work)]
     refused = run_cli(args, env, cwd=setup["dir"])

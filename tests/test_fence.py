@@ -18,12 +18,16 @@ import redis
 from celery import Celery
 from kombu.exceptions import OperationalError
 
+from celeryops.demo.standins.cloudrun_instances import cloud_run_env
 from celeryops.demo.standins.redis_server import RedisServer
 from celeryops.fence import (
+    CloudRunIdentity,
     FenceConflict,
     FenceRecord,
     FenceStore,
     PluginWorkerInfo,
+    by_revision,
+    cloud_run_identity,
     fence_status,
     plugin_workers,
     registry,
@@ -111,6 +115,26 @@ def test_hold_decision_follows_scope_and_exemptions() -> None:
         all_hold = everything.hold_for(None, None)
         assert everything.holds_all and all_hold is not None
         assert all_hold.selects(["x", "y"]) == {"x", "y"}
+
+
+def test_cloud_run_identity_is_what_each_kind_sets() -> None:
+    """A worker pool's instances get CLOUD_RUN_WORKER_POOL(_REVISION), a service's K_SERVICE / K_REVISION (container
+    runtime contract): the revision a fence exempts comes from whichever the worker has."""
+    pool = cloud_run_env("worker-pool", "gpu", "gpu-00002-new")
+    assert set(pool) == {"CLOUD_RUN_WORKER_POOL", "CLOUD_RUN_WORKER_POOL_REVISION"}
+    assert cloud_run_identity(pool) == CloudRunIdentity("worker-pool", "gpu", "gpu-00002-new")
+    service = cloud_run_env("service", "web", "web-00003-abc")
+    assert {"K_SERVICE", "K_REVISION", "K_CONFIGURATION"} <= set(service) and "CLOUD_RUN_WORKER_POOL" not in service
+    assert cloud_run_identity(service) == CloudRunIdentity("service", "web", "web-00003-abc")
+    assert cloud_run_identity({}) == CloudRunIdentity()
+    rec = FenceRecord(run_id="r", exempt_revisions=("gpu-00002-new",))
+    assert rec.hold_for(cloud_run_identity(pool).revision, "") is None
+
+
+def test_workers_by_revision() -> None:
+    workers = {h: PluginWorkerInfo(hostname=h, revision=r) for h, r in
+               (("b@x", "w-2"), ("a@x", "w-2"), ("c@x", "w-1"), ("d@x", ""))}
+    assert by_revision(workers) == {"": ("d@x",), "w-1": ("c@x",), "w-2": ("a@x", "b@x")}
 
 
 # --- the record in Redis: compare-and-set ---
@@ -262,15 +286,17 @@ def test_expired_fence_releases_workers_by_themselves(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kind", ["worker-pool", "service"])
 def test_exempt_revision_consumes_while_old_revision_is_held(
-    redis_url: str, redis_client: redis.Redis, start_workers: Any, queue_name: str
+    redis_url: str, redis_client: redis.Redis, start_workers: Any, queue_name: str, kind: Any
 ) -> None:
+    """Each with only what Cloud Run sets for its kind: a worker pool's revision is exempt as a service's is."""
     store = FenceStore(redis_client)
     store.raise_fence("run-d", [queue_name], "test", ttl=60, exempt_revisions=["svc-00002-new"])
     (old,) = start_workers(redis_url, app=FENCE_APP, queues=[queue_name], wait=False,
-                           env={**FAST, "K_REVISION": "svc-00001-old", "CELERYOPS_VERSION": "1.0"})
+                           env={**FAST, **cloud_run_env(kind, "svc", "svc-00001-old"), "CELERYOPS_VERSION": "1.0"})
     (new,) = start_workers(redis_url, app=FENCE_APP, queues=[queue_name],
-                           env={**FAST, "K_REVISION": "svc-00002-new", "CELERYOPS_VERSION": "2.0"})
+                           env={**FAST, **cloud_run_env(kind, "svc", "svc-00002-new"), "CELERYOPS_VERSION": "2.0"})
     app = control_app(redis_url)
     try:
         old.wait_ready(app)
@@ -279,6 +305,15 @@ def test_exempt_revision_consumes_while_old_revision_is_held(
     hold_window(redis_client, old)
     new_info = wait_entry(redis_client, new, "consuming", lambda i: i.state == "consuming")
     assert new_info.revision == "svc-00002-new" and new_info.fence_run_id == "run-d" and not new_info.held_queues
+    assert (new_info.cloudrun_kind, new_info.cloudrun_name) == (kind, "svc")
+    assert by_revision(plugin_workers(redis_client)) == {"svc-00001-old": (old.nodename,),
+                                                         "svc-00002-new": (new.nodename,)}
+    control = control_app(redis_url)
+    try:
+        replies = fence_status(control, [new.nodename])
+    finally:
+        control.close()
+    assert (replies[new.nodename].revision, replies[new.nodename].cloudrun_kind) == ("svc-00002-new", kind)
 
     ids = publish(redis_url, queue_name, 6)
     wait_for(lambda: all_finished(redis_client, ids), WAIT, "the tasks on the exempt worker")

@@ -18,9 +18,10 @@ import pytest
 import redis
 from celery import Celery
 
-from celeryops.demo.standins.cloudrun import CloudRunStandIn, standin_config
+from celeryops.demo.standins.cloudrun import CloudRunStandIn, cloud_run_env, standin_config
 from celeryops.demo.standins.gitrepo import GitFixture
 from celeryops.demo.standins.registry import RegistryStandIn
+from celeryops.demo.standins.workers import CeleryInstances
 from celeryops.fence import FenceStore, PluginWorkerInfo, plugin_workers
 from celeryops_harness.workers import WorkerProcess, wait_for
 from clihelp import CliProcess, cli_env, run_cli
@@ -184,8 +185,9 @@ def test_killed_drain_plugin_workers_resume_alone_plain_ones_by_abort(redis_url:
 
 class Rollout:
     """The Cloud Run stand-in's update hook: while the new revision rolls out (the hook blocks it), start one more
-    worker of the OLD revision, one with K_REVISION = the new revision and one with CELERYOPS_VERSION = the sha,
-    and record what each of them does with the tasks waiting in the queue."""
+    worker of the OLD revision, one of the new revision (each with what Cloud Run sets in a service's instances)
+    and one outside Cloud Run with CELERYOPS_VERSION = the sha, and record what each of them does with the tasks
+    waiting in the queue."""
 
     def __init__(self, broker: str, queue: str, log_dir: Path, client: redis.Redis, sha: str) -> None:
         self.broker, self.queue, self.log_dir, self.client, self.sha = broker, queue, log_dir, client, sha
@@ -206,9 +208,9 @@ class Rollout:
         try:
             short = revision.rsplit("/", 1)[-1]
             self.seen["revision"] = short
-            old = self.worker(K_REVISION="worker-00001-old")
-            by_revision = self.worker(K_REVISION=short)
-            by_version = self.worker(K_REVISION="", CELERYOPS_VERSION=self.sha)
+            old = self.worker(**cloud_run_env("service", "worker", "worker-00001-old"))
+            by_revision = self.worker(**cloud_run_env("service", "worker", short))
+            by_version = self.worker(CELERYOPS_VERSION=self.sha)
             control = Celery("celeryops_test_rollout", broker=self.broker)
             try:
                 for w in (old, by_revision, by_version):
@@ -261,7 +263,7 @@ def test_deploy_new_release_consumes_while_old_plugin_workers_stay_held(release:
                                                                        start_workers: Any, queue_name: str) -> None:
     rollout: Rollout = release["rollout"]
     (old,) = start_workers(redis_url, app=FENCE_APP, queues=[queue_name],
-                           env={**PLUGIN, "K_REVISION": "worker-00001-old"})
+                           env={**PLUGIN, **cloud_run_env("service", "worker", "worker-00001-old")})
     rollout.before.append(old)
     env = cli_env(release["dir"] / "state")
     proc = CliProcess(["deploy", "demo-7", "--yes", "--accept-warnings", "--json", "--repo",
@@ -300,3 +302,46 @@ def test_deploy_new_release_consumes_while_old_plugin_workers_stay_held(release:
     assert seen["consuming"] == {old.nodename: set(), seen["names"]["old"]: set()}
     # The deploy is done: the fence is lifted.
     assert FenceStore(redis_client).read() is None
+
+
+def test_deploy_to_a_worker_pool_exempts_the_new_revision_by_what_pools_set(tmp_path: Path, redis_url: str,
+                                                                              redis_client: redis.Redis,
+                                                                              queue_name: str) -> None:
+    """A worker pool's instances carry CLOUD_RUN_WORKER_POOL_REVISION, not K_REVISION: the new revision's plugin
+    workers are exempt from the drain's fence by it and consume at once (before the old ones are taken away), so
+    the deploy ends without waiting for a consumer and without the "no worker consumes" warning."""
+    git = GitFixture(tmp_path / "git", branch="demo-7").create(commits=2, age=timedelta(days=1))
+    registry = RegistryStandIn().start()
+    workers = CeleryInstances(redis_url, app=FENCE_APP, queues=[queue_name], log_dir=tmp_path,
+                              env={**PLUGIN, "CELERYOPS_TEST_RECORD": redis_url})
+    standin = CloudRunStandIn(rollout_seconds=0.3, launcher=workers)
+    endpoint = standin.start()
+    try:
+        registry.seed("proj/worker", git.tip(git.remote))
+        standin.add_worker_pool("proj", "europe-west1", "worker", f"{registry.host}/proj/worker:old", instances=2)
+        (old,) = standin.instances("worker")
+        (tmp_path / "celeryops.toml").write_text(standin_config(
+            broker=redis_url, endpoint=endpoint, image=f"{registry.host}/proj/worker:{{sha}}",
+            kind="cloudrun-worker-pool"))
+        env = cli_env(tmp_path / "state", CELERYOPS_FENCE_TTL=FENCE_TTL)
+        proc = CliProcess(["deploy", "demo-7", "--yes", "--accept-warnings", "--json", "--repo", str(git.work)], env,
+                          cwd=tmp_path)
+        try:
+            done = proc.wait_event("deployed", 180)
+            assert proc.finish() == 0, proc.read_stderr()
+        finally:
+            proc.kill()
+        (new,) = standin.instances("worker")
+        assert new != old and len(standin.instances("worker")[new]) == 2
+        back = next(e for e in proc.events if e["event"] == "fleet")
+        assert sorted(back["workers"]) == sorted(w.nodename for w in workers.alive(new))
+        assert all(queues == [queue_name] for queues in back["workers"].values())
+        assert not [e for e in proc.events if e["event"] == "notice" and "No worker consumes" in e["message"]]
+        infos = [i for i in plugin_workers(redis_client).values() if i.revision == new]
+        assert len(infos) == 2 and {i.cloudrun_kind for i in infos} == {"worker-pool"}
+        (target,) = done["targets"]
+        assert target["revision"] == new and "cloud_run_worker_pool" in target["logs_url"]
+    finally:
+        standin.stop()
+        workers.stop()
+        registry.stop()

@@ -463,6 +463,25 @@ async def test_validate_check_finds_a_missing_act_as_before_anything_stops(cloud
         await deployer.close()
 
 
+async def test_a_worker_pool_without_instances_fails_preflight_before_anything_stops() -> None:
+    """manual_instance_count = 0: the new revision would run no worker. One sentence, with the remedy."""
+    with CloudRunStandIn(rollout_seconds=0.1) as server:
+        server.add_worker_pool("p", "europe-west1", "gpu", "gpu:1", instances=0)
+        deployer = CloudRunDeployer(read_retry=1.0)
+        target = Target(name="gpu", kind="cloudrun-worker-pool", project="p", region="europe-west1", resource="gpu",
+                        image="gpu:{sha}", api_endpoint=server.address, insecure=True)
+        try:
+            res = await run_one(validate_check([(target, deployer, "gpu:2")]))
+        finally:
+            await deployer.close()
+        assert res.status == "fail"
+        assert res.detail == ("gpu: Cloud Run worker pool gpu in p/europe-west1 has scaling.manual_instance_count = 0, "
+                              "so its new revision would run no instance and no worker would consume: nothing was "
+                              "changed; give it instances (`gcloud run worker-pools update gpu --instances N "
+                              "--project p --region europe-west1`) and deploy again.")
+        assert server.validations == [] and server.resource("gpu").generation == 1
+
+
 async def test_permissions_remedy_names_the_role_of_each_missing_permission() -> None:
     res = await run_one(permissions_check([("web", missing(["run.operations.get", "run.services.update"]))]))
     assert res.detail == "web is missing run.operations.get, run.services.update"

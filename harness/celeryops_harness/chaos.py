@@ -8,7 +8,8 @@ Cloud Run stand-in); :meth:`ChaosLab.run` plays one trial, fully determined by i
 2. two real workers of the old revision (threads pool, ``acks_late=False``, prefetch 1) and recorded tasks with
    known ids, short and medium; more tasks are enqueued while the deploy runs (producers do not stop for a deploy);
 3. ``celeryops deploy RELEASE --yes --accept-warnings --json`` as a subprocess, through the Cloud Run stand-in whose
-   update hook replaces the workers with workers of the new revision (SIGTERM = warm shutdown, as Cloud Run does);
+   instances are the trial's workers: it starts the new revision's first, then takes the old ones away (SIGTERM =
+   warm shutdown, SIGKILL 10 s later, as Cloud Run does);
 4. faults at random moments, tied to what the deploy reports (preflight, first poll, drained, deploy stage) plus a
    random delay: a worker scales out; the deploy gets SIGKILL right after a random journal record, or SIGINT; the
    broker crashes and comes back; an old worker is SIGTERMed only after the new revision is up; the rollout fails;
@@ -29,11 +30,11 @@ module holds the lab and re-exports the names of the parts.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
-from celeryops.demo.standins.cloudrun import CloudRunStandIn
+from celeryops.demo.standins.cloudrun import CloudRunStandIn, InstanceLauncher, InstanceSpec
+from celeryops.demo.standins.cloudrun_instances import InstanceHandle
 from celeryops.demo.standins.gitrepo import GitFixture
 from celeryops.demo.standins.redis_server import RedisServer
 from celeryops.demo.standins.registry import RegistryStandIn
@@ -74,10 +75,10 @@ class ChaosLab:
         self.fleet = fleet
         self.record = RedisServer()
         self.registry = RegistryStandIn()
-        self.standin = CloudRunStandIn(rollout_seconds=0.3, on_update=self._on_update)
+        self.standin = CloudRunStandIn(rollout_seconds=0.3, launcher=self._launch)
         self.git = GitFixture(self.root / "git", branch=RELEASE)
         self.endpoint = ""
-        self._hooks: dict[str, Callable[[str, str, str], None]] = {}
+        self._fleets: dict[str, InstanceLauncher] = {}
         self.results: list[TrialResult] = []
 
     def __enter__(self) -> ChaosLab:
@@ -100,19 +101,19 @@ class ChaosLab:
         self.registry.stop()
         self.record.close()
 
-    def _on_update(self, resource: str, revision: str, image: str) -> None:
-        hook = self._hooks.get(resource.rsplit("/", 1)[-1])
-        if hook is not None:
-            hook(resource, revision, image)
+    def _launch(self, spec: InstanceSpec) -> InstanceHandle | None:
+        """An instance of a trial's service is one of that trial's workers (none once the trial is over)."""
+        fleet = self._fleets.get(spec.name)
+        return fleet(spec) if fleet is not None else None
 
     def run(self, seed: int) -> TrialResult:
         result = Trial(self, TrialPlan.draw(seed)).run()
         self.results.append(result)
         return result
 
-    def route(self, service: str, hook: Callable[[str, str, str], None]) -> None:
-        """Send the Cloud Run stand-in's updates of ``service`` to ``hook`` (a trial's fleet)."""
-        self._hooks[service] = hook
+    def route(self, service: str, fleet: InstanceLauncher) -> None:
+        """The instances of the stand-in's ``service`` are started by ``fleet`` (a trial's)."""
+        self._fleets[service] = fleet
 
     def unroute(self, service: str) -> None:
-        self._hooks.pop(service, None)
+        self._fleets.pop(service, None)

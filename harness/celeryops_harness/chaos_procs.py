@@ -1,14 +1,15 @@
 """The processes of a chaos trial: the CLI as a subprocess (``CliRun``) and the trial's workers (``TrialFleet``).
 
-``TrialFleet.on_update`` is the Cloud Run stand-in's update hook: it replaces the workers of the revision that
-serves with a worker of the new one (SIGTERM = warm shutdown, as Cloud Run does; or, with ``late_sigterm``, only
-after the new one is up). The faults that hit workers (scale-out, SIGKILL) go through it too. ``aof_redis_server``
-makes the trial's broker a *persistent* redis-server, so a broker crash keeps its queues as a real broker would.
+``TrialFleet`` is what an instance of the trial's Cloud Run stand-in service is (the stand-in's launcher): a real
+worker with what Cloud Run sets for its revision. The stand-in starts the new revision's instances first and takes
+the old ones away once it is ready (SIGTERM = warm shutdown, SIGKILL 10 s later; ``late_sigterm``: later still).
+The faults that hit workers (scale-out through the stand-in's autoscaler, SIGKILL) go through it too.
+``aof_redis_server`` makes the trial's broker a *persistent* redis-server, so a broker crash keeps its queues as a
+real broker would.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import shutil
@@ -23,6 +24,7 @@ from typing import Any
 
 from celery import Celery
 
+from celeryops.demo.standins.cloudrun import CloudRunStandIn, InstanceSpec
 from celeryops_harness.workers import WorkerProcess
 
 #: What the trial's workers run: the worker plugin ``celeryops.fence`` (the setup the README recommends for fleets
@@ -87,43 +89,61 @@ def aof_redis_server(directory: Path) -> str:
     return str(path)
 
 
-class TrialFleet:
-    """The workers of one trial. ``on_update`` is the Cloud Run stand-in's hook: it replaces the current revision's
-    workers with one worker of the new revision (SIGTERM first, or, with ``late_sigterm``, after the new one is up)."""
+class TrialInstance:
+    """A worker as the stand-in's instance handle: a SIGTERM from the stand-in (it took the instance away) is
+    recorded, so the verdict knows the worker is on its way out, not stranded."""
 
-    def __init__(self, broker: str, record: str, queue: str, log_dir: Path, late_sigterm: float | None, *,
-                 kind: str = "fenced", fleet: str = "", coord: str = "") -> None:
+    def __init__(self, fleet: TrialFleet, worker: WorkerProcess) -> None:
+        self.fleet, self.worker = fleet, worker
+
+    def signal(self, sig: int) -> None:
+        if sig == signal.SIGTERM:
+            with self.fleet._lock:
+                self.fleet.terminated.append(self.worker)
+        self.worker.signal(sig)
+
+    def alive(self) -> bool:
+        return self.worker.alive()
+
+
+class TrialFleet:
+    """The workers of one trial: the launcher of the trial's stand-in service (``attach`` it once the service
+    exists). ``kind``: the fence plugin on every worker, none, or alternating."""
+
+    def __init__(self, broker: str, record: str, queue: str, log_dir: Path, *, kind: str = "fenced",
+                 fleet: str = "", coord: str = "") -> None:
         self.broker, self.record, self.queue, self.log_dir = broker, record, queue, log_dir
-        self.late_sigterm = late_sigterm
         self.kind, self.fleet = kind, fleet
         self.coord = coord  # where the fence lives when the broker is not Redis
         self._serial = itertools.count()
         self.workers: list[WorkerProcess] = []
         self.revision: dict[str, str] = {}
-        self.current: list[WorkerProcess] = []  # the workers of the revision that serves
-        self.terminated: list[WorkerProcess] = []  # sent SIGTERM: on their way out, not "stranded"
+        self.terminated: list[WorkerProcess] = []  # sent SIGTERM by the stand-in: on their way out, not "stranded"
         self.killed: list[WorkerProcess] = []  # SIGKILLed by a worker_kill fault
         self.app = Celery("celeryops_chaos_control", broker=broker, set_as_current=False)
         self.app.conf.broker_connection_retry_on_startup = True
         self.app.conf.broker_connection_timeout = 2
         self.errors: list[str] = []
-        self._timers: list[threading.Timer] = []
+        self._standin: CloudRunStandIn | None = None
+        self._service = ""
         self._lock = threading.Lock()
 
-    def start(self, n: int, revision: str, wait: bool = True) -> list[WorkerProcess]:
-        batch = [self._worker(revision).start() for _ in range(n)]
-        with self._lock:
-            self.workers.extend(batch)
-            self.current.extend(batch)
-            self.revision.update({w.nodename: revision for w in batch})
-        if wait:
-            for w in batch:
-                w.wait_ready(self.app, timeout=60)
-        return batch
+    def attach(self, standin: CloudRunStandIn, service: str) -> TrialFleet:
+        self._standin, self._service = standin, service
+        return self
 
-    def _worker(self, revision: str) -> WorkerProcess:
+    def __call__(self, spec: InstanceSpec) -> TrialInstance:
+        """Start the instance ``spec`` (one worker) and return once it answers ping."""
+        worker = self._worker(spec.env).start()
+        with self._lock:
+            self.workers.append(worker)
+            self.revision[worker.nodename] = spec.revision
+        worker.wait_ready(self.app, timeout=60)
+        return TrialInstance(self, worker)
+
+    def _worker(self, cloud_run: dict[str, str]) -> WorkerProcess:
         fenced = self.kind == "fenced" or (self.kind == "mixed" and next(self._serial) % 2 == 0)
-        env = {"CELERYOPS_TEST_RECORD": self.record, "K_REVISION": revision}
+        env = {"CELERYOPS_TEST_RECORD": self.record, **cloud_run}
         if fenced:  # the plugin: the fence lives in the broker Redis; a stopped worker leaves the registry soon
             env.update({"CELERYOPS_FLEET": self.fleet, "CELERYOPS_FENCE_INTERVAL": "0.5",
                         "CELERYOPS_FENCE_REGISTRY_TTL": "4"})
@@ -132,58 +152,36 @@ class TrialFleet:
         return WorkerProcess(self.broker, app=FENCED_APP if fenced else PLAIN_APP, queues=[self.queue],
                              log_dir=self.log_dir, env=env)
 
-    def scale_out(self) -> None:
-        """One more worker of the revision that serves now (an autoscaler does not know about the drain)."""
+    def serving(self) -> list[WorkerProcess]:
+        """Live workers the stand-in has not taken away, oldest first."""
         with self._lock:
-            revision = self.revision[self.current[0].nodename] if self.current else "unknown"
+            gone = set(map(id, self.terminated)) | set(map(id, self.killed))
+            return [w for w in self.workers if w.alive() and id(w) not in gone]
+
+    def scale_out(self) -> None:
+        """One more instance of the revision that serves now (the service's autoscaler does not know about the
+        drain): through the stand-in, which starts it."""
+        assert self._standin is not None
         try:
-            self.start(1, revision, wait=False)
+            self._standin.scale_out(self._service)
         except Exception as exc:  # report, never crash the trial thread
             self.errors.append(f"scale-out failed: {exc}")
 
     def kill_one(self) -> str:
-        """SIGKILL one live worker of the revision that serves (its pidbox binding stays behind in Redis)."""
+        """SIGKILL one live worker that serves (OOM: its pidbox binding stays behind in Redis)."""
+        serving = self.serving()
+        if not serving:
+            return ""
+        victim = serving[0]
         with self._lock:
-            victims = [w for w in self.current if w.alive()]
-            if not victims:
-                return ""
-            victim = victims[0]
             self.killed.append(victim)
         victim.kill()
         return victim.nodename
-
-    def on_update(self, resource: str, revision: str, image: str) -> None:
-        revision = revision.rsplit("/", 1)[-1]  # K_REVISION is the short name on Cloud Run
-        with self._lock:
-            old, self.current = list(self.current), []
-        if self.late_sigterm is None:
-            self._terminate(old)
-            for w in old:
-                with contextlib.suppress(subprocess.TimeoutExpired, AssertionError):
-                    assert w.proc is not None
-                    w.proc.wait(60)
-            self.start(1, revision)
-            return
-        self.start(1, revision)  # the new revision is up; the old instances get SIGTERM a little later
-        timer = threading.Timer(self.late_sigterm, self._terminate, (old,))
-        timer.daemon = True
-        self._timers.append(timer)
-        timer.start()
-
-    def _terminate(self, workers: list[WorkerProcess]) -> None:
-        with self._lock:
-            self.terminated.extend(workers)
-        for w in workers:
-            w.signal(signal.SIGTERM)
 
     def leaving(self) -> list[WorkerProcess]:
         """Workers sent SIGTERM (their revision was replaced) that are still in their warm shutdown."""
         with self._lock:
             return [w for w in self.terminated if w.alive()]
-
-    def settle_timers(self) -> None:
-        for t in self._timers:
-            t.join(30)
 
     def alive(self) -> list[WorkerProcess]:
         with self._lock:
@@ -191,11 +189,8 @@ class TrialFleet:
 
     def stop(self) -> None:
         """The verdict is in: no need for a graceful stop (SIGKILL every process group at once)."""
-        for t in self._timers:
-            t.cancel()
         for w in self.workers:
             w.signal(signal.SIGKILL)
         for w in self.workers:
             w.stop(timeout=5)
         self.app.close()
-

@@ -280,16 +280,18 @@ class Trial:
         self.broker.start(timeout=30)
         if lab.broker == "amqp":
             self.amqp = create_vhost(self.tag)
-        self.fleet = TrialFleet(self.broker_url, lab.record.url, self.queue, self.dir, self._late, kind=lab.fleet,
+        self.fleet = TrialFleet(self.broker_url, lab.record.url, self.queue, self.dir, kind=lab.fleet,
                                 fleet=f"chaos-{self.tag}", coord=self.broker.url if self.amqp else "")
-        lab.standin.add_service(PROJECT, REGION, self.service, f"{lab.registry.host}/proj/worker:old")
+        lab.route(self.service, self.fleet)  # the service's two instances: real workers of its first revision
+        lab.standin.add_service(PROJECT, REGION, self.service, f"{lab.registry.host}/proj/worker:old", instances=2)
+        self.fleet.attach(lab.standin, self.service)
         self._first_revision = lab.standin.revisions(self.service)[0].name
-        lab.route(self.service, self.fleet.on_update)
+        if self._late is not None:  # the old instances are taken away a while after the new revision is up
+            lab.standin.delay_retirement(self.service, self._late)
         if plan.has("fail_rollout"):
             lab.standin.fail_next_rollout(self.service, "container failed to start: chaos")
             self.result.faults.append("fail_rollout")
         self.write_config()
-        self.fleet.start(2, f"{self.service}-00001-old")
         for seconds in plan.early:
             self.enqueue(seconds)
         self._mark("setup")
@@ -333,7 +335,7 @@ class Trial:
         if rc != 0:
             self.recover(kill.then if kill is not None and rc == -signal.SIGKILL else "abort")
         self._mark("recovery")
-        self.fleet.settle_timers()
+        lab.standin.wait_rollouts(60)  # old instances taken away (a late SIGTERM too)
         if self._late is not None and any(u[0].endswith(self.service) for u in lab.standin.updates):
             self.result.faults.append(f"late_sigterm+{self._late:.1f}s")
         self.result.anomalies.extend(self.fleet.errors)

@@ -4,7 +4,8 @@ Configured by the environment, on top of taskapp's variables:
   CELERYOPS_FENCE_REDIS_URL      where the fence lives (default: the broker, when it is Redis)
   CELERYOPS_FENCE_INTERVAL       seconds between fence checks / registry heartbeats (default 2.0)
   CELERYOPS_FENCE_REGISTRY_TTL   seconds a silent plugin worker stays listed (default: the plugin's)
-  CELERYOPS_VERSION, K_REVISION  this worker's identity for exemptions;  CELERYOPS_FLEET  the fleet
+  CELERYOPS_VERSION, and what Cloud Run sets (CLOUD_RUN_WORKER_POOL_REVISION or K_REVISION): this worker's identity
+                                 for exemptions;  CELERYOPS_FLEET  the fleet
 """
 
 from __future__ import annotations

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -32,7 +31,7 @@ from celeryops.demo.standins.registry import RegistryStandIn
 from celeryops.ops.backend.console import OpsBackend, open_backend
 from celeryops.ops.journal import Journal
 from celeryops.ops.run.session import DrainRequest
-from celeryops_harness.workers import WorkerProcess, wait_for
+from celeryops_harness.workers import RevisionFleet, WorkerProcess, wait_for
 from drainhelp import enqueue, started
 
 SIZE = (120, 40)
@@ -200,54 +199,23 @@ async def test_detach_then_restart_panel_abort_restores(redis_url: str, busy_wor
 # -- preflight -> drain -> deploy -> done, against the Cloud Run stand-in -----------------------------------------
 
 
-class Revisions:
-    """Workers of one revision; the stand-in's update hook replaces them with a worker of the new one."""
-
-    def __init__(self, broker: str, queue: str, tmp: Path) -> None:
-        self.broker, self.queue, self.tmp = broker, queue, tmp
-        self.workers: list[WorkerProcess] = []
-        self.replaced = threading.Event()
-
-    def start(self, revision: str) -> WorkerProcess:
-        worker = WorkerProcess(self.broker, queues=[self.queue], log_dir=self.tmp,
-                               env={"CELERYOPS_TEST_RECORD": self.broker, "K_REVISION": revision}).start()
-        app = Celery("t", broker=self.broker, set_as_current=False)
-        worker.wait_ready(app)
-        app.close()
-        self.workers.append(worker)
-        return worker
-
-    def on_update(self, resource: str, revision: str, image: str) -> None:
-        old = list(self.workers)
-        for w in old:
-            w.signal(signal.SIGTERM)
-        for w in old:
-            assert w.proc is not None
-            w.proc.wait(30)
-        self.start(revision)
-        self.replaced.set()
-
-    def stop(self) -> None:
-        for w in self.workers:
-            w.stop()
-
-
 @pytest.mark.slow
 async def test_deploy_preflight_drain_deploy_done(tmp_path: Path, redis_url: str, queue_name: str) -> None:
     git = GitFixture(tmp_path / "git", branch="demo-2").create(commits=2, age=timedelta(days=1))
     registry = RegistryStandIn().start()
-    fleet = Revisions(redis_url, queue_name, tmp_path)
-    standin = CloudRunStandIn(rollout_seconds=0.3, on_update=fleet.on_update)
+    fleet = RevisionFleet(redis_url, queue_name, tmp_path)  # the service's instances: real workers
+    standin = CloudRunStandIn(rollout_seconds=0.3, launcher=fleet)
     endpoint = standin.start()
     backend: OpsBackend | None = None
     try:
         registry.seed("proj/worker", git.tip(git.remote))
-        standin.add_service("proj", "europe-west1", "worker", f"{registry.host}/proj/worker:old")
+        standin.add_service("proj", "europe-west1", "worker", f"{registry.host}/proj/worker:old", instances=0)
+        fleet.attach(standin, "worker")
         toml = tmp_path / "celeryops.toml"
         toml.write_text(standin_config(broker=redis_url, endpoint=endpoint, interval=0.3,
                                        image=f"{registry.host}/proj/worker:{{sha}}"))
         config = load_config(str(toml), tmp_path, {}, {"state_dir": str(tmp_path / "state")})
-        fleet.start("worker-00001-old")
+        fleet.start(1)
         backend = backend_for(redis_url, tmp_path / "state", config=config, repo=git.work)
         app = console(backend, start="deploy", release="demo-2")
         async with app.run_test(size=SIZE) as pilot:
@@ -285,16 +253,17 @@ async def test_console_resume_finishes_an_interrupted_deploy_as_the_cli_does(
 
     git = GitFixture(tmp_path / "git", branch="demo-2").create(commits=2, age=timedelta(days=1))
     registry = RegistryStandIn().start()
-    fleet = Revisions(redis_url, queue_name, tmp_path)
-    standin = CloudRunStandIn(rollout_seconds=0.3, on_update=fleet.on_update)
+    fleet = RevisionFleet(redis_url, queue_name, tmp_path)  # the service's instances: real workers
+    standin = CloudRunStandIn(rollout_seconds=0.3, launcher=fleet)
     endpoint = standin.start()
     backend: OpsBackend | None = None
     try:
         registry.seed("proj/worker", git.tip(git.remote))
-        standin.add_service("proj", "europe-west1", "worker", f"{registry.host}/proj/worker:old")
+        standin.add_service("proj", "europe-west1", "worker", f"{registry.host}/proj/worker:old", instances=0)
+        fleet.attach(standin, "worker")
         (tmp_path / "celeryops.toml").write_text(standin_config(broker=redis_url, endpoint=endpoint, interval=0.3,
                                                                 image=f"{registry.host}/proj/worker:{{sha}}"))
-        old = fleet.start("worker-00001-old")
+        (old,) = fleet.start(1)
         env = cli_env(tmp_path / "state", CELERYOPS_LEASE_TTL="1")
         killed = await asyncio.to_thread(
             run_cli, ["deploy", "demo-2", "--yes", "--accept-warnings", "--json", "--repo", str(git.work)], env,

@@ -89,8 +89,10 @@ class Printer:
         level, text = said
         if isinstance(event, StageStarted):
             return f"== {text}"
-        if isinstance(event, TargetDeployed):
-            return f"  {text}"
+        if isinstance(event, TargetDeployed):  # where the result is: revision, service URL, console page, logs
+            line = f"  {event.target}: revision {event.revision or '-'}" + (f"  {event.url}" if event.url else "")
+            line += f"\n    console: {event.console_url}" if event.console_url else ""
+            return line + (f"\n    logs: {event.logs_url}" if event.logs_url else "")
         if isinstance(event, Notice) and level != "info":
             return f"{level}: {text}"
         if isinstance(event, RunFinished) and event.logs_url:

@@ -227,7 +227,8 @@ class FleetBack(Event):
 
 @dataclass(frozen=True)
 class TargetDeployed(Event):
-    """Where a deployed target's result is: its revision, its URL (services) and its Cloud Run console link."""
+    """Where a deployed target's result is: its revision, its URL (services), its Cloud Run console link and the
+    revision's logs."""
 
     target: str
     revision: str = ""
@@ -235,6 +236,7 @@ class TargetDeployed(Event):
     console_url: str = ""
     image: str = ""
     previous_revision: str = ""
+    logs_url: str = ""
     kind: str = field(init=False, default="target")
 
 

@@ -92,7 +92,8 @@ def say(event: Event) -> Line | None:
     if isinstance(event, TargetDeployed):
         where = ", ".join(w for w in (f"revision {event.revision}" if event.revision else "", event.url,
                                       f"console {event.console_url}" if event.console_url else "") if w)
-        return "ok", f"{event.target} deployed" + (f": {where}" if where else "")
+        logs = f"; logs {event.logs_url}" if event.logs_url else ""
+        return "ok", f"{event.target} deployed" + (f": {where}" if where else "") + logs
     if isinstance(event, RunFinished):
         return ("ok" if event.exit_code == 0 else "error"), event.message
     if isinstance(event, Notice):

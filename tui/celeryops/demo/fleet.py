@@ -1,15 +1,17 @@
-"""The demo's workers: real Celery worker processes of one "revision", replaced by the Cloud Run stand-in's update.
+"""The demo's workers: real Celery worker processes that are the instances of the Cloud Run stand-in's service.
 
-Workers alternate between the fenced app and the plain app (the fence plugin on some workers, not all). Each runs in
-its own process group, registered with the :class:`~celeryops.demo.reaper.Reaper`. :meth:`DemoFleet.on_update` is
-the stand-in's hook: it warm-shuts-down the old workers (SIGTERM, as Cloud Run does) and starts the same number of
-workers as the new revision (``K_REVISION``), before the revision reports ready.
+:meth:`DemoFleet.launch` is the stand-in's launcher: it starts one worker per instance, with what Cloud Run sets in
+a service's instances (``K_SERVICE``, ``K_REVISION``, ``K_CONFIGURATION``) and the image's tag as
+``CELERYOPS_VERSION``, alternating between the fenced app and the plain app (the fence plugin on some workers, not
+all), and returns once it answers ping. The stand-in decides how many run and when: a deploy starts the new
+revision's workers first and takes the old ones away once it is ready (SIGTERM, warm shutdown; SIGKILL 10 s later).
+:meth:`DemoFleet.scale_out` is the autoscaler's way in (the service's autoscaling, capped). Each worker runs in its
+own process group, registered with the :class:`~celeryops.demo.reaper.Reaper`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import signal
 import subprocess
@@ -22,114 +24,118 @@ from celery import Celery
 
 from celeryops.core.masking import mask_text
 from celeryops.demo.reaper import Reaper
+from celeryops.demo.standins.cloudrun import CloudRunStandIn, InstanceSpec
 from celeryops.demo.standins.workers import WorkerProcess
 from celeryops.demo.tasks import QUEUES
 
 FENCED_APP = "celeryops.demo.worker_fenced"
 PLAIN_APP = "celeryops.demo.worker_plain"
 READY_TIMEOUT = 90.0
-WARM_SHUTDOWN_TIMEOUT = 120.0
+EXIT_TIMEOUT = 120.0  # a taken-away worker's warm shutdown (the stand-in SIGKILLs it after 10 s anyway)
+
+
+class DemoInstance:
+    """A worker as the stand-in's instance handle: once it was sent SIGTERM (taken away), it is waited for and
+    forgotten by the reaper when it exits."""
+
+    def __init__(self, fleet: DemoFleet, worker: WorkerProcess) -> None:
+        self.fleet, self.worker = fleet, worker
+
+    def signal(self, sig: int) -> None:
+        self.worker.signal(sig)
+        if sig == signal.SIGTERM:
+            self.fleet.retire(self.worker)
+
+    def alive(self) -> bool:
+        return self.worker.alive()
 
 
 class DemoFleet:
-    """The running workers. Thread-safe: the autoscaler and the stand-in's hook both change it."""
+    """The running workers. Thread-safe: the autoscaler and the stand-in both change it."""
 
-    def __init__(self, broker: str, *, log_dir: Path, env: Mapping[str, str], reaper: Reaper, initial: int = 2,
-                 cap: int = 3, revision: str = "worker-00001-old", concurrency: int = 2) -> None:
+    def __init__(self, broker: str, *, log_dir: Path, env: Mapping[str, str], reaper: Reaper, cap: int = 3,
+                 concurrency: int = 2) -> None:
         self.broker = broker
         self.log_dir = log_dir
         self.env = dict(env)
         self.reaper = reaper
-        self.initial = initial
-        self.cap = max(cap, initial)
-        self.revision = revision
-        self.version = "old"
+        self.cap = cap
         self.concurrency = concurrency
         self.workers: list[WorkerProcess] = []
         self.retired: list[WorkerProcess] = []
-        self.replacements = 0
-        self._lock = threading.RLock()  # one change of the fleet at a time (scale-out, replacement)
+        self.revision_of: dict[str, str] = {}  # nodename -> revision
+        self._lock = threading.Lock()  # one scale-out at a time
         self._spawn = threading.Lock()  # guards _stopped and the lists: nothing starts after stop()
-        self._serial = itertools.count(1)
         self._stopped = False
+        self._standin: CloudRunStandIn | None = None
+        self._service = ""
         self._control = Celery("celeryops-demo-control", broker=broker, set_as_current=False)
 
-    # -- starting ---------------------------------------------------------------------------------------------
+    def attach(self, standin: CloudRunStandIn, service: str) -> DemoFleet:
+        """The stand-in service whose instances these workers are (for :meth:`scale_out`)."""
+        self._standin, self._service = standin, service
+        return self
 
-    def _new(self, fenced: bool) -> WorkerProcess:
-        """Start one worker process (registered at once, so stop() always sees it)."""
-        n = next(self._serial)
-        short = self.revision.split("-")[1] if self.revision.count("-") >= 2 else self.revision
-        name = f"{'fenced' if fenced else 'plain'}-{n}.rev{short}"
-        env = {**self.env, "CELERYOPS_DEMO_BROKER": self.broker, "K_REVISION": self.revision,
-               "CELERYOPS_VERSION": self.version}
+    # -- the stand-in's launcher ----------------------------------------------------------------------------------
+
+    def launch(self, spec: InstanceSpec) -> DemoInstance:
+        """Start the instance ``spec`` as one worker (odd instances fenced, even ones plain) and wait until it
+        answers ping; a worker that dies first raises (one line): the stand-in fails the revision."""
+        fenced = spec.number % 2 == 1
+        short = spec.revision.split("-")[1] if spec.revision.count("-") >= 2 else spec.revision
+        tag = spec.image.rsplit("/", 1)[-1]
+        env = {**self.env, "CELERYOPS_DEMO_BROKER": self.broker, **spec.env,
+               "CELERYOPS_VERSION": tag.rsplit(":", 1)[-1] if ":" in tag else spec.image}
         worker = WorkerProcess(self.broker, app=FENCED_APP if fenced else PLAIN_APP, pool="threads",
-                               concurrency=self.concurrency, queues=QUEUES, name=name, env=env,
-                               log_dir=self.log_dir)
+                               concurrency=self.concurrency, queues=QUEUES, env=env, log_dir=self.log_dir,
+                               name=f"{'fenced' if fenced else 'plain'}-{spec.number}.rev{short}")
         with self._spawn:
             if self._stopped:
                 raise RuntimeError("the demo is shutting down")
             worker.start()
             self.workers.append(worker)
+            self.revision_of[worker.nodename] = spec.revision
         self.reaper.track(worker.pid)
-        return worker
+        try:
+            worker.wait_ready(self._control, timeout=READY_TIMEOUT)
+        except RuntimeError as exc:  # it died: say why, in one line
+            raise RuntimeError(mask_text(str(exc).splitlines()[0])) from None
+        return DemoInstance(self, worker)
 
-    def _start(self, count: int) -> list[WorkerProcess]:
-        """Start ``count`` workers (fenced first, then alternating) and wait until each answers ping."""
-        batch = [self._new(fenced=len(self.live()) % 2 == 0) for _ in range(count)]
-        for worker in batch:
-            try:
-                worker.wait_ready(self._control, timeout=READY_TIMEOUT)
-            except RuntimeError as exc:  # it died: say why, in one line
-                raise RuntimeError(mask_text(str(exc).splitlines()[0])) from None
-        return batch
+    def retire(self, worker: WorkerProcess) -> None:
+        """The stand-in took ``worker`` away (SIGTERM sent): wait for its exit on a thread, then forget it."""
+        with self._spawn:
+            if worker in self.retired:
+                return
+            self.retired.append(worker)
 
-    def start(self) -> DemoFleet:
-        with self._lock:
-            self._start(self.initial)
-        return self
+        def wait_exit() -> None:
+            assert worker.proc is not None
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                worker.proc.wait(EXIT_TIMEOUT)
+            if worker.proc.poll() is not None:
+                self.reaper.forget(worker.pid)
+
+        threading.Thread(target=wait_exit, name=f"demo-retire-{worker.pid}", daemon=True).start()
+
+    # -- the fleet now ---------------------------------------------------------------------------------------------
 
     def live(self) -> list[WorkerProcess]:
-        with self._lock:
-            return [w for w in self.workers if w.alive()]
+        """Workers that run and were not taken away."""
+        with self._spawn:
+            return [w for w in self.workers if w.alive() and w not in self.retired]
 
     def names(self) -> list[str]:
         return [w.nodename for w in self.live()]
 
     def scale_out(self) -> WorkerProcess | None:
-        """One more worker of the current revision, unless the cap is reached (or the fleet is being replaced)."""
+        """One more instance of the serving revision (the service's autoscaler), unless the cap is reached."""
         with self._lock:
-            if self._stopped or len(self.live()) >= self.cap:
+            if self._stopped or self._standin is None or len(self.live()) >= self.cap:
                 return None
-            return self._start(1)[0]
-
-    # -- the Cloud Run stand-in's hook ---------------------------------------------------------------------------
-
-    def on_update(self, resource: str, revision: str, image: str) -> None:
-        """Cloud Run replaces the instances: SIGTERM (warm shutdown) to the old ones, then the new revision."""
-        with self._lock:
-            if self._stopped:
-                raise RuntimeError("the demo is shutting down")
-            old = self.live()
-            for worker in old:
-                worker.signal(signal.SIGTERM)
-            for worker in old:
-                self._wait_exit(worker, WARM_SHUTDOWN_TIMEOUT)
-            with self._spawn:
-                self.retired.extend(old)
-                self.workers = [w for w in self.workers if w not in old]
-            self.revision = revision.rsplit("/", 1)[-1]
-            self.version = image.rsplit(":", 1)[-1] if ":" in image.rsplit("/", 1)[-1] else image
-            self._start(self.initial)
-            self.replacements += 1
-
-    def _wait_exit(self, worker: WorkerProcess, timeout: float) -> None:
-        assert worker.proc is not None
-        try:
-            worker.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-        self.reaper.forget(worker.pid)
+            started = self._standin.scale_out(self._service)
+        handle = started[0].handle if started else None
+        return handle.worker if isinstance(handle, DemoInstance) else None
 
     # -- stopping ----------------------------------------------------------------------------------------------
 
@@ -137,7 +143,7 @@ class DemoFleet:
         """Kill every worker's process group (the demo is over: nothing needs to finish) and wait for them."""
         with self._spawn:
             self._stopped = True
-            everyone = self.workers + self.retired
+            everyone = list(self.workers)
         for worker in everyone:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 if worker.proc is not None and worker.proc.poll() is None:  # not reaped: the group id is still ours

@@ -1,11 +1,12 @@
 """The demo sandbox: every part ``celeryops demo`` needs, on loopback, started in order and torn down on exit.
 
 Parts: a private Redis (:class:`~celeryops.demo.broker.DemoRedis`: ``redis-server`` or the fakeredis fallback, whose
-:attr:`Sandbox.notice` the console shows), real Celery workers (:class:`~celeryops.demo.fleet.DemoFleet`, the fence
-plugin on some of them), a :class:`~celeryops.demo.producer.Producer` and an
-:class:`~celeryops.demo.autoscaler.Autoscaler`, the Cloud Run stand-in as the ``worker`` target (its update replaces
-the workers with the new revision), the registry stand-in holding the release's image, and a git repository whose
-remote has the release branch ``demo-2`` (fresh) and ``demo-1`` (40 days old: the freshness warning).
+:attr:`Sandbox.notice` the console shows), the Cloud Run stand-in as the ``worker`` target whose instances are real
+Celery workers (:class:`~celeryops.demo.fleet.DemoFleet`, the fence plugin on some of them; a deploy starts the new
+revision's workers, then takes the old ones away), a :class:`~celeryops.demo.producer.Producer` and an
+:class:`~celeryops.demo.autoscaler.Autoscaler`, the registry stand-in holding the release's image, and a git
+repository whose remote has the release branch ``demo-2`` (fresh) and ``demo-1`` (40 days old: the freshness
+warning).
 
 A ``celeryops.toml`` in the sandbox directory points at all of it (:attr:`Sandbox.config`), and the process
 environment is narrowed to the sandbox (``CELERYOPS_STATE_DIR``, ``CELERYOPS_FLEET``; every other ``CELERYOPS_*`` /
@@ -215,16 +216,19 @@ class Sandbox:
         self.progress(f"registry stand-in on {self.registry.host} holding {IMAGE_NAME}:{self.sha[:7]}")
 
         self.fleet = DemoFleet(self.url, log_dir=self.log_dir, env=self.worker_env(), reaper=self.reaper,
-                               initial=self.initial_workers, cap=self.cap)
-        self.standin = CloudRunStandIn(rollout_seconds=self.timing.rollout, on_update=self.fleet.on_update)
+                               cap=self.cap)
+        self.standin = CloudRunStandIn(rollout_seconds=self.timing.rollout, launcher=self.fleet.launch)
         endpoint = self.standin.start()
-        self.standin.add_service(PROJECT, REGION, SERVICE, f"{self.registry.host}/{IMAGE_NAME}:old")
-        self.progress(f"Cloud Run stand-in on {endpoint} serving {PROJECT}/{REGION}/{SERVICE}")
+        self.progress(f"Cloud Run stand-in on {endpoint}")
         self._write_config(endpoint)
         self._config = load_config(str(self.config_path), self.root, self.env())
 
-        self.fleet.start()
-        self.progress(f"{len(self.fleet.names())} Celery workers: {', '.join(self.fleet.names())}")
+        # The service's instances are the Celery workers: seeding it starts them (its first revision).
+        self.standin.add_service(PROJECT, REGION, SERVICE, f"{self.registry.host}/{IMAGE_NAME}:old",
+                                 instances=self.initial_workers)
+        self.fleet.attach(self.standin, SERVICE)
+        self.progress(f"{PROJECT}/{REGION}/{SERVICE} runs {len(self.fleet.names())} Celery workers: "
+                      f"{', '.join(self.fleet.names())}")
         self.producer = Producer(self.url, self.timing).start()
         self.autoscaler = Autoscaler(self.fleet, self.url, every=self.timing.autoscale_every,
                                      on_scale=lambda name, depth: self.progress(

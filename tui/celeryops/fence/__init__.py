@@ -16,24 +16,47 @@ if TYPE_CHECKING:
     from celeryops.fence import registry
     from celeryops.fence.control import COMMAND, FenceReply, fence_status
     from celeryops.fence.plugin import FenceConfig, FenceGuard, FenceStep, install
-    from celeryops.fence.record import ALL_QUEUES, FenceRecord, Hold
-    from celeryops.fence.registry import PluginWorkerInfo, heartbeat_states, plugin_workers, registry_key
+    from celeryops.fence.record import ALL_QUEUES, CloudRunIdentity, FenceRecord, Hold, cloud_run_identity
+    from celeryops.fence.registry import (
+        PluginWorkerInfo,
+        by_revision,
+        heartbeat_states,
+        plugin_workers,
+        registry_key,
+    )
     from celeryops.fence.store import FenceConflict, FenceStore
 
 # name -> the submodule that defines it: imported on first use, so an operator process that needs the store or the
 # registry does not load the worker plugin (Celery's bootsteps) and a worker loads only what it installs.
 _LAZY = {
-    "ALL_QUEUES": "record", "COMMAND": "control", "FenceConfig": "plugin", "FenceConflict": "store",
+    "ALL_QUEUES": "record", "CloudRunIdentity": "record", "cloud_run_identity": "record", "by_revision": "registry",
+    "COMMAND": "control", "FenceConfig": "plugin", "FenceConflict": "store",
     "FenceGuard": "plugin", "FenceRecord": "record", "FenceReply": "control", "FenceStep": "plugin",
     "FenceStore": "store", "Hold": "record", "PluginWorkerInfo": "registry", "fence_status": "control",
     "install": "plugin", "plugin_workers": "registry", "registry_key": "registry", "heartbeat_states": "registry",
 }
 
 __all__ = [
-    "ALL_QUEUES", "COMMAND", "FenceConfig", "FenceConflict", "FenceGuard", "FenceRecord", "FenceReply",
-    "FenceStep", "FenceStore", "Hold", "PluginWorkerInfo", "fence_status", "heartbeat_states", "install",
+    "ALL_QUEUES",
+    "COMMAND",
+    "CloudRunIdentity",
+    "FenceConfig",
+    "FenceConflict",
+    "FenceGuard",
+    "FenceRecord",
+    "FenceReply",
+    "FenceStep",
+    "FenceStore",
+    "Hold",
+    "PluginWorkerInfo",
+    "by_revision",
+    "cloud_run_identity",
+    "fence_status",
+    "heartbeat_states",
+    "install",
     "plugin_workers",
-    "registry", "registry_key",
+    "registry",
+    "registry_key",
 ]
 
 

@@ -1,6 +1,7 @@
 """The ``celeryops_fence`` remote-control command (worker side) and ``fence_status`` (operator side).
 
-Plugin workers answer ``{"plugin": True, version, revision, state, queues, held_queues, fence_run_id, ...}``;
+Plugin workers answer ``{"plugin": True, version, revision, cloudrun_kind, cloudrun_name, state, queues, held_queues,
+fence_run_id, ...}``;
 workers without the plugin answer Celery's unknown-command error (or nothing), so preflight and the console can
 tell which workers run the plugin. Only celery/kombu are used here.
 """
@@ -36,6 +37,8 @@ class FenceReply:
     fleet: str = ""  # the fleet whose fence it follows ($CELERYOPS_FLEET on the worker); "" from older plugins
     version: str = ""
     revision: str = ""
+    cloudrun_kind: str = ""  # "worker-pool" | "service" | "" (outside Cloud Run, or an older plugin)
+    cloudrun_name: str = ""
     state: str = ""
     queues: tuple[str, ...] = ()
     held_queues: tuple[str, ...] = ()
@@ -56,6 +59,8 @@ class FenceReply:
             fleet=str(reply.get("fleet") or ""),
             version=str(reply.get("version") or ""),
             revision=str(reply.get("revision") or ""),
+            cloudrun_kind=str(reply.get("cloudrun_kind") or ""),
+            cloudrun_name=str(reply.get("cloudrun_name") or ""),
             state=str(reply.get("state") or ""),
             queues=tuple(str(q) for q in reply.get("queues") or ()),
             held_queues=tuple(str(q) for q in reply.get("held_queues") or ()),

@@ -37,14 +37,13 @@ from celeryops.core.masking import mask_text, mask_url
 from celeryops.core.namespace import fleet_name
 from celeryops.fence import registry
 from celeryops.fence.control import CONSUMER_ATTR, register_command
-from celeryops.fence.record import UNKNOWN_HOLD, Hold
+from celeryops.fence.record import UNKNOWN_HOLD, Hold, cloud_run_identity
 from celeryops.fence.store import FenceStore
 
 logger: logging.Logger = get_logger(__name__)
 
 ENV_REDIS_URL = "CELERYOPS_FENCE_REDIS_URL"
 ENV_VERSION = "CELERYOPS_VERSION"
-ENV_REVISION = "K_REVISION"  # set by Cloud Run on every instance
 ERROR_LOG_EVERY = 30.0
 PRUNE_EVERY_BEATS = 100
 
@@ -87,7 +86,8 @@ class FenceGuard:
         self.interval = float(config.interval)
         self.hostname = str(consumer.hostname)
         self.version = config.version or os.environ.get(ENV_VERSION) or ""
-        self.revision = os.environ.get(ENV_REVISION) or ""
+        self.cloud_run = cloud_run_identity(os.environ)  # a pool's or a service's revision: exempt by it
+        self.revision = self.cloud_run.revision
         self.fleet = fleet_name(config.fleet)
         self.registry_ttl = config.registry_ttl or max(30.0, 5 * self.interval)
         self.redis_url = redis_url
@@ -252,7 +252,7 @@ class FenceGuard:
         """The control command's reply and the registry entry."""
         return {
             "plugin": True, "fleet": self.fleet, "version": self.version, "revision": self.revision,
-            "state": self.state(),
+            "cloudrun_kind": self.cloud_run.kind, "cloudrun_name": self.cloud_run.name, "state": self.state(),
             "queues": list(self._queues), "held_queues": list(self._held), "fence_run_id": self._fence_run_id,
             "fence_readable": self._readable, "interval": self.interval, "beats": self._beats,
             "consumer_starts": self._consumer_starts,
@@ -310,7 +310,8 @@ def install(
 
     ``redis_url``: where the fence lives (default $CELERYOPS_FENCE_REDIS_URL, else the broker when it is Redis);
     ``interval``: seconds between fence checks and registry heartbeats; ``version``: this build's version for
-    exemptions (default $CELERYOPS_VERSION; Cloud Run's $K_REVISION is always used too); ``fleet``: default
+    exemptions (default $CELERYOPS_VERSION; the Cloud Run revision is always used too: a worker pool's
+    $CLOUD_RUN_WORKER_POOL_REVISION, a service's $K_REVISION); ``fleet``: default
     $CELERYOPS_FLEET; ``registry_ttl``: how long a silent worker stays listed (default max(30 s, 5 intervals)).
     """
     if interval <= 0:

@@ -1,8 +1,9 @@
 """The fence record (what the operator's run wrote) and the pure decision a worker takes from it.
 
 A fence holds a set of queues (``()`` or ``("*",)`` = every queue a worker consumes) for every worker that is not
-exempt by its Cloud Run revision (``K_REVISION``) or its configured version. No I/O here: the decision is a function
-of the record and the worker's identity, so it is tested without Redis.
+exempt by its Cloud Run revision or its configured version. No I/O here: the decision is a function of the record
+and the worker's identity (:func:`cloud_run_identity` reads it from the environment Cloud Run sets), so it is tested
+without Redis.
 """
 
 from __future__ import annotations
@@ -10,8 +11,38 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 ALL_QUEUES = "*"
+
+# What Cloud Run sets in a container (container runtime contract): a worker pool's instances get the pool and its
+# revision; a service's get K_SERVICE, K_REVISION and K_CONFIGURATION (services only).
+ENV_POOL = "CLOUD_RUN_WORKER_POOL"
+ENV_POOL_REVISION = "CLOUD_RUN_WORKER_POOL_REVISION"
+ENV_SERVICE = "K_SERVICE"
+ENV_REVISION = "K_REVISION"
+
+CloudRunKind = Literal["worker-pool", "service", ""]
+
+
+@dataclass(frozen=True)
+class CloudRunIdentity:
+    """Where a worker runs on Cloud Run: ``kind`` (``worker-pool``, ``service``, ``""`` outside Cloud Run), the
+    pool's or service's ``name`` and the ``revision`` (short name) of the instance."""
+
+    kind: CloudRunKind = ""
+    name: str = ""
+    revision: str = ""
+
+
+def cloud_run_identity(environ: Mapping[str, str]) -> CloudRunIdentity:
+    """The Cloud Run identity the environment gives: ``CLOUD_RUN_WORKER_POOL_REVISION`` (worker pools) first, else
+    ``K_REVISION`` (services); nothing when neither is set."""
+    if environ.get(ENV_POOL_REVISION):
+        return CloudRunIdentity("worker-pool", environ.get(ENV_POOL) or "", environ[ENV_POOL_REVISION])
+    if environ.get(ENV_REVISION):
+        return CloudRunIdentity("service", environ.get(ENV_SERVICE) or "", environ[ENV_REVISION])
+    return CloudRunIdentity()
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,9 @@
 Each plugin worker writes one field of the hash ``celeryops:{<fleet>}:fence:workers`` (hostname -> JSON) from a
 daemon thread, so it keeps beating while a solo-pool worker is busy with a task and answers no control command.
 An entry counts while ``expires_at`` (Redis TIME) is in the future; readers only read (watch mode writes nothing),
-workers prune entries that expired long ago.
+workers prune entries that expired long ago. Each entry records the worker's Cloud Run revision and where it runs
+(a worker pool or a service, and its name), so the operator's side tells an old revision's workers from a new
+one's (:func:`by_revision`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any, Literal
 import redis
 
 from celeryops.core.namespace import fleet_key, fleet_name
-from celeryops.fence.record import decode
+from celeryops.fence.record import CloudRunKind, decode
 
 PluginState = Literal["consuming", "held", "unknown"]
 
@@ -28,11 +30,15 @@ def registry_key(fleet: str) -> str:
 @dataclass(frozen=True)
 class PluginWorkerInfo:
     """What a plugin worker last reported about itself. ``state``: ``held`` (a fence stops some of its queues),
-    ``unknown`` (it could never read the fence, so it holds every queue), ``consuming``."""
+    ``unknown`` (it could never read the fence, so it holds every queue), ``consuming``. ``revision``: its Cloud Run
+    revision; ``cloudrun_kind`` / ``cloudrun_name``: the worker pool or service it runs in (empty outside Cloud Run
+    and from older plugins)."""
 
     hostname: str
     version: str = ""
     revision: str = ""
+    cloudrun_kind: CloudRunKind = ""
+    cloudrun_name: str = ""
     queues: tuple[str, ...] = ()
     held_queues: tuple[str, ...] = ()
     state: PluginState = "consuming"
@@ -57,10 +63,13 @@ class PluginWorkerInfo:
         if not isinstance(data, dict):
             return None
         state = data.get("state")
+        kind = data.get("cloudrun_kind")
         return cls(
             hostname=hostname,
             version=str(data.get("version") or ""),
             revision=str(data.get("revision") or ""),
+            cloudrun_kind=kind if kind in ("worker-pool", "service") else "",
+            cloudrun_name=str(data.get("cloudrun_name") or ""),
             queues=tuple(str(q) for q in data.get("queues") or ()),
             held_queues=tuple(str(q) for q in data.get("held_queues") or ()),
             state=state if state in ("consuming", "held", "unknown") else "unknown",
@@ -139,3 +148,12 @@ def heartbeat_states(client: redis.Redis, fleet: str | None = None) -> dict[str,
     while a solo pool is busy). Read-only; workers prune entries long expired."""
     now, entries = _listed(client, fleet)
     return {host: info.expires_at > now for host, info in entries.items()}
+
+
+def by_revision(workers: Mapping[str, PluginWorkerInfo]) -> dict[str, tuple[str, ...]]:
+    """Plugin workers (e.g. :func:`plugin_workers`) grouped by their Cloud Run revision, hostnames sorted
+    (``""``: workers that run outside Cloud Run or whose plugin does not say). Pure."""
+    grouped: dict[str, list[str]] = {}
+    for host, info in workers.items():
+        grouped.setdefault(info.revision, []).append(host)
+    return {revision: tuple(sorted(hosts)) for revision, hosts in sorted(grouped.items())}

@@ -6,6 +6,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar, Literal, Protocol
+from urllib.parse import quote
 
 from celeryops.core.config import Target
 from celeryops.core.errors import EXIT_DEPLOY, UserError
@@ -19,9 +20,10 @@ or the target could not be asked (``unknown``)."""
 
 class DeployError(UserError):
     """A deploy step failed; ``str()`` is one sentence. ``code`` is the API status name (``NOT_FOUND``,
-    ``PERMISSION_DENIED``, ``UNAVAILABLE``, ``ROLLOUT_FAILED``, ``TRAFFIC_PINNED``, ``TIMEOUT``, ``EXIT_STATUS``
-    ...), ``permission`` the missing IAM permission when there is one, ``role`` the role that grants it (with
-    where to grant it), ``logs_url`` the Logs URL Cloud Run attached to a failure (kept out of the sentence)."""
+    ``PERMISSION_DENIED``, ``SERVICE_DISABLED``, ``RESOURCE_EXHAUSTED``, ``UNAVAILABLE``, ``ROLLOUT_FAILED``,
+    ``TRAFFIC_PINNED``, ``NO_INSTANCES``, ``TIMEOUT``, ``EXIT_STATUS`` ...), ``permission`` the missing IAM permission
+    when there is one, ``role`` the role that grants it (with where to grant it), ``logs_url`` the logs link of the
+    failure (a failed revision's ``log_uri``; kept out of the sentence)."""
 
     def __init__(self, message: str, *, code: str = "", permission: str = "", exit_code: int = EXIT_DEPLOY,
                  role: str = "", logs_url: str = "") -> None:
@@ -104,6 +106,9 @@ class RolloutState:
     traffic_statuses: tuple[tuple[str, int], ...] = ()
     uri: str = ""  # a service's URL
     service_account: str = ""  # the runtime service account of the template ("" = the default one)
+    #: How many instances run: a worker pool's ``scaling.manual_instance_count`` (1 when unset, Cloud Run's
+    #: default), a service's in manual scaling; None for an autoscaled service (or a state from an older journal).
+    instance_count: int | None = None
 
     @property
     def settled(self) -> bool:
@@ -126,9 +131,28 @@ class RolloutState:
         return sum(pct for rev, pct in self.traffic_statuses if not rev or rev == latest)
 
     @property
+    def succeeded(self) -> bool:
+        """Settled, and Cloud Run's terminal condition says it succeeded (not merely "not failed")."""
+        return self.settled and self.terminal_state == "succeeded"
+
+    @property
     def ready(self) -> bool:
-        """Settled, not failed, and the latest revision serves everything (what the operator expects)."""
-        return self.settled and self.terminal_state != "failed" and self.latest_share == 100
+        """Succeeded, and the latest revision serves everything (what the operator expects)."""
+        return self.succeeded and self.latest_share == 100
+
+    def serves(self, split: Sequence[tuple[str, int]]) -> bool:
+        """Cloud Run reports exactly ``split`` (``(revision, percent)``, ``""`` = the latest ready revision) as
+        served, zero shares aside."""
+        latest = short_revision(self.latest_ready_revision)
+
+        def norm(entries: Sequence[tuple[str, int]]) -> dict[str, int]:
+            out: dict[str, int] = {}
+            for rev, pct in entries:
+                if pct > 0:
+                    out[rev or latest] = out.get(rev or latest, 0) + pct
+            return out
+
+        return norm(self.traffic_statuses or (("", 100),)) == norm(split or (("", 100),))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able data, e.g. for the run journal."""
@@ -139,7 +163,7 @@ class RolloutState:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
         for key in ("traffic", "traffic_statuses"):
-            if key in values:
+            if key in values and values[key] is not None:
                 values[key] = tuple((str(rev), int(pct)) for rev, pct in values[key])
         return cls(**values)
 
@@ -154,6 +178,50 @@ def describe_split(split: Sequence[tuple[str, int]], latest: str = "") -> str:
 def short_revision(name: str) -> str:
     """``projects/.../revisions/worker-00002-abc`` -> ``worker-00002-abc``."""
     return name.rsplit("/", 1)[-1]
+
+
+def logs_link(kind: str, project: str, region: str, resource: str, revision: str = "") -> str:
+    """The Logs Explorer page of a Cloud Run resource (or one of its revisions): a service's logs are on
+    ``resource.type = "cloud_run_revision"`` by ``service_name``, a worker pool's on ``"cloud_run_worker_pool"`` by
+    ``worker_pool_name``. Used when Cloud Run gave no ``log_uri``."""
+    if kind == "cloudrun-worker-pool":
+        lines = ['resource.type="cloud_run_worker_pool"', f'resource.labels.worker_pool_name="{resource}"']
+    else:
+        lines = ['resource.type="cloud_run_revision"', f'resource.labels.service_name="{resource}"']
+    lines.append(f'resource.labels.location="{region}"')
+    if revision:
+        lines.append(f'resource.labels.revision_name="{short_revision(revision)}"')
+    return f"https://console.cloud.google.com/logs/query;query={quote(chr(10).join(lines), safe='')}?project={project}"
+
+
+@dataclass(frozen=True)
+class RevisionInfo:
+    """One revision as Cloud Run reports it: ``name`` (short), its first container's ``image``, its Ready
+    condition (``state``, Cloud Run's ``reason`` — a ``CommonReason`` or ``RevisionReason`` name — and ``message``
+    condensed to one line), ``log_uri`` (its logs page), ``instances`` (the instances Cloud Run wants it to run,
+    0 when not reported) and ``created`` (RFC 3339)."""
+
+    name: str
+    image: str = ""
+    state: str = ""
+    reason: str = ""
+    message: str = ""
+    log_uri: str = ""
+    instances: int = 0
+    created: str = ""
+
+
+@dataclass(frozen=True)
+class PoolUpdate:
+    """One update of a worker pool, sent whole: a new ``image`` (None: unchanged), the new revision's name named up
+    front (``revision``; empty: Cloud Run names it, or no new revision without an image),
+    ``instance_count`` (``scaling.manual_instance_count``; None: unchanged) and ``split`` (``(revision, percent)``
+    pairs, ``""`` = the latest ready revision, which the new one becomes once ready; None: unchanged)."""
+
+    image: str | None = None
+    revision: str = ""
+    instance_count: int | None = None
+    split: tuple[tuple[str, int], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -273,7 +341,8 @@ ProgressCallback = Callable[[ProgressEvent], None]
 @dataclass(frozen=True)
 class DeployResult:
     """A finished deploy: the image now serves as ``revision`` (Cloud Run) on target ``target``; ``url`` is a
-    service's URL, ``console_url`` the Cloud console page of the target's revisions (both empty for commands)."""
+    service's URL, ``console_url`` the Cloud console page of the target's revisions, ``logs_url`` the revision's
+    logs (all empty for commands)."""
 
     target: str
     image: str
@@ -282,12 +351,13 @@ class DeployResult:
     operation: str = ""
     url: str = ""
     console_url: str = ""
+    logs_url: str = ""
 
     def summary(self) -> dict[str, str]:
         """What the operator needs at the end of a deploy (the ``targets`` of the final JSON event)."""
         return {"target": self.target, "image": self.image, "revision": short_revision(self.revision),
                 "previous_revision": short_revision(self.previous_revision), "url": self.url,
-                "console_url": self.console_url}
+                "console_url": self.console_url, "logs_url": self.logs_url}
 
     @property
     def text(self) -> str:
@@ -298,6 +368,8 @@ class DeployResult:
             parts.append(self.url)
         if self.console_url:
             parts.append(f"console {self.console_url}")
+        if self.logs_url:
+            parts.append(f"logs {self.logs_url}")
         return "  ".join(parts)
 
 

@@ -3,11 +3,19 @@
 The image of one container (``container`` in the target, default the first) is replaced, the resource is
 updated, and the long-running operation is polled in our own loop (never ``result()``), so every poll becomes
 typed progress events from the operation's metadata. The rollout is done when Cloud Run says so (not
-reconciling, ``observed_generation == generation``, ``latest_ready_revision == latest_created_revision``) **and**
-the new revision serves what the operator expects: all traffic (a worker pool: all instances) goes to the latest
-revision, compared on ``traffic_statuses`` / ``instance_split_statuses``. A split that pins older revisions (a
-rollback in the console) is refused before anything changes unless the target says ``traffic = "latest"``, which
-routes everything to the new revision in the same update.
+reconciling, ``observed_generation == generation``, ``latest_ready_revision == latest_created_revision``, the
+terminal condition SUCCEEDED) **and** the new revision serves what the operator expects: all traffic (a worker
+pool: all instances) goes to the latest revision, compared on ``traffic_statuses`` / ``instance_split_statuses``.
+A split that pins older revisions (a rollback in the console) is refused before anything changes unless the target
+says ``traffic = "latest"``, which routes everything to the new revision in the same update; so is a worker pool
+that runs no instance. While a rollout is followed, a brief outage (UNAVAILABLE) and an exhausted quota
+(RESOURCE_EXHAUSTED, with backoff) are retried within ``poll_grace``; a revision that fails is named with Cloud
+Run's reason and its logs link (``Revision.log_uri``). The result names the revision, URL, console and logs links.
+
+For a worker pool, :meth:`CloudRunDeployer.update_worker_pool` sends one update with any of: a new image, the new
+revision's name up front, the instance count and the instance split, and follows it until Cloud Run serves that
+split; :meth:`CloudRunDeployer.revisions` lists the revisions with their state and the instances Cloud Run wants
+each to run.
 
 :meth:`CloudRunDeployer.validate` sends that exact update with ``validate_only=True``: Cloud Run checks it
 (permissions such as actAs on the runtime service account included) and changes nothing.
@@ -34,16 +42,22 @@ from celeryops.adapters.deploy.base import (
     DeployResult,
     Outcome,
     PollTrouble,
+    PoolUpdate,
     ProgressCallback,
+    RevisionInfo,
     RolloutReady,
     RolloutStarted,
     RolloutState,
     condense,
+    describe_split,
+    logs_link,
     role_for,
+    short_revision,
 )
 from celeryops.adapters.deploy.cloudrun_api import (
     AUTH_PLUGIN_FAILURE,
     DEFAULT_ENDPOINT,
+    QUOTA,
     SCOPES,
     TRANSIENT,
     ClientFactory,
@@ -54,13 +68,16 @@ from celeryops.adapters.deploy.cloudrun_api import (
     error_message,
     named_permission,
     permission_for,
+    quota_url,
     resolve_credentials,
     unavailable_error,
 )
 from celeryops.adapters.deploy.cloudrun_state import (
     ProgressTracker,
+    prepare_pool_update,
     prepare_update,
     refuse_unready,
+    revision_info,
     rollout_failed,
     state_of,
     traffic_pinned,
@@ -77,6 +94,7 @@ __all__ = [
     "api_error",
     "default_clients",
     "resolve_credentials",
+    "revision_info",
     "rollout_failed",
     "state_of",
     "traffic_pinned",
@@ -90,9 +108,11 @@ class CloudRunDeployer:
     ``clients``: the client factory (default :func:`default_clients`). Clients are made once per target and kept
     until :meth:`close`. ``poll_interval``: seconds between operation polls. ``rpc_timeout``: per-call timeout.
     ``outcome_timeout``: how long :meth:`rollout_outcome` waits before answering ``unknown``.
-    ``poll_grace``: how long polling may fail transiently before the deploy gives up.
+    ``poll_grace``: how long polling may fail transiently (or on an exhausted quota) before the deploy gives up.
     ``read_retry``: how long reads retry UNAVAILABLE (instead of the library's ~10 s default).
     ``credentials``: a callable returning credentials (default :func:`resolve_credentials`), run in a thread once."""
+
+    QUOTA_BACKOFF_MAX = 30.0  # seconds between polls at most while a quota is exhausted
 
     def __init__(self, clients: ClientFactory | None = None, *, poll_interval: float = 2.0,
                  rpc_timeout: float = 15.0, outcome_timeout: float = 5.0, poll_grace: float = 60.0,
@@ -116,6 +136,19 @@ class CloudRunDeployer:
         clients = await self._clients(target)
         return state_of(target, await self._get(clients, target, self._read_retry(), self.rpc_timeout))
 
+    async def revisions(self, target: Target) -> list[RevisionInfo]:
+        """The target's revisions, newest first, each with its Ready state, Cloud Run's reason, its logs link and
+        the instances Cloud Run wants it to run. Raises DeployError when they cannot be listed."""
+        clients = await self._clients(target)
+        try:
+            pager = await clients.revisions.list_revisions(parent=target.resource_path, retry=self._read_retry(),
+                                                           timeout=self.rpc_timeout)
+            return [revision_info(r) async for r in pager]
+        except gexc.GoogleAPICallError as exc:
+            raise api_error(target, exc, "list the revisions of", "run.revisions.list") from None
+        except gexc.RetryError as exc:
+            raise unavailable_error(target, exc, "list the revisions of") from None
+
     async def missing_permissions(self, target: Target) -> list[str]:
         """Of ``run.services.get/update`` (worker pools: ``run.workerpools.*``) and ``run.operations.get``, those
         the caller lacks on the resource (actAs on the runtime service account is found by :meth:`validate`)."""
@@ -136,8 +169,9 @@ class CloudRunDeployer:
 
     async def validate(self, target: Target, image: str) -> None:
         """Send the update :meth:`deploy` would send with ``validate_only=True``: Cloud Run checks it (actAs on
-        the runtime service account included) and changes nothing. Raises DeployError with its refusal, or when
-        a rollout is in progress (a pinned split is not refused here: see ``traffic_check``)."""
+        the runtime service account included) and changes nothing. Raises DeployError with its refusal, when a
+        rollout is in progress, or when a worker pool runs no instance (a pinned split is not refused here: see
+        ``traffic_check``)."""
         clients = await self._clients(target)
         resource = await self._get(clients, target, self._read_retry(), self.rpc_timeout)
         before = state_of(target, resource)
@@ -146,10 +180,11 @@ class CloudRunDeployer:
         await self._update(clients, target, resource, validate_only=True)
 
     async def rollout_outcome(self, target: Target, started: RolloutState, image: str) -> Outcome:
-        """Judged on the target's state now: reconciling -> ``in_progress``; settled with ``image`` in the chosen
-        container and all traffic (instances) on the latest revision -> ``ready``; anything else (failed revision,
-        the update never took effect, or the new revision is ready but a pinned split keeps the old one serving)
-        -> ``failed``; no answer within ``outcome_timeout`` (no retries), not found or denied -> ``unknown``."""
+        """Judged on the target's state now: reconciling -> ``in_progress``; settled and succeeded with ``image`` in
+        the chosen container and all traffic (instances) on the latest revision -> ``ready``; anything else (failed
+        revision, the update never took effect, or the new revision is ready but a pinned split keeps the old one
+        serving) -> ``failed``; no answer within ``outcome_timeout`` (no retries), not found or denied ->
+        ``unknown``."""
         try:
             clients = await self._clients(target)
             resource = await self._get(clients, target, None, self.outcome_timeout)
@@ -165,24 +200,35 @@ class CloudRunDeployer:
     async def deploy(self, target: Target, image: str, on_progress: ProgressCallback, *, sha: str = "",
                      release: str = "") -> DeployResult:
         clients = await self._clients(target)
-        for _attempt in range(3):  # ABORTED: changed by someone else between read and update; read again
-            resource = await self._get(clients, target, self._read_retry(), self.rpc_timeout)
-            before = state_of(target, resource)
+
+        def prepare(resource: Any, before: RolloutState) -> None:
             refuse_unready(target, before)
             prepare_update(target, resource, image, before)
-            try:
-                operation = await self._update(clients, target, resource)
-            except DeployError as err:
-                if err.code == "ABORTED":
-                    continue
-                raise
-            break
-        else:
-            raise DeployError(f"{target.display} kept being changed by someone else while celeryops updated it "
-                              "(etag mismatch three times): nothing was changed by this deploy; find out who else "
-                              "deploys it and deploy again.", code="ABORTED")
+
+        before, _asked, operation = await self._send(clients, target, prepare)
         on_progress(RolloutStarted(target.name, image, operation, before.latest_ready_revision))
         return await self._watch(clients, target, image, operation, before, on_progress)
+
+    async def update_worker_pool(self, target: Target, change: PoolUpdate,
+                                 on_progress: ProgressCallback) -> DeployResult:
+        """One update of a worker pool with what ``change`` sets (image, the new revision's name, instance count,
+        split), followed until Cloud Run serves exactly the split asked for (a new revision: until it is ready).
+        Unlike :meth:`deploy` a split that names older revisions is what is asked, not refused; a rollout in
+        progress is. Raises DeployError with one sentence; the result's ``image`` is the chosen container's."""
+        if target.kind != "cloudrun-worker-pool":
+            raise DeployError(f"{target.display} is not a Cloud Run worker pool: instance counts and splits are a "
+                              "worker pool's; nothing was changed.", code="KIND")
+        clients = await self._clients(target)
+        new_revision = change.image is not None or bool(change.revision)
+
+        def prepare(resource: Any, before: RolloutState) -> None:
+            refuse_unready(target, before, traffic=False)
+            prepare_pool_update(target, resource, change)
+
+        before, asked, operation = await self._send(clients, target, prepare, force_new_revision=new_revision)
+        on_progress(RolloutStarted(target.name, asked.image, operation, before.latest_ready_revision))
+        return await self._watch(clients, target, asked.image, operation, before, on_progress,
+                                 split=asked.traffic or (("", 100),), new_revision=new_revision)
 
     async def close(self) -> None:
         """Close every channel this deployer opened (it opens new ones if it is used again)."""
@@ -193,6 +239,26 @@ class CloudRunDeployer:
             await clients.close()
 
     # ------------------------------------------------------------------------------------------ internals
+
+    async def _send(self, clients: CloudRunClients, target: Target, prepare: Callable[[Any, RolloutState], None],
+                    *, force_new_revision: bool = True) -> tuple[RolloutState, RolloutState, str]:
+        """Read the resource, let ``prepare(resource, before)`` refuse or change it, send it whole; read again when
+        someone else changed it in between (ABORTED: the etag), three times at most. Returns the state before, the
+        state asked for, and the operation's name."""
+        for _attempt in range(3):
+            resource = await self._get(clients, target, self._read_retry(), self.rpc_timeout)
+            before = state_of(target, resource)
+            prepare(resource, before)
+            try:
+                operation = await self._update(clients, target, resource, force_new_revision=force_new_revision)
+            except DeployError as err:
+                if err.code == "ABORTED":
+                    continue
+                raise
+            return before, state_of(target, resource), operation
+        raise DeployError(f"{target.display} kept being changed by someone else while celeryops updated it (etag "
+                          "mismatch three times): nothing was changed by this deploy; find out who else deploys it "
+                          "and deploy again.", code="ABORTED")
 
     async def _clients(self, target: Target) -> CloudRunClients:
         if not target.is_cloudrun:
@@ -233,18 +299,35 @@ class CloudRunDeployer:
         except gexc.RetryError as exc:
             raise unavailable_error(target, exc, "read") from None
 
+    async def _revision(self, clients: CloudRunClients, name: str) -> RevisionInfo | None:
+        """One revision (full name), or None when it cannot be read (no permission, not found, no answer)."""
+        if not name:
+            return None
+        try:
+            return revision_info(await clients.revisions.get_revision(name=name, retry=None,
+                                                                      timeout=self.rpc_timeout))
+        except (gexc.GoogleAPICallError, gexc.RetryError):
+            return None
+
+    async def _logs_url(self, clients: CloudRunClients, target: Target, revision: str) -> str:
+        """The revision's logs: its ``log_uri``, else the Logs page with the target kind's own filter."""
+        found = await self._revision(clients, revision)
+        return (found.log_uri if found is not None else "") or logs_link(
+            target.kind, target.project, target.region, target.resource, revision)
+
     async def _update(self, clients: CloudRunClients, target: Target, resource: Any, *,
-                      validate_only: bool = False) -> str:
+                      validate_only: bool = False, force_new_revision: bool = True) -> str:
         doing = "validate an update of" if validate_only else "update"
         try:
             if target.kind == "cloudrun-service":
                 op = await clients.services.update_service(
                     request=UpdateServiceRequest(service=resource, validate_only=validate_only), retry=None,
                     timeout=self.rpc_timeout)
-            else:  # a worker pool gets a new revision (fresh workers) even when nothing else changed
+            else:  # a deploy gives a worker pool a new revision (fresh workers) even when nothing else changed
                 op = await clients.worker_pools.update_worker_pool(
                     request=UpdateWorkerPoolRequest(worker_pool=resource, validate_only=validate_only,
-                                                    force_new_revision=True), retry=None, timeout=self.rpc_timeout)
+                                                    force_new_revision=force_new_revision),
+                    retry=None, timeout=self.rpc_timeout)
         except gexc.Aborted as exc:
             raise DeployError(f"{target.display} was changed by someone else while celeryops updated it "
                               f"({error_message(exc)}): nothing was changed by this deploy; deploy again.",
@@ -266,33 +349,56 @@ class CloudRunDeployer:
                               "was changed; fix the cause and try again.", code="INVALID", logs_url=logs_url)
         return str(op.operation.name)
 
+    async def _failed(self, clients: CloudRunClients, target: Target, image: str, before: RolloutState,
+                      revision: str, message: str) -> DeployError:
+        """The failure sentence of revision ``revision`` (full name): its name, Cloud Run's reason, its logs."""
+        found = await self._revision(clients, revision)
+        if found is None and revision:
+            found = RevisionInfo(name=short_revision(revision))
+        logs = (found.log_uri if found is not None else "") or condense(message)[1] or logs_link(
+            target.kind, target.project, target.region, target.resource, revision)
+        return rollout_failed(target, image, before, message, revision=found, logs_url=logs)
+
     async def _watch(self, clients: CloudRunClients, target: Target, image: str, operation: str,
-                     before: RolloutState, on_progress: ProgressCallback) -> DeployResult:
+                     before: RolloutState, on_progress: ProgressCallback, *,
+                     split: tuple[tuple[str, int], ...] | None = None, new_revision: bool = True) -> DeployResult:
+        """Poll the operation, then the resource, until it succeeded and serves what was asked: all traffic
+        (instances) on the latest revision, or exactly ``split``. Transient errors and an exhausted quota are
+        retried (the quota with backoff) for ``poll_grace`` seconds."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + target.timeout
         tracker = ProgressTracker(target.name, before, on_progress)
         ops = clients.services if target.kind == "cloudrun-service" else clients.worker_pools
         message_type: Any = Service if target.kind == "cloudrun-service" else WorkerPool
         trouble_since: float | None = None
+        quota_polls = 0
         op_done = False
+        created = before.latest_created_revision
         while True:
+            pause = self.poll_interval
             try:
                 if not op_done:
                     raw = await ops.get_operation(operations_pb2.GetOperationRequest(name=operation), retry=None,
                                                   timeout=self.rpc_timeout)
                     if raw.HasField("metadata"):
-                        tracker.observe(message_type.deserialize(raw.metadata.value))
+                        meta = message_type.deserialize(raw.metadata.value)
+                        tracker.observe(meta)
+                        created = meta.latest_created_revision or created
                     if raw.done and raw.HasField("error"):
-                        raise rollout_failed(target, image, before, raw.error.message or "no message")
+                        raise await self._failed(clients, target, image, before, created,
+                                                 raw.error.message or "no message")
                     op_done = bool(raw.done)
                     resource = message_type.deserialize(raw.response.value) if op_done else None
                 else:  # the operation finished; wait for the resource itself to settle
                     resource = await self._get(clients, target, None, self.rpc_timeout)
-                trouble_since = None
-            except (*TRANSIENT, DeployError, gexc.GoogleAPICallError) as exc:
-                if isinstance(exc, DeployError) and exc.code not in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+                trouble_since, quota_polls = None, 0
+            except (*TRANSIENT, *QUOTA, DeployError, gexc.GoogleAPICallError) as exc:
+                quota = isinstance(exc, QUOTA) or (isinstance(exc, DeployError) and exc.code == "RESOURCE_EXHAUSTED")
+                if isinstance(exc, DeployError) and not quota and exc.code not in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
                     raise
-                if isinstance(exc, gexc.GoogleAPICallError) and not isinstance(exc, TRANSIENT):
+                if isinstance(exc, gexc.GoogleAPICallError) and not isinstance(exc, (*TRANSIENT, *QUOTA)):
+                    if exc.reason == "SERVICE_DISABLED":
+                        raise api_error(target, exc, "follow the rollout of", "run.operations.get") from None
                     named = named_permission(str(exc.message))
                     raise DeployError(f"Could not follow the rollout of {image} to {target.display} "
                                       f"({error_code(exc)}: {error_message(exc)}): the update was sent and may still "
@@ -302,27 +408,45 @@ class CloudRunDeployer:
                 now = loop.time()
                 trouble_since = trouble_since or now
                 if now - trouble_since > self.poll_grace:
+                    if quota:
+                        raise DeployError(f"Cloud Run kept answering that a quota of project {target.project} is "
+                                          f"exhausted ({error_message(exc)}) while {target.display} was rolling out "
+                                          f"{image}: the rollout may still be going on (nothing was rolled back); "
+                                          f"watch it at {target.console_url}, run recovery, and raise the quota at "
+                                          f"{quota_url(target.project)}.", code="RESOURCE_EXHAUSTED") from None
                     raise DeployError(f"Cloud Run stopped answering while {target.display} was rolling out {image}: "
                                       "the rollout may still be going on (nothing was rolled back); check the "
                                       "service and run recovery.", code="UNAVAILABLE") from None
-                on_progress(PollTrouble(target.name, f"polling failed ({error_message(exc)}); retrying"))
+                if quota:  # back off: a quota per minute refills slowly
+                    quota_polls += 1
+                    pause = min(self.QUOTA_BACKOFF_MAX, self.poll_interval * 2 ** quota_polls)
+                    on_progress(PollTrouble(target.name, f"a quota is exhausted ({error_message(exc)}); retrying "
+                                                         f"in {pause:.3g} s"))
+                else:
+                    on_progress(PollTrouble(target.name, f"polling failed ({error_message(exc)}); retrying"))
                 resource = None
             if resource is not None:
                 tracker.observe(resource)
                 state = state_of(target, resource)
-                if state.settled and state.terminal_state != "failed":
-                    if state.ready:
-                        on_progress(RolloutReady(target.name, state.latest_ready_revision))
-                        return DeployResult(target.name, image, state.latest_ready_revision,
-                                            before.latest_ready_revision, operation, url=state.uri,
-                                            console_url=target.console_url)
-                    if state.pinned:  # pinned meanwhile (someone else's update): the new revision gets too little
+                created = state.latest_created_revision or created
+                if state.succeeded:
+                    served = state.serves(split) if split is not None else state.ready
+                    if served:
+                        on_progress(RolloutReady(target.name, state.latest_ready_revision if new_revision else ""))
+                        revision = state.latest_ready_revision
+                        return DeployResult(target.name, image, revision, before.latest_ready_revision, operation,
+                                            url=state.uri, console_url=target.console_url,
+                                            logs_url=await self._logs_url(clients, target, revision))
+                    if split is None and state.pinned:  # pinned meanwhile (someone else's update)
                         raise traffic_pinned(target, state, image=image)
-                    # asked for everything on the latest revision, routing not reported yet: keep polling
+                    # the split asked for is not reported as served yet: keep polling
                 if not state.reconciling and state.terminal_state == "failed":
-                    raise rollout_failed(target, image, before, resource.terminal_condition.message or "no message")
+                    raise await self._failed(clients, target, image, before, state.latest_created_revision,
+                                             resource.terminal_condition.message or "no message")
             if loop.time() > deadline:
-                raise DeployError(f"{target.display} did not become ready with {image} within "
+                wanted = f" with the split {describe_split(split)}" if split is not None else ""
+                raise DeployError(f"{target.display} did not become ready with {image}{wanted} within "
                                   f"{target.timeout:g} s: it was left rolling out (nothing was rolled back); watch it "
-                                  "in the Cloud console and run recovery.", code="TIMEOUT", exit_code=EXIT_TIMEOUT)
-            await asyncio.sleep(self.poll_interval)
+                                  f"at {target.console_url} and run recovery.", code="TIMEOUT",
+                                  exit_code=EXIT_TIMEOUT)
+            await asyncio.sleep(pause)

@@ -3,10 +3,12 @@ refusals mean.
 
 Credentials are application default credentials, refreshed once so that missing, expired or revoked ones are
 one sentence (:func:`resolve_credentials`). :func:`default_clients` opens one gRPC channel for a target and the
-two async clients on it; a target with ``api_endpoint`` and ``insecure = true`` (loopback only) gets a plaintext
+async clients on it; a target with ``api_endpoint`` and ``insecure = true`` (loopback only) gets a plaintext
 channel to a local stand-in and no credentials. :func:`api_error` and :func:`unavailable_error` turn an API error
-into one :class:`~celeryops.adapters.deploy.base.DeployError` sentence naming the missing permission and role,
-the scope, or the resource that was not found.
+into one :class:`~celeryops.adapters.deploy.base.DeployError` sentence with its remedy: the Cloud Run Admin API
+disabled in the project (the error's ``ErrorInfo`` reason ``SERVICE_DISABLED``: the ``gcloud services enable``
+command), the missing permission and the role that grants it, a missing scope, refused credentials, an exhausted
+quota, or the resource that was not found.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from typing import Any
 
 import grpc
 from google.api_core import exceptions as gexc
-from google.cloud.run_v2 import ServicesAsyncClient, WorkerPoolsAsyncClient
+from google.cloud.run_v2 import RevisionsAsyncClient, ServicesAsyncClient, WorkerPoolsAsyncClient
+from google.cloud.run_v2.services.revisions.transports import RevisionsGrpcAsyncIOTransport
 from google.cloud.run_v2.services.services.transports import ServicesGrpcAsyncIOTransport
 from google.cloud.run_v2.services.worker_pools.transports import WorkerPoolsGrpcAsyncIOTransport
 
@@ -28,8 +31,11 @@ from celeryops.core.masking import mask_text
 
 SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 DEFAULT_ENDPOINT = "run.googleapis.com"
+API_NAME = "run.googleapis.com"  # the Cloud Run Admin API, as `gcloud services enable` names it
 TRANSIENT = (gexc.ServiceUnavailable, gexc.DeadlineExceeded, gexc.RetryError)
 """Errors a poll may see while Cloud Run is briefly unreachable (retried within the deployer's grace)."""
+QUOTA = (gexc.ResourceExhausted, gexc.TooManyRequests)
+"""A quota (or a rate limit) is exhausted: retried with backoff while a rollout is followed, then named."""
 AUTH_PLUGIN_FAILURE = re.compile(r"Getting metadata from plugin failed|invalid_grant|RefreshError", re.I)
 """The credentials failed inside the channel (grpc reports it as UNAVAILABLE): an authentication problem."""
 _SCOPES_FAILURE = re.compile(r"insufficient authentication scopes|ACCESS_TOKEN_SCOPE_INSUFFICIENT", re.I)
@@ -38,17 +44,18 @@ _ACCOUNT = re.compile(r"service ?account[: ]+'?([\w.@-]+@[\w.-]+?)'?(?:[\s,;)]|\
 
 @dataclass
 class CloudRunClients:
-    """The two async clients a deploy uses, sharing one channel (``channel``)."""
+    """The async clients a deploy uses, sharing one channel (``channel``)."""
 
     services: ServicesAsyncClient
     worker_pools: WorkerPoolsAsyncClient
+    revisions: RevisionsAsyncClient
     channel: Any = None
 
     async def close(self) -> None:
         if self.channel is not None:
             await self.channel.close()
             return
-        for client in (self.services, self.worker_pools):
+        for client in (self.services, self.worker_pools, self.revisions):
             await client.transport.close()  # type: ignore[no-untyped-call]
 
 
@@ -71,6 +78,7 @@ def default_clients(target: Target, credentials: Any = None) -> CloudRunClients:
     return CloudRunClients(
         services=ServicesAsyncClient(transport=ServicesGrpcAsyncIOTransport(channel=channel)),
         worker_pools=WorkerPoolsAsyncClient(transport=WorkerPoolsGrpcAsyncIOTransport(channel=channel)),
+        revisions=RevisionsAsyncClient(transport=RevisionsGrpcAsyncIOTransport(channel=channel)),
         channel=channel,
     )
 
@@ -134,10 +142,35 @@ def unavailable_error(target: Target, exc: BaseException, doing: str) -> DeployE
                        code="UNAVAILABLE")
 
 
+def quota_url(project: str) -> str:
+    """The Cloud console page where a project's Cloud Run quotas are read and raised."""
+    return f"https://console.cloud.google.com/iam-admin/quotas?project={project}&service={API_NAME}"
+
+
+def api_disabled(target: Target, exc: gexc.GoogleAPICallError, doing: str) -> DeployError:
+    """The Cloud Run Admin API is disabled in the target's project (the ``SERVICE_DISABLED`` error reason)."""
+    api = str((exc.metadata or {}).get("service") or API_NAME)
+    return DeployError(f"The Cloud Run Admin API ({api}) is disabled in project {target.project}, so celeryops "
+                       f"could not {doing} {target.display}: nothing was changed; enable it with `gcloud services "
+                       f"enable {api} --project {target.project}`, wait a minute, and try again.",
+                       code="SERVICE_DISABLED")
+
+
+def quota_error(target: Target, exc: gexc.GoogleAPICallError, doing: str) -> DeployError:
+    """A quota (or rate limit) of the project is exhausted (RESOURCE_EXHAUSTED)."""
+    return DeployError(f"Cloud Run refused to {doing} {target.display} because a quota of project {target.project} "
+                       f"is exhausted ({error_message(exc)}): nothing was changed; wait a minute and try again, or "
+                       f"raise the quota at {quota_url(target.project)}.", code="RESOURCE_EXHAUSTED")
+
+
 def api_error(target: Target, exc: gexc.GoogleAPICallError, doing: str, permission: str, *,
               service_account: str = "") -> DeployError:
     """One sentence for an API error while doing ``doing`` (read, update, ...) on the target."""
     text = str(exc.message)
+    if exc.reason == "SERVICE_DISABLED":  # PERMISSION_DENIED, but no role would help: the API is off
+        return api_disabled(target, exc, doing)
+    if isinstance(exc, QUOTA):
+        return quota_error(target, exc, doing)
     if AUTH_PLUGIN_FAILURE.search(text) or isinstance(exc, gexc.Unauthenticated):
         return DeployError(f"Google refused the credentials when asked to {doing} {target.display}: nothing was "
                            "changed; they are missing, expired or revoked: refresh them with `gcloud auth "

@@ -8,10 +8,12 @@ same terms for services and worker pools. :class:`ProgressTracker` turns success
 events (only what changed).
 
 The update: :func:`refuse_unready` refuses a resource that is still rolling out, or whose split pins older
-revisions unless the target says ``traffic = "latest"``; :func:`prepare_update` puts the image into the chosen
-container, routes everything to the new revision when asked, and forces a new revision when the image is
-unchanged. :func:`traffic_pinned` and :func:`rollout_failed` are the sentences for a split that keeps the new
-revision from serving and for Cloud Run's own failure reason.
+revisions unless the target says ``traffic = "latest"``, or a worker pool whose update would leave no instance
+(``manual_instance_count`` 0); :func:`prepare_update` puts the image into the chosen container, routes everything
+to the new revision when asked, and forces a new revision when the image is unchanged; :func:`prepare_pool_update`
+sets a worker pool's count, split and new revision's name in one update. :func:`traffic_pinned` and
+:func:`rollout_failed` are the sentences for a split that keeps the new revision from serving and for a revision
+that failed (its name, Cloud Run's reason and a remedy that fits it).
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from google.cloud.run_v2 import (
     Condition,
     InstanceSplit,
     InstanceSplitAllocationType,
+    Revision,
     Service,
+    ServiceScaling,
     TrafficTarget,
     TrafficTargetAllocationType,
 )
@@ -31,8 +35,10 @@ from google.cloud.run_v2 import (
 from celeryops.adapters.deploy.base import (
     ConditionChanged,
     DeployError,
+    PoolUpdate,
     ProgressCallback,
     RevisionCreated,
+    RevisionInfo,
     RolloutState,
     condense,
     describe_split,
@@ -80,6 +86,38 @@ def state_of(target: Target, resource: Any) -> RolloutState:
         traffic_statuses=tuple(_split_entry(e, latest_type) for e in seen),
         uri=uri,
         service_account=resource.template.service_account,
+        instance_count=instance_count(resource),
+    )
+
+
+def instance_count(resource: Any) -> int | None:
+    """A WorkerPool's ``scaling.manual_instance_count`` (1 when unset: Cloud Run's default), a Service's in manual
+    scaling mode; None for an autoscaled service."""
+    scaling = resource.scaling
+    if isinstance(resource, Service):
+        manual = scaling.scaling_mode == ServiceScaling.ScalingMode.MANUAL and "manual_instance_count" in scaling
+        return int(scaling.manual_instance_count) if manual else None
+    return int(scaling.manual_instance_count) if "manual_instance_count" in scaling else 1
+
+
+def revision_info(revision: Revision) -> RevisionInfo:
+    """A Revision message as a RevisionInfo (its Ready condition, logs link and desired instances)."""
+    ready = next((c for c in revision.conditions if c.type_ == "Ready"), None)
+    reason = ""
+    if ready is not None:
+        for value in (ready.reason, ready.revision_reason):
+            if value:
+                reason = value.name
+    created = revision.create_time
+    return RevisionInfo(
+        name=short_revision(revision.name),
+        image=revision.containers[0].image if revision.containers else "",
+        state=_STATE_NAMES.get(ready.state, "") if ready is not None else "",
+        reason=reason,
+        message=mask_text(condense(ready.message)[0]) if ready is not None and ready.message else "",
+        log_uri=revision.log_uri,
+        instances=int(revision.scaling_status.desired_min_instance_count),
+        created=created.isoformat() if created else "",
     )
 
 
@@ -136,14 +174,50 @@ def _set_image(target: Target, resource: Any, image: str) -> None:
 
 
 def refuse_unready(target: Target, before: RolloutState, *, traffic: bool = True) -> None:
-    """Raise DeployError when ``before`` is still rolling out, or (``traffic``) when its split pins older
-    revisions and the target does not ask for ``traffic = "latest"``: nothing is changed then."""
+    """Raise DeployError when ``before`` is still rolling out, when it is a worker pool that runs no instance
+    (the new revision would run none either), or (``traffic``) when its split pins older revisions and the target
+    does not ask for ``traffic = "latest"``: nothing is changed then."""
     if before.reconciling:
         raise DeployError(f"{target.display} is still rolling out revision "
                           f"{short_revision(before.latest_created_revision)}: nothing was changed; wait "
                           "until it finished and deploy again.", code="BUSY")
+    if target.kind == "cloudrun-worker-pool" and before.instance_count == 0:
+        raise no_instances(target)
     if traffic and before.pinned and target.traffic != "latest":
         raise traffic_pinned(target, before)
+
+
+def no_instances(target: Target) -> DeployError:
+    """A worker pool whose update would leave no instance: its new revision would run no worker."""
+    return DeployError(f"{target.display} has scaling.manual_instance_count = 0, so its new revision would run no "
+                       "instance and no worker would consume: nothing was changed; give it instances (`gcloud run "
+                       f"worker-pools update {target.resource} --instances N --project {target.project} --region "
+                       f"{target.region}`) and deploy again.", code="NO_INSTANCES")
+
+
+def prepare_pool_update(target: Target, pool: Any, change: PoolUpdate) -> None:
+    """``change`` written into the WorkerPool message ``pool`` (sent whole by the update): the image into the
+    chosen container, the new revision's name, the instance count, the split (``""`` entries follow the latest
+    revision). Raises DeployError (nothing sent) for a negative count or a split that does not add up to 100."""
+    if change.image is not None:
+        _set_image(target, pool, change.image)  # clears the template's revision name: Cloud Run names the new one
+    if change.revision:
+        pool.template.revision = change.revision
+    if change.instance_count is not None:
+        if change.instance_count < 0:
+            raise DeployError(f"An instance count of {change.instance_count} for {target.display} is not possible: "
+                              "nothing was changed.", code="INVALID")
+        pool.scaling.manual_instance_count = change.instance_count
+    if change.split is not None:
+        total = sum(pct for _rev, pct in change.split)
+        if total != 100:
+            raise DeployError(f"The instance split {describe_split(change.split)} for {target.display} adds up to "
+                              f"{total}%, not 100%: nothing was changed.", code="INVALID")
+        pool.instance_splits = [
+            InstanceSplit(type_=_LATEST_SPLIT, percent=pct) if not rev
+            else InstanceSplit(type_=InstanceSplitAllocationType.INSTANCE_SPLIT_ALLOCATION_TYPE_REVISION,
+                               revision=short_revision(rev), percent=pct)
+            for rev, pct in change.split]
 
 
 def prepare_update(target: Target, resource: Any, image: str, before: RolloutState) -> None:
@@ -181,10 +255,40 @@ def traffic_pinned(target: Target, state: RolloutState, *, image: str = "") -> D
                        f"route them to the latest revision in the console first.", code="TRAFFIC_PINNED")
 
 
-def rollout_failed(target: Target, image: str, before: RolloutState, message: str) -> DeployError:
-    """Cloud Run's own failure reason (condensed to one line; the Logs URL apart), and what kept serving."""
+_SERVICE_AGENT = "the Cloud Run service agent (service-PROJECT_NUMBER@serverless-robot-prod.iam.gserviceaccount.com)"
+#: The remedy for a revision that failed, by Cloud Run's reason (``Condition.CommonReason`` / ``RevisionReason``).
+FAILURE_REMEDIES: dict[str, str] = {
+    "CONTAINER_MISSING": "the image does not exist: push {image} (or fix the target's image) and deploy again",
+    "CONTAINER_PERMISSION_DENIED": f"Cloud Run may not pull the image: grant roles/artifactregistry.reader on its "
+                                   f"repository to {_SERVICE_AGENT}, then deploy again",
+    "CONTAINER_IMAGE_UNAUTHORIZED": "Binary Authorization refused the image: attest it or change the policy, then "
+                                    "deploy again",
+    "CONTAINER_IMAGE_AUTHORIZATION_CHECK_FAILED": "Binary Authorization could not check the image: read the "
+                                                  "revision's logs and deploy again",
+    "SECRETS_ACCESS_CHECK_FAILED": "the runtime service account may not read a secret the revision uses: grant it "
+                                   "roles/secretmanager.secretAccessor on that secret, then deploy again",
+    "ENCRYPTION_KEY_PERMISSION_DENIED": f"grant roles/cloudkms.cryptoKeyEncrypterDecrypter on the key to "
+                                        f"{_SERVICE_AGENT}, then deploy again",
+    "VPC_NETWORK_NOT_FOUND": "fix the revision's VPC network (or connector) and deploy again",
+    "MIN_INSTANCES_NOT_PROVISIONED": "Cloud Run could not start enough instances (capacity or quota in the region): "
+                                     "deploy again later, or with fewer instances",
+}
+DEFAULT_REMEDY = "read the revision's logs, fix the image and deploy again"
+
+
+def rollout_failed(target: Target, image: str, before: RolloutState, message: str, *,
+                   revision: RevisionInfo | None = None, logs_url: str = "") -> DeployError:
+    """The revision that failed, by name, with Cloud Run's reason (the revision's Ready condition: its reason code
+    and message, else the operation's message, condensed to one line), what kept serving, and the remedy that fits
+    the reason. ``logs_url`` (else the revision's ``log_uri``, else a Logs URL in the message) is kept apart."""
     previous = short_revision(before.latest_ready_revision) or "(none)"
-    reason, logs_url = condense(message)
-    return DeployError(f"Cloud Run could not roll out {image} to {target.display}: {mask_text(reason)}; the "
-                       f"previous revision {previous} keeps serving; fix the image and deploy again.",
-                       code="ROLLOUT_FAILED", logs_url=logs_url)
+    reason, url = condense(message)
+    if revision is not None and revision.message:
+        reason = revision.message
+    code = revision.reason if revision is not None else ""
+    why = f"{code}: {mask_text(reason)}" if code else mask_text(reason)
+    which = f"revision {revision.name}" if revision is not None and revision.name else "the new revision"
+    remedy = FAILURE_REMEDIES.get(code, DEFAULT_REMEDY).format(image=image)
+    return DeployError(f"Cloud Run could not roll out {image} to {target.display}: {which} failed ({why}); the "
+                       f"previous revision {previous} keeps serving; {remedy}.", code="ROLLOUT_FAILED",
+                       logs_url=logs_url or (revision.log_uri if revision is not None else "") or url)

@@ -14,14 +14,21 @@ handlers and the server. How updates, rollouts and splits behave is :mod:`celery
 names and texts derived as Cloud Run derives them, and :func:`standin_config`, are
 :mod:`celeryops.demo.standins.cloudrun_support` (importable from here too).
 
+Instances: ``launcher`` says what an instance is (e.g. a real Celery worker of the revision, with the environment
+Cloud Run sets for the resource's kind); :meth:`~CloudRunStandIn.instances` shows the running ones by revision,
+:meth:`~CloudRunStandIn.scale` is a service's autoscaler. See :mod:`celeryops.demo.standins.cloudrun_instances`.
+
 Faults: :meth:`CloudRunStandIn.grant` limits the permissions (RPCs needing a missing one answer
 PERMISSION_DENIED, TestIamPermissions returns only the granted ones); :meth:`~CloudRunStandIn.act_as` limits the
 service accounts the caller may act as (an update whose runtime service account is not among them is refused as
-Cloud Run refuses a missing ``iam.serviceAccounts.actAs``); :meth:`~CloudRunStandIn.fail_next_rollout`,
-:meth:`~CloudRunStandIn.slow_next_rollout`, :meth:`~CloudRunStandIn.race_next_update` (someone else changes the
-resource between a read and the next update); :attr:`~CloudRunStandIn.unavailable` makes every RPC answer
-UNAVAILABLE, :attr:`~CloudRunStandIn.refusal` makes every RPC answer the given status and message (e.g.
-insufficient scopes).
+Cloud Run refuses a missing ``iam.serviceAccounts.actAs``); :meth:`~CloudRunStandIn.fail_next_rollout` (with
+Cloud Run's reason on the revision), :meth:`~CloudRunStandIn.slow_next_rollout`,
+:meth:`~CloudRunStandIn.delay_retirement` (old instances taken away later), :meth:`~CloudRunStandIn.race_next_update`
+(someone else changes the resource between a read and the next update); :attr:`~CloudRunStandIn.unavailable` makes
+every RPC answer UNAVAILABLE, :attr:`~CloudRunStandIn.refusal` makes every RPC answer the given status and message
+(e.g. insufficient scopes); :meth:`~CloudRunStandIn.refuse` makes chosen RPCs answer a status, with a
+``google.rpc.ErrorInfo`` in its details, for a number of calls (quota: RESOURCE_EXHAUSTED while a rollout is
+followed); :meth:`~CloudRunStandIn.disable_api` answers as Cloud Run does when its API is disabled in the project.
 
 Run standalone: ``python -m celeryops.demo.standins.cloudrun --port 8089 --seed-service p/europe-west1/worker=img:1``.
 """
@@ -29,9 +36,9 @@ Run standalone: ``python -m celeryops.demo.standins.cloudrun --port 8089 --seed-
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NoReturn, cast
 
 import grpc
@@ -49,7 +56,18 @@ from google.cloud.run_v2 import (
 )
 from google.iam.v1 import iam_policy_pb2
 from google.longrunning import operations_pb2
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
 
+from celeryops.demo.standins.cloudrun_instances import (
+    GRACE_SECONDS,
+    Instance,
+    InstanceLauncher,
+    InstanceSpec,
+    allocate,
+    cloud_run_env,
+)
 from celeryops.demo.standins.cloudrun_model import (
     CloudRunModel,
     OnUpdate,
@@ -57,6 +75,7 @@ from celeryops.demo.standins.cloudrun_model import (
     new_resource,
 )
 from celeryops.demo.standins.cloudrun_support import (
+    Failure,
     ResourceRecord,
     default_service_account,
     failure_message,
@@ -71,7 +90,12 @@ from celeryops.demo.stopsignal import until_signalled
 __all__ = [
     "ALL_PERMISSIONS",
     "CloudRunStandIn",
+    "Instance",
+    "InstanceLauncher",
+    "InstanceSpec",
     "OnUpdate",
+    "allocate",
+    "cloud_run_env",
     "default_service_account",
     "failure_message",
     "iter_conditions",
@@ -87,14 +111,40 @@ ALL_PERMISSIONS = frozenset({
 })
 
 
+@dataclass
+class Fault:
+    """RPCs (method names, e.g. ``GetOperation``; empty: every one) answer ``code`` and ``message``, with an
+    ``ErrorInfo(reason, domain, metadata)`` in the status details when ``reason`` is set, ``times`` more times
+    (None: until cleared)."""
+
+    code: grpc.StatusCode
+    message: str
+    rpcs: frozenset[str] = frozenset()
+    times: int | None = None
+    reason: str = ""
+    domain: str = "googleapis.com"
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+    def status(self) -> status_pb2.Status:
+        status = status_pb2.Status(code=self.code.value[0], message=self.message)
+        if self.reason:
+            detail = any_pb2.Any()
+            detail.Pack(error_details_pb2.ErrorInfo(reason=self.reason, domain=self.domain, metadata=self.metadata))
+            status.details.append(detail)
+        return status
+
+
 class CloudRunStandIn(CloudRunModel):
-    """The stand-in server. ``start()`` returns ``127.0.0.1:PORT``; use as a context manager or call ``stop()``."""
+    """The stand-in server. ``start()`` returns ``127.0.0.1:PORT``; use as a context manager or call ``stop()``.
+    ``launcher`` starts an instance (None: instances are bookkeeping only); ``grace``: SIGTERM to SIGKILL."""
 
     def __init__(self, *, rollout_seconds: float = 0.3, on_update: OnUpdate | None = None, port: int = 0,
-                 host: str = "127.0.0.1") -> None:
-        super().__init__(rollout_seconds=rollout_seconds, on_update=on_update)
+                 host: str = "127.0.0.1", launcher: InstanceLauncher | None = None,
+                 grace: float = GRACE_SECONDS) -> None:
+        super().__init__(rollout_seconds=rollout_seconds, on_update=on_update, launcher=launcher, grace=grace)
         self.unavailable = False
         self.refusal: tuple[grpc.StatusCode, str] | None = None  # every RPC answers this (e.g. missing scopes)
+        self.faults: list[Fault] = []
         self._granted: frozenset[str] = ALL_PERMISSIONS
         self._host = host
         self._port = port
@@ -152,12 +202,59 @@ class CloudRunStandIn(CloudRunModel):
         with self._lock:
             self._find(resource).race_next = True
 
-    def fail_next_rollout(self, resource: str, message: str | None = None) -> None:
-        """The next update of ``resource`` (full or short name) fails: its revision never becomes ready (default
-        message: Cloud Run's own, several lines with a Logs URL)."""
+    def fail_next_rollout(self, resource: str, message: str | None = None, *, reason: str = "",
+                          revision_reason: str = "HEALTH_CHECK_CONTAINER_ERROR") -> None:
+        """The next update of ``resource`` (full or short name) that makes a revision fails: the revision never
+        becomes ready (default message: Cloud Run's own, several lines with a Logs URL). Its Ready condition
+        carries ``reason`` (a ``Condition.CommonReason`` name, e.g. ``CONTAINER_MISSING``) or else
+        ``revision_reason`` (a ``Condition.RevisionReason`` name)."""
         with self._lock:
             res = self._find(resource)
-            res.fail_next = message or ""
+            res.fail_next = Failure(message or "", reason, "" if reason else revision_reason)
+
+    def delay_retirement(self, resource: str, seconds: float) -> None:
+        """From now on, the instances a rollout no longer needs are taken away ``seconds`` after it finished."""
+        with self._lock:
+            self._find(resource).retire_delay = seconds
+
+    def refuse(self, code: grpc.StatusCode, message: str, *, rpcs: Iterable[str] = (), times: int | None = None,
+               reason: str = "", metadata: Mapping[str, str] | None = None) -> Fault:
+        """RPCs named in ``rpcs`` (every one when empty) answer ``code`` and ``message`` ``times`` more times (None:
+        until :meth:`clear_faults`), with ``ErrorInfo(reason, metadata)`` in the details when ``reason`` is set."""
+        fault = Fault(code, message, frozenset(rpcs), times, reason, metadata=dict(metadata or {}))
+        with self._lock:
+            self.faults.append(fault)
+        return fault
+
+    def disable_api(self, project: str) -> Fault:
+        """Answer every RPC as Cloud Run does when its Admin API is disabled in ``project``: PERMISSION_DENIED with
+        ``ErrorInfo(reason=SERVICE_DISABLED)`` naming the service ``run.googleapis.com``."""
+        number = project_number(project)
+        url = f"https://console.developers.google.com/apis/api/run.googleapis.com/overview?project={number}"
+        return self.refuse(grpc.StatusCode.PERMISSION_DENIED,
+                           f"Cloud Run Admin API has not been used in project {number} before or it is disabled. "
+                           f"Enable it by visiting {url} then retry. If you enabled this API recently, wait a few "
+                           "minutes for the action to propagate to our systems and retry.",
+                           reason="SERVICE_DISABLED",
+                           metadata={"service": "run.googleapis.com", "consumer": f"projects/{number}",
+                                     "serviceTitle": "Cloud Run Admin API", "activationUrl": url,
+                                     "containerInfo": str(number)})
+
+    def clear_faults(self) -> None:
+        with self._lock:
+            self.faults.clear()
+
+    def _fault_for(self, rpc: str) -> Fault | None:
+        with self._lock:
+            for fault in self.faults:
+                if fault.rpcs and rpc not in fault.rpcs:
+                    continue
+                if fault.times is not None:
+                    fault.times -= 1
+                    if fault.times <= 0:
+                        self.faults.remove(fault)
+                return fault
+        return None
 
     def slow_next_rollout(self, resource: str, seconds: float) -> None:
         """The next update of ``resource`` takes ``seconds`` to finish instead of ``rollout_seconds``."""
@@ -173,14 +270,6 @@ class CloudRunStandIn(CloudRunModel):
         """Copies of the resource's revisions, oldest first."""
         with self._lock:
             return [Revision.deserialize(Revision.serialize(r)) for r in self._find(name).revisions]
-
-    def _find(self, name: str) -> ResourceRecord:
-        if name in self._resources:
-            return self._resources[name]
-        matches = [r for r in self._resources.values() if r.short == name]
-        if len(matches) != 1:
-            raise KeyError(f"no single resource called {name!r}")
-        return matches[0]
 
     # ------------------------------------------------------------------------------------------ RPC handlers
 
@@ -278,8 +367,11 @@ class CloudRunStandIn(CloudRunModel):
             return self._operation_pb(op)
 
     def _handlers(self) -> tuple[grpc.GenericRpcHandler, ...]:
-        def wrap(fn: Callable[[Any], Any]) -> Callable[[Any, grpc.ServicerContext], Any]:
+        def wrap(rpc: str, fn: Callable[[Any], Any]) -> Callable[[Any, grpc.ServicerContext], Any]:
             def handler(request: Any, context: grpc.ServicerContext) -> Any:
+                fault = self._fault_for(rpc)
+                if fault is not None:
+                    context.abort_with_status(rpc_status.to_status(fault.status()))
                 try:
                     return fn(request)
                 except Refusal as exc:
@@ -287,30 +379,35 @@ class CloudRunStandIn(CloudRunModel):
             return handler
 
         def unary(fn: Callable[[Any], Any], request_type: Any, serialize: Callable[[Any], bytes]) -> Any:
-            return grpc.unary_unary_rpc_method_handler(wrap(fn), request_deserializer=request_type,
-                                                       response_serializer=serialize)
+            return (fn, request_type, serialize)
+
+        def service(name: str, methods: dict[str, Any]) -> grpc.GenericRpcHandler:
+            return grpc.method_handlers_generic_handler(name, {
+                rpc: grpc.unary_unary_rpc_method_handler(wrap(rpc, fn), request_deserializer=request_type,
+                                                         response_serializer=serialize)
+                for rpc, (fn, request_type, serialize) in methods.items()})
 
         def pb(message: Any) -> bytes:
             return bytes(message.SerializeToString())
 
         iam_request = iam_policy_pb2.TestIamPermissionsRequest.FromString
         return (
-            grpc.method_handlers_generic_handler("google.cloud.run.v2.Services", {
+            service("google.cloud.run.v2.Services", {
                 "GetService": unary(self.get_service, GetServiceRequest.deserialize, Service.serialize),
                 "UpdateService": unary(self.update_service, UpdateServiceRequest.deserialize, pb),
                 "TestIamPermissions": unary(lambda r: self.test_iam_permissions(r, True), iam_request, pb),
             }),
-            grpc.method_handlers_generic_handler("google.cloud.run.v2.WorkerPools", {
+            service("google.cloud.run.v2.WorkerPools", {
                 "GetWorkerPool": unary(self.get_worker_pool, GetWorkerPoolRequest.deserialize, WorkerPool.serialize),
                 "UpdateWorkerPool": unary(self.update_worker_pool, UpdateWorkerPoolRequest.deserialize, pb),
                 "TestIamPermissions": unary(lambda r: self.test_iam_permissions(r, False), iam_request, pb),
             }),
-            grpc.method_handlers_generic_handler("google.cloud.run.v2.Revisions", {
+            service("google.cloud.run.v2.Revisions", {
                 "GetRevision": unary(self.get_revision, GetRevisionRequest.deserialize, Revision.serialize),
                 "ListRevisions": unary(self.list_revisions, ListRevisionsRequest.deserialize,
                                        ListRevisionsResponse.serialize),
             }),
-            grpc.method_handlers_generic_handler("google.longrunning.Operations", {
+            service("google.longrunning.Operations", {
                 "GetOperation": unary(self.get_operation, operations_pb2.GetOperationRequest.FromString, pb),
             }),
         )

@@ -13,9 +13,15 @@ named revisions exist) and reports what serves in ``traffic_statuses`` / ``insta
 pinned to a named revision keeps the new revision at 0%. ``validate_only`` checks an update (actAs on the
 runtime service account, etag, split) and changes nothing; a stale ``etag`` answers ABORTED.
 
+Instances (:mod:`celeryops.demo.standins.cloudrun_instances`): every resource runs its instance count divided
+among the revisions of its split. A rollout starts the new revision's instances first (through the launcher, e.g.
+real Celery workers), and only once the revision is ready takes away the instances the new split no longer needs
+(SIGTERM, SIGKILL 10 s later); if the new revision fails, its instances are taken away and the old ones stay. An
+update that changes only the count or the split starts what it adds, then takes away what it removes.
+
 ``on_update(resource, revision, image)`` is called (on a background thread) when a rollout that will succeed
-starts, before the revision becomes ready: the demo restarts its workers there as "the new revision". If the hook
-raises, the rollout fails with the exception's text.
+starts, once the new revision's instances started and before the revision becomes ready. If the hook (or starting
+an instance) raises, the rollout fails with the exception's text.
 
 An update Cloud Run would refuse raises :class:`Refusal` (a gRPC status and message). Permissions, faults and
 serving over gRPC are the stand-in's (:mod:`celeryops.demo.standins.cloudrun`).
@@ -26,6 +32,7 @@ from __future__ import annotations
 import random
 import string
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -49,12 +56,22 @@ from google.cloud.run_v2 import (
 from google.longrunning import operations_pb2
 from google.rpc import code_pb2, status_pb2
 
+from celeryops.demo.standins.cloudrun_instances import (
+    GRACE_SECONDS,
+    Instance,
+    InstanceLauncher,
+    InstanceSet,
+    allocate,
+    instance_count,
+)
 from celeryops.demo.standins.cloudrun_support import (
+    Failure,
     OperationRecord,
     ResourceRecord,
     condition,
     default_service_account,
     failure_message,
+    log_uri,
     service_uri,
     timestamp_now,
 )
@@ -89,9 +106,11 @@ def new_resource(is_service: bool, name: str) -> ResourceRecord:
 class CloudRunModel:
     """The stand-in's resources and operations, and how updates change them (thread-safe: one lock)."""
 
-    def __init__(self, *, rollout_seconds: float = 0.3, on_update: OnUpdate | None = None) -> None:
+    def __init__(self, *, rollout_seconds: float = 0.3, on_update: OnUpdate | None = None,
+                 launcher: InstanceLauncher | None = None, grace: float = GRACE_SECONDS) -> None:
         self.rollout_seconds = rollout_seconds
         self.on_update = on_update
+        self.instance_set = InstanceSet(launcher, grace)
         self.updates: list[tuple[str, str, str]] = []  # (resource, revision, image) of every accepted update
         self.validations: list[str] = []  # resource names of every validate_only update that passed
         self._lock = threading.RLock()
@@ -106,20 +125,24 @@ class CloudRunModel:
         for thread in self._threads:
             thread.join(5)
         self._threads.clear()
+        self.instance_set.stop()
 
     # ------------------------------------------------------------------------------------------ seeding
 
-    def add_service(self, project: str, region: str, name: str, image: str | Iterable[tuple[str, str]]) -> str:
-        """Create a ready service with one revision; ``image`` is an image (one container named ``worker``) or
-        ``(container, image)`` pairs. Returns its full resource name."""
-        return self._add(True, f"projects/{project}/locations/{region}/services/{name}", image)
+    def add_service(self, project: str, region: str, name: str, image: str | Iterable[tuple[str, str]], *,
+                    instances: int = 1) -> str:
+        """Create a ready service with one revision running ``instances`` instances (started through the launcher
+        before this returns); ``image`` is an image (one container named ``worker``) or ``(container, image)``
+        pairs. Returns its full resource name."""
+        return self._add(True, f"projects/{project}/locations/{region}/services/{name}", image, instances)
 
-    def add_worker_pool(self, project: str, region: str, name: str,
-                        image: str | Iterable[tuple[str, str]]) -> str:
-        """Like :meth:`add_service`, for a worker pool."""
-        return self._add(False, f"projects/{project}/locations/{region}/workerPools/{name}", image)
+    def add_worker_pool(self, project: str, region: str, name: str, image: str | Iterable[tuple[str, str]], *,
+                        instances: int | None = None) -> str:
+        """Like :meth:`add_service`, for a worker pool; ``instances`` is its ``scaling.manual_instance_count``
+        (None: unset, which Cloud Run runs as 1)."""
+        return self._add(False, f"projects/{project}/locations/{region}/workerPools/{name}", image, instances)
 
-    def _add(self, is_service: bool, name: str, image: str | Iterable[tuple[str, str]]) -> str:
+    def _add(self, is_service: bool, name: str, image: str | Iterable[tuple[str, str]], instances: int | None) -> str:
         pairs = [("worker", image)] if isinstance(image, str) else list(image)
         containers = [Container(name=c, image=i) for c, i in pairs]
         res = new_resource(is_service, name)
@@ -127,9 +150,12 @@ class CloudRunModel:
         if is_service:
             message.template = RevisionTemplate(containers=containers)
             message.traffic = [TrafficTarget(type_=_LATEST_TRAFFIC, percent=100)]
+            res.instances = 1 if instances is None else instances
         else:
             message.template = WorkerPoolRevisionTemplate(containers=containers)
             message.instance_splits = [InstanceSplit(type_=_LATEST_SPLIT, percent=100)]
+            if instances is not None:
+                message.scaling.manual_instance_count = instances
         with self._lock:
             self._resources[name] = res
             revision = self._new_revision(res)
@@ -140,7 +166,80 @@ class CloudRunModel:
             message.latest_created_revision = revision.name
             message.latest_ready_revision = revision.name
             self._settle(res, ok=True, message="")
+            wanted = self._wanted(res)
+        self.instance_set.grow(name, res.instance_kind, wanted, self._image_of(res))
         return name
+
+    # ------------------------------------------------------------------------------------------ instances
+
+    def _wanted(self, res: ResourceRecord, latest: str = "") -> dict[str, int]:
+        """Instances per revision (short names) under the split asked for, the latest entry resolved to ``latest``
+        (default: the latest ready revision). Call with the lock held."""
+        msg = res.message
+        latest = latest or msg.latest_ready_revision.rsplit("/", 1)[-1]
+        latest_type = _LATEST_TRAFFIC if res.is_service else _LATEST_SPLIT
+        shares = [(latest if e.type_ == latest_type else e.revision.rsplit("/", 1)[-1], e.percent)
+                  for e in self._split(res, msg)] or [(latest, 100)]
+        wanted = allocate(instance_count(msg, res.instances), shares)
+        for revision in res.revisions:
+            revision.scaling_status.desired_min_instance_count = wanted.get(revision.name.rsplit("/", 1)[-1], 0)
+        return wanted
+
+    def _image_of(self, res: ResourceRecord) -> Callable[[str], str]:
+        """A revision's image (its first container's), by short name."""
+        with self._lock:
+            images = {r.name.rsplit("/", 1)[-1]: (r.containers[0].image if r.containers else "")
+                      for r in res.revisions}
+        return lambda short: images.get(short, "")
+
+    def instances(self, name: str) -> dict[str, list[Instance]]:
+        """The running instances of a resource (full or short name) by revision (short name), oldest first."""
+        with self._lock:
+            full = self._find(name).name
+        return self.instance_set.running(full)
+
+    def leaving(self, name: str) -> list[Instance]:
+        """The resource's instances that were taken away (SIGTERM sent) and still run."""
+        with self._lock:
+            full = self._find(name).name
+        return [i for i in self.instance_set.of(full) if i.leaving]
+
+    def scale(self, name: str, instances: int) -> list[Instance]:
+        """A service's autoscaler: run ``instances`` instances in total (kept within the service's min and max
+        instances), divided by the split that serves now; starts what is missing first, then takes away the excess
+        (a revision still rolling out keeps its instances). Returns the instances it started. A worker pool is
+        scaled through its ``manual_instance_count`` instead."""
+        with self._lock:
+            res = self._find(name)
+            if not res.is_service:
+                raise ValueError(f"{res.short} is a worker pool: change scaling.manual_instance_count with an update")
+            res.instances = max(0, instances)
+            wanted = self._wanted(res)
+        started = self.instance_set.grow(res.name, res.instance_kind, wanted, self._image_of(res))
+        others = {rev: n for rev, n in self.instance_set.counts(res.name).items() if rev not in wanted}
+        self.instance_set.shrink(res.name, {**others, **wanted})
+        return started
+
+    def scale_out(self, name: str, more: int = 1) -> list[Instance]:
+        """A service's autoscaler adds ``more`` instances to its total (see :meth:`scale`)."""
+        with self._lock:
+            total = self._find(name).instances
+        return self.scale(name, total + more)
+
+    def wait_rollouts(self, timeout: float = 30.0) -> bool:
+        """Wait until every rollout finished, old instances taken away included; False at the deadline."""
+        deadline = time.monotonic() + timeout
+        for thread in list(self._threads):
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self._threads)
+
+    def _find(self, name: str) -> ResourceRecord:
+        if name in self._resources:
+            return self._resources[name]
+        matches = [r for r in self._resources.values() if r.short == name]
+        if len(matches) != 1:
+            raise KeyError(f"no single resource called {name!r}")
+        return matches[0]
 
     # ------------------------------------------------------------------------------------------ state machine
 
@@ -159,6 +258,7 @@ class CloudRunModel:
             containers=[Container(name=c.name, image=c.image) for c in template.containers],
             reconciling=True,
             conditions=[condition("Ready", _State.CONDITION_RECONCILING, "Deploying revision.")],
+            log_uri=log_uri(res.name, short),
         )
         if res.is_service:
             revision.service = res.short
@@ -189,7 +289,8 @@ class CloudRunModel:
         return message.traffic if res.is_service else message.instance_splits
 
     def _checked_split(self, res: ResourceRecord, new: Any) -> list[Any]:
-        """The split an update asks for (empty: all to the latest revision), refused like Cloud Run refuses it."""
+        """The split an update asks for (empty: all to the latest revision), refused like Cloud Run refuses it; it
+        may name the revision the same update names up front (``template.revision``)."""
         latest_type = _LATEST_TRAFFIC if res.is_service else _LATEST_SPLIT
         entries = list(self._split(res, new))
         if not entries:
@@ -200,7 +301,7 @@ class CloudRunModel:
         if total != 100:
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT,
                           f"The percentages in {field_name} of {res.kind} {res.short} add up to {total}, not 100.")
-        existing = {r.name.rsplit("/", 1)[-1] for r in res.revisions}
+        existing = {r.name.rsplit("/", 1)[-1] for r in res.revisions} | {new.template.revision} - {""}
         for entry in entries:
             if entry.type_ != latest_type and entry.revision.rsplit("/", 1)[-1] not in existing:
                 raise Refusal(grpc.StatusCode.INVALID_ARGUMENT,
@@ -237,24 +338,28 @@ class CloudRunModel:
             if new.etag and new.etag != msg.etag:
                 raise Refusal(grpc.StatusCode.ABORTED,
                               f"The {res.kind} {res.short} was modified since it was read (etag mismatch).")
-            fixed = new.template.revision
-            if fixed and any(r.name.rsplit("/", 1)[-1] == fixed for r in res.revisions):
-                raise Refusal(grpc.StatusCode.ALREADY_EXISTS,
-                              f"Revision named '{fixed}' with different configuration already exists.")
             account = new.template.service_account or default_service_account(res.project)
             if self._act_as is not None and account not in self._act_as:
                 raise Refusal(grpc.StatusCode.PERMISSION_DENIED,
                               f"Permission 'iam.serviceAccounts.actAs' denied on service account {account} (or it may "
                               "not exist).")
             split = self._checked_split(res, new)
+            if not res.is_service and "manual_instance_count" in new.scaling and new.scaling.manual_instance_count < 0:
+                raise Refusal(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"scaling.manual_instance_count of worker pool {res.short} must not be negative.")
             template_type: Any = RevisionTemplate if res.is_service else WorkerPoolRevisionTemplate
             changed_template = template_type.serialize(new.template) != template_type.serialize(msg.template)
             makes_revision = created or changed_template or force_new_revision
+            fixed = new.template.revision  # a revision named up front cannot be made twice
+            if makes_revision and fixed and any(r.name.rsplit("/", 1)[-1] == fixed for r in res.revisions):
+                raise Refusal(grpc.StatusCode.ALREADY_EXISTS,
+                              f"Revision named '{fixed}' with different configuration already exists.")
             region, project = res.region, res.project
             op = OperationRecord(name=f"projects/{project}/locations/{region}/operations/{uuid.uuid4()}", resource=res)
             if validate_only:  # checked; nothing changes
                 preview = res.snapshot()
                 preview.template = new.template
+                preview.scaling = new.scaling
                 if res.is_service:
                     preview.traffic = split
                 else:
@@ -265,6 +370,7 @@ class CloudRunModel:
                 return self._operation_pb(op)
             old_images = {c.name: c.image for c in msg.template.containers}
             msg.template = new.template
+            msg.scaling = new.scaling
             if res.is_service:
                 msg.traffic = split
             else:
@@ -288,7 +394,7 @@ class CloudRunModel:
             msg.etag = f'"{uuid.uuid4().hex[:12]}"'
             msg.update_time = timestamp_now()
             res.busy = True
-            failure = res.fail_next if revision is not None else None
+            failure = res.fail_next if revision is not None else None  # a split alone cannot fail
             delay = res.next_delay if res.next_delay is not None else self.rollout_seconds
             if revision is not None:
                 res.fail_next = None
@@ -303,37 +409,59 @@ class CloudRunModel:
             thread.start()
             return self._operation_pb(op)
 
-    def _rollout(self, op: OperationRecord, revision: Revision | None, image: str, failure: str | None,
+    def _rollout(self, op: OperationRecord, revision: Revision | None, image: str, failure: Failure | None,
                  delay: float) -> None:
+        """The rollout, on its own thread: the new revision's instances start first; once it is ready, the
+        instances the new split no longer needs are taken away (after ``retire_delay``). A failed revision's
+        instances are taken away and the serving ones stay."""
         res = op.resource
-        if revision is None:  # nothing new to start: only the split changes
-            self._stopping.wait(delay)
-            with self._lock:
-                self._settle(res, ok=True, message="")
-                op.done = True
-                res.busy = False
-            return
-        short = revision.name.rsplit("/", 1)[-1]
-        if failure is None and self.on_update is not None:
+        short = revision.name.rsplit("/", 1)[-1] if revision is not None else ""
+        with self._lock:
+            after = self._wanted(res, latest=short)
+        images = self._image_of(res)
+        if revision is not None and failure is None:
             try:
-                self.on_update(op.resource.name, revision.name, image)
-            except Exception as exc:  # the hook's failure is the revision's failure
-                failure = f"Revision '{short}' is not ready: {exc}"
+                self.instance_set.grow(res.name, res.instance_kind, {short: after.get(short, 0)}, images)
+                if self.on_update is not None:
+                    self.on_update(res.name, revision.name, image)
+            except Exception as exc:  # an instance that cannot start, or the hook: the revision's failure
+                failure = Failure(f"Revision '{short}' is not ready and cannot serve traffic: {exc}")
         self._stopping.wait(delay)
+        if failure is None:
+            try:  # what the new split adds for the other revisions (a count raised, a split changed)
+                self.instance_set.grow(res.name, res.instance_kind, after, images)
+            except Exception as exc:
+                failure = Failure(f"An instance of {res.kind} {res.short} failed to start: {exc}")
+        if failure is not None and revision is not None:
+            self.instance_set.shrink(res.name, {r: n for r, n in self.instance_set.counts(res.name).items()
+                                                if r != short})
         with self._lock:
             if failure is not None:
-                message = failure or failure_message(short, res.project, res.region, res.short)
-                revision.reconciling = False
-                revision.conditions = [condition("Ready", _State.CONDITION_FAILED, message)]
+                message = failure.message or failure_message(short, revision.log_uri if revision else "")
+                if revision is not None:
+                    revision.reconciling = False
+                    failed = condition("Ready", _State.CONDITION_FAILED, message)
+                    if failure.reason:
+                        failed.reason = getattr(Condition.CommonReason, failure.reason)
+                    elif failure.revision_reason:
+                        failed.revision_reason = getattr(Condition.RevisionReason, failure.revision_reason)
+                    revision.conditions = [failed]
                 self._settle(res, ok=False, message=message)
                 op.error = status_pb2.Status(code=code_pb2.FAILED_PRECONDITION, message=message)
             else:
-                revision.reconciling = False
-                revision.observed_generation = revision.generation
-                revision.conditions = [condition("Ready", _State.CONDITION_SUCCEEDED)]
+                if revision is not None:
+                    revision.reconciling = False
+                    revision.observed_generation = revision.generation
+                    revision.conditions = [condition("Ready", _State.CONDITION_SUCCEEDED)]
                 self._settle(res, ok=True, message="")
+            self._wanted(res)  # the revisions' desired instances, as served now
             op.done = True
             res.busy = False
+            retire_delay = res.retire_delay
+        if failure is None:
+            if retire_delay:
+                self._stopping.wait(retire_delay)
+            self.instance_set.shrink(res.name, after)
 
     def _operation_pb(self, op: OperationRecord) -> operations_pb2.Operation:
         result = operations_pb2.Operation(name=op.name, done=op.done, metadata=op.resource.pack(op.preview))

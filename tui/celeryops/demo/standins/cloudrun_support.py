@@ -3,7 +3,8 @@
 :class:`ResourceRecord` is one service or worker pool (its proto-plus message is the stored state) with its
 revisions and pending faults; :class:`OperationRecord` is the long-running operation of an update. Derived as
 Cloud Run derives them: a project's number and default compute service account, a service's URL, the project
-and region in a resource name, the text of a failed rollout. For the tests, chaos trials and demo that use the
+and region in a resource name, a revision's logs link (a service's or a worker pool's log filter), the text of a
+failed rollout. For the tests, chaos trials and demo that use the
 stand-in: a resource's conditions as plain tuples (:func:`iter_conditions`) and the ``celeryops.toml`` whose
 target is a service of the stand-in (:func:`standin_config`).
 """
@@ -15,6 +16,7 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote, urlencode
 
 from google.cloud.run_v2 import Condition, Revision, Service, WorkerPool
 from google.protobuf import any_pb2, timestamp_pb2
@@ -43,14 +45,30 @@ def default_service_account(project: str) -> str:
     return f"{project_number(project)}-compute@developer.gserviceaccount.com"
 
 
-def failure_message(short: str, project: str, region: str, resource: str) -> str:
-    """A rollout failure as Cloud Run writes it: sentences, a Logs URL, a troubleshooting link, on several lines."""
+def log_uri(name: str, revision: str) -> str:
+    """A revision's ``log_uri`` as Cloud Run gives it: the Logs page with the revision's filter, a service's on
+    ``cloud_run_revision``, a worker pool's on ``cloud_run_worker_pool`` (``name``: the resource's full name)."""
+    short = name.rsplit("/", 1)[-1]
+    if "/workerPools/" in name:
+        rtype, label = "cloud_run_worker_pool", "worker_pool_name"
+    else:
+        rtype, label = "cloud_run_revision", "service_name"
+    query = "\n".join((f'resource.type="{rtype}"', f'resource.labels.{label}="{short}"',
+                       f'resource.labels.location="{region_of(name)}"', f'resource.labels.revision_name="{revision}"'))
+    return ("https://console.cloud.google.com/logs/viewer?"
+            + urlencode({"project": project_of(name), "resource": f"{rtype}/{label}/{short}/revision_name/{revision}"},
+                        safe="/")
+            + "&advancedFilter=" + quote(query, safe=""))
+
+
+def failure_message(short: str, logs: str) -> str:
+    """A rollout failure as Cloud Run writes it: sentences, a Logs URL (``logs``, the revision's log_uri), a
+    troubleshooting link, on several lines."""
     return (f"Revision '{short}' is not ready and cannot serve traffic. The user-provided container failed to start "
             "and listen on the port defined provided by the PORT=8080 environment variable within the allocated "
             "timeout. This can happen when the container port is misconfigured or if the timeout is too short. "
             "Logs for this revision might contain more information.\n\n"
-            f"Logs URL: https://console.cloud.google.com/logs/viewer?project={project}&resource=cloud_run_revision"
-            f"/service_name/{resource}/revision_name/{short}\n"
+            f"Logs URL: {logs}\n"
             "For more troubleshooting guidance, see https://cloud.google.com/run/docs/troubleshooting"
             "#container-failed-to-start")
 
@@ -72,19 +90,33 @@ def region_of(name: str) -> str:
     return parts[3] if len(parts) > 3 else ""
 
 
+@dataclass(frozen=True)
+class Failure:
+    """How an injected rollout failure reads: the message (``""``: Cloud Run's own, with a Logs URL) and the
+    reason on the revision's Ready condition: a ``Condition.CommonReason`` or a ``Condition.RevisionReason`` name."""
+
+    message: str = ""
+    reason: str = ""
+    revision_reason: str = "HEALTH_CHECK_CONTAINER_ERROR"
+
+
 @dataclass
 class ResourceRecord:
-    """One service or worker pool and its revisions (the proto-plus message is the stored state)."""
+    """One service or worker pool and its revisions (the proto-plus message is the stored state). ``instances``: a
+    service's instance total (seeded, or scaled by its autoscaler); ``retire_delay``: how long after a rollout the
+    instances it no longer needs are taken away."""
 
     name: str
     is_service: bool
     message: Any  # Service | WorkerPool
     revisions: list[Revision] = field(default_factory=list)
     counter: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
-    fail_next: str | None = None
+    fail_next: Failure | None = None
     next_delay: float | None = None
     busy: bool = False
     race_next: bool = False
+    instances: int = 1
+    retire_delay: float = 0.0
 
     @property
     def short(self) -> str:
@@ -93,6 +125,10 @@ class ResourceRecord:
     @property
     def kind(self) -> str:
         return "service" if self.is_service else "worker pool"
+
+    @property
+    def instance_kind(self) -> Any:  # cloudrun_instances.InstanceKind
+        return "service" if self.is_service else "worker-pool"
 
     def snapshot(self) -> Any:
         cls = Service if self.is_service else WorkerPool
@@ -133,9 +169,10 @@ def iter_conditions(message: Any) -> Iterator[tuple[str, str, str]]:
 def standin_config(*, broker: str, endpoint: str, image: str, interval: float = 0.4, max_wait: float = 60,
                    project: str = "proj", region: str = "europe-west1", resource: str = "worker",
                    name: str = "worker", state_dir: str | None = None, comment: str = "",
-                   branches: str | None = None) -> str:
-    """A ``celeryops.toml`` whose one target is a Cloud Run service of this stand-in at ``endpoint`` (tests, chaos
-    trials, the demo). ``image`` is the template, e.g. ``127.0.0.1:5000/proj/worker:{sha}``."""
+                   branches: str | None = None, kind: str = "cloudrun-service") -> str:
+    """A ``celeryops.toml`` whose one target is a Cloud Run service (``kind``: or worker pool) of this stand-in at
+    ``endpoint`` (tests, chaos trials, the demo). ``image`` is the template, e.g.
+    ``127.0.0.1:5000/proj/worker:{sha}``."""
     head = f"# {comment}\n" if comment else ""
     state = f'state_dir = "{state_dir}"\n' if state_dir else ""
     pattern = f'branches = "{branches}"\n' if branches else ""
@@ -152,7 +189,7 @@ max_age_days = 14
 {pattern}
 [[targets]]
 name = "{name}"
-kind = "cloudrun-service"
+kind = "{kind}"
 project = "{project}"
 region = "{region}"
 resource = "{resource}"

@@ -1,7 +1,8 @@
 """Real Celery worker processes for tests, benchmarks and the demo.
 
 A worker is started as ``python -m celery -A <app> worker`` in its own session (so its pool children die with it),
-readiness is a condition (it answers ping), never a fixed sleep.
+readiness is a condition (it answers ping), never a fixed sleep. :class:`CeleryInstances` makes them the instances
+of the Cloud Run stand-in (a launcher: one worker per instance, with what Cloud Run sets for its revision).
 """
 
 from __future__ import annotations
@@ -11,12 +12,16 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from celery import Celery
+
+from celeryops.demo.standins.cloudrun_instances import InstanceSpec
 
 
 def control_app(broker: str) -> Celery:
@@ -143,3 +148,59 @@ class WorkerProcess:
         self.signal(signal.SIGKILL)
         if self.proc is not None:
             self.proc.wait(timeout=10)
+
+
+class CeleryInstances:
+    """A Cloud Run stand-in's launcher whose instances are real Celery workers (see
+    :mod:`celeryops.demo.standins.cloudrun_instances`): each is started with the environment Cloud Run sets for the
+    instance's kind and revision, on top of ``env`` (``options(spec)`` may add WorkerProcess arguments, e.g. another
+    app), named ``<revision>.i<number>``, and returned once it answers ping. ``stop()`` kills every one it started."""
+
+    def __init__(self, broker: str, *, app: str, queues: Sequence[str] = ("celery",), env: dict[str, str] | None = None,
+                 log_dir: Path | None = None, ready_timeout: float = 60.0,
+                 options: Callable[[InstanceSpec], dict[str, object]] | None = None,
+                 on_start: Callable[[WorkerProcess, InstanceSpec], None] | None = None) -> None:
+        self.broker = broker
+        self.app = app
+        self.queues = list(queues)
+        self.env = dict(env or {})
+        self.log_dir = log_dir
+        self.ready_timeout = ready_timeout
+        self.options = options
+        self.on_start = on_start
+        self.workers: list[WorkerProcess] = []
+        self.revision_of: dict[str, str] = {}  # nodename -> revision
+        self._control = control_app(broker)
+        self._lock = threading.Lock()
+        self._stopped = False
+
+    def __call__(self, spec: InstanceSpec) -> WorkerProcess:
+        kwargs: dict[str, Any] = {"app": self.app, "queues": self.queues, "log_dir": self.log_dir,
+                                  "name": f"{spec.revision}.i{spec.number}"}
+        kwargs.update(self.options(spec) if self.options is not None else {})
+        kwargs["env"] = {**self.env, **dict(kwargs.get("env") or {}), **spec.env}
+        worker = WorkerProcess(self.broker, **kwargs)
+        with self._lock:
+            if self._stopped:
+                raise RuntimeError("the instances are being stopped")
+            worker.start()
+            self.workers.append(worker)
+            self.revision_of[worker.nodename] = spec.revision
+        if self.on_start is not None:
+            self.on_start(worker, spec)
+        worker.wait_ready(self._control, timeout=self.ready_timeout)
+        return worker
+
+    def alive(self, revision: str | None = None) -> list[WorkerProcess]:
+        """The workers still running (of ``revision`` only, when given)."""
+        with self._lock:
+            return [w for w in self.workers if w.alive() and revision in (None, self.revision_of[w.nodename])]
+
+    def stop(self) -> None:
+        """SIGKILL every worker's process group (teardown: nothing needs to finish) and wait for them."""
+        with self._lock:
+            self._stopped = True
+            workers = list(self.workers)
+        for worker in workers:
+            worker.stop(timeout=5)
+        self._control.close()

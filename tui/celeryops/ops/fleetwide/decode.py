@@ -75,7 +75,7 @@ def _phase(data: Data) -> Event | None:
 
 def _target(data: Data) -> TargetDeployed:
     return TargetDeployed(**{k: str(data.get(k, "")) for k in ("target", "revision", "url", "console_url", "image",
-                                                                "previous_revision")})
+                                                                "previous_revision", "logs_url")})
 
 
 def _finished(data: Data) -> Event:
