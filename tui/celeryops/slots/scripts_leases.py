@@ -2,10 +2,18 @@
 
 The hot paths are what bench/bench_slots.py measures. A ``redis.call`` costs Redis' single thread about 2 µs on top
 of its command and every number Lua turns into a string about 0.7 µs (bench/README.md), so they do only this:
-acquire = TIME, HMGET (lease, waiters flag, token, next_expiry, total and used of each requested type), HSET (used,
-token, lease record), ZADD; release = HMGET, HINCRBY (HMGET + HSET for several types), HDEL, ZREM. The rarer paths'
-helpers are built by ``lib()`` (``scripts_lib``) only when one of them runs. A granted acquire answers with the bare
-token (an integer reply, the cheapest for the client to parse). Host contributions add nothing to these paths:
+acquire = TIME, HMGET (lease, waiters flag, token, next_expiry, total, used and free devices of each requested
+type), HSET (used, token, lease record; for a device-bound type the devices left free and the lease's devices),
+ZADD; release = HMGET (record, waiters flag, the lease's devices), HINCRBY (HMGET + HSET for several types), HDEL,
+ZREM, and for a lease holding devices one HMGET + HSET per device type to give them back. The rarer paths' helpers
+are built by ``lib()`` (``scripts_lib``) only when one of them runs. A granted acquire answers with the bare token
+(an integer reply, the cheapest for the client to parse), or ``{token, 'ok', devices}`` when it bound devices.
+
+Devices: a type whose pool has ``free:<type>`` (a host pool whose workers listed their devices) is bound as well as
+counted: a granted acquire takes its k devices from the front of that list in the same script, so no two live
+leases ever hold one device; release, reap and a lost lease's expiry put them back at the end. A request the
+counts would grant but that finds fewer free devices than it needs waits like a busy one. Host contributions add
+nothing to these paths:
 ``total:<type>`` is counted when contributions change (contribute, reap), and their expiries are folded into
 ``next_expiry``, so acquire reaps (and counts again) only when a lease or a contribution may really have expired.
 
@@ -18,7 +26,8 @@ from __future__ import annotations
 from celeryops.slots.scripts_lib import PRELUDE
 
 # ARGV: id, needs, ttl ms, starvation ms, waiting ttl ms, "worker|host|name"
-# -> token (granted) | {token, 'held'} | {0, blocking type} | {-1, type larger than its total}
+# -> token (granted) | {token, 'ok', devices} (granted with devices, "gpu=2,3") | {token, 'held', devices}
+#    | {0, blocking type} | {-1, type larger than its total} (remembered as waiting, never reserving)
 ACQUIRE = PRELUDE + """
 local id, ns, ttl = ARGV[1], ARGV[2], ARGV[3]
 local t = call('TIME')
@@ -27,12 +36,12 @@ local exp = now + ttl
 local typs, need, fields = {}, {}, {'lease:' .. id, 'waiters', 'token', 'next_expiry'}
 local typ, n = string.match(ns, '^([^,=]+)=(%d+)$')
 if typ then
-  typs[1], need[1], fields[5], fields[6] = typ, tonumber(n), 'total:' .. typ, 'used:' .. typ
+  typs[1], need[1], fields[5], fields[6], fields[7] = typ, tonumber(n), 'total:' .. typ, 'used:' .. typ, 'free:' .. typ
 else
   for typ, n in string.gmatch(ns, '([^,=]+)=(%d+)') do
     local k = #typs + 1
     typs[k], need[k] = typ, tonumber(n)
-    fields[2 * k + 3], fields[2 * k + 4] = 'total:' .. typ, 'used:' .. typ
+    fields[3 * k + 2], fields[3 * k + 3], fields[3 * k + 4] = 'total:' .. typ, 'used:' .. typ, 'free:' .. typ
   end
 end
 local r = call('HMGET', P, unpack(fields))
@@ -46,13 +55,13 @@ local nxt = tonumber(r[4])
 if r[1] then
   call('ZADD', L, exp, id)
   if exp < nxt then call('HSET', P, 'next_expiry', exp) end
-  return {tonumber(string.match(r[1], '^[^|]*|(%d+)')), 'held'}
+  return {tonumber(string.match(r[1], '^[^|]*|(%d+)')), 'held', call('HGET', P, 'ldev:' .. id) or ''}
 end
 local total, used = {}, {}
 for k = 1, #typs do
-  total[k], used[k] = tonumber(r[2 * k + 3] or 0), tonumber(r[2 * k + 4] or 0)
+  total[k], used[k] = tonumber(r[3 * k + 2] or 0), tonumber(r[3 * k + 3] or 0)
   if need[k] > total[k] then
-    if r[2] then (H or lib()).unwait(id) end
+    (H or lib()).impossible(id, ns, now, ARGV[5], ARGV[6])
     return {-1, typs[k]}
   end
 end
@@ -101,8 +110,32 @@ if r[2] then
     end
   end
 end
+-- take(list, n): the first n ids of a comma list and the rest; nil when it holds fewer
+local function take(s, n)
+  local got, pos = {}, 1
+  for i = 1, n do
+    if pos > #s then return nil end
+    local a = string.find(s, ',', pos, true)
+    got[i] = string.sub(s, pos, (a or #s + 1) - 1)
+    pos = (a or #s) + 1
+  end
+  return got, string.sub(s, pos)
+end
+local ld, fargs
 for k = 1, #typs do
-  if used[k] + need[k] + (reserved and reserved[typs[k]] or 0) > total[k] then
+  local ok = used[k] + need[k] + (reserved and reserved[typs[k]] or 0) <= total[k]
+  local free = r[3 * k + 4]
+  if ok and free then
+    local got, rest = take(free, need[k])
+    if got then
+      ld = (ld and ld .. ';' or '') .. typs[k] .. '=' .. table.concat(got, ',')
+      fargs = fargs or {}
+      fargs[#fargs + 1], fargs[#fargs + 2] = fields[3 * k + 4], rest
+    else
+      ok = false
+    end
+  end
+  if not ok then
     local until_ = now + ARGV[5]
     if not mine then call('ZADD', Q, now, id) end
     call('ZADD', X, until_, id)
@@ -116,22 +149,27 @@ local token = (r[3] or 0) + 1
 local tk = tostring(token)
 local args = {'token', tk, fields[1], ns .. '|' .. tk .. '|' .. now .. '|' .. ttl .. '|0|' .. ARGV[6]}
 for k = 1, #typs do
-  args[2 * k + 3], args[2 * k + 4] = fields[2 * k + 4], used[k] + need[k]
+  args[2 * k + 3], args[2 * k + 4] = fields[3 * k + 3], used[k] + need[k]
 end
 if exp < nxt then
   args[#args + 1], args[#args + 2] = 'next_expiry', exp
 end
+if ld then
+  for i = 1, #fargs do args[#args + 1] = fargs[i] end
+  args[#args + 1], args[#args + 2] = 'ldev:' .. id, ld
+end
 call('HSET', P, unpack(args))
 call('ZADD', L, exp, id)
 if mine then (H or lib()).unwait(id) end
+if ld then return {token, 'ok', ld} end
 return token
 """
 
 # ARGV: id, token ('' = any) -> 1 released | 0 nothing held under that id and token (a waiting entry is dropped)
 RELEASE = PRELUDE + """
 local id, token = ARGV[1], ARGV[2]
-local lf = 'lease:' .. id
-local r = call('HMGET', P, lf, 'waiters')
+local lf, df = 'lease:' .. id, 'ldev:' .. id
+local r = call('HMGET', P, lf, 'waiters', df)
 if r[1] then
   local typ, n, held = string.match(r[1], '^([^,=|]+)=(%d+)|(%d+)|')  -- one type: the common case
   local ns
@@ -143,7 +181,12 @@ if r[1] then
     else
       give_back({ns})
     end
-    call('HDEL', P, lf)
+    if r[3] then
+      free_devs({r[3]})
+      call('HDEL', P, lf, df)
+    else
+      call('HDEL', P, lf)
+    end
     call('ZREM', L, id)
     return 1
   end
@@ -152,8 +195,9 @@ if r[2] then lib().unwait(id) end
 return 0
 """
 
-# ARGV: id, token, ttl ms, needs, "worker|host|name"
-# -> {1, token} renewed | {2, token} registered again after Redis lost its data | {0, 0} expired and reaped
+# ARGV: id, token, ttl ms, needs, "worker|host|name", devices the holder was given ("gpu=2,3" or '')
+# -> {1, token} renewed | {2, token, devices bound again} registered again after Redis lost its data (only the
+#    devices still free: one taken meanwhile stays with its new holder) | {0, 0} expired and reaped
 #    | {-1, other token} the id is now held under another token
 RENEW = PRELUDE + """
 local H = lib()
@@ -177,8 +221,7 @@ H.reap(now)
 if tonumber(call('HGET', P, 'token') or 0) < token then
   -- the counter went backwards: Redis lost its data (restart without persistence, FLUSHALL); the holder is alive
   call('HSET', P, 'token', token)
-  H.register(id, ARGV[4], ttl, token, now, ARGV[5])
-  return {2, token}
+  return {2, token, H.register(id, ARGV[4], ttl, token, now, ARGV[5], ARGV[6])}
 end
 return {0, 0}
 """

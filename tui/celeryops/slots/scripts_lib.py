@@ -2,7 +2,8 @@
 
 Each script in ``scripts_leases`` and ``scripts_totals`` is one of these preludes followed by its own body; Redis
 runs it atomically (``EVALSHA``). ``HEAD`` names the six keys of a pool (the layout is in ``scripts.py``).
-``give_back`` returns slots to ``used:<type>`` and is cheap enough for the hot paths. ``lib()`` builds the helpers
+``give_back`` returns slots to ``used:<type>`` and ``free_devs`` a lease's devices to ``free:<type>``; both are cheap
+enough for the hot paths. ``lib()`` builds the helpers
 of the rarer paths (reaping, counting the totals again, registering a lease without a capacity check) as a table of
 closures, so a hot path that does not need them pays only for defining the function, not for building them.
 """
@@ -42,21 +43,54 @@ local function give_back(list)
     call('HSET', P, unpack(args))
   end
 end
+
+-- free_devs(list of ldev values "gpu=2,3;npu=0"): put these devices back at the end of free:<type> (the device
+-- freed longest ago is handed out first), those the host still has (devs:<type>) and that are not free already
+local function free_devs(list)
+  local add, typs = {}, {}
+  for _, ld in ipairs(list) do
+    for typ, ids in string.gmatch(ld, '([^;=]+)=([^;]*)') do
+      if not add[typ] then add[typ] = {}; typs[#typs + 1] = typ end
+      for d in string.gmatch(ids, '[^,]+') do add[typ][#add[typ] + 1] = d end
+    end
+  end
+  for _, typ in ipairs(typs) do
+    local cur = call('HMGET', P, 'free:' .. typ, 'devs:' .. typ)
+    if cur[2] then
+      local free, devs = cur[1] or '', ',' .. cur[2] .. ','
+      local have = ',' .. free .. ','
+      for _, d in ipairs(add[typ]) do
+        local k = ',' .. d .. ','
+        if string.find(devs, k, 1, true) and not string.find(have, k, 1, true) then
+          if free == '' then free = d else free = free .. ',' .. d end
+          have = have .. d .. ','
+        end
+      end
+      call('HSET', P, 'free:' .. typ, free)
+    end
+  end
+end
 """
 
 # lib(): helpers of the rarer paths (a table of closures, built only when needed)
 #   now_ms()                 Redis TIME in ms
-#   drop(ids)                delete these leases (records, expiry entries), giving their recorded slots back
+#   drop(ids)                delete these leases (records, expiry entries), giving their recorded slots and
+#                            devices back
 #   reap(now)                drop every lease and every contribution whose expiry has passed (in batches: unpack
 #                            has a stack limit), count the totals again if a contribution went, and set next_expiry
 #                            to the lowest expiry left
 #   recount(extra)           total:<type> = fixed:<type> or the sum over hosts of their largest contribution, for
-#                            every contributed type, every type of the last count and the types in `extra`
+#                            every contributed type, every type of the last count and the types in `extra`; and
+#                            devs:<type> = the devices the contributions list (free:<type> follows: the devices
+#                            that came are free unless a lease holds them, those that went are no longer handed out)
 #   drop_worker(worker)      drop the leases of a worker node name (a worker starting under it holds none yet)
 #   expires_at(exp)          after a ZADD to leases outside acquire: keep next_expiry at or below exp
 #   unwait(id)               forget a waiting request
-#   register(id, needs, ttl, token, now, "worker|host|name")
-#                            store a lease without a capacity check (adopt; restore after Redis lost its data)
+#   impossible(id, needs, now, wait ttl, "worker|host|name")
+#                            remember a request for more than a type's total as waiting (shown, never reserving)
+#   register(id, needs, ttl, token, now, "worker|host|name", ldev)
+#                            store a lease without a capacity check (adopt; restore after Redis lost its data), binding
+#                            the devices of `ldev` that are free; returns the ldev it bound
 LIB = """
 local function lib()
   local M = {}
@@ -65,26 +99,42 @@ local function lib()
     return t[1] * 1000 + math.floor(t[2] / 1000)
   end
   function M.drop(ids)
-    local fields, list = {}, {}
-    for i, id in ipairs(ids) do fields[i] = 'lease:' .. id end
+    local fields, dfields, list, lds = {}, {}, {}, {}
+    for i, id in ipairs(ids) do fields[i], dfields[i] = 'lease:' .. id, 'ldev:' .. id end
     local recs = call('HMGET', P, unpack(fields))
+    local devs = call('HMGET', P, unpack(dfields))
     for i = 1, #ids do
       if recs[i] then list[#list + 1] = string.match(recs[i], '^[^|]*') end
+      if devs[i] then lds[#lds + 1] = devs[i] end
     end
     give_back(list)
+    if #lds > 0 then free_devs(lds) end
     call('HDEL', P, unpack(fields))
+    call('HDEL', P, unpack(dfields))
     call('ZREM', L, unpack(ids))
   end
   function M.recount(extra)
     local members = call('ZRANGE', C, 0, -1)
     local best, sum, typs = {}, {}, {}
+    local dset, dlist, dtyps = {}, {}, {}
     for i = 1, #members, 500 do
       local fields, chunk = {}, {}
       for j = i, math.min(i + 499, #members) do
         chunk[#chunk + 1] = members[j]
         fields[#fields + 1] = 'host:' .. members[j]
+        fields[#fields + 1] = 'hdev:' .. members[j]
       end
-      local recs = call('HMGET', I, unpack(fields))
+      local both = call('HMGET', I, unpack(fields))
+      local recs = {}
+      for j = 1, #chunk do
+        recs[j] = both[2 * j - 1]
+        for typ, ids in string.gmatch(both[2 * j] or '', '([^;=]+)=([^;]*)') do
+          if not dset[typ] then dset[typ], dlist[typ] = {}, {}; dtyps[#dtyps + 1] = typ end
+          for d in string.gmatch(ids, '[^,]+') do
+            if not dset[typ][d] then dset[typ][d] = true; dlist[typ][#dlist[typ] + 1] = d end
+          end
+        end
+      end
       for j, m in ipairs(chunk) do
         if recs[j] then
           local host = string.match(m, '^([^|]*)')
@@ -119,6 +169,49 @@ local function lib()
       end
       call('HSET', P, unpack(args))
     end
+    M.devices(dtyps, dlist, dset)
+  end
+  -- devs:<type> and free:<type> from the contributions' device lists (ids: numbers in order, then names)
+  function M.devices(dtyps, dlist, dset)
+    local function order(a, b)
+      local x, y = tonumber(a), tonumber(b)
+      if x and y then return x < y end
+      if x or y then return x ~= nil end
+      return a < b
+    end
+    local held
+    for _, typ in ipairs(dtyps) do
+      table.sort(dlist[typ], order)
+      local devs = table.concat(dlist[typ], ',')
+      local cur = call('HMGET', P, 'devs:' .. typ, 'free:' .. typ)
+      if cur[1] ~= devs or not cur[2] then
+        if not held then
+          held = {}
+          local all = call('HGETALL', P)
+          for i = 1, #all, 2 do
+            if string.sub(all[i], 1, 5) == 'ldev:' then
+              for t2, ids in string.gmatch(all[i + 1], '([^;=]+)=([^;]*)') do
+                for d in string.gmatch(ids, '[^,]+') do held[t2 .. '=' .. d] = true end
+              end
+            end
+          end
+        end
+        local free, seen = {}, {}
+        for d in string.gmatch(cur[2] or '', '[^,]+') do
+          if dset[typ][d] and not held[typ .. '=' .. d] and not seen[d] then free[#free + 1] = d; seen[d] = true end
+        end
+        for _, d in ipairs(dlist[typ]) do
+          if not held[typ .. '=' .. d] and not seen[d] then free[#free + 1] = d; seen[d] = true end
+        end
+        call('HSET', P, 'devs:' .. typ, devs, 'free:' .. typ, table.concat(free, ','))
+      end
+    end
+    local now_typs = {}
+    for _, typ in ipairs(dtyps) do now_typs[typ] = true end
+    for typ in string.gmatch(call('HGET', I, 'dtypes') or '', '[^,]+') do
+      if not now_typs[typ] then call('HDEL', P, 'devs:' .. typ, 'free:' .. typ) end
+    end
+    call('HSET', I, 'dtypes', table.concat(dtyps, ','))
   end
   function M.reap(now)
     local count = 0
@@ -134,6 +227,7 @@ local function lib()
         for j = i, math.min(i + 499, #gone) do
           chunk[#chunk + 1] = gone[j]
           fields[#fields + 1] = 'host:' .. gone[j]
+          fields[#fields + 1] = 'hdev:' .. gone[j]
         end
         call('HDEL', I, unpack(fields))
         call('ZREM', C, unpack(chunk))
@@ -169,12 +263,39 @@ local function lib()
       call('HDEL', P, 'wait:' .. id)
     end
   end
-  function M.register(id, ns, ttl, token, now, tail)
+  function M.impossible(id, ns, now, wttl, tail)
+    local old = call('HGET', P, 'wait:' .. id)
+    local since = old and string.match(old, '^[^|]*|(%d+)|') or now
+    local until_ = now + wttl
+    local w, name = string.match(tail, '^([^|]*)|[^|]*|(.*)$')
+    call('ZREM', Q, id)
+    call('ZADD', X, until_, id)
+    call('HSET', P, 'wait:' .. id, ns .. '|' .. since .. '|' .. until_ .. '|' .. w .. '|' .. name, 'waiters', 1)
+  end
+  function M.register(id, ns, ttl, token, now, tail, ldev)
     for typ, n in string.gmatch(ns, '([^,=]+)=(%d+)') do call('HINCRBY', P, 'used:' .. typ, n) end
     call('HSET', P, 'lease:' .. id, ns .. '|' .. token .. '|' .. now .. '|' .. ttl .. '|1|' .. tail)
     call('ZADD', L, now + ttl, id)
     M.expires_at(now + ttl)
     M.unwait(id)
+    local got = {}
+    for typ, ids in string.gmatch(ldev or '', '([^;=]+)=([^;]*)') do
+      local free = call('HGET', P, 'free:' .. typ)
+      if free then
+        local have, mine, taken, kept = ',' .. free .. ',', {}, {}, {}
+        for d in string.gmatch(ids, '[^,]+') do
+          if string.find(have, ',' .. d .. ',', 1, true) then mine[#mine + 1] = d; taken[d] = true end
+        end
+        for d in string.gmatch(free, '[^,]+') do
+          if not taken[d] then kept[#kept + 1] = d end
+        end
+        call('HSET', P, 'free:' .. typ, table.concat(kept, ','))
+        if #mine > 0 then got[#got + 1] = typ .. '=' .. table.concat(mine, ',') end
+      end
+    end
+    local bound = table.concat(got, ';')
+    if bound ~= '' then call('HSET', P, 'ldev:' .. id, bound) end
+    return bound
   end
   return M
 end
