@@ -163,7 +163,7 @@ class SlotStore:
         host pool's; devices of different hosts must never share a pool). ``starting``: the worker is starting under
         this node name, so leases recorded under it are dead and reaped."""
         reaped, status = self._run("contribute", "start" if starting else "beat", _member(host, worker),
-                                   needs_text(totals), _ms(ttl), devices_text(devices or {}))
+                                   needs_text(totals, keep_zero=True), _ms(ttl), devices_text(devices or {}))
         result = ContributeResult({1: "new", 2: "changed", 0: "renewed"}[int(status)], int(reaped))  # type: ignore[arg-type]
         if result.status != "renewed":
             self.client.sadd(self.registry_key, self.pool)
@@ -376,16 +376,17 @@ def _field(text: str) -> str:
     return text.replace("|", "/")
 
 
-def needs_text(needs: Mapping[str, int]) -> str:
-    """``{"gpu": 1, "cpu": 4}`` -> ``"cpu=4,gpu=1"`` (zero needs dropped; negative ones and odd names refused)."""
-    return _needs_text(tuple(sorted((str(k), int(v)) for k, v in needs.items())))
+def needs_text(needs: Mapping[str, int], *, keep_zero: bool = False) -> str:
+    """``{"gpu": 1, "cpu": 4}`` -> ``"cpu=4,gpu=1"`` (zero needs dropped unless ``keep_zero``: a host's 0 GPU is
+    worth showing; negative ones and odd names refused)."""
+    return _needs_text(tuple(sorted((str(k), int(v)) for k, v in needs.items())), keep_zero)
 
 
 @functools.lru_cache(maxsize=1024)
-def _needs_text(items: tuple[tuple[str, int], ...]) -> str:
+def _needs_text(items: tuple[tuple[str, int], ...], keep_zero: bool = False) -> str:
     if any(v < 0 for _, v in items):
         raise ValueError(f"slot needs must not be negative: {dict(items)}")
-    return ",".join(f"{type_name(k)}={v}" for k, v in items if v > 0)
+    return ",".join(f"{type_name(k)}={v}" for k, v in items if v > 0 or keep_zero)
 
 
 def parse_needs(text: str) -> dict[str, int]:
