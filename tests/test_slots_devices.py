@@ -124,8 +124,8 @@ def test_a_lease_restored_after_redis_lost_its_data_gets_back_the_devices_still_
 
 
 def test_a_pool_of_the_earlier_layout_reads_and_binds_nothing(redis_client: redis.Redis) -> None:
-    """A host pool written before devices existed (fixed totals, leases without ldev): read as before, gpu counted
-    and not bound, until a worker of this version lists the host's devices."""
+    """A host pool written before devices existed (fixed totals, lease records without devices): read as before, gpu
+    counted and not bound, until a worker of this version lists the host's devices."""
     store = SlotStore(redis_client, "host:old")
     store.set_totals({"cpu": 4, "gpu": 2})
     old = store.acquire("old", {"gpu": 1}, ttl=30)
@@ -215,9 +215,10 @@ def test_no_two_live_leases_ever_hold_one_device(redis_server: RedisServer) -> N
         def one_lease_per_device_and_none_lost(self) -> None:
             pool = cast(dict[str, str], client.hgetall(self.store.keys[0]))
             leases = {f[len("lease:"):] for f in pool if f.startswith("lease:")}
-            bound = {f[len("ldev:"):]: parse_devices(v).get("gpu", []) for f, v in pool.items()
-                     if f.startswith("ldev:")}
-            assert set(bound) <= leases  # a device record never outlives its lease
+            # a lease record's fifth field: "0" or "1" (adopted), then the devices it holds: "0 gpu=2,3"
+            bound = {lid: parse_devices(pool[f"lease:{lid}"].split("|")[4].partition(" ")[2]).get("gpu", [])
+                     for lid in leases}
+            bound = {lid: ds for lid, ds in bound.items() if ds}
             held = [str(d) for ds in bound.values() for d in ds]
             assert len(held) == len(set(held)), bound  # no device in two live leases
             for lid in leases:

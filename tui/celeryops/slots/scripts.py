@@ -7,8 +7,8 @@ the last two, gets the first four):
                                 hosts' contributions (counted by the scripts that change them; acquire reads it)
                   used:<type>   slots held by leases (never below 0)
                   token         the fencing-token counter (monotonic)
-                  lease:<id>    "needs|token|started ms|ttl ms|adopted|worker|host|task name"
-                  ldev:<id>     "gpu=2,3": the devices lease <id> holds (only a lease given devices has one)
+                  lease:<id>    "needs|token|started ms|ttl ms|adopted|worker|host|task name", where adopted
+                                ("0"/"1") is followed by the devices the lease holds, if any: "1 gpu=2,3"
                   devs:<type>   "0,1,2,3": the devices of a device-bound type (a host pool whose workers list them)
                   free:<type>   "2,0": those no lease holds, the one freed longest ago first (present iff devs is)
                   wait:<id>     "needs|since ms|exp ms|worker|task name": a refused request (starvation guard;

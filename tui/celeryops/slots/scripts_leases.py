@@ -4,18 +4,19 @@ The hot paths are what bench/bench_slots.py measures. A ``redis.call`` costs Red
 of its command and every number Lua turns into a string about 0.7 µs (bench/README.md), so they do only this:
 acquire = TIME, HMGET (lease, waiters flag, token, next_expiry, total, used and free devices of each requested
 type), HSET (used, token, lease record; for a device-bound type the devices left free and the lease's devices),
-ZADD; release = HMGET (record, waiters flag, the lease's devices), HINCRBY (HMGET + HSET for several types), HDEL,
-ZREM, and for a lease holding devices one HMGET + HSET per device type to give them back. The rarer paths' helpers
-are built by ``lib()`` (``scripts_lib``) only when one of them runs. A granted acquire answers with the bare token
-(an integer reply, the cheapest for the client to parse), or ``{token, 'ok', devices}`` when it bound devices.
+ZADD; release = HMGET (record, waiters flag), HINCRBY (HSET for several types, or for a lease holding devices, whose
+counts and devices go back together: the fields it reads come with the record when the store guessed them, or in
+one more HMGET), HDEL, ZREM. The rarer paths' helpers are built by ``lib()`` (``scripts_lib``) only when one of them
+runs. A granted acquire answers with the bare token (an integer
+reply, the cheapest for the client to parse), or ``{token, 'ok', devices}`` when it bound devices.
 
 Devices: a type whose pool has ``free:<type>`` (a host pool whose workers listed their devices) is bound as well as
 counted: a granted acquire takes its k devices from the front of that list in the same script, so no two live
 leases ever hold one device; release, reap and a lost lease's expiry put them back at the end. A request the
 counts would grant but that finds fewer free devices than it needs waits like a busy one. Host contributions add
-nothing to these paths:
-``total:<type>`` is counted when contributions change (contribute, reap), and their expiries are folded into
-``next_expiry``, so acquire reaps (and counts again) only when a lease or a contribution may really have expired.
+nothing to these paths: ``total:<type>`` is counted when contributions change (contribute, reap), and their expiries
+are folded into ``next_expiry``, so acquire reaps (and counts again) only when a lease or a contribution may really
+have expired.
 
 A request refused for longer than the starvation guard reserves what it needs (first come, first served), so a
 large request is not starved by a stream of small ones.
@@ -55,7 +56,8 @@ local nxt = tonumber(r[4])
 if r[1] then
   call('ZADD', L, exp, id)
   if exp < nxt then call('HSET', P, 'next_expiry', exp) end
-  return {tonumber(string.match(r[1], '^[^|]*|(%d+)')), 'held', call('HGET', P, 'ldev:' .. id) or ''}
+  local tok, dv = string.match(r[1], '^[^|]*|(%d+)|[^|]*|[^|]*|%d ?([^|]*)|')
+  return {tonumber(tok), 'held', dv or ''}
 end
 local total, used = {}, {}
 for k = 1, #typs do
@@ -126,9 +128,19 @@ for k = 1, #typs do
   local ok = used[k] + need[k] + (reserved and reserved[typs[k]] or 0) <= total[k]
   local free = r[3 * k + 4]
   if ok and free then
-    local got, rest = take(free, need[k])
+    local got, rest
+    if need[k] == 1 then  -- the usual: one device, no table
+      if free ~= '' then
+        local a = string.find(free, ',', 1, true)
+        if a then got, rest = string.sub(free, 1, a - 1), string.sub(free, a + 1) else got, rest = free, '' end
+      end
+    else
+      local list
+      list, rest = take(free, need[k])
+      if list then got = table.concat(list, ',') end
+    end
     if got then
-      ld = (ld and ld .. ';' or '') .. typs[k] .. '=' .. table.concat(got, ',')
+      ld = (ld and ld .. ';' or '') .. typs[k] .. '=' .. got
       fargs = fargs or {}
       fargs[#fargs + 1], fargs[#fargs + 2] = fields[3 * k + 4], rest
     else
@@ -147,7 +159,8 @@ for k = 1, #typs do
 end
 local token = (r[3] or 0) + 1
 local tk = tostring(token)
-local args = {'token', tk, fields[1], ns .. '|' .. tk .. '|' .. now .. '|' .. ttl .. '|0|' .. ARGV[6]}
+local adopted = ld and '|0 ' .. ld .. '|' or '|0|'  -- a lease's devices follow its adopted flag: "0 gpu=3"
+local args = {'token', tk, fields[1], ns .. '|' .. tk .. '|' .. now .. '|' .. ttl .. adopted .. ARGV[6]}
 for k = 1, #typs do
   args[2 * k + 3], args[2 * k + 4] = fields[3 * k + 3], used[k] + need[k]
 end
@@ -156,7 +169,6 @@ if exp < nxt then
 end
 if ld then
   for i = 1, #fargs do args[#args + 1] = fargs[i] end
-  args[#args + 1], args[#args + 2] = 'ldev:' .. id, ld
 end
 call('HSET', P, unpack(args))
 call('ZADD', L, exp, id)
@@ -165,28 +177,64 @@ if ld then return {token, 'ok', ld} end
 return token
 """
 
-# ARGV: id, token ('' = any) -> 1 released | 0 nothing held under that id and token (a waiting entry is dropped)
+# ARGV: id, token ('' = any), then fields to read with the record, if any (the store's guess at the used:, free:
+# and devs: fields that a lease holding devices gives back)
+# -> 1 released | 0 nothing held under that id and token (a waiting entry is dropped)
 RELEASE = PRELUDE + """
 local id, token = ARGV[1], ARGV[2]
-local lf, df = 'lease:' .. id, 'ldev:' .. id
-local r = call('HMGET', P, lf, 'waiters', df)
+local lf = 'lease:' .. id
+local fields = {lf, 'waiters', unpack(ARGV, 3)}
+local r = call('HMGET', P, unpack(fields))
 if r[1] then
-  local typ, n, held = string.match(r[1], '^([^,=|]+)=(%d+)|(%d+)|')  -- one type: the common case
+  -- one type and no devices (the common case), else the needs and the devices from the record
+  local typ, n, held, dv = string.match(r[1], '^([^,=|]+)=(%d+)|(%d+)|%d+|%d+|%d ?([^|]*)|')
   local ns
-  if not typ then ns, held = string.match(r[1], '^([^|]*)|(%d+)|') end
+  if not typ then ns, held, dv = string.match(r[1], '^([^|]*)|(%d+)|%d+|%d+|%d ?([^|]*)|') end
+  if not typ and not ns then ns, held, dv = string.match(r[1], '^([^|]*)|(%d+)|'), '' end
   if token == '' or held == token then
-    if typ then
+    local dt, ids
+    if typ and dv ~= '' then dt, ids = string.match(dv, '^([^;=]+)=([^;]*)$') end
+    if typ and dv == '' then
       local f = 'used:' .. typ
       if call('HINCRBY', P, f, '-' .. n) < 0 then call('HSET', P, f, 0) end
+    elseif dt then  -- one type counted, one bound (gpu=1 holding gpu 3): no tables, at most one more read
+      local uf, ff = 'used:' .. typ, 'free:' .. dt
+      local u, free, devs
+      if fields[3] == uf and fields[4] == ff then
+        u, free, devs = r[3], r[4], r[5]
+      else
+        local c = call('HMGET', P, uf, ff, 'devs:' .. dt)
+        u, free, devs = c[1], c[2], c[3]
+      end
+      u = (u or 0) - n
+      if u < 0 then u = 0 end
+      if devs then
+        free = free or ''
+        local member = ',' .. devs .. ','
+        local function back(d)
+          local k = ',' .. d .. ','
+          if string.find(member, k, 1, true) and not string.find(',' .. free .. ',', k, 1, true) then
+            if free == '' then free = d else free = free .. ',' .. d end
+          end
+        end
+        if string.find(ids, ',', 1, true) then
+          for d in string.gmatch(ids, '[^,]+') do back(d) end
+        else
+          back(ids)
+        end
+        call('HSET', P, uf, u, ff, free)
+      else
+        call('HSET', P, uf, u)
+      end
     else
-      give_back({ns})
+      local pre
+      if #fields > 2 then
+        pre = {}
+        for i = 3, #fields do pre[fields[i]] = r[i] end
+      end
+      give_back({ns or (typ .. '=' .. n)}, dv ~= '' and {dv} or nil, pre)
     end
-    if r[3] then
-      free_devs({r[3]})
-      call('HDEL', P, lf, df)
-    else
-      call('HDEL', P, lf)
-    end
+    call('HDEL', P, lf)
     call('ZREM', L, id)
     return 1
   end

@@ -2,8 +2,8 @@
 
 Each script in ``scripts_leases`` and ``scripts_totals`` is one of these preludes followed by its own body; Redis
 runs it atomically (``EVALSHA``). ``HEAD`` names the six keys of a pool (the layout is in ``scripts.py``).
-``give_back`` returns slots to ``used:<type>`` and ``free_devs`` a lease's devices to ``free:<type>``; both are cheap
-enough for the hot paths. ``lib()`` builds the helpers
+``give_back`` returns slots to ``used:<type>`` and a lease's devices to ``free:<type>``, cheaply enough for the hot
+paths. ``lib()`` builds the helpers
 of the rarer paths (reaping, counting the totals again, registering a lease without a capacity check) as a table of
 closures, so a hot path that does not need them pays only for defining the function, not for building them.
 """
@@ -15,9 +15,13 @@ local P, L, Q, X, C, I = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local call = redis.call
 """
 
-# give_back(list of needs strings): return their slots, clamped at 0 (the seed's counters may have been reset by hand)
+# give_back(list of needs strings, list of device lists ("gpu=2,3;npu=0") or nil, prefetched fields or nil): return
+# their slots, clamped at 0 (the seed's counters may have been reset by hand), and their devices to the end of
+# free:<type> (the device freed longest ago is handed out first), those the host still lists (devs:<type>) and that
+# are not free already. One type without devices is one HINCRBY; anything else one HSET after one HMGET, which is
+# skipped when `pre` (field -> value, false for a missing one) holds every field it needs.
 GIVE_BACK = """
-local function give_back(list)
+local function give_back(list, ldevs, pre)
   local typs, sum = {}, {}
   for _, ns in ipairs(list) do
     for typ, n in string.gmatch(ns, '([^,=]+)=(%d+)') do
@@ -28,47 +32,53 @@ local function give_back(list)
       sum[typ] = sum[typ] + n
     end
   end
-  if #typs == 1 then
-    local f = 'used:' .. typs[1]
-    if call('HINCRBY', P, f, -sum[typs[1]]) < 0 then call('HSET', P, f, 0) end
-  elseif #typs > 1 then
-    local fields, args = {}, {}
-    for i, typ in ipairs(typs) do fields[i] = 'used:' .. typ end
-    local cur = call('HMGET', P, unpack(fields))
-    for i, typ in ipairs(typs) do
-      local u = (cur[i] or 0) - sum[typ]
-      if u < 0 then u = 0 end
-      args[2 * i - 1], args[2 * i] = fields[i], u
-    end
-    call('HSET', P, unpack(args))
-  end
-end
-
--- free_devs(list of ldev values "gpu=2,3;npu=0"): put these devices back at the end of free:<type> (the device
--- freed longest ago is handed out first), those the host still has (devs:<type>) and that are not free already
-local function free_devs(list)
-  local add, typs = {}, {}
-  for _, ld in ipairs(list) do
+  local add, dtyps = {}, {}
+  for _, ld in ipairs(ldevs or {}) do
     for typ, ids in string.gmatch(ld, '([^;=]+)=([^;]*)') do
-      if not add[typ] then add[typ] = {}; typs[#typs + 1] = typ end
+      if not add[typ] then add[typ] = {}; dtyps[#dtyps + 1] = typ end
       for d in string.gmatch(ids, '[^,]+') do add[typ][#add[typ] + 1] = d end
     end
   end
-  for _, typ in ipairs(typs) do
-    local cur = call('HMGET', P, 'free:' .. typ, 'devs:' .. typ)
-    if cur[2] then
-      local free, devs = cur[1] or '', ',' .. cur[2] .. ','
-      local have = ',' .. free .. ','
+  if #typs == 1 and #dtyps == 0 then
+    local f = 'used:' .. typs[1]
+    if call('HINCRBY', P, f, -sum[typs[1]]) < 0 then call('HSET', P, f, 0) end
+    return
+  end
+  if #typs == 0 and #dtyps == 0 then return end
+  local fields, nt = {}, #typs
+  for i, typ in ipairs(typs) do fields[i] = 'used:' .. typ end
+  for j, typ in ipairs(dtyps) do fields[nt + 2 * j - 1], fields[nt + 2 * j] = 'free:' .. typ, 'devs:' .. typ end
+  local cur
+  if pre then
+    cur = {}
+    for i, f in ipairs(fields) do
+      if pre[f] == nil then cur = nil; break end
+      cur[i] = pre[f]
+    end
+  end
+  cur = cur or call('HMGET', P, unpack(fields))
+  local args = {}
+  for i, typ in ipairs(typs) do
+    local u = (cur[i] or 0) - sum[typ]
+    if u < 0 then u = 0 end
+    args[#args + 1], args[#args + 2] = fields[i], u
+  end
+  for j, typ in ipairs(dtyps) do
+    local devs = cur[nt + 2 * j]
+    if devs then
+      local free = cur[nt + 2 * j - 1] or ''
+      local member, have = ',' .. devs .. ',', ',' .. free .. ','
       for _, d in ipairs(add[typ]) do
         local k = ',' .. d .. ','
-        if string.find(devs, k, 1, true) and not string.find(have, k, 1, true) then
+        if string.find(member, k, 1, true) and not string.find(have, k, 1, true) then
           if free == '' then free = d else free = free .. ',' .. d end
           have = have .. d .. ','
         end
       end
-      call('HSET', P, 'free:' .. typ, free)
+      args[#args + 1], args[#args + 2] = fields[nt + 2 * j - 1], free
     end
   end
+  if #args > 0 then call('HSET', P, unpack(args)) end
 end
 """
 
@@ -76,6 +86,7 @@ end
 #   now_ms()                 Redis TIME in ms
 #   drop(ids)                delete these leases (records, expiry entries), giving their recorded slots and
 #                            devices back
+#   devices_of(record)       the devices a lease record holds ("gpu=2,3", '' for none)
 #   reap(now)                drop every lease and every contribution whose expiry has passed (in batches: unpack
 #                            has a stack limit), count the totals again if a contribution went, and set next_expiry
 #                            to the lowest expiry left
@@ -88,9 +99,9 @@ end
 #   unwait(id)               forget a waiting request
 #   impossible(id, needs, now, wait ttl, "worker|host|name")
 #                            remember a request for more than a type's total as waiting (shown, never reserving)
-#   register(id, needs, ttl, token, now, "worker|host|name", ldev)
+#   register(id, needs, ttl, token, now, "worker|host|name", devices)
 #                            store a lease without a capacity check (adopt; restore after Redis lost its data), binding
-#                            the devices of `ldev` that are free; returns the ldev it bound
+#                            those of `devices` ("gpu=2,3") that are free; returns the devices it bound
 LIB = """
 local function lib()
   local M = {}
@@ -98,19 +109,22 @@ local function lib()
     local t = call('TIME')
     return t[1] * 1000 + math.floor(t[2] / 1000)
   end
+  function M.devices_of(rec)
+    return string.match(rec, '^[^|]*|[^|]*|[^|]*|[^|]*|%d ?([^|]*)|') or ''
+  end
   function M.drop(ids)
-    local fields, dfields, list, lds = {}, {}, {}, {}
-    for i, id in ipairs(ids) do fields[i], dfields[i] = 'lease:' .. id, 'ldev:' .. id end
+    local fields, list, lds = {}, {}, {}
+    for i, id in ipairs(ids) do fields[i] = 'lease:' .. id end
     local recs = call('HMGET', P, unpack(fields))
-    local devs = call('HMGET', P, unpack(dfields))
     for i = 1, #ids do
-      if recs[i] then list[#list + 1] = string.match(recs[i], '^[^|]*') end
-      if devs[i] then lds[#lds + 1] = devs[i] end
+      if recs[i] then
+        list[#list + 1] = string.match(recs[i], '^[^|]*')
+        local dv = M.devices_of(recs[i])
+        if dv ~= '' then lds[#lds + 1] = dv end
+      end
     end
-    give_back(list)
-    if #lds > 0 then free_devs(lds) end
+    give_back(list, lds)
     call('HDEL', P, unpack(fields))
-    call('HDEL', P, unpack(dfields))
     call('ZREM', L, unpack(ids))
   end
   function M.recount(extra)
@@ -189,8 +203,8 @@ local function lib()
           held = {}
           local all = call('HGETALL', P)
           for i = 1, #all, 2 do
-            if string.sub(all[i], 1, 5) == 'ldev:' then
-              for t2, ids in string.gmatch(all[i + 1], '([^;=]+)=([^;]*)') do
+            if string.sub(all[i], 1, 6) == 'lease:' then
+              for t2, ids in string.gmatch(M.devices_of(all[i + 1]), '([^;=]+)=([^;]*)') do
                 for d in string.gmatch(ids, '[^,]+') do held[t2 .. '=' .. d] = true end
               end
             end
@@ -272,14 +286,9 @@ local function lib()
     call('ZADD', X, until_, id)
     call('HSET', P, 'wait:' .. id, ns .. '|' .. since .. '|' .. until_ .. '|' .. w .. '|' .. name, 'waiters', 1)
   end
-  function M.register(id, ns, ttl, token, now, tail, ldev)
-    for typ, n in string.gmatch(ns, '([^,=]+)=(%d+)') do call('HINCRBY', P, 'used:' .. typ, n) end
-    call('HSET', P, 'lease:' .. id, ns .. '|' .. token .. '|' .. now .. '|' .. ttl .. '|1|' .. tail)
-    call('ZADD', L, now + ttl, id)
-    M.expires_at(now + ttl)
-    M.unwait(id)
+  function M.register(id, ns, ttl, token, now, tail, devices)
     local got = {}
-    for typ, ids in string.gmatch(ldev or '', '([^;=]+)=([^;]*)') do
+    for typ, ids in string.gmatch(devices or '', '([^;=]+)=([^;]*)') do
       local free = call('HGET', P, 'free:' .. typ)
       if free then
         local have, mine, taken, kept = ',' .. free .. ',', {}, {}, {}
@@ -294,7 +303,12 @@ local function lib()
       end
     end
     local bound = table.concat(got, ';')
-    if bound ~= '' then call('HSET', P, 'ldev:' .. id, bound) end
+    for typ, n in string.gmatch(ns, '([^,=]+)=(%d+)') do call('HINCRBY', P, 'used:' .. typ, n) end
+    call('HSET', P, 'lease:' .. id, ns .. '|' .. token .. '|' .. now .. '|' .. ttl .. '|1' ..
+         (bound ~= '' and ' ' .. bound or '') .. '|' .. tail)
+    call('ZADD', L, now + ttl, id)
+    M.expires_at(now + ttl)
+    M.unwait(id)
     return bound
   end
   return M

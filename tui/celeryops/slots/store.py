@@ -110,6 +110,8 @@ class SlotStore:
         self._acquire = self._scripts["acquire"]
         self._release = self._scripts["release"]
         self._hot: tuple[int, Client] | None = None  # (pid, the hot path's client): see the module's docstring
+        # lease id -> the fields its release reads (a lease holding devices), sent with the release: see release()
+        self._release_reads: dict[str, tuple[bytes, ...]] = {}
 
     def _hot_client(self) -> Client:
         """A single-connection client on this client's pool, for this process (after a fork the parent's connection
@@ -186,7 +188,13 @@ class SlotStore:
             return AcquireResult(True, res, "ok")
         code, info = int(res[0]), str(res[1])
         if code > 0:
-            return AcquireResult(True, code, info, devices=parse_devices(str(res[2])) if len(res) > 2 else {})
+            bound = str(res[2]) if len(res) > 2 else ""
+            if bound:
+                reads = self._release_reads
+                if len(reads) >= 4096:  # leases nobody released here: forget the oldest guess
+                    del reads[next(iter(reads))]
+                reads[lease_id] = _release_fields(needs_text(needs), bound)
+            return AcquireResult(True, code, info, devices=parse_devices(bound))
         if code == -1:
             return AcquireResult(False, 0, "impossible", info)
         return AcquireResult(False, 0, "busy", info)
@@ -209,9 +217,12 @@ class SlotStore:
         return int(token)
 
     def release(self, lease_id: str, token: int | None = None) -> bool:
-        """Return the lease's slots (as recorded, never the caller's numbers); False if nothing was held."""
-        return bool(self._release(keys=self._release_keys, args=(lease_id, b"" if token is None else int(token)),
-                                  client=self._hot_client()))
+        """Return the lease's slots and devices (as recorded, never the caller's numbers); False if nothing was held.
+        For a lease this store bound devices to, the fields giving them back are read with the record (one HMGET
+        less): a guess only, the script reads what the record says it needs."""
+        return bool(self._release(keys=self._release_keys, args=(
+            lease_id, b"" if token is None else int(token), *self._release_reads.pop(lease_id, ())),
+            client=self._hot_client()))
 
     def reap(self) -> int:
         return int(self._run("reap"))
@@ -234,7 +245,6 @@ class SlotStore:
         leases: dict[str, str] = {}
         waits: dict[str, str] = {}
         records: dict[str, str] = {}
-        bound: dict[str, dict[str, list[DeviceId]]] = {}  # lease -> its devices
         devs: dict[str, list[DeviceId]] = {}
         host_devs: dict[str, str] = {}
         for name, value in pool.items():
@@ -247,8 +257,6 @@ class SlotStore:
                 leases[rest] = value
             elif kind == "wait":
                 waits[rest] = value
-            elif kind == "ldev":
-                bound[rest] = parse_devices(value)
             elif kind == "devs":
                 devs[rest] = [_device(d) for d in value.split(",") if d]
         for name, value in hostinfo.items():
@@ -272,11 +280,12 @@ class SlotStore:
         holders = []
         for lid, raw in sorted(leases.items()):
             ns, token, started, _ttl, adopted, worker, host, name = raw.split("|", 7)
+            adopted, _, held_devices = adopted.partition(" ")
             remaining = (exp.get(lid, now_ms) - now_ms) / 1000
             holders.append(Holder(
                 task_id=lid, task_name=name, worker=worker, host=host, slots=parse_needs(ns), token=int(token),
                 age=(now_ms - int(started)) / 1000, lease_remaining=max(0.0, remaining),
-                expired=remaining <= 0, adopted=adopted == "1", devices=bound.get(lid, {})))
+                expired=remaining <= 0, adopted=adopted == "1", devices=parse_devices(held_devices)))
         by_device = {(typ, d): h for h in holders for typ, ds in h.devices.items() for d in ds}
         devices = []
         for typ in sorted(devs):
@@ -338,6 +347,16 @@ def _acquire_args(needs: tuple[tuple[str, int], ...], ttl: float, starvation_aft
     """ARGV[2:] of the acquire script, encoded once per distinct call shape (a worker repeats a handful)."""
     return (needs_text(dict(needs)).encode(), b"%d" % _ms(ttl), b"%d" % max(0, round(starvation_after * 1000)),
             b"%d" % _ms(wait_ttl if wait_ttl is not None else 3 * ttl), _tail(worker, host, name).encode())
+
+
+@functools.lru_cache(maxsize=256)
+def _release_fields(needs: str, bound: str) -> tuple[bytes, ...]:
+    """What the release of a lease with these needs and devices reads besides its record: used:<each type>, and
+    free:/devs:<each bound type>."""
+    fields = [f"used:{t}" for t in parse_needs(needs)]
+    for typ in parse_devices(bound):
+        fields += [f"free:{typ}", f"devs:{typ}"]
+    return tuple(f.encode() for f in fields)
 
 
 def _tail(worker: str, host: str, name: str) -> str:
