@@ -139,6 +139,18 @@ def test_a_pool_of_the_earlier_layout_reads_and_binds_nothing(redis_client: redi
     assert not store.acquire("more", {"gpu": 1}, ttl=30).ok
 
 
+def test_a_client_without_decode_responses_reads_devices_too(redis_url: str, redis_client: redis.Redis) -> None:
+    host_pool(redis_client)
+    raw = redis.Redis.from_url(redis_url)  # bytes replies
+    store = SlotStore(raw, "host:h1")
+    a = store.acquire("a", {"gpu": 2}, ttl=30)
+    assert (a.status, a.devices) == ("ok", {"gpu": [0, 1]})
+    held = store.acquire("a", {"gpu": 2}, ttl=30)
+    assert (held.status, held.devices, held.token) == ("held", {"gpu": [0, 1]}, a.token)
+    assert store.release("a", a.token) and free(SlotStore(redis_client, "host:h1")) == [2, 3, 0, 1]
+    raw.close()
+
+
 def test_devices_text_round_trip() -> None:
     assert parse_devices("gpu=2,3;npu=MIG-a") == {"gpu": [2, 3], "npu": ["MIG-a"]}
     assert parse_devices("") == {}

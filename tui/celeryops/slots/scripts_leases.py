@@ -4,11 +4,10 @@ The hot paths are what bench/bench_slots.py measures. A ``redis.call`` costs Red
 of its command and every number Lua turns into a string about 0.7 µs (bench/README.md), so they do only this:
 acquire = TIME, HMGET (lease, waiters flag, token, next_expiry, total, used and free devices of each requested
 type), HSET (used, token, lease record; for a device-bound type the devices left free and the lease's devices),
-ZADD; release = HMGET (record, waiters flag), HINCRBY (HSET for several types, or for a lease holding devices, whose
-counts and devices go back together: the fields it reads come with the record when the store guessed them, or in
-one more HMGET), HDEL, ZREM. The rarer paths' helpers are built by ``lib()`` (``scripts_lib``) only when one of them
-runs. A granted acquire answers with the bare token (an integer
-reply, the cheapest for the client to parse), or ``{token, 'ok', devices}`` when it bound devices.
+ZADD; release = HMGET (record, waiters flag), HINCRBY (HMGET + HSET for several types, or for a lease holding
+devices, whose counts and devices go back together), HDEL, ZREM. The rarer paths' helpers are built by ``lib()``
+(``scripts_lib``) only when one of them runs. A granted acquire answers with the bare token (an integer reply, the
+cheapest for the client to parse), or ``"token devices"`` (``"7 gpu=3"``, one bulk string) when it bound devices.
 
 Devices: a type whose pool has ``free:<type>`` (a host pool whose workers listed their devices) is bound as well as
 counted: a granted acquire takes its k devices from the front of that list in the same script, so no two live
@@ -27,7 +26,7 @@ from __future__ import annotations
 from celeryops.slots.scripts_lib import PRELUDE
 
 # ARGV: id, needs, ttl ms, starvation ms, waiting ttl ms, "worker|host|name"
-# -> token (granted) | {token, 'ok', devices} (granted with devices, "gpu=2,3") | {token, 'held', devices}
+# -> token (granted) | "token devices" (granted with devices: "7 gpu=2,3") | {token, 'held', devices}
 #    | {0, blocking type} | {-1, type larger than its total} (remembered as waiting, never reserving)
 ACQUIRE = PRELUDE + """
 local id, ns, ttl = ARGV[1], ARGV[2], ARGV[3]
@@ -173,18 +172,15 @@ end
 call('HSET', P, unpack(args))
 call('ZADD', L, exp, id)
 if mine then (H or lib()).unwait(id) end
-if ld then return {token, 'ok', ld} end
+if ld then return tk .. ' ' .. ld end
 return token
 """
 
-# ARGV: id, token ('' = any), then fields to read with the record, if any (the store's guess at the used:, free:
-# and devs: fields that a lease holding devices gives back)
-# -> 1 released | 0 nothing held under that id and token (a waiting entry is dropped)
+# ARGV: id, token ('' = any) -> 1 released | 0 nothing held under that id and token (a waiting entry is dropped)
 RELEASE = PRELUDE + """
 local id, token = ARGV[1], ARGV[2]
 local lf = 'lease:' .. id
-local fields = {lf, 'waiters', unpack(ARGV, 3)}
-local r = call('HMGET', P, unpack(fields))
+local r = call('HMGET', P, lf, 'waiters')
 if r[1] then
   -- one type and no devices (the common case), else the needs and the devices from the record
   local typ, n, held, dv = string.match(r[1], '^([^,=|]+)=(%d+)|(%d+)|%d+|%d+|%d ?([^|]*)|')
@@ -197,15 +193,10 @@ if r[1] then
     if typ and dv == '' then
       local f = 'used:' .. typ
       if call('HINCRBY', P, f, '-' .. n) < 0 then call('HSET', P, f, 0) end
-    elseif dt then  -- one type counted, one bound (gpu=1 holding gpu 3): no tables, at most one more read
+    elseif dt then  -- one type counted, one bound (gpu=1 holding gpu 3): one more read, no tables
       local uf, ff = 'used:' .. typ, 'free:' .. dt
-      local u, free, devs
-      if fields[3] == uf and fields[4] == ff then
-        u, free, devs = r[3], r[4], r[5]
-      else
-        local c = call('HMGET', P, uf, ff, 'devs:' .. dt)
-        u, free, devs = c[1], c[2], c[3]
-      end
+      local c = call('HMGET', P, uf, ff, 'devs:' .. dt)
+      local u, free, devs = c[1], c[2], c[3]
       u = (u or 0) - n
       if u < 0 then u = 0 end
       if devs then
@@ -227,12 +218,7 @@ if r[1] then
         call('HSET', P, uf, u)
       end
     else
-      local pre
-      if #fields > 2 then
-        pre = {}
-        for i = 3, #fields do pre[fields[i]] = r[i] end
-      end
-      give_back({ns or (typ .. '=' .. n)}, dv ~= '' and {dv} or nil, pre)
+      give_back({ns or (typ .. '=' .. n)}, dv ~= '' and {dv} or nil)
     end
     call('HDEL', P, lf)
     call('ZREM', L, id)

@@ -15,13 +15,12 @@ local P, L, Q, X, C, I = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local call = redis.call
 """
 
-# give_back(list of needs strings, list of device lists ("gpu=2,3;npu=0") or nil, prefetched fields or nil): return
-# their slots, clamped at 0 (the seed's counters may have been reset by hand), and their devices to the end of
-# free:<type> (the device freed longest ago is handed out first), those the host still lists (devs:<type>) and that
-# are not free already. One type without devices is one HINCRBY; anything else one HSET after one HMGET, which is
-# skipped when `pre` (field -> value, false for a missing one) holds every field it needs.
+# give_back(list of needs strings, list of device lists ("gpu=2,3;npu=0") or nil): return their slots, clamped at 0
+# (the seed's counters may have been reset by hand), and their devices to the end of free:<type> (the device freed
+# longest ago is handed out first), those the host still lists (devs:<type>) and that are not free already. One type
+# without devices is one HINCRBY; anything else one HMGET and one HSET.
 GIVE_BACK = """
-local function give_back(list, ldevs, pre)
+local function give_back(list, ldevs)
   local typs, sum = {}, {}
   for _, ns in ipairs(list) do
     for typ, n in string.gmatch(ns, '([^,=]+)=(%d+)') do
@@ -48,15 +47,7 @@ local function give_back(list, ldevs, pre)
   local fields, nt = {}, #typs
   for i, typ in ipairs(typs) do fields[i] = 'used:' .. typ end
   for j, typ in ipairs(dtyps) do fields[nt + 2 * j - 1], fields[nt + 2 * j] = 'free:' .. typ, 'devs:' .. typ end
-  local cur
-  if pre then
-    cur = {}
-    for i, f in ipairs(fields) do
-      if pre[f] == nil then cur = nil; break end
-      cur[i] = pre[f]
-    end
-  end
-  cur = cur or call('HMGET', P, unpack(fields))
+  local cur = call('HMGET', P, unpack(fields))
   local args = {}
   for i, typ in ipairs(typs) do
     local u = (cur[i] or 0) - sum[typ]

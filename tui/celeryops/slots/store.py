@@ -13,7 +13,8 @@ reloading the script. A pool written by the seed's schema (``resource:<type>:tot
 The hot path (acquire, release) runs on one connection of the client's pool that the store holds (redis-py's
 single-connection client, ``client.client()``, per process, taken at the first acquire or release): a pooled
 command checks a connection out, polls it for stale data and puts it back, which costs the client more than the
-command itself. It sends pre-encoded keys and arguments and gets an integer back (see bench/bench_slots.py).
+command itself. It sends pre-encoded keys and arguments and gets an integer back (a short string when it bound
+devices: see bench/bench_slots.py).
 Everything else (snapshots, totals, renewals) uses the client as given.
 """
 
@@ -110,8 +111,6 @@ class SlotStore:
         self._acquire = self._scripts["acquire"]
         self._release = self._scripts["release"]
         self._hot: tuple[int, Client] | None = None  # (pid, the hot path's client): see the module's docstring
-        # lease id -> the fields its release reads (a lease holding devices), sent with the release: see release()
-        self._release_reads: dict[str, tuple[bytes, ...]] = {}
 
     def _hot_client(self) -> Client:
         """A single-connection client on this client's pool, for this process (after a fork the parent's connection
@@ -186,15 +185,14 @@ class SlotStore:
             client=self._hot_client())
         if type(res) is int:
             return AcquireResult(True, res, "ok")
-        code, info = int(res[0]), str(res[1])
+        if type(res) is bytes:  # a client without decode_responses
+            res = res.decode()
+        if type(res) is str:  # granted with devices: "7 gpu=3"
+            tk, _, bound = res.partition(" ")
+            return AcquireResult(True, int(tk), "ok", devices=parse_devices(bound))
+        code, info = int(res[0]), _str(res[1])
         if code > 0:
-            bound = str(res[2]) if len(res) > 2 else ""
-            if bound:
-                reads = self._release_reads
-                if len(reads) >= 4096:  # leases nobody released here: forget the oldest guess
-                    del reads[next(iter(reads))]
-                reads[lease_id] = _release_fields(needs_text(needs), bound)
-            return AcquireResult(True, code, info, devices=parse_devices(bound))
+            return AcquireResult(True, code, info, devices=parse_devices(_str(res[2])) if len(res) > 2 else {})
         if code == -1:
             return AcquireResult(False, 0, "impossible", info)
         return AcquireResult(False, 0, "busy", info)
@@ -208,7 +206,7 @@ class SlotStore:
         res = self._run("renew", lease_id, int(token), _ms(ttl), needs_text(needs), _tail(worker, host, name),
                         devices_text(devices or {}))
         status = {1: "renewed", 2: "restored", 0: "lost", -1: "taken"}[int(res[0])]
-        return RenewResult(status, int(res[1]), parse_devices(str(res[2])) if len(res) > 2 else {})  # type: ignore[arg-type]
+        return RenewResult(status, int(res[1]), parse_devices(_str(res[2])) if len(res) > 2 else {})  # type: ignore[arg-type]
 
     def adopt(self, lease_id: str, needs: Mapping[str, int], *, ttl: float, name: str = "", worker: str = "",
               host: str = "") -> int:
@@ -217,11 +215,10 @@ class SlotStore:
         return int(token)
 
     def release(self, lease_id: str, token: int | None = None) -> bool:
-        """Return the lease's slots and devices (as recorded, never the caller's numbers); False if nothing was held.
-        For a lease this store bound devices to, the fields giving them back are read with the record (one HMGET
-        less): a guess only, the script reads what the record says it needs."""
+        """Return the lease's slots and devices (as recorded, never the caller's numbers); False if nothing was
+        held."""
         return bool(self._release(keys=self._release_keys, args=(
-            lease_id, b"" if token is None else int(token), *self._release_reads.pop(lease_id, ())),
+            lease_id, b"" if token is None else int(token)),
             client=self._hot_client()))
 
     def reap(self) -> int:
@@ -349,19 +346,14 @@ def _acquire_args(needs: tuple[tuple[str, int], ...], ttl: float, starvation_aft
             b"%d" % _ms(wait_ttl if wait_ttl is not None else 3 * ttl), _tail(worker, host, name).encode())
 
 
-@functools.lru_cache(maxsize=256)
-def _release_fields(needs: str, bound: str) -> tuple[bytes, ...]:
-    """What the release of a lease with these needs and devices reads besides its record: used:<each type>, and
-    free:/devs:<each bound type>."""
-    fields = [f"used:{t}" for t in parse_needs(needs)]
-    for typ in parse_devices(bound):
-        fields += [f"free:{typ}", f"devs:{typ}"]
-    return tuple(f.encode() for f in fields)
-
-
 def _tail(worker: str, host: str, name: str) -> str:
     """The end of a lease record: worker and host between '|' separators, the task name last (it may hold '|')."""
     return f"{_field(worker)}|{_field(host)}|{name}"
+
+
+def _str(value: Any) -> str:
+    """A reply element as text, from a client with or without decode_responses."""
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _ms(seconds: float) -> int:
