@@ -305,3 +305,27 @@ def test_slot_task_called_directly_is_gated_too(redis_url: str, redis_client: re
     with pytest.raises(slots.SlotsBusy):
         held()
     slots.runtime(app).stop_heartbeat()
+
+
+def test_a_task_needing_a_gpu_and_a_shared_licence_holds_both_or_neither(redis_url: str,
+                                                                        redis_client: redis.Redis) -> None:
+    """gpu is the host's (bound to a device), licence the fleet's (CELERYOPS_SLOTS_SHARED): one request takes both,
+    the host's part first; refused in the global pool, it gives the host's slots and device back at once."""
+    rt = make_runtime(redis_url, totals={"cpu": 4, "gpu": 2, "licence": 1}, shared=frozenset({"licence"}))
+    host, shared = SlotStore(redis_client, "host:h1"), SlotStore(redis_client, "global")
+    try:
+        assert (host.snapshot().usage("gpu").total, shared.snapshot().usage("licence").total) == (2, 1)
+        a = rt.acquire("a", {"gpu": 1, "licence": 1}, name="cad.render")
+        assert a is not None and a.devices == {"gpu": [0]} and set(a.parts) == {"host:h1", "global"}
+        assert rt.acquire("b", {"gpu": 1, "licence": 1}) is None  # no licence left
+        snap = host.snapshot()
+        assert snap.usage("gpu").used == 1 and [d.task_id for d in snap.devices] == ["a", None]  # b gave gpu 1 back
+        assert [w.task_id for w in shared.snapshot().waiting] == ["b"]  # b waits where it was refused
+        rt.heartbeat_once()  # both parts renewed
+        assert {h.task_id for h in host.snapshot().holders} == {"a"} == {h.task_id for h in shared.snapshot().holders}
+        rt.release("a")
+        assert host.snapshot().usage("gpu").used == 0 and shared.snapshot().usage("licence").used == 0
+        b = rt.acquire("b", {"gpu": 1, "licence": 1})
+        assert b is not None and b.devices == {"gpu": [1]}  # freed longest ago: b gave 1 back before a gave 0
+    finally:
+        rt.stop_heartbeat()
