@@ -14,18 +14,13 @@ import redis
 from celery import Celery
 
 from celeryops.slots import SlotStore, read_all
-from celeryops_harness.slotapp import slot_kw, slot_sleep
+from celeryops_harness.slotapp import send, slot_kw, slot_sleep
 from celeryops_harness.workers import WorkerProcess, wait_for
 
 pytestmark = pytest.mark.slow
 
 BASE_ENV = {"CELERYOPS_SLOTS_CPU": "4", "CELERYOPS_SLOTS_DETECT": "0", "CELERYOPS_TEST_SLOT_COUNTDOWN": "0.3"}
 THIS_HOST = f"host:{socket.gethostname()}"  # the pool of workers started here without CELERYOPS_SLOTS_HOST
-
-
-def send(task: Any, broker: str, queue: str, *args: Any, **kwargs: Any) -> str:
-    with task.app.connection_for_write(broker) as conn:
-        return str(task.apply_async(args=args, kwargs=kwargs, queue=queue, connection=conn).id)
 
 
 def test_four_slots_run_two_tasks_of_two_at_a_time(

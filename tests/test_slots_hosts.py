@@ -14,17 +14,12 @@ import pytest
 import redis
 
 from celeryops.slots import SlotStore, read_all
-from celeryops_harness.slotapp import slot_gpu, slot_manual, slot_sleep
+from celeryops_harness.slotapp import send, slot_gpu, slot_manual, slot_sleep
 from celeryops_harness.workers import WorkerProcess, wait_for
 
 pytestmark = pytest.mark.slow
 
 BASE_ENV = {"CELERYOPS_SLOTS_DETECT": "0", "CELERYOPS_TEST_SLOT_COUNTDOWN": "0.3", "CELERYOPS_SLOTS_LEASE_TTL": "5"}
-
-
-def send(task: Any, broker: str, queue: str, *args: Any, **kwargs: Any) -> str:
-    with task.app.connection_for_write(broker) as conn:
-        return str(task.apply_async(args=args, kwargs=kwargs, queue=queue, connection=conn).id)
 
 
 def test_a_host_runs_no_more_than_its_own_cpus_whatever_other_hosts_have_free(

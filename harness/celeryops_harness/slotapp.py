@@ -45,6 +45,12 @@ _MAX = "local r = redis.call('INCR', KEYS[1]) if r > tonumber(redis.call('GET', 
        "redis.call('SET', KEYS[2], r) end return r"
 
 
+def send(task: Any, broker: str, queue: str, *args: Any, **kwargs: Any) -> str:
+    """Send one of these tasks to ``queue`` through ``broker``; its id."""
+    with task.app.connection_for_write(broker) as conn:
+        return str(task.apply_async(args=args, kwargs=kwargs, queue=queue, connection=conn).id)
+
+
 def _run(task: Task[Any, Any], seconds: float, tag: str, together: int = 0) -> str:
     """Record the run, wait until ``together`` slot tasks run at once (bounded: 60 s), then sleep ``seconds``."""
     r = record()

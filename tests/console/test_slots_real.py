@@ -15,14 +15,9 @@ from test_flows import backend_for, console, press, until
 from celeryops.console.fmt import gauge
 from celeryops.console.screens.slots import SlotsScreen
 from celeryops.ops.console_backend import OpsBackend
-from celeryops_harness.slotapp import slot_gpu, slot_sleep
+from celeryops_harness.slotapp import send, slot_gpu, slot_sleep
 
 BASE = {"CELERYOPS_SLOTS_DETECT": "0", "CELERYOPS_TEST_SLOT_COUNTDOWN": "0.3", "CELERYOPS_SLOTS_LEASE_TTL": "5"}
-
-
-def send(task: Any, broker: str, queue: str, seconds: float, tag: str) -> str:
-    with task.app.connection_for_write(broker) as conn:
-        return str(task.apply_async(args=(seconds, tag), queue=queue, connection=conn).id)
 
 
 async def test_every_pool_with_devices_holders_waiters_and_no_capacity_types(
