@@ -1,8 +1,9 @@
 """Slot leases: acquire+release pairs per second and pair latency (p50/p99), 1 client and 32 clients (separate
 processes), against one private redis-server in the same run:
 
-  slots 1 type    SlotStore.acquire({"cpu": 1}) + release           (2 round trips: EVALSHA, EVALSHA)
-  slots 2 types   SlotStore.acquire({"cpu": 1, "gpu": 1}) + release (2 round trips)
+  slots 1 type    SlotStore.acquire({"gpu": 1}) + release           (2 round trips: EVALSHA, EVALSHA), in a host
+                  pool whose 64 GPU devices are listed: device binding on (the grant names its device)
+  slots 2 types   SlotStore.acquire({"cpu": 1, "gpu": 1}) + release (2 round trips), the same pool
   redis-py Lock   Lock.acquire() + release()                       (2 round trips: SET NX PX, EVALSHA)
   Lock, 1 conn    the same Lock on a single-connection client (``client.client()``): SlotStore runs its hot path
                   on one held connection, so this shows how much of the difference is the pool's per-command cost
@@ -41,6 +42,7 @@ import redis
 from celeryops.demo.standins.redis_server import RedisServer
 from celeryops.slots import SlotStore
 
+DEVICES = 64  # more than clients: every pair is granted
 KINDS = (("slots1", "slots, 1 type"), ("slots2", "slots, 2 types"), ("lock", "redis-py Lock"),
          ("lock1", "redis-py Lock, 1 connection"))
 IDLE, STOP = -1.0, -2.0
@@ -52,7 +54,7 @@ def _slots_pair(store: SlotStore, needs: dict[str, int], client_no: int) -> Call
     def pair(n: int) -> None:
         lease_id = f"c{client_no}-{n}"
         res = store.acquire(lease_id, needs, ttl=60)
-        assert res.ok
+        assert res.ok and len(res.devices["gpu"]) == 1  # granted, and given a device
         store.release(lease_id, res.token)
     return pair
 
@@ -69,8 +71,8 @@ def _client(url: str, client_no: int, control: Any, out: Any) -> None:
     pairs: list[Callable[[int], None]] = []
     for kind, _label in KINDS:
         if kind.startswith("slots"):
-            needs = {"cpu": 1} if kind == "slots1" else {"cpu": 1, "gpu": 1}
-            pair = _slots_pair(SlotStore(r, f"bench-{kind}"), needs, client_no)
+            needs = {"gpu": 1} if kind == "slots1" else {"cpu": 1, "gpu": 1}
+            pair = _slots_pair(SlotStore(r, f"host:bench-{kind}"), needs, client_no)
         else:
             lock_client = r if kind == "lock" else r.client()  # type: ignore[no-untyped-call]
             pair = _lock_pair(lock_client.lock(f"bench-{kind}-{client_no}", timeout=60))
@@ -213,8 +215,9 @@ def main() -> None:
     args = ap.parse_args()
     with RedisServer() as server:
         admin = redis.Redis.from_url(server.url, decode_responses=True)
-        for kind in ("slots1", "slots2"):
-            SlotStore(admin, f"bench-{kind}").set_totals({"cpu": 1_000_000, "gpu": 1_000_000})
+        for kind in ("slots1", "slots2"):  # a host with 64 GPUs, listed: every grant is bound to a device
+            SlotStore(admin, f"host:bench-{kind}").contribute(f"bench-{kind}", {"cpu": 1_000_000, "gpu": DEVICES},
+                                                              ttl=24 * 3600, devices={"gpu": list(range(DEVICES))})
         print(f"{'case':<30}{'clients':>8}{'pairs/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
               f"{'redis CPU':>11}{'redis cmd':>11}{'client CPU':>12}   (µs per pair)")
         summary: list[str] = []

@@ -1,9 +1,11 @@
-"""Slot-gated tasks on real Celery worker processes (celeryops_harness.slotapp) with a real redis-server, and a global
-pool whose total is the sum of the worker hosts that are alive."""
+"""Slot-gated tasks on real Celery worker processes (celeryops_harness.slotapp) with a real redis-server: a host's
+pool shared by its workers, and a shared type's global pool whose total is the sum of the worker hosts that are
+alive."""
 
 from __future__ import annotations
 
 import signal
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -12,17 +14,13 @@ import redis
 from celery import Celery
 
 from celeryops.slots import SlotStore, read_all
-from celeryops_harness.slotapp import slot_kw, slot_sleep
+from celeryops_harness.slotapp import send, slot_kw, slot_sleep
 from celeryops_harness.workers import WorkerProcess, wait_for
 
 pytestmark = pytest.mark.slow
 
 BASE_ENV = {"CELERYOPS_SLOTS_CPU": "4", "CELERYOPS_SLOTS_DETECT": "0", "CELERYOPS_TEST_SLOT_COUNTDOWN": "0.3"}
-
-
-def send(task: Any, broker: str, queue: str, *args: Any, **kwargs: Any) -> str:
-    with task.app.connection_for_write(broker) as conn:
-        return str(task.apply_async(args=args, kwargs=kwargs, queue=queue, connection=conn).id)
+THIS_HOST = f"host:{socket.gethostname()}"  # the pool of workers started here without CELERYOPS_SLOTS_HOST
 
 
 def test_four_slots_run_two_tasks_of_two_at_a_time(
@@ -60,7 +58,7 @@ def test_slots_of_a_killed_worker_go_to_another_worker_after_the_ttl(
         worker_b.wait_ready(control, timeout=60)
     finally:
         control.close()
-    store = SlotStore(redis_client)
+    store = SlotStore(redis_client, THIS_HOST)  # two workers of one machine share its pool
     for i in range(2):
         send(slot_sleep, redis_url, q_a, 120, f"long{i}")
     wait_for(lambda: store.snapshot().usage("cpu").used == 4 and redis_client.get("ct:slots:running") == "2", 60,
@@ -105,13 +103,14 @@ def test_an_eight_slot_task_among_a_stream_of_one_slot_tasks_gets_to_run(
     # (with CELERYOPS_SLOTS_STARVATION_AFTER=3600 it starts last)
     assert order.index("big") < len(order) - 20, order
     assert all(redis_client.get(f"ct:runs:{i}") == "1" for i in [big, *smalls])
-    store = SlotStore(redis_client)
+    store = SlotStore(redis_client, THIS_HOST)
     wait_for(lambda: store.snapshot().usage("cpu").used == 0, 30, "all slots to be free")
 
 
 def _start(start_workers: Callable[..., list[WorkerProcess]], redis_url: str, host: str, cpu: int, queue: str,
            **kw: Any) -> WorkerProcess:
-    env = {**BASE_ENV, "CELERYOPS_SLOTS_LEASE_TTL": "2", "CELERYOPS_SLOTS_HOST": host, "CELERYOPS_SLOTS_CPU": str(cpu)}
+    env = {**BASE_ENV, "CELERYOPS_SLOTS_LEASE_TTL": "2", "CELERYOPS_SLOTS_HOST": host, "CELERYOPS_SLOTS_CPU": str(cpu),
+           "CELERYOPS_SLOTS_SHARED": "cpu", **kw.pop("env", {})}
     (worker,) = start_workers(redis_url, app="celeryops_harness.slotapp", queues=[queue], env=env, **kw)
     return worker
 
@@ -123,9 +122,9 @@ def _hosts(store: SlotStore) -> dict[str, tuple[dict[str, int], list[str]]]:
 def test_a_global_pool_adds_up_the_live_hosts_of_different_sizes(
         redis_url: str, redis_client: redis.Redis, start_workers: Callable[..., list[WorkerProcess]],
         queue_name: str) -> None:
-    """Two worker processes on hosts of 32 and 4 cpu share the global pool: 36, whichever starts last. A stopped
-    worker withdraws its host, a killed one stops renewing and its contribution expires (Redis TIME); restarted,
-    each adds its host again."""
+    """Two worker processes on hosts of 32 and 4 cpu share the global pool (cpu declared shared): 36, whichever
+    starts last. A stopped worker withdraws its host, a killed one stops renewing and its contribution expires (Redis
+    TIME); restarted, each adds its host again."""
     store = SlotStore(redis_client)
     big = _start(start_workers, redis_url, "host-big", 32, f"{queue_name}-big")
     small = _start(start_workers, redis_url, "host-small", 4, f"{queue_name}-small")  # starts last, adds 4
@@ -155,11 +154,13 @@ def test_tasks_above_the_total_left_by_a_killed_host_keep_running(
         queue_name: str) -> None:
     """6 cpu (4 + 2) all held by three tasks on the 4-cpu host; the 2-cpu host is killed: the total drops to 4
     under 6 used, no lease is revoked (the tasks renew, finish, run once), and new acquires are refused until the
-    running leases have ended."""
+    running leases have ended. The workers keep the fleet-wide pool of before per-host pools
+    (CELERYOPS_SLOTS_SCOPE=global), where this overload of host-a is possible."""
     store = SlotStore(redis_client)
     q_a = f"{queue_name}-a"
-    a = _start(start_workers, redis_url, "host-a", 4, q_a, concurrency=3)
-    b = _start(start_workers, redis_url, "host-b", 2, f"{queue_name}-b")
+    old = {"CELERYOPS_SLOTS_SCOPE": "global", "CELERYOPS_SLOTS_SHARED": ""}
+    a = _start(start_workers, redis_url, "host-a", 4, q_a, concurrency=3, env=old)
+    b = _start(start_workers, redis_url, "host-b", 2, f"{queue_name}-b", env=old)
     wait_for(lambda: store.snapshot().usage("cpu").total == 6, 60, "the pool to hold 4 + 2 cpu")
     ids = [send(slot_sleep, redis_url, q_a, 12, f"long{i}") for i in range(3)]
     wait_for(lambda: redis_client.get("ct:slots:running") == "3", 60, "the three tasks to hold all 6 cpu")

@@ -97,3 +97,42 @@ def test_bad_url_and_non_redis_broker_exit_4() -> None:
 def test_empty_redis_says_so(redis_url: str) -> None:
     result = CliRunner().invoke(main, ["slots", "--redis", redis_url])
     assert result.exit_code == 0 and "No slot pools found." in result.stdout
+
+
+def test_per_host_pools_with_their_devices_and_a_request_no_host_can_serve(redis_client: redis.Redis,
+                                                                          redis_url: str) -> None:
+    """Two host pools (a GPU host with 4 devices, a CPU host without GPU): JSON lists each device free or held by
+    which task; a GPU request refused on the CPU host while the GPU host is live is only waiting; once no live host
+    has 2 GPUs, it reads "no capacity anywhere" with the hosts' totals, in the table and in JSON."""
+    gpu = SlotStore(redis_client, "host:gpu-01")
+    gpu.contribute("gpu-01", {"cpu": 32, "gpu": 4}, ttl=60, worker="celery@gpu-01", devices={"gpu": [0, 1, 2, 3]})
+    cpu = SlotStore(redis_client, "host:cpu-07")
+    cpu.contribute("cpu-07", {"cpu": 4, "gpu": 0}, ttl=60, worker="celery@cpu-07")
+    held = gpu.acquire("task-9", {"gpu": 2}, ttl=60, name="ml.train", worker="celery@gpu-01")
+    assert held.devices == {"gpu": [0, 1]}
+    cpu.acquire("task-10", {"gpu": 2}, ttl=60, name="ml.embed", worker="celery@cpu-07")  # impossible here
+    result = CliRunner().invoke(main, ["slots", "--redis", redis_url, "--json"])
+    assert result.exit_code == 0, result.output
+    pools = {p["pool"]: p for p in json.loads(result.stdout)["pools"]}
+    assert list(pools) == ["host:cpu-07", "host:gpu-01"] and pools["host:gpu-01"]["host"] == "gpu-01"
+    devices = pools["host:gpu-01"]["devices"]
+    assert [(d["device"], d["free"], d["task_id"], d["task_name"]) for d in devices] == [
+        (0, False, "task-9", "ml.train"), (1, False, "task-9", "ml.train"), (2, True, None, ""), (3, True, None, "")]
+    assert devices[0]["held_for"] >= 0 and pools["host:gpu-01"]["holders"][0]["devices"] == {"gpu": [0, 1]}
+    assert pools["host:gpu-01"]["hosts"][0]["devices"] == {"gpu": [0, 1, 2, 3]}
+    (w,) = pools["host:cpu-07"]["waiting"]
+    assert (w["task_id"], w["no_capacity"]) == ("task-10", False) and "capacity" not in w  # gpu-01 could take it
+    table = CliRunner().invoke(main, ["slots", "--redis", redis_url]).stdout
+    assert "pool host:gpu-01 (host, host gpu-01)" in table
+    rows = [line.split() for line in table.splitlines()]
+    assert ["gpu", "0", "held", "task-9", "ml.train", "celery@gpu-01"] in [r[:6] for r in rows]
+    assert ["gpu", "0", "0", "0"] in rows  # the CPU host's gpu: none
+    assert ["gpu", "3", "free"] in rows
+
+    gpu.withdraw("gpu-01", "celery@gpu-01")  # the GPU host stops: no live host has a GPU
+    data = json.loads(CliRunner().invoke(main, ["slots", "--redis", redis_url, "--json"]).stdout)
+    (w,) = next(p for p in data["pools"] if p["pool"] == "host:cpu-07")["waiting"]
+    assert w["no_capacity"] and w["capacity"] == {"cpu-07": {"gpu": 0}, "gpu-01": {"gpu": 0}}
+    table = CliRunner().invoke(main, ["slots", "--redis", redis_url]).stdout
+    line = next(line for line in table.splitlines() if "waiting task-10" in line)
+    assert line.endswith("no capacity anywhere (hosts: cpu-07 gpu=0, gpu-01 gpu=0)"), line

@@ -1,12 +1,13 @@
 """The worker-side runtime against a real (private) redis-server: Redis restarted mid-run (scripts reload, leases
 and totals come back, counters stay true), fail-open runs registered once Redis is back, fail-closed, the lease-lost
-policy (LeaseLost raised in the task's thread, or logged), a global pool's totals as the sum of the runtimes' host
-contributions (renewed by the heartbeat thread, expiring when it stops, withdrawn at worker stop), and the
-CELERYOPS_SLOTS_* environment contract."""
+policy (LeaseLost raised in the task's thread, or logged), a host's pool made of its workers' contributions, a
+shared type's global pool as the sum of the runtimes' host contributions (renewed by the heartbeat thread, expiring
+when it stops, withdrawn at worker stop), and the CELERYOPS_SLOTS_* environment contract."""
 
 from __future__ import annotations
 
 import logging
+import socket
 import subprocess
 import sys
 import threading
@@ -21,7 +22,8 @@ from celeryops_harness.workers import wait_for
 
 
 def make_runtime(url: str, nodename: str = "celery@w1", **kw: object) -> SlotRuntime:
-    settings = SlotSettings(**{"lease_ttl": 30.0, "totals": {"cpu": 4}, "detect": False, **kw})  # type: ignore[arg-type]
+    settings = SlotSettings(**{"lease_ttl": 30.0, "totals": {"cpu": 4}, "detect": False, "host": "h1",  # type: ignore[arg-type]
+                               **kw})
     rt = SlotRuntime(settings, url)
     rt.on_worker_start(nodename)
     return rt
@@ -29,11 +31,13 @@ def make_runtime(url: str, nodename: str = "celery@w1", **kw: object) -> SlotRun
 
 def test_global_runtimes_add_their_hosts_and_the_heartbeat_keeps_them(redis_url: str,
                                                                      redis_client: redis.Redis) -> None:
-    """Two worker runtimes on hosts of different sizes: the total is the sum, the heartbeat thread keeps both
-    contributions alive past their TTL; a runtime whose heartbeat stops (a killed or frozen worker) drops out when its
-    contribution expires, and comes back when it beats again; a stopping worker withdraws at once."""
-    big = make_runtime(redis_url, "celery@big", host="big", totals={"cpu": 32}, host_ttl=0.6)
-    small = make_runtime(redis_url, "celery@small", host="small", totals={"cpu": 4}, host_ttl=0.6)
+    """Two worker runtimes on hosts of different sizes, cpu declared shared: the global pool's total is the sum, the
+    heartbeat thread keeps both contributions alive past their TTL; a runtime whose heartbeat stops (a killed or
+    frozen worker) drops out when its contribution expires, and comes back when it beats again; a stopping worker
+    withdraws at once."""
+    big = make_runtime(redis_url, "celery@big", host="big", totals={"cpu": 32}, host_ttl=0.6, shared=frozenset({"cpu"}))
+    small = make_runtime(redis_url, "celery@small", host="small", totals={"cpu": 4}, host_ttl=0.6,
+                         shared=frozenset({"cpu"}))
     store = SlotStore(redis_client)
     try:
         assert store.snapshot().usage("cpu").total == 36
@@ -55,16 +59,25 @@ def test_global_runtimes_add_their_hosts_and_the_heartbeat_keeps_them(redis_url:
         small.stop_heartbeat()
 
 
-def test_host_scope_still_writes_its_own_pool_totals(redis_url: str, redis_client: redis.Redis) -> None:
-    rt = make_runtime(redis_url, scope="host", host="h1", totals={"cpu": 6})
+def test_a_host_pool_holds_what_its_workers_contribute(redis_url: str, redis_client: redis.Redis) -> None:
+    """By default a worker's types are its host's: two workers of h1 make its pool (the larger of their numbers), a
+    total fixed by an earlier version's per-host scope is forgotten, and the pool empties when both have stopped."""
+    pool = SlotStore(redis_client, "host:h1")
+    pool.set_totals({"cpu": 99})  # what a worker of the earlier per-host scope wrote (a fixed total)
+    a = make_runtime(redis_url, "celery@a", totals={"cpu": 6})
+    b = make_runtime(redis_url, "celery@b", totals={"cpu": 4})
     try:
-        snap = SlotStore(redis_client, "host:h1").snapshot()
-        assert snap.usage("cpu").total == 6 and snap.usage("cpu").fixed and snap.hosts == []
-        rt.on_worker_stop()
-        assert SlotStore(redis_client, "host:h1").snapshot().usage("cpu").total == 6  # nothing withdrawn
+        snap = pool.snapshot()
+        assert (snap.usage("cpu").total, snap.usage("cpu").fixed) == (6, False)
+        assert [(hc.host, hc.workers) for hc in snap.hosts] == [("h1", ["celery@a", "celery@b"])]
         assert not redis_client.exists(SlotStore(redis_client).keys[0])  # no global pool written
+        a.on_worker_stop()
+        assert pool.snapshot().usage("cpu").total == 4
+        b.on_worker_stop()
+        assert pool.snapshot().usage("cpu").total == 0 and pool.snapshot().hosts == []
     finally:
-        rt.stop_heartbeat()
+        a.stop_heartbeat()
+        b.stop_heartbeat()
 
 
 def test_redis_restart_mid_run_reloads_scripts_and_restores_state(own_redis: RedisServer) -> None:
@@ -182,7 +195,7 @@ def test_lost_lease_raises_in_the_task_thread(redis_url: str, redis_client: redi
     try:
         assert started.wait(30)
         rt.stop_heartbeat()  # the holder stalls (GC pause, partition): its lease expires and another task takes it
-        other = SlotStore(redis_client)
+        other = SlotStore(redis_client, rt.store.pool)
         wait_for(lambda: other.acquire("other", {"cpu": 4}, ttl=30).ok, 10, "the stalled lease to be taken")
         rt.heartbeat_once()
         t.join(30)
@@ -201,7 +214,7 @@ def test_lost_lease_is_logged_with_the_log_policy(redis_url: str, redis_client: 
     try:
         assert rt.acquire("t", {"cpu": 4}) is not None
         rt.stop_heartbeat()
-        other = SlotStore(redis_client)
+        other = SlotStore(redis_client, rt.store.pool)
         wait_for(lambda: other.acquire("other", {"cpu": 4}, ttl=30).ok, 10, "the stalled lease to be taken")
         with caplog.at_level(logging.ERROR, logger="celeryops.slots"):
             rt.heartbeat_once()
@@ -215,7 +228,7 @@ def test_heartbeat_thread_renews_leases(redis_url: str, redis_client: redis.Redi
     try:
         h = rt.acquire("t", {"cpu": 4})
         assert h is not None
-        other = SlotStore(redis_client)
+        other = SlotStore(redis_client, rt.store.pool)
         # 2.5 TTLs later the lease is still held: the heartbeat thread (every TTL/3) renewed it
         wait_for(lambda: (other.snapshot().holders[0].age or 0) > 1.5, 10, "2.5 TTLs to pass")
         (holder,) = other.snapshot().holders
@@ -245,8 +258,16 @@ def test_environment_contract() -> None:
     s = settings_from_env(env, totals={"gpu": 1}, lease_ttl=9.0)
     assert s.totals == {"cpu": 48, "gpu": 1} and s.lease_ttl == 9.0
     d = settings_from_env({})
-    assert (d.lease_ttl, d.redis_url, d.scope, d.pool, d.fail_open, d.retry_countdown) == (
-        60.0, None, "global", "global", True, 10.0)
+    assert (d.lease_ttl, d.redis_url, d.scope, d.pool, d.fail_open, d.retry_countdown, d.shared) == (
+        60.0, None, "host", f"host:{socket.gethostname()}", True, 10.0, frozenset())
+    # machine resources are the host's, shared types the fleet's; CELERYOPS_SLOTS_SCOPE=global keeps the old pool
+    sh = settings_from_env({**env, "CELERYOPS_SLOTS_SHARED": " Licence, api ,"})
+    assert sh.shared == {"licence", "api"} and "shared" not in sh.totals
+    assert sh.split({"cpu": 2, "gpu": 1, "licence": 1}) == [("host:gpu-01", {"cpu": 2, "gpu": 1}),
+                                                            ("global", {"licence": 1})]
+    assert g.split({"cpu": 2, "licence": 1}) == [("global", {"cpu": 2, "licence": 1})]
+    with pytest.raises(ValueError, match="CELERYOPS_SLOTS_SHARED"):
+        settings_from_env({"CELERYOPS_SLOTS_SHARED": "licence,a b"})
     with pytest.raises(ValueError, match="CELERYOPS_SLOTS_CPU"):
         settings_from_env({"CELERYOPS_SLOTS_CPU": "many"})
     totals = detect_totals({"GPU": 2})
@@ -270,16 +291,41 @@ def test_slot_task_called_directly_is_gated_too(redis_url: str, redis_client: re
     monkeypatch.setattr("celeryops.slots.celery._settings", None)  # undone after the test, like install's effect
     monkeypatch.setattr("celeryops.slots.celery._runtime", None)
     app = Celery("direct_test", broker=redis_url, set_as_current=False)
-    slots.install(app, totals={"cpu": 2}, detect=False, lease_ttl=30)
-    SlotStore(redis_client).set_totals({"cpu": 2})  # what worker start does
+    slots.install(app, totals={"cpu": 2}, detect=False, lease_ttl=30, host="direct-host")
+    pool = SlotStore(redis_client, "host:direct-host")
+    pool.set_totals({"cpu": 2})  # what worker start does
 
     @app.task(base=slots.SlotTask, slots={"cpu": 2}, name="direct.held")
     def held() -> int:
-        return SlotStore(redis_client).snapshot().usage("cpu").used
+        return pool.snapshot().usage("cpu").used
 
     assert held() == 2  # inside: the 2 slots are held
-    assert SlotStore(redis_client).snapshot().usage("cpu").used == 0  # released after
-    SlotStore(redis_client).acquire("other", {"cpu": 1}, ttl=30)
+    assert pool.snapshot().usage("cpu").used == 0  # released after
+    pool.acquire("other", {"cpu": 1}, ttl=30)
     with pytest.raises(slots.SlotsBusy):
         held()
     slots.runtime(app).stop_heartbeat()
+
+
+def test_a_task_needing_a_gpu_and_a_shared_licence_holds_both_or_neither(redis_url: str,
+                                                                        redis_client: redis.Redis) -> None:
+    """gpu is the host's (bound to a device), licence the fleet's (CELERYOPS_SLOTS_SHARED): one request takes both,
+    the host's part first; refused in the global pool, it gives the host's slots and device back at once."""
+    rt = make_runtime(redis_url, totals={"cpu": 4, "gpu": 2, "licence": 1}, shared=frozenset({"licence"}))
+    host, shared = SlotStore(redis_client, "host:h1"), SlotStore(redis_client, "global")
+    try:
+        assert (host.snapshot().usage("gpu").total, shared.snapshot().usage("licence").total) == (2, 1)
+        a = rt.acquire("a", {"gpu": 1, "licence": 1}, name="cad.render")
+        assert a is not None and a.devices == {"gpu": [0]} and set(a.parts) == {"host:h1", "global"}
+        assert rt.acquire("b", {"gpu": 1, "licence": 1}) is None  # no licence left
+        snap = host.snapshot()
+        assert snap.usage("gpu").used == 1 and [d.task_id for d in snap.devices] == ["a", None]  # b gave gpu 1 back
+        assert [w.task_id for w in shared.snapshot().waiting] == ["b"]  # b waits where it was refused
+        rt.heartbeat_once()  # both parts renewed
+        assert {h.task_id for h in host.snapshot().holders} == {"a"} == {h.task_id for h in shared.snapshot().holders}
+        rt.release("a")
+        assert host.snapshot().usage("gpu").used == 0 and shared.snapshot().usage("licence").used == 0
+        b = rt.acquire("b", {"gpu": 1, "licence": 1})
+        assert b is not None and b.devices == {"gpu": [1]}  # freed longest ago: b gave 1 back before a gave 0
+    finally:
+        rt.stop_heartbeat()

@@ -57,11 +57,18 @@ def test_multi_type_acquire_is_all_or_nothing(store: SlotStore) -> None:
     assert used(store) == {"cpu": 2, "gpu": 1}
 
 
-def test_request_larger_than_total_is_impossible_and_not_reserved(store: SlotStore) -> None:
-    res = store.acquire("big", {"cpu": 5}, ttl=30)
+def test_request_larger_than_total_is_impossible_listed_as_waiting_and_not_reserved(store: SlotStore) -> None:
+    res = store.acquire("big", {"cpu": 5}, ttl=30, starvation_after=0)
     assert (res.ok, res.status, res.blocked_type) == (False, "impossible", "cpu")
     assert store.acquire("x", {"tpu": 1}, ttl=30).status == "impossible"  # an unknown type has total 0
-    assert store.snapshot().waiting == []
+    again = store.acquire("big", {"cpu": 5}, ttl=30, starvation_after=0)  # tried again: still one entry, same since
+    assert again.status == "impossible"
+    waiting = {w.task_id: w for w in store.snapshot(starvation_after=0).waiting}
+    assert set(waiting) == {"big", "x"} and waiting["big"].slots == {"cpu": 5} and not waiting["big"].reserved
+    # shown as waiting, but past the starvation guard it holds nothing back: the pool's 4 cpu stay usable
+    assert store.acquire("small", {"cpu": 4}, ttl=30, starvation_after=0).ok
+    store.release("big")  # a request that gives up (or was taken elsewhere) leaves the list
+    assert {w.task_id for w in store.snapshot().waiting} == {"x"}
 
 
 def test_release_never_drives_used_below_zero(store: SlotStore, redis_client: redis.Redis) -> None:

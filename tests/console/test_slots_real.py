@@ -1,6 +1,7 @@
 """The slots view against the real Redis slot store and real slot-gated Celery workers (celeryops_harness.slotapp):
-every pool is shown (the global one with its hosts' contributions, a per-host one), a type with no capacity reads
-'none', and the holders and waiters carry their task name, worker and age."""
+every pool is shown (each host's first, with a row per GPU device: held by which task, or free; then the global
+pool of a shared type with its hosts' contributions), a type with no capacity reads 'none', and the holders and
+waiters carry their task name, worker and age."""
 
 from __future__ import annotations
 
@@ -14,58 +15,57 @@ from test_flows import backend_for, console, press, until
 from celeryops.console.fmt import gauge
 from celeryops.console.screens.slots import SlotsScreen
 from celeryops.ops.backend.console import OpsBackend
-from celeryops_harness.slotapp import slot_sleep
+from celeryops_harness.slotapp import send, slot_gpu, slot_sleep
 
-BASE = {"CELERYOPS_SLOTS_DETECT": "0", "CELERYOPS_TEST_SLOT_COUNTDOWN": "0.3", "CELERYOPS_SLOTS_LEASE_TTL": "5",
-        "CELERYOPS_SLOTS_GPU": "0"}
-
-
-def send(broker: str, queue: str, seconds: float, tag: str) -> str:
-    with slot_sleep.app.connection_for_write(broker) as conn:
-        return str(slot_sleep.apply_async(args=(seconds, tag), queue=queue, connection=conn).id)
+BASE = {"CELERYOPS_SLOTS_DETECT": "0", "CELERYOPS_TEST_SLOT_COUNTDOWN": "0.3", "CELERYOPS_SLOTS_LEASE_TTL": "5"}
 
 
-async def test_every_pool_with_holders_waiters_and_no_capacity_types(
+async def test_every_pool_with_devices_holders_waiters_and_no_capacity_types(
         tmp_path: Path, redis_url: str, start_workers: Any, queue_name: str) -> None:
-    q_host, q_global = f"{queue_name}-h", f"{queue_name}-g"
-    (host_worker,) = start_workers(redis_url, app="celeryops_harness.slotapp", concurrency=2, queues=[q_host],
-                                   env={**BASE, "CELERYOPS_SLOTS_SCOPE": "host", "CELERYOPS_SLOTS_HOST": "host-a",
-                                        "CELERYOPS_SLOTS_CPU": "2"})
-    (global_worker,) = start_workers(redis_url, app="celeryops_harness.slotapp", concurrency=2, queues=[q_global],
-                                     env={**BASE, "CELERYOPS_SLOTS_HOST": "host-b", "CELERYOPS_SLOTS_CPU": "4"})
-    send(redis_url, q_host, 30.0, "holds host-a")  # 2 cpu of host-a's 2: the next one waits
-    send(redis_url, q_host, 30.0, "waits on host-a")
-    send(redis_url, q_global, 30.0, "holds global")
+    q_gpu, q_shared = f"{queue_name}-h", f"{queue_name}-g"
+    (gpu_worker,) = start_workers(redis_url, app="celeryops_harness.slotapp", concurrency=3, queues=[q_gpu],
+                                  env={**BASE, "CELERYOPS_SLOTS_HOST": "host-a", "CELERYOPS_SLOTS_CPU": "2",
+                                       "CELERYOPS_SLOTS_GPU": "2"})
+    (shared_worker,) = start_workers(redis_url, app="celeryops_harness.slotapp", concurrency=2, queues=[q_shared],
+                                     env={**BASE, "CELERYOPS_SLOTS_HOST": "host-b", "CELERYOPS_SLOTS_CPU": "4",
+                                          "CELERYOPS_SLOTS_GPU": "0", "CELERYOPS_SLOTS_SHARED": "cpu"})
+    held = {send(slot_gpu, redis_url, q_gpu, 30.0, f"gpu {i}") for i in range(2)}  # both devices of host-a
+    send(slot_gpu, redis_url, q_gpu, 30.0, "waits on host-a")
+    send(slot_sleep, redis_url, q_shared, 30.0, "holds shared cpu")
     backend: OpsBackend = backend_for(redis_url, tmp_path / "state")
     try:
         deadline = time.monotonic() + 60
         while True:
             view = await backend.slots_snapshot()
-            if view is not None and len(view.pools) >= 2 and len(view.holders) >= 2 and view.waiting:
+            if view is not None and len(view.pools) >= 3 and len(view.holders) >= 3 and view.waiting:
                 break
-            assert time.monotonic() < deadline, f"the pools never showed both holders and a waiter: {view}"
+            assert time.monotonic() < deadline, f"the pools never showed the holders and a waiter: {view}"
             await asyncio.sleep(0.2)
-        scopes = {p.name: p for p in view.pools}
-        host_pool = next(p for p in view.pools if p.scope == "host")
-        global_pool = next(p for p in view.pools if p.scope == "global")
-        assert view.pools[0] is global_pool, "the global pool comes first"
-        assert host_pool.host == "host-a" and len(scopes) == 2
-        cpu = {r.name: r for r in host_pool.resources}["cpu"]
-        assert (cpu.total, cpu.used) == (2, 2)
-        assert {r.name: r.total for r in global_pool.resources}.get("cpu") == 4
-        holder = next(h for h in host_pool.holders)
-        assert holder.task == "celeryops.testing.slot_sleep" and holder.worker == host_worker.nodename
-        assert holder.slots == {"cpu": 2} and holder.age >= 0 and not holder.expired
-        waiter = host_pool.waiting[0]
-        assert waiter.task == "celeryops.testing.slot_sleep" and waiter.worker == host_worker.nodename
-        assert global_pool.holders[0].worker == global_worker.nodename
-        gpu = {r.name: r for r in host_pool.resources}["gpu"]  # CELERYOPS_SLOTS_GPU=0: no capacity
-        assert (gpu.total, gpu.used) == (0, 0)
+        assert [p.name for p in view.pools] == ["host:host-a", "host:host-b", "global"], "hosts first"
+        host_a, host_b, shared = view.pools
+        assert host_a.scope == "host" and host_a.host == "host-a"
+        res = {r.name: r for r in host_a.resources}
+        assert (res["cpu"].total, res["cpu"].used, res["gpu"].total, res["gpu"].used) == (2, 2, 2, 2)
+        assert [(d.type, d.device, d.task, d.worker) for d in host_a.devices] == [
+            ("gpu", "0", "celeryops.testing.slot_gpu", gpu_worker.nodename),
+            ("gpu", "1", "celeryops.testing.slot_gpu", gpu_worker.nodename)]
+        assert {d.lease_id for d in host_a.devices} == held and all(d.held_for >= 0 for d in host_a.devices)
+        holder = host_a.holders[0]
+        assert holder.task == "celeryops.testing.slot_gpu" and holder.worker == gpu_worker.nodename
+        assert holder.slots == {"cpu": 1, "gpu": 1} and holder.devices["gpu"][0] in ("0", "1")
+        assert holder.age >= 0 and not holder.expired
+        waiter = host_a.waiting[0]
+        assert waiter.task == "celeryops.testing.slot_gpu" and waiter.worker == gpu_worker.nodename
+        assert not waiter.no_capacity  # host-a has 2 GPUs: it only has to wait
+        gpu = {r.name: r for r in host_b.resources}["gpu"]  # CELERYOPS_SLOTS_GPU=0: no capacity
+        assert (gpu.total, gpu.used) == (0, 0) and host_b.devices == ()
         assert gauge(gpu.name, gpu.used, gpu.total, 10).plain.endswith("none")
         assert "full" not in gauge(gpu.name, gpu.used, gpu.total, 10).plain
-        # the global pool's capacity is its hosts' contributions: host-b's 4 cpu, renewed by its worker
-        assert [(h.host, h.totals, h.workers) for h in global_pool.hosts] == [
-            ("host-b", {"cpu": 4}, (global_worker.nodename,))]
+        # the global pool's capacity is its hosts' contributions of the shared type: host-b's 4 cpu
+        assert shared.scope == "global" and {r.name: r.total for r in shared.resources} == {"cpu": 4}
+        assert shared.holders[0].worker == shared_worker.nodename
+        assert [(h.host, h.totals, h.workers) for h in shared.hosts] == [
+            ("host-b", {"cpu": 4}, (shared_worker.nodename,))]
 
         app = console(backend)
         async with app.run_test(size=(120, 40)) as pilot:
@@ -75,10 +75,13 @@ async def test_every_pool_with_holders_waiters_and_no_capacity_types(
             screen = app.screen
             assert isinstance(screen, SlotsScreen)
             titles = [str(w.render()) for w in screen.query(".pool-title")]
-            assert any("pool " + global_pool.name in t and "global" in t for t in titles), titles
-            assert any(host_pool.name in t and "host" in t for t in titles), titles
+            assert titles[0].startswith(f"host host-a · {gpu_worker.nodename}"), titles
+            assert any(t.startswith("pool global · shared · 1 host: host-b") for t in titles), titles
+            devices = [str(w.render()) for w in screen.query(".device")]
+            assert len(devices) == 2 and all(f"■ celeryops.testing.slot_gpu · {gpu_worker.nodename}" in d
+                                             for d in devices), devices
             holders = screen.query_one("#holders")
-            assert holders.row_count >= 2
+            assert holders.row_count >= 3
     finally:
         await backend.close()
         backend.close_sync()

@@ -1,5 +1,7 @@
-"""``celeryops slots``: show every slot pool (totals, used, free, the hosts whose contributions add up to a global
-pool's totals, holders with their leases, waiting requests).
+"""``celeryops slots``: show every slot pool, per host (totals, used, free, the workers whose contributions make a
+host's totals or add up to the global pool's, each device of a host: free or held by which task for how long,
+holders with their leases, waiting requests; a request no live host could ever serve reads "no capacity anywhere"
+with the hosts' totals).
 
 Redis: ``--redis URL``, else ``$CELERYOPS_SLOTS_REDIS_URL``, else the fleet's broker. Read-only.
 """
@@ -16,7 +18,7 @@ from celeryops.commands.common import FleetSpec, fleet_options
 from celeryops.core.errors import EXIT_BROKER, UserError
 from celeryops.core.masking import mask_url
 from celeryops.core.urls import is_redis_url
-from celeryops.slots.snapshot import Snapshot
+from celeryops.slots.snapshot import PoolSnapshot, Snapshot, Waiting
 from celeryops.slots.store import connect, read_all
 
 
@@ -73,6 +75,15 @@ def render(snapshot: Snapshot) -> str:
                 expires = "EXPIRED" if hc.expired else "in " + _dur(hc.expires_in)
                 lines.append(f"  {hc.host[:23]:<24}{adds[:19]:<20}{_dur(hc.age):<14}{expires:<18}"
                              f"{' '.join(hc.workers)}")
+        if p.devices:
+            lines.append(f"  {'DEVICE':<24}{'STATE':<8}{'TASK':<38}{'NAME':<28}{'WORKER':<22}FOR")
+            for d in p.devices:
+                name = f"{d.type} {d.device}"
+                if d.free:
+                    lines.append(f"  {name[:23]:<24}free")
+                else:
+                    lines.append(f"  {name[:23]:<24}{'held':<8}{d.task_id or '':<38}{d.task_name[:27]:<28}"
+                                 f"{d.worker[:21]:<22}{_dur(d.held_for)}")
         if p.holders:
             lines.append(f"  {'TASK':<38}{'NAME':<28}{'WORKER':<22}{'SLOTS':<14}{'AGE':<12}{'LEASE':<12}TOKEN")
             for h in p.holders:
@@ -83,8 +94,17 @@ def render(snapshot: Snapshot) -> str:
         for w in p.waiting:
             slots = ",".join(f"{k}={v}" for k, v in sorted(w.slots.items()))
             lines.append(f"  waiting {w.task_id} {w.task_name} {slots} for {_dur(w.waited)}"
-                         + (" (reserved)" if w.reserved else ""))
+                         + (" (reserved)" if w.reserved else "") + no_capacity_note(snapshot, p, w))
     return "\n".join(lines)
+
+
+def no_capacity_note(snapshot: Snapshot, pool: PoolSnapshot, w: Waiting) -> str:
+    """``: no capacity anywhere (hosts: cpu-a gpu=0, cpu-b gpu=0)`` for a request no live host could serve."""
+    if not w.no_capacity:
+        return ""
+    hosts = snapshot.capacity(pool, list(w.slots))
+    listed = ", ".join(f"{h} " + ",".join(f"{t}={n}" for t, n in totals.items()) for h, totals in hosts.items())
+    return f": no capacity anywhere (hosts: {listed or 'none live'})"
 
 
 @click.command("slots")
@@ -93,8 +113,8 @@ def render(snapshot: Snapshot) -> str:
               "else the broker).")
 @click.option("--json", "as_json", is_flag=True, help="Print the snapshot as one JSON object.")
 def slots_command(fleet: FleetSpec, redis_url: str | None, as_json: bool) -> None:
-    """Show CPU/GPU slot pools: totals, used, free, the hosts adding to a global pool, holders and their leases,
-    waiting requests."""
+    """Show CPU/GPU slot pools per host: totals, used, free, each GPU device (free or held by which task), the
+    hosts adding to the global pool of shared types, holders and their leases, waiting requests."""
     snapshot = load_snapshot(_redis_url(fleet, redis_url))
     if as_json:
         click.echo(json.dumps(snapshot.to_dict(), sort_keys=True))

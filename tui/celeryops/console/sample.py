@@ -16,6 +16,7 @@ from celeryops.core.events import (
     WorkerObs,
 )
 from celeryops.ops.backend.views import (
+    DeviceView,
     FleetView,
     HostShare,
     PoolView,
@@ -77,28 +78,42 @@ def fleet(with_run: bool = True) -> FleetView:
 
 
 def slots() -> SlotsView:
-    """A global pool made of two hosts' contributions (gpu full), and a per-host pool without GPU."""
-    global_pool = PoolView(
-        "default", "global",
+    """Two hosts' pools (a GPU host whose four devices are all held, one lease expired; a CPU host without GPU, a
+    request there no live host could serve) and the global pool of a shared type (a licence) they contribute to."""
+    gpu_host = PoolView(
+        "host:gpu-node-a", "host", "gpu-node-a",
         resources=(ResourceView("cpu", 16, 11, (4, 6, 8, 8, 10, 12, 12, 11, 14, 13, 11, 11)),
                    ResourceView("gpu", 4, 4, (1, 2, 2, 3, 4, 4, 4, 4, 3, 4, 4, 4)),
                    ResourceView("nvme", 2, 0, (0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0))),
         holders=(SlotHolder("l-01", "ml.train_adapter", "celery@gpu-1", {"gpu": 2, "cpu": 4}, 1840.0, 52.0,
-                            "default"),
+                            "host:gpu-node-a", {"gpu": ("0", "1")}),
                  SlotHolder("l-02", "ml.train_adapter", "celery@gpu-2", {"gpu": 2, "cpu": 4}, 3605.0, -14.0,
-                            "default"),
-                 SlotHolder("l-03", "media.render_video", "celery@worker-1", {"cpu": 3}, 95.0, 25.0, "default")),
-        waiting=(SlotWaiter("ml.embed_batch", "celery@gpu-1", {"gpu": 1}, 130.0, "default"),
-                 SlotWaiter("media.render_video", "celery@worker-2", {"cpu": 8}, 12.0, "default")),
-        hosts=(HostShare("gpu-node-a", {"cpu": 8, "gpu": 4, "nvme": 2}, ("celery@gpu-1", "celery@gpu-2"), 48.0),
-               HostShare("cpu-node-b", {"cpu": 8}, ("celery@worker-1", "celery@worker-2"), 51.0)))
-    host_pool = PoolView(
-        "host:cpu-node-c", "host", "cpu-node-c",
-        resources=(ResourceView("cpu", 4, 2, (0, 1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2)),
+                            "host:gpu-node-a", {"gpu": ("2", "3")}),
+                 SlotHolder("l-03", "media.render_video", "celery@gpu-1", {"cpu": 3}, 95.0, 25.0,
+                            "host:gpu-node-a")),
+        waiting=(SlotWaiter("ml.embed_batch", "celery@gpu-1", {"gpu": 1}, 130.0, "host:gpu-node-a"),),
+        hosts=(HostShare("gpu-node-a", {"cpu": 16, "gpu": 4, "nvme": 2}, ("celery@gpu-1", "celery@gpu-2"), 48.0),),
+        devices=(DeviceView("gpu", "0", "l-01", "ml.train_adapter", "celery@gpu-1", 1840.0),
+                 DeviceView("gpu", "1", "l-01", "ml.train_adapter", "celery@gpu-1", 1840.0),
+                 DeviceView("gpu", "2", "l-02", "ml.train_adapter", "celery@gpu-2", 3605.0, expired=True),
+                 DeviceView("gpu", "3", "l-02", "ml.train_adapter", "celery@gpu-2", 3605.0, expired=True)))
+    cpu_host = PoolView(
+        "host:cpu-node-b", "host", "cpu-node-b",
+        resources=(ResourceView("cpu", 8, 2, (0, 1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2)),
                    ResourceView("gpu", 0, 0, (0,) * 12)),
         holders=(SlotHolder("l-04", "reports.build_monthly", "celery@worker-3", {"cpu": 2}, 610.0, 41.0,
-                            "host:cpu-node-c"),))
-    return SlotsView(pools=(global_pool, host_pool))
+                            "host:cpu-node-b"),),
+        waiting=(SlotWaiter("ml.finetune_large", "celery@worker-2", {"gpu": 8}, 7260.0, "host:cpu-node-b",
+                            no_capacity=True, capacity={"cpu-node-b": {"gpu": 0}, "gpu-node-a": {"gpu": 4}}),),
+        hosts=(HostShare("cpu-node-b", {"cpu": 8, "gpu": 0}, ("celery@worker-1", "celery@worker-2",
+                                                             "celery@worker-3"), 51.0),))
+    shared = PoolView(
+        "global", "global",
+        resources=(ResourceView("licence", 4, 3, (1, 1, 2, 2, 3, 3, 3, 3, 2, 3, 3, 3)),),
+        holders=(SlotHolder("l-05", "cad.solve", "celery@worker-1", {"licence": 3}, 300.0, 47.0, "global"),),
+        hosts=(HostShare("gpu-node-a", {"licence": 2}, ("celery@gpu-1",), 48.0),
+               HostShare("cpu-node-b", {"licence": 2}, ("celery@worker-1",), 51.0)))
+    return SlotsView(pools=(gpu_host, cpu_host, shared))
 
 
 def unfinished_run() -> RunView:

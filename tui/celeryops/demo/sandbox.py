@@ -57,6 +57,7 @@ SERVICE = "worker"
 IMAGE_NAME = "demo/worker"
 HINT = f"Press D and Enter to deploy release {RELEASE} · w watches the run · r runs · s slots · ? every action."
 SLOT_TOTALS = {"CPU": 4, "GPU": 1}
+DEMO_HOST = "demo-node"
 
 Progress = Callable[[str], None]
 
@@ -159,6 +160,7 @@ class Sandbox:
         env = {f"CELERYOPS_SLOTS_{kind}": str(n) for kind, n in SLOT_TOTALS.items()}
         env.update({
             "CELERYOPS_SLOTS_DETECT": "0",
+            "CELERYOPS_SLOTS_HOST": DEMO_HOST,  # the demo's workers are one machine's: they share its pool
             "CELERYOPS_SLOTS_RETRY_COUNTDOWN": f"{self.timing.slot_retry:g}",
             "CELERYOPS_SLOTS_STARVATION_AFTER": f"{self.timing.scaled(60.0, floor=5.0):g}",
             "CELERYOPS_DEMO_FENCE_INTERVAL": f"{self.timing.fence_interval:g}",

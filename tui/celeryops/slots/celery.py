@@ -8,20 +8,30 @@ Use::
     @app.task(base=SlotTask, slots={"cpu": 4, "gpu": 1})
     def infer(...): ...
 
+    @app.task(bind=True, base=SlotTask, slots={"gpu": 2})
+    def infer(self, ...):
+        gpus = self.slot_devices["gpu"]               # [2, 3]: this host's devices, this request's alone
+
     @app.task(base=SlotTask)                          # or the seed's way, from kwargs
     def process(..., resource_type="cpu", resource_slots=4): ...
 
 A task that cannot get its slots is sent again with a countdown (default 10 s) and the worker moves on; the wait
 does not count against ``max_retries`` (the message is re-sent with the same retries), so it never gives up.
-Slots are released in ``finally``; ``after_return`` is the safety net (skipping RETRY). A heartbeat thread renews
-every lease every TTL/3; a lease found gone (expired and reaped, or taken) is logged and, with ``on_lost="raise"``,
-``LeaseLost`` is raised inside the task's thread.
+Slots are released in ``finally``; ``after_return`` is the safety net (skipping RETRY): it releases whatever the
+task's id still holds in this process, such as slots a task body acquired itself through ``runtime(app)`` (the
+seed's way) and never gave back. A heartbeat thread renews every lease every TTL/3; a lease found gone (expired and
+reaped, or taken) is logged and, with ``on_lost="raise"``, ``LeaseLost`` is raised inside the task's thread.
 
-In the global scope a worker does not write the pool's totals: it contributes its host's totals (detected, or
-``CELERYOPS_SLOTS_<TYPE>``) for ``CELERYOPS_SLOTS_HOST_TTL`` seconds, renewed by the same heartbeat thread, and the
-pool's total is the sum over the live hosts (workers sharing a host name count once). A worker that stops takes its
-contribution out; one that is killed stops renewing and its contribution expires. Leases are never revoked when the
-total shrinks: running tasks keep their slots, new acquires see the smaller total.
+``self.slot_devices`` is kept on the request (``self.request.slot_devices``), not on the task object: under the
+threads pool one task object runs several requests at once, each with its own devices.
+
+Pools: a worker's CPU and GPU slots (every type not declared shared) are its host's: it contributes its host's
+totals (detected, or ``CELERYOPS_SLOTS_<TYPE>``) and GPU devices to the pool ``host:<host>`` for
+``CELERYOPS_SLOTS_HOST_TTL`` seconds, renewed by the same heartbeat thread (workers sharing a host name count once,
+with their largest numbers). Shared types (``CELERYOPS_SLOTS_SHARED``) go to the global pool, whose total is the sum
+over the live hosts. A worker that stops takes its contributions out; one that is killed stops renewing and they
+expire. Leases are never revoked when a total shrinks: running tasks keep their slots, new acquires see the smaller
+total.
 
 Worker-side settings (``CELERYOPS_SLOTS_*``) are described in ``settings.py``; the per-process state (leases held,
 heartbeat thread) is ``worker.SlotRuntime``. This module is the Celery glue: the task base, ``install`` and the
@@ -33,19 +43,20 @@ from __future__ import annotations
 import os
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, NoReturn
 
 from celery import Celery, Task, signals, states
 from celery.exceptions import Retry
 
+from celeryops.slots.detect import DeviceId
 from celeryops.slots.settings import ENV_PREFIX, RESERVED, SlotSettings, settings_from_env
 from celeryops.slots.store import Scope
 from celeryops.slots.worker import Holding, LeaseLost, SlotRuntime
 
 __all__ = ["ENV_PREFIX", "RESERVED", "Holding", "LeaseLost", "SlotRuntime", "SlotSettings", "SlotTask", "SlotsBusy",
-           "install", "runtime", "settings_from_env", "slot_task"]
+           "install", "runtime", "settings_from_env", "slot_task", "static_needs"]
 
 
 class SlotsBusy(Exception):
@@ -70,12 +81,14 @@ def runtime(app: Celery) -> SlotRuntime:
 
 
 def install(app: Celery, *, totals: Mapping[str, int] | None = None, lease_ttl: float | None = None,
-            redis_url: str | None = None, scope: Scope | None = None, **options: Any) -> SlotSettings:
+            redis_url: str | None = None, scope: Scope | None = None, shared: Iterable[str] | None = None,
+            **options: Any) -> SlotSettings:
     """Configure slots for ``app``'s workers (arguments win over ``CELERYOPS_SLOTS_*``) and connect the signals:
-    totals (or the host's contribution) + reap at worker start, heartbeat thread lifecycle, contribution withdrawn
-    at shutdown. Returns the effective settings."""
+    the host's contributions + reap at worker start (and a warning for task types that need what this host lacks),
+    heartbeat thread lifecycle, contributions withdrawn at shutdown. Returns the effective settings."""
     global _settings, _runtime
-    settings = settings_from_env(totals=dict(totals or {}), lease_ttl=lease_ttl, redis_url=redis_url, scope=scope)
+    settings = settings_from_env(totals=dict(totals or {}), lease_ttl=lease_ttl, redis_url=redis_url, scope=scope,
+                                 shared=None if shared is None else list(shared))
     if options:
         settings = replace(settings, **options)
     _settings = settings
@@ -83,7 +96,9 @@ def install(app: Celery, *, totals: Mapping[str, int] | None = None, lease_ttl: 
 
     def on_init(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", app) is app:
-            runtime(app).on_worker_start(str(getattr(sender, "hostname", "") or ""))
+            rt = runtime(app)
+            rt.on_worker_start(str(getattr(sender, "hostname", "") or ""))
+            rt.warn_missing(static_needs(app))
 
     def on_stop(**_: Any) -> None:
         if _runtime is not None and _runtime.pid == os.getpid():
@@ -96,8 +111,21 @@ def install(app: Celery, *, totals: Mapping[str, int] | None = None, lease_ttl: 
     return settings
 
 
+def static_needs(app: Celery) -> dict[str, list[str]]:
+    """Resource type -> names of the app's slot tasks that declare it in ``slots=`` (kwargs needs are not known
+    before a task runs)."""
+    out: dict[str, list[str]] = {}
+    for name, task in sorted(app.tasks.items()):
+        if isinstance(task, SlotTask):
+            for typ, n in (task.slots or {}).items():
+                if int(n) > 0:
+                    out.setdefault(str(typ).lower(), []).append(name)
+    return out
+
+
 class SlotTask(Task):  # type: ignore[misc]
-    """A task that runs only while it holds slot leases (``slots={"cpu": 4}`` or the seed's kwargs)."""
+    """A task that runs only while it holds slot leases (``slots={"cpu": 4}`` or the seed's kwargs);
+    ``self.slot_devices`` tells it which devices of its host it was given."""
 
     slots: Mapping[str, int] | None = None
     slot_retry_countdown: float | None = None
@@ -117,14 +145,28 @@ class SlotTask(Task):  # type: ignore[misc]
         rt = runtime(self.app)
         req = self.request
         lease_id = req.id or f"direct-{uuid.uuid4()}"  # a task called as a function has no id
-        if rt.acquire(lease_id, needs, name=self.name, worker=req.hostname or "") is None:
+        holding = rt.acquire(lease_id, needs, name=self.name, worker=req.hostname or "")
+        if holding is None:
             self._wait_for_slots(rt, needs)
         try:
-            return super().__call__(*args, **kwargs)
+            # on a request of this call alone (the stack is per thread): Task.__call__ pushes the next one from it
+            self.push_request(slot_devices={t: list(d) for t, d in holding.devices.items()})
+            try:
+                return super().__call__(*args, **kwargs)
+            finally:
+                self.pop_request()
         finally:
             rt.release(lease_id)
 
-    def _wait_for_slots(self, rt: SlotRuntime, needs: Mapping[str, int]) -> None:
+    @property
+    def slot_devices(self) -> dict[str, list[DeviceId]]:
+        """The devices of this host that the current request holds, per type: ``{"gpu": [2, 3]}`` (a GPU by
+        index, a MIG device by UUID); ``{}`` for types without devices, outside a slot task's run, or when the task
+        runs ungated (Redis unreachable, fail-open)."""
+        devices = getattr(self.request, "slot_devices", None) or {}
+        return {t: list(d) for t, d in devices.items()}
+
+    def _wait_for_slots(self, rt: SlotRuntime, needs: Mapping[str, int]) -> NoReturn:
         req = self.request
         if req.called_directly or req.is_eager:
             raise SlotsBusy(f"no free slots for {dict(needs)} in pool {rt.store.pool}")

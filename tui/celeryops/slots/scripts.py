@@ -7,12 +7,18 @@ the last two, gets the first four):
                                 hosts' contributions (counted by the scripts that change them; acquire reads it)
                   used:<type>   slots held by leases (never below 0)
                   token         the fencing-token counter (monotonic)
-                  lease:<id>    "needs|token|started ms|ttl ms|adopted|worker|host|task name"
-                  wait:<id>     "needs|since ms|exp ms|worker|task name": a refused request (starvation guard)
+                  lease:<id>    "needs|token|started ms|ttl ms|adopted|worker|host|task name", where adopted
+                                ("0"/"1") is followed by the devices the lease holds, if any: "1 gpu=2,3"
+                  devs:<type>   "0,1,2,3": the devices of a device-bound type (a host pool whose workers list them)
+                  free:<type>   "2,0": those no lease holds, the one freed longest ago first (present iff devs is)
+                  wait:<id>     "needs|since ms|exp ms|worker|task name": a refused request (starvation guard;
+                                a request for more than a total is listed too but is not in waitq: it reserves
+                                nothing)
                   waiters       present while waitq/waitx may hold entries
                   next_expiry   no lease and no contribution expires before this (ms): at or below the lowest
                                 score in leases and in hosts
-                  (needs = "cpu=4,gpu=1"; the task name comes last and may contain anything)
+                  (needs = "cpu=4,gpu=1"; the task name comes last and may contain anything; a device id is
+                  a GPU index or a MIG UUID: never ',', ';', '=', '|' or a space)
   2 leases  ZSET  lease id -> expiry (ms, Redis TIME)
   3 waitq   ZSET  waiting id -> since (ms): first refusal; only entries older than the guard are read
   4 waitx   ZSET  waiting id -> exp (ms): a waiter that does not come back before exp is forgotten
@@ -20,6 +26,9 @@ the last two, gets the first four):
   6 hostinfo HASH fixed:<type>  an explicit total (set_totals): wins over the hosts' sum
                   ctypes        the types the contributions gave a total at the last count ("cpu,gpu")
                   host:<host>|<worker>  "needs|since ms|ttl ms": one worker's contribution of its host's slots
+                  hdev:<host>|<worker>  "gpu=0,1,2,3": the devices that contribution lists (the pool's devs:<type>
+                                are their union)
+                  dtypes        the types with a device list at the last count
                   (kept out of the pool hash: a small hash is a listpack, every field there slows the hot path's
                   HMGET/HSET/HINCRBY down)
 

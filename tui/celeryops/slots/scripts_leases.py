@@ -2,12 +2,20 @@
 
 The hot paths are what bench/bench_slots.py measures. A ``redis.call`` costs Redis' single thread about 2 µs on top
 of its command and every number Lua turns into a string about 0.7 µs (bench/README.md), so they do only this:
-acquire = TIME, HMGET (lease, waiters flag, token, next_expiry, total and used of each requested type), HSET (used,
-token, lease record), ZADD; release = HMGET, HINCRBY (HMGET + HSET for several types), HDEL, ZREM. The rarer paths'
-helpers are built by ``lib()`` (``scripts_lib``) only when one of them runs. A granted acquire answers with the bare
-token (an integer reply, the cheapest for the client to parse). Host contributions add nothing to these paths:
-``total:<type>`` is counted when contributions change (contribute, reap), and their expiries are folded into
-``next_expiry``, so acquire reaps (and counts again) only when a lease or a contribution may really have expired.
+acquire = TIME, HMGET (lease, waiters flag, token, next_expiry, total, used and free devices of each requested
+type), HSET (used, token, lease record; for a device-bound type the devices left free and the lease's devices),
+ZADD; release = HMGET (record, waiters flag), HINCRBY (HMGET + HSET for several types, or for a lease holding
+devices, whose counts and devices go back together), HDEL, ZREM. The rarer paths' helpers are built by ``lib()``
+(``scripts_lib``) only when one of them runs. A granted acquire answers with the bare token (an integer reply, the
+cheapest for the client to parse), or ``"token devices"`` (``"7 gpu=3"``, one bulk string) when it bound devices.
+
+Devices: a type whose pool has ``free:<type>`` (a host pool whose workers listed their devices) is bound as well as
+counted: a granted acquire takes its k devices from the front of that list in the same script, so no two live
+leases ever hold one device; release, reap and a lost lease's expiry put them back at the end. A request the
+counts would grant but that finds fewer free devices than it needs waits like a busy one. Host contributions add
+nothing to these paths: ``total:<type>`` is counted when contributions change (contribute, reap), and their expiries
+are folded into ``next_expiry``, so acquire reaps (and counts again) only when a lease or a contribution may really
+have expired.
 
 A request refused for longer than the starvation guard reserves what it needs (first come, first served), so a
 large request is not starved by a stream of small ones.
@@ -18,7 +26,8 @@ from __future__ import annotations
 from celeryops.slots.scripts_lib import PRELUDE
 
 # ARGV: id, needs, ttl ms, starvation ms, waiting ttl ms, "worker|host|name"
-# -> token (granted) | {token, 'held'} | {0, blocking type} | {-1, type larger than its total}
+# -> token (granted) | "token devices" (granted with devices: "7 gpu=2,3") | {token, 'held', devices}
+#    | {0, blocking type} | {-1, type larger than its total} (remembered as waiting, never reserving)
 ACQUIRE = PRELUDE + """
 local id, ns, ttl = ARGV[1], ARGV[2], ARGV[3]
 local t = call('TIME')
@@ -27,12 +36,12 @@ local exp = now + ttl
 local typs, need, fields = {}, {}, {'lease:' .. id, 'waiters', 'token', 'next_expiry'}
 local typ, n = string.match(ns, '^([^,=]+)=(%d+)$')
 if typ then
-  typs[1], need[1], fields[5], fields[6] = typ, tonumber(n), 'total:' .. typ, 'used:' .. typ
+  typs[1], need[1], fields[5], fields[6], fields[7] = typ, tonumber(n), 'total:' .. typ, 'used:' .. typ, 'free:' .. typ
 else
   for typ, n in string.gmatch(ns, '([^,=]+)=(%d+)') do
     local k = #typs + 1
     typs[k], need[k] = typ, tonumber(n)
-    fields[2 * k + 3], fields[2 * k + 4] = 'total:' .. typ, 'used:' .. typ
+    fields[3 * k + 2], fields[3 * k + 3], fields[3 * k + 4] = 'total:' .. typ, 'used:' .. typ, 'free:' .. typ
   end
 end
 local r = call('HMGET', P, unpack(fields))
@@ -46,13 +55,14 @@ local nxt = tonumber(r[4])
 if r[1] then
   call('ZADD', L, exp, id)
   if exp < nxt then call('HSET', P, 'next_expiry', exp) end
-  return {tonumber(string.match(r[1], '^[^|]*|(%d+)')), 'held'}
+  local tok, dv = string.match(r[1], '^[^|]*|(%d+)|[^|]*|[^|]*|%d ?([^|]*)|')
+  return {tonumber(tok), 'held', dv or ''}
 end
 local total, used = {}, {}
 for k = 1, #typs do
-  total[k], used[k] = tonumber(r[2 * k + 3] or 0), tonumber(r[2 * k + 4] or 0)
+  total[k], used[k] = tonumber(r[3 * k + 2] or 0), tonumber(r[3 * k + 3] or 0)
   if need[k] > total[k] then
-    if r[2] then (H or lib()).unwait(id) end
+    (H or lib()).impossible(id, ns, now, ARGV[5], ARGV[6])
     return {-1, typs[k]}
   end
 end
@@ -101,8 +111,42 @@ if r[2] then
     end
   end
 end
+-- take(list, n): the first n ids of a comma list and the rest; nil when it holds fewer
+local function take(s, n)
+  local got, pos = {}, 1
+  for i = 1, n do
+    if pos > #s then return nil end
+    local a = string.find(s, ',', pos, true)
+    got[i] = string.sub(s, pos, (a or #s + 1) - 1)
+    pos = (a or #s) + 1
+  end
+  return got, string.sub(s, pos)
+end
+local ld, fargs
 for k = 1, #typs do
-  if used[k] + need[k] + (reserved and reserved[typs[k]] or 0) > total[k] then
+  local ok = used[k] + need[k] + (reserved and reserved[typs[k]] or 0) <= total[k]
+  local free = r[3 * k + 4]
+  if ok and free then
+    local got, rest
+    if need[k] == 1 then  -- the usual: one device, no table
+      if free ~= '' then
+        local a = string.find(free, ',', 1, true)
+        if a then got, rest = string.sub(free, 1, a - 1), string.sub(free, a + 1) else got, rest = free, '' end
+      end
+    else
+      local list
+      list, rest = take(free, need[k])
+      if list then got = table.concat(list, ',') end
+    end
+    if got then
+      ld = (ld and ld .. ';' or '') .. typs[k] .. '=' .. got
+      fargs = fargs or {}
+      fargs[#fargs + 1], fargs[#fargs + 2] = fields[3 * k + 4], rest
+    else
+      ok = false
+    end
+  end
+  if not ok then
     local until_ = now + ARGV[5]
     if not mine then call('ZADD', Q, now, id) end
     call('ZADD', X, until_, id)
@@ -114,16 +158,21 @@ for k = 1, #typs do
 end
 local token = (r[3] or 0) + 1
 local tk = tostring(token)
-local args = {'token', tk, fields[1], ns .. '|' .. tk .. '|' .. now .. '|' .. ttl .. '|0|' .. ARGV[6]}
+local adopted = ld and '|0 ' .. ld .. '|' or '|0|'  -- a lease's devices follow its adopted flag: "0 gpu=3"
+local args = {'token', tk, fields[1], ns .. '|' .. tk .. '|' .. now .. '|' .. ttl .. adopted .. ARGV[6]}
 for k = 1, #typs do
-  args[2 * k + 3], args[2 * k + 4] = fields[2 * k + 4], used[k] + need[k]
+  args[2 * k + 3], args[2 * k + 4] = fields[3 * k + 3], used[k] + need[k]
 end
 if exp < nxt then
   args[#args + 1], args[#args + 2] = 'next_expiry', exp
 end
+if ld then
+  for i = 1, #fargs do args[#args + 1] = fargs[i] end
+end
 call('HSET', P, unpack(args))
 call('ZADD', L, exp, id)
 if mine then (H or lib()).unwait(id) end
+if ld then return tk .. ' ' .. ld end
 return token
 """
 
@@ -133,15 +182,43 @@ local id, token = ARGV[1], ARGV[2]
 local lf = 'lease:' .. id
 local r = call('HMGET', P, lf, 'waiters')
 if r[1] then
-  local typ, n, held = string.match(r[1], '^([^,=|]+)=(%d+)|(%d+)|')  -- one type: the common case
+  -- one type and no devices (the common case), else the needs and the devices from the record
+  local typ, n, held, dv = string.match(r[1], '^([^,=|]+)=(%d+)|(%d+)|%d+|%d+|%d ?([^|]*)|')
   local ns
-  if not typ then ns, held = string.match(r[1], '^([^|]*)|(%d+)|') end
+  if not typ then ns, held, dv = string.match(r[1], '^([^|]*)|(%d+)|%d+|%d+|%d ?([^|]*)|') end
+  if not typ and not ns then ns, held, dv = string.match(r[1], '^([^|]*)|(%d+)|'), '' end
   if token == '' or held == token then
-    if typ then
+    local dt, ids
+    if typ and dv ~= '' then dt, ids = string.match(dv, '^([^;=]+)=([^;]*)$') end
+    if typ and dv == '' then
       local f = 'used:' .. typ
       if call('HINCRBY', P, f, '-' .. n) < 0 then call('HSET', P, f, 0) end
+    elseif dt then  -- one type counted, one bound (gpu=1 holding gpu 3): one more read, no tables
+      local uf, ff = 'used:' .. typ, 'free:' .. dt
+      local c = call('HMGET', P, uf, ff, 'devs:' .. dt)
+      local u, free, devs = c[1], c[2], c[3]
+      u = (u or 0) - n
+      if u < 0 then u = 0 end
+      if devs then
+        free = free or ''
+        local member = ',' .. devs .. ','
+        local function back(d)
+          local k = ',' .. d .. ','
+          if string.find(member, k, 1, true) and not string.find(',' .. free .. ',', k, 1, true) then
+            if free == '' then free = d else free = free .. ',' .. d end
+          end
+        end
+        if string.find(ids, ',', 1, true) then
+          for d in string.gmatch(ids, '[^,]+') do back(d) end
+        else
+          back(ids)
+        end
+        call('HSET', P, uf, u, ff, free)
+      else
+        call('HSET', P, uf, u)
+      end
     else
-      give_back({ns})
+      give_back({ns or (typ .. '=' .. n)}, dv ~= '' and {dv} or nil)
     end
     call('HDEL', P, lf)
     call('ZREM', L, id)
@@ -152,8 +229,9 @@ if r[2] then lib().unwait(id) end
 return 0
 """
 
-# ARGV: id, token, ttl ms, needs, "worker|host|name"
-# -> {1, token} renewed | {2, token} registered again after Redis lost its data | {0, 0} expired and reaped
+# ARGV: id, token, ttl ms, needs, "worker|host|name", devices the holder was given ("gpu=2,3" or '')
+# -> {1, token} renewed | {2, token, devices bound again} registered again after Redis lost its data (only the
+#    devices still free: one taken meanwhile stays with its new holder) | {0, 0} expired and reaped
 #    | {-1, other token} the id is now held under another token
 RENEW = PRELUDE + """
 local H = lib()
@@ -177,8 +255,7 @@ H.reap(now)
 if tonumber(call('HGET', P, 'token') or 0) < token then
   -- the counter went backwards: Redis lost its data (restart without persistence, FLUSHALL); the holder is alive
   call('HSET', P, 'token', token)
-  H.register(id, ARGV[4], ttl, token, now, ARGV[5])
-  return {2, token}
+  return {2, token, H.register(id, ARGV[4], ttl, token, now, ARGV[5], ARGV[6])}
 end
 return {0, 0}
 """

@@ -6,6 +6,10 @@ pool's total of a type is the sum over hosts. A contribution that is not renewed
 killed, or lost Redis) is reaped like a lease and the totals are counted again. A smaller total never touches live
 leases: ``used`` may exceed ``total`` until they end, and acquires are refused meanwhile. An explicit total
 (``fixed:<type>``, written by SET_TOTALS) wins over the hosts' sum. The key layout is in ``scripts.py``.
+
+A host pool (one host's machine resources) is built the same way: its workers contribute, and its total is the
+largest of their numbers; a contribution may also list the host's devices of a type (``gpu=0,1,2,3``), which the
+pool then binds to leases (``scripts_leases``).
 """
 
 from __future__ import annotations
@@ -37,29 +41,30 @@ if worker ~= '' then count = count + H.drop_worker(worker) end
 return count
 """
 
-# A worker's contribution of its host's totals to a global pool.
-# ARGV: mode 'start'|'beat'|'leave', "<host>|<worker>", needs, ttl ms
+# A worker's contribution of its host's totals (and devices) to a pool.
+# ARGV: mode 'start'|'beat'|'leave', "<host>|<worker>", needs, ttl ms, devices ("gpu=0,1;npu=0" or '')
 #   start: drop the leases of <worker> (see SET_TOTALS), then as beat
 #   beat:  write the contribution (expiry now + ttl); the totals are counted again if it is new or changed, or if
-#          the pool hash lost one of its totals (evicted, deleted by hand) while the contribution stayed
+#          the pool hash lost one of its totals or device lists (evicted, deleted by hand) while it stayed
 #   leave: forget the contribution now and count again
 # -> {leases reaped, 1 new | 2 changed | 0 renewed (leave: 1 forgotten | 0 there was none)}
 CONTRIBUTE = PRELUDE + """
 local H = lib()
-local mode, member, ns, ttl = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local mode, member, ns, ttl, dv = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5] or ''
 local now = H.now_ms()
-local f = 'host:' .. member
+local f, df = 'host:' .. member, 'hdev:' .. member
 local count = 0
 if mode == 'leave' then
   local had = call('ZREM', C, member)
-  call('HDEL', I, f)
+  call('HDEL', I, f, df)
   H.recount()
   H.reap(now)
   return {0, had}
 end
 local worker = string.match(member, '|(.*)$')
 if mode == 'start' and worker ~= '' then count = H.drop_worker(worker) end
-local old = call('HGET', I, f)
+local cur = call('HMGET', I, f, df)
+local old = cur[1]
 local status = 0
 if not old then
   status = 1
@@ -69,10 +74,15 @@ else
   if ons ~= ns then status = 2 end
   if ons ~= ns or tonumber(ottl) ~= ttl then call('HSET', I, f, ns .. '|' .. (since or now) .. '|' .. ttl) end
 end
+if (cur[2] or '') ~= dv then
+  if status == 0 then status = 2 end
+  if dv == '' then call('HDEL', I, df) else call('HSET', I, df, dv) end
+end
 call('ZADD', C, now + ttl, member)
 if status == 0 and ns ~= '' then
   local tf = {}
   for typ in string.gmatch(ns, '([^,=]+)=%d+') do tf[#tf + 1] = 'total:' .. typ end
+  for typ in string.gmatch(dv, '([^;=]+)=') do tf[#tf + 1] = 'free:' .. typ; tf[#tf + 1] = 'devs:' .. typ end
   local have = call('HMGET', P, unpack(tf))
   for i = 1, #tf do
     if not have[i] then status = -1 end

@@ -1,15 +1,18 @@
 """Typed, read-only views of slot pools for the console and ``celeryops slots``.
 
-A ``Snapshot`` holds one ``PoolSnapshot`` per pool (global pools, per-host pools, and a pool written by the seed's
-schema, marked ``legacy``); a global pool lists the hosts whose contributions add up to its totals. Times are Redis
-``TIME`` (ms) so that ages and lease remainders don't depend on the reader's clock. ``to_dict()`` gives the JSON
-shape printed by ``celeryops slots --json``.
+A ``Snapshot`` holds one ``PoolSnapshot`` per pool (per-host pools of machine resources, the global pool of the
+shared types, and a pool written by the seed's schema, marked ``legacy``); a pool lists the hosts whose
+contributions make its totals, and a host pool its devices (free, or held by which task for how long). Times are
+Redis ``TIME`` (ms) so that ages and lease remainders don't depend on the reader's clock. ``to_dict()`` gives the
+JSON shape printed by ``celeryops slots --json``.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+DeviceId = int | str
 
 
 @dataclass(frozen=True)
@@ -42,11 +45,30 @@ class Holder:
     lease_remaining: float | None
     expired: bool = False
     adopted: bool = False
+    devices: dict[str, list[DeviceId]] = field(default_factory=dict)  # {"gpu": [2, 3]}: what the task was given
+
+
+@dataclass(frozen=True)
+class DeviceUsage:
+    """One device of a host pool: free, or held by the lease ``task_id`` for ``held_for`` seconds."""
+
+    type: str
+    device: DeviceId
+    task_id: str | None = None
+    task_name: str = ""
+    worker: str = ""
+    held_for: float | None = None
+
+    @property
+    def free(self) -> bool:
+        return self.task_id is None
 
 
 @dataclass(frozen=True)
 class Waiting:
-    """A refused request; ``reserved`` once it has waited longer than the starvation guard allows."""
+    """A refused request; ``reserved`` once it has waited longer than the starvation guard allows.
+    ``no_capacity``: no live host (no pool that could serve it) has that many of what it needs: it waits until one
+    comes (``Snapshot.capacity`` gives the hosts' totals)."""
 
     task_id: str
     task_name: str
@@ -54,6 +76,7 @@ class Waiting:
     slots: dict[str, int]
     waited: float
     reserved: bool
+    no_capacity: bool = False
 
 
 @dataclass(frozen=True)
@@ -68,6 +91,7 @@ class HostContribution:
     age: float
     expires_in: float
     expired: bool = False
+    devices: dict[str, list[DeviceId]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -79,12 +103,17 @@ class PoolSnapshot:
     holders: list[Holder] = field(default_factory=list)
     waiting: list[Waiting] = field(default_factory=list)
     hosts: list[HostContribution] = field(default_factory=list)
+    devices: list[DeviceUsage] = field(default_factory=list)
 
     def usage(self, type_: str) -> TypeUsage:
         for t in self.types:
             if t.type == type_:
                 return t
         return TypeUsage(type_, 0, 0)
+
+    def can_hold(self, needs: dict[str, int]) -> bool:
+        """Whether this pool's totals are large enough for ``needs`` at all (now busy or not)."""
+        return all(self.usage(t).total >= n for t, n in needs.items())
 
 
 @dataclass(frozen=True)
@@ -95,11 +124,28 @@ class Snapshot:
     def pool(self, name: str) -> PoolSnapshot | None:
         return next((p for p in self.pools if p.pool == name), None)
 
+    def candidates(self, pool: PoolSnapshot) -> list[PoolSnapshot]:
+        """The pools that could serve a request refused in ``pool``: every host pool for a host pool's (a task goes
+        back to its queue and any host's worker may take it), else that pool alone."""
+        if pool.scope == "host":
+            return [p for p in self.pools if p.scope == "host"]
+        return [pool]
+
+    def capacity(self, pool: PoolSnapshot, types: list[str]) -> dict[str, dict[str, int]]:
+        """The totals of ``types`` per host (or per pool) among the candidates of ``pool``: what "no capacity
+        anywhere" is measured against."""
+        return {(p.host or p.pool): {t: p.usage(t).total for t in sorted(types)} for p in self.candidates(pool)}
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"taken_at": self.taken_at, "pools": []}
         for p in self.pools:
             d = asdict(p)
             d["types"] = [{"type": t.type, "total": t.total, "used": t.used, "free": t.free, "fixed": t.fixed}
                           for t in p.types]
+            for w, wd in zip(p.waiting, d["waiting"], strict=True):
+                if w.no_capacity:
+                    wd["capacity"] = self.capacity(p, list(w.slots))
+            for dev, dd in zip(p.devices, d["devices"], strict=True):
+                dd["free"] = dev.free
             out["pools"].append(d)
         return out

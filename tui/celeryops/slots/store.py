@@ -13,7 +13,8 @@ reloading the script. A pool written by the seed's schema (``resource:<type>:tot
 The hot path (acquire, release) runs on one connection of the client's pool that the store holds (redis-py's
 single-connection client, ``client.client()``, per process, taken at the first acquire or release): a pooled
 command checks a connection out, polls it for stale data and puts it back, which costs the client more than the
-command itself. It sends pre-encoded keys and arguments and gets an integer back (see bench/bench_slots.py).
+command itself. It sends pre-encoded keys and arguments and gets an integer back (a short string when it bound
+devices: see bench/bench_slots.py).
 Everything else (snapshots, totals, renewals) uses the client as given.
 """
 
@@ -22,8 +23,8 @@ from __future__ import annotations
 import functools
 import os
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import redis
@@ -32,7 +33,16 @@ from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from celeryops.slots import scripts
-from celeryops.slots.snapshot import Holder, HostContribution, PoolSnapshot, Snapshot, TypeUsage, Waiting
+from celeryops.slots.snapshot import (
+    DeviceId,
+    DeviceUsage,
+    Holder,
+    HostContribution,
+    PoolSnapshot,
+    Snapshot,
+    TypeUsage,
+    Waiting,
+)
 
 Scope = Literal["global", "host"]
 Client = redis.Redis | RedisCluster  # a pool's keys share one hash tag, so a cluster client works too
@@ -46,12 +56,14 @@ def host_pool(host: str) -> str:
 
 @dataclass(frozen=True)
 class AcquireResult:
-    """``ok``: the lease is held under ``token``. ``impossible``: a type asks more than its total (or has none)."""
+    """``ok``: the lease is held under ``token``, with ``devices`` of the device-bound types (``{"gpu": [2, 3]}``).
+    ``impossible``: a type asks more than its total (or has none)."""
 
     ok: bool
     token: int
     status: str  # "ok" | "held" | "busy" | "impossible"
     blocked_type: str | None = None
+    devices: dict[str, list[DeviceId]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -65,8 +77,11 @@ class ContributeResult:
 
 @dataclass(frozen=True)
 class RenewResult:
+    """``devices``: after ``restored``, the devices bound again (one another task took meanwhile is not among them)."""
+
     status: Literal["renewed", "restored", "lost", "taken"]
     token: int
+    devices: dict[str, list[DeviceId]] = field(default_factory=dict)
 
     @property
     def alive(self) -> bool:
@@ -128,7 +143,7 @@ class SlotStore:
         is starting and so holds nothing yet)."""
         flat: list[str | int] = []
         for typ, n in sorted(totals.items()):
-            flat += [_type_name(typ), int(n)]
+            flat += [type_name(typ), int(n)]
         reaped = int(self._run("set_totals", "nx" if only_missing else "set", _field(reap_worker), *flat))
         self.client.sadd(self.registry_key, self.pool)
         return reaped
@@ -137,16 +152,19 @@ class SlotStore:
         """Forget explicit totals: these types go back to the sum of the hosts' contributions (0 without any)."""
         flat: list[str] = []
         for typ in sorted(types):
-            flat += [_type_name(typ), ""]
+            flat += [type_name(typ), ""]
         self._run("set_totals", "del", "", *flat)
 
     def contribute(self, host: str, totals: Mapping[str, int], *, ttl: float, worker: str = "",
-                   starting: bool = False) -> ContributeResult:
+                   starting: bool = False, devices: Mapping[str, Sequence[DeviceId]] | None = None
+                   ) -> ContributeResult:
         """Add (or renew) ``worker``'s contribution of ``host``'s totals to this pool for ``ttl`` seconds; the pool's
         totals become the sum over hosts (workers with the same host count once, with their largest numbers).
-        ``starting``: the worker is starting under this node name, so leases recorded under it are dead and reaped."""
+        ``devices``: the host's devices of device-bound types (``{"gpu": [0, 1]}``), bound to leases by acquire (a
+        host pool's; devices of different hosts must never share a pool). ``starting``: the worker is starting under
+        this node name, so leases recorded under it are dead and reaped."""
         reaped, status = self._run("contribute", "start" if starting else "beat", _member(host, worker),
-                                   needs_text(totals), _ms(ttl))
+                                   needs_text(totals, keep_zero=True), _ms(ttl), devices_text(devices or {}))
         result = ContributeResult({1: "new", 2: "changed", 0: "renewed"}[int(status)], int(reaped))  # type: ignore[arg-type]
         if result.status != "renewed":
             self.client.sadd(self.registry_key, self.pool)
@@ -167,21 +185,28 @@ class SlotStore:
             client=self._hot_client())
         if type(res) is int:
             return AcquireResult(True, res, "ok")
-        code, info = int(res[0]), str(res[1])
+        if type(res) is bytes:  # a client without decode_responses
+            res = res.decode()
+        if type(res) is str:  # granted with devices: "7 gpu=3"
+            tk, _, bound = res.partition(" ")
+            return AcquireResult(True, int(tk), "ok", devices=parse_devices(bound))
+        code, info = int(res[0]), _str(res[1])
         if code > 0:
-            return AcquireResult(True, code, info)
+            return AcquireResult(True, code, info, devices=parse_devices(_str(res[2])) if len(res) > 2 else {})
         if code == -1:
             return AcquireResult(False, 0, "impossible", info)
         return AcquireResult(False, 0, "busy", info)
 
     def renew(self, lease_id: str, token: int, ttl: float, needs: Mapping[str, int], *, name: str = "",
-              worker: str = "", host: str = "") -> RenewResult:
+              worker: str = "", host: str = "", devices: Mapping[str, Sequence[DeviceId]] | None = None
+              ) -> RenewResult:
         """Extend the lease. ``lost``: it expired and was reaped; ``taken``: the id is held under another token;
-        ``restored``: Redis had lost its data, the lease was registered again under the same token."""
-        code, tok = self._run("renew", lease_id, int(token), _ms(ttl), needs_text(needs),
-                              _tail(worker, host, name))
-        status = {1: "renewed", 2: "restored", 0: "lost", -1: "taken"}[int(code)]
-        return RenewResult(status, int(tok))  # type: ignore[arg-type]
+        ``restored``: Redis had lost its data, the lease was registered again under the same token, with those of
+        its ``devices`` that are still free."""
+        res = self._run("renew", lease_id, int(token), _ms(ttl), needs_text(needs), _tail(worker, host, name),
+                        devices_text(devices or {}))
+        status = {1: "renewed", 2: "restored", 0: "lost", -1: "taken"}[int(res[0])]
+        return RenewResult(status, int(res[1]), parse_devices(_str(res[2])) if len(res) > 2 else {})  # type: ignore[arg-type]
 
     def adopt(self, lease_id: str, needs: Mapping[str, int], *, ttl: float, name: str = "", worker: str = "",
               host: str = "") -> int:
@@ -190,9 +215,11 @@ class SlotStore:
         return int(token)
 
     def release(self, lease_id: str, token: int | None = None) -> bool:
-        """Return the lease's slots (as recorded, never the caller's numbers); False if nothing was held."""
-        return bool(self._release(keys=self._release_keys, args=(lease_id, b"" if token is None else int(token)),
-                                  client=self._hot_client()))
+        """Return the lease's slots and devices (as recorded, never the caller's numbers); False if nothing was
+        held."""
+        return bool(self._release(keys=self._release_keys, args=(
+            lease_id, b"" if token is None else int(token)),
+            client=self._hot_client()))
 
     def reap(self) -> int:
         return int(self._run("reap"))
@@ -215,8 +242,10 @@ class SlotStore:
         leases: dict[str, str] = {}
         waits: dict[str, str] = {}
         records: dict[str, str] = {}
-        for field, value in pool.items():
-            kind, _, rest = field.partition(":")
+        devs: dict[str, list[DeviceId]] = {}
+        host_devs: dict[str, str] = {}
+        for name, value in pool.items():
+            kind, _, rest = name.partition(":")
             if kind == "total":
                 totals[rest] = int(value)
             elif kind == "used":
@@ -225,13 +254,17 @@ class SlotStore:
                 leases[rest] = value
             elif kind == "wait":
                 waits[rest] = value
-        for field, value in hostinfo.items():
-            kind, _, rest = field.partition(":")
+            elif kind == "devs":
+                devs[rest] = [_device(d) for d in value.split(",") if d]
+        for name, value in hostinfo.items():
+            kind, _, rest = name.partition(":")
             if kind == "fixed":
                 fixed[rest] = int(value)
             elif kind == "host":
                 records[rest] = value
-        hosts = _host_contributions(records, dict(host_expiries), now_ms)
+            elif kind == "hdev":
+                host_devs[rest] = value
+        hosts = _host_contributions(records, dict(host_expiries), now_ms, host_devs)
         # the totals the next acquire sees: it reaps contributions that expired since the last count first
         live: dict[str, int] = {}
         for hc in hosts:
@@ -244,46 +277,64 @@ class SlotStore:
         holders = []
         for lid, raw in sorted(leases.items()):
             ns, token, started, _ttl, adopted, worker, host, name = raw.split("|", 7)
+            adopted, _, held_devices = adopted.partition(" ")
             remaining = (exp.get(lid, now_ms) - now_ms) / 1000
             holders.append(Holder(
                 task_id=lid, task_name=name, worker=worker, host=host, slots=parse_needs(ns), token=int(token),
                 age=(now_ms - int(started)) / 1000, lease_remaining=max(0.0, remaining),
-                expired=remaining <= 0, adopted=adopted == "1"))
+                expired=remaining <= 0, adopted=adopted == "1", devices=parse_devices(held_devices)))
+        by_device = {(typ, d): h for h in holders for typ, ds in h.devices.items() for d in ds}
+        devices = []
+        for typ in sorted(devs):
+            held_here = [d for (t, d) in by_device if t == typ and d not in devs[typ]]  # the host no longer lists
+            for d in [*devs[typ], *sorted(held_here, key=_device_order)]:
+                h = by_device.get((typ, d))
+                devices.append(DeviceUsage(typ, d) if h is None else DeviceUsage(
+                    typ, d, h.task_id, h.task_name, h.worker, h.age))
         waiting = []
         for wid, raw in sorted(waits.items()):
             ns, since, until, worker, name = raw.split("|", 4)
             if int(until) <= now_ms:
                 continue
             waited = (now_ms - int(since)) / 1000
+            needs = parse_needs(ns)
+            possible = all(n <= totals.get(t, 0) for t, n in needs.items())  # else listed, never reserving
             waiting.append(Waiting(
-                task_id=wid, task_name=name, worker=worker, slots=parse_needs(ns), waited=waited,
-                reserved=starvation_after is not None and waited >= starvation_after))
+                task_id=wid, task_name=name, worker=worker, slots=needs, waited=waited,
+                reserved=possible and starvation_after is not None and waited >= starvation_after))
         return PoolSnapshot(
             pool=self.pool, scope=self.scope, host=self.pool[len("host:"):] if self.scope == "host" else None,
             types=[TypeUsage(t, totals.get(t, 0), used.get(t, 0), t in fixed) for t in sorted(set(totals) | set(used))],
-            holders=holders, waiting=waiting, hosts=hosts)
+            holders=holders, waiting=waiting, hosts=hosts, devices=devices)
 
 
-def _host_contributions(records: dict[str, str], expiries: dict[str, float], now_ms: int) -> list[HostContribution]:
-    """One entry per host: the largest number per type of its live workers (all of them if none is live)."""
-    by_host: dict[str, list[tuple[str, dict[str, int], int, float]]] = {}
+def _host_contributions(records: dict[str, str], expiries: dict[str, float], now_ms: int,
+                        host_devs: dict[str, str]) -> list[HostContribution]:
+    """One entry per host: the largest number per type of its live workers (all of them if none is live), and the
+    devices they list."""
+    by_host: dict[str, list[tuple[str, dict[str, int], int, float, dict[str, list[DeviceId]]]]] = {}
     for member, raw in records.items():
         host, _, worker = member.partition("|")
         ns, since, _ttl = [*raw.split("|", 2), "", ""][:3]
         by_host.setdefault(host, []).append(
-            (worker, parse_needs(ns), int(since or now_ms), expiries.get(member, float(now_ms))))
+            (worker, parse_needs(ns), int(since or now_ms), expiries.get(member, float(now_ms)),
+             parse_devices(host_devs.get(member, ""))))
     out = []
     for host, members in sorted(by_host.items()):
         live = [m for m in members if m[3] > now_ms]
         counted = live or members
         totals: dict[str, int] = {}
-        for _w, needs, _since, _exp in counted:
+        devices: dict[str, list[DeviceId]] = {}
+        for _w, needs, _since, _exp, devs in counted:
             for typ, n in needs.items():
                 totals[typ] = max(totals.get(typ, 0), n)
+            for typ, ds in devs.items():
+                devices[typ] = sorted({*devices.get(typ, []), *ds}, key=_device_order)
         out.append(HostContribution(
             host=host, totals=dict(sorted(totals.items())), workers=sorted(m[0] for m in counted),
             age=(now_ms - min(m[2] for m in counted)) / 1000,
-            expires_in=max(0.0, (max(m[3] for m in members) - now_ms) / 1000), expired=not live))
+            expires_in=max(0.0, (max(m[3] for m in members) - now_ms) / 1000), expired=not live,
+            devices=devices))
     return out
 
 
@@ -298,6 +349,11 @@ def _acquire_args(needs: tuple[tuple[str, int], ...], ttl: float, starvation_aft
 def _tail(worker: str, host: str, name: str) -> str:
     """The end of a lease record: worker and host between '|' separators, the task name last (it may hold '|')."""
     return f"{_field(worker)}|{_field(host)}|{name}"
+
+
+def _str(value: Any) -> str:
+    """A reply element as text, from a client with or without decode_responses."""
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _ms(seconds: float) -> int:
@@ -315,7 +371,7 @@ def _pairs(flat: list[Any]) -> dict[str, str]:
 _TYPE = re.compile(r"^[A-Za-z0-9_.:-]+$")
 
 
-def _type_name(typ: str) -> str:
+def type_name(typ: str) -> str:
     if not _TYPE.match(typ):
         raise ValueError(f"bad resource type {typ!r}: use letters, digits, '_', '.', ':' or '-'")
     return typ
@@ -331,20 +387,60 @@ def _field(text: str) -> str:
     return text.replace("|", "/")
 
 
-def needs_text(needs: Mapping[str, int]) -> str:
-    """``{"gpu": 1, "cpu": 4}`` -> ``"cpu=4,gpu=1"`` (zero needs dropped; negative ones and odd names refused)."""
-    return _needs_text(tuple(sorted((str(k), int(v)) for k, v in needs.items())))
+def needs_text(needs: Mapping[str, int], *, keep_zero: bool = False) -> str:
+    """``{"gpu": 1, "cpu": 4}`` -> ``"cpu=4,gpu=1"`` (zero needs dropped unless ``keep_zero``: a host's 0 GPU is
+    worth showing; negative ones and odd names refused)."""
+    return _needs_text(tuple(sorted((str(k), int(v)) for k, v in needs.items())), keep_zero)
 
 
 @functools.lru_cache(maxsize=1024)
-def _needs_text(items: tuple[tuple[str, int], ...]) -> str:
+def _needs_text(items: tuple[tuple[str, int], ...], keep_zero: bool = False) -> str:
     if any(v < 0 for _, v in items):
         raise ValueError(f"slot needs must not be negative: {dict(items)}")
-    return ",".join(f"{_type_name(k)}={v}" for k, v in items if v > 0)
+    return ",".join(f"{type_name(k)}={v}" for k, v in items if v > 0 or keep_zero)
 
 
 def parse_needs(text: str) -> dict[str, int]:
     return {k: int(v) for k, v in (part.split("=", 1) for part in text.split(",") if part)}
+
+
+_DEVICE = re.compile(r"^[^,;=|\s]+$")
+
+
+def devices_text(devices: Mapping[str, Sequence[DeviceId]]) -> str:
+    """``{"gpu": [0, 1], "npu": ["x"]}`` -> ``"gpu=0,1;npu=x"`` (types without devices dropped)."""
+    parts = []
+    for typ, ids in sorted(devices.items()):
+        names = [str(d) for d in ids]
+        bad = [n for n in names if not _DEVICE.match(n)]
+        if bad:
+            raise ValueError(f"bad device id {bad[0]!r} of {typ}: ',', ';', '=', '|' and spaces cannot be in one")
+        if names:
+            parts.append(f"{type_name(typ)}={','.join(names)}")
+    return ";".join(parts)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_devices(text: str) -> tuple[tuple[str, tuple[DeviceId, ...]], ...]:
+    out = []
+    for part in text.split(";"):
+        typ, _, ids = part.partition("=")
+        if typ:
+            out.append((typ, tuple(_device(d) for d in ids.split(",") if d)))
+    return tuple(out)
+
+
+def parse_devices(text: str) -> dict[str, list[DeviceId]]:
+    """``"gpu=2,3"`` -> ``{"gpu": [2, 3]}`` (a GPU index as int, a MIG UUID as str); a new dict every call."""
+    return {typ: list(ids) for typ, ids in _parse_devices(text)}
+
+
+def _device(text: str) -> DeviceId:
+    return int(text) if text.isdigit() else text
+
+
+def _device_order(d: DeviceId) -> tuple[int, int, str]:
+    return (0, d, "") if isinstance(d, int) else (1, 0, d)
 
 
 def pools(client: Client, prefix: str = DEFAULT_PREFIX) -> list[str]:
@@ -393,4 +489,7 @@ def read_all(client: Client, prefix: str = DEFAULT_PREFIX, *, hash_tag: bool = T
     legacy = read_legacy(client, prefix)
     if legacy is not None:
         out.append(legacy)
-    return Snapshot(taken_at=float(sec) + float(usec) / 1e6, pools=out)
+    snap = Snapshot(taken_at=float(sec) + float(usec) / 1e6, pools=out)
+    return Snapshot(snap.taken_at, [replace(p, waiting=[
+        replace(w, no_capacity=not any(c.can_hold(w.slots) for c in snap.candidates(p))) for w in p.waiting])
+        for p in out])

@@ -1,9 +1,14 @@
-"""A worker process's side of the slot leases: ``SlotRuntime`` (its store, the leases it holds, the heartbeat thread).
+"""A worker process's side of the slot leases: ``SlotRuntime`` (its stores, the leases it holds, the heartbeat thread).
 
-Celery-free (``celery.py`` wires it to a worker's signals and tasks). Acquire fails open (the task runs ungated,
-registered once Redis is back) or closed (it waits), as the settings say. The heartbeat renews this host's
-contribution to a global pool and every lease every third of the shorter TTL; a lease found gone (expired and
-reaped, or taken) is logged and, with ``on_lost="raise"``, ``LeaseLost`` is raised inside the task's thread.
+Celery-free (``celery.py`` wires it to a worker's signals and tasks). A worker's types live in its host's pool (the
+machine's CPUs and GPUs; the host's GPU devices are listed there, and a granted GPU slot is a device) unless they
+are shared (``CELERYOPS_SLOTS_SHARED``, or every type with ``CELERYOPS_SLOTS_SCOPE=global``): those live in the global
+pool. A request that needs both is acquired pool by pool, the host's first, all or nothing (a refusal in the global
+pool gives the host's slots and devices back at once). Acquire fails open (the task runs ungated and without
+devices, registered once Redis is back) or closed (it waits), as the settings say. The heartbeat renews the
+worker's contributions (its host's totals and devices) and every lease every third of the shorter TTL; a lease
+found gone (expired and reaped, or taken) is logged and, with ``on_lost="raise"``, ``LeaseLost`` is raised inside
+the task's thread.
 """
 
 from __future__ import annotations
@@ -13,12 +18,13 @@ import logging
 import os
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis
 
-from celeryops.slots.settings import SlotSettings
-from celeryops.slots.store import SlotStore, connect
+from celeryops.slots.detect import Detected, DeviceId
+from celeryops.slots.settings import ENV_PREFIX, SlotSettings
+from celeryops.slots.store import GLOBAL_POOL, SlotStore, connect
 
 log = logging.getLogger("celeryops.slots")
 
@@ -27,68 +33,124 @@ class LeaseLost(Exception):
     """Raised in a task whose slot lease expired and was reaped (or taken) while it ran."""
 
 
-
 @dataclass
 class Holding:
+    """The leases one task holds: per pool its needs and fencing token, and the devices it was given."""
+
     task_id: str
     needs: dict[str, int]
-    token: int
     name: str
     worker: str
     thread_id: int
+    parts: dict[str, tuple[dict[str, int], int]] = field(default_factory=dict)  # pool -> (needs there, token)
+    devices: dict[str, list[DeviceId]] = field(default_factory=dict)
     ungated: bool = False
     lost: bool = False
 
+    @property
+    def token(self) -> int:
+        """The token of the first pool's lease (0 while ungated)."""
+        return next(iter(self.parts.values()))[1] if self.parts else 0
+
 
 class SlotRuntime:
-    """Per-process state of a worker: the store, the leases this process holds, and the heartbeat thread."""
+    """Per-process state of a worker: the stores, the leases this process holds, and the heartbeat thread."""
 
     def __init__(self, settings: SlotSettings, redis_url: str) -> None:
         self.settings = settings
-        self.store = SlotStore(connect(redis_url), settings.pool, prefix=settings.prefix, hash_tag=settings.hash_tag)
+        self.client = connect(redis_url)
+        self.stores: dict[str, SlotStore] = {}
+        self.store = self.store_for(settings.pool)  # this worker's own pool: its host's (global: the global pool)
         self.holdings: dict[str, Holding] = {}
         self.worker_name = ""
-        self.totals: dict[str, int] | None = None  # what this process registers (main process of a worker)
-        self._totals_written = False
+        self.detected: Detected | None = None  # what this process contributes (main process of a worker)
+        self._written: set[str] = set()  # pools whose contribution was written at least once
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.pid = os.getpid()
 
+    def store_for(self, pool: str) -> SlotStore:
+        store = self.stores.get(pool)
+        if store is None:
+            store = self.stores[pool] = SlotStore(self.client, pool, prefix=self.settings.prefix,
+                                                  hash_tag=self.settings.hash_tag)
+        return store
+
+    @property
+    def totals(self) -> dict[str, int] | None:
+        return None if self.detected is None else self.detected.totals
+
+    def contributions(self) -> dict[str, tuple[dict[str, int], dict[str, list[DeviceId]]]]:
+        """What this worker adds to each pool: its host's pool gets the machine's types and devices (always, even
+        empty: the host shows as live), the global pool the shared types it has a total for."""
+        det = self.detected
+        if det is None:
+            return {}
+        out: dict[str, tuple[dict[str, int], dict[str, list[DeviceId]]]] = {}
+        if self.settings.scope == "host":
+            out[self.settings.pool] = ({}, {})
+        for typ, n in det.totals.items():
+            pool = self.settings.pool_of(typ)
+            totals, devices = out.setdefault(pool, ({}, {}))
+            totals[typ] = n
+            if pool != GLOBAL_POOL and det.devices.get(typ):
+                devices[typ] = list(det.devices[typ])
+        return out
+
     # -- worker lifecycle ---------------------------------------------------------------------------------------
     def on_worker_start(self, nodename: str) -> None:
-        """Write this worker's totals (per-host pool) or its host's contribution (global pool), and reap what is
-        really dead (expired leases and contributions, leases of this node name)."""
+        """Detect this host's resources, contribute them (the machine's to its host's pool, shared ones to the
+        global pool) and reap what is really dead (expired leases and contributions, leases of this node name)."""
         self.worker_name = nodename
-        self.totals = self.settings.worker_totals()
+        self.detected = self.settings.detected()
+        log.info("slots: host %s: %s", self.settings.host, "; ".join(self.detected.notes.values()) or "no totals")
         try:
-            if self.settings.scope == "global":
-                reaped = self.store.contribute(self.settings.host, self.totals, ttl=self.settings.contribution_ttl,
-                                               worker=nodename, starting=True).reaped
-                log.info("slots: host %s adds %s to pool %s (for %ss, renewed by the heartbeat); reaped %d dead "
-                         "lease(s)", self.settings.host, self.totals, self.store.pool,
+            for pool, (totals, devices) in self.contributions().items():
+                store = self.store_for(pool)
+                if store.scope == "host" and totals:
+                    # a host's totals are what its workers say: forget a total fixed by hand or by an earlier
+                    # version (which wrote per-host totals as fixed ones), or it would hide what they detect
+                    store.clear_totals(list(totals))
+                reaped = store.contribute(self.settings.host, totals, ttl=self.settings.contribution_ttl,
+                                          worker=nodename, starting=True, devices=devices).reaped
+                self._written.add(pool)
+                log.info("slots: host %s adds %s%s to pool %s (for %ss, renewed by the heartbeat); reaped %d dead "
+                         "lease(s)", self.settings.host, totals or "nothing",
+                         "".join(f", {t} devices {d}" for t, d in devices.items()), pool,
                          self.settings.contribution_ttl, reaped)
-            else:
-                reaped = self.store.set_totals(self.totals, reap_worker=nodename)
-                log.info("slots: pool %s totals %s; reaped %d dead lease(s)", self.store.pool, self.totals, reaped)
-            self._totals_written = True
         except redis.RedisError as exc:
             log.warning("slots: Redis unreachable at worker start (%s); totals will be written when it is back", exc)
         self.start_heartbeat()
 
-    def on_worker_stop(self) -> None:
-        """Stop the heartbeat; a worker that registered totals in a global pool takes its contribution out (its
-        running leases, if any, are not touched: they end or expire as usual)."""
-        self.stop_heartbeat()
-        if self.totals is None or self.settings.scope != "global":
+    def warn_missing(self, needs_by_type: Mapping[str, list[str]]) -> None:
+        """Say once, at start, which task types need a machine resource this host does not have (a GPU task on a
+        worker that detected no GPU): they wait for a host that has it."""
+        det = self.detected
+        if det is None:
             return
-        try:
-            self.store.withdraw(self.settings.host, self.worker_name)
-            log.info("slots: host %s's contribution from %s withdrawn from pool %s", self.settings.host,
-                     self.worker_name, self.store.pool)
-        except redis.RedisError as exc:
-            log.warning("slots: could not withdraw the contribution of host %s (%s); it expires within %ss",
-                        self.settings.host, exc, self.settings.contribution_ttl)
+        for typ, names in sorted(needs_by_type.items()):
+            if self.settings.pool_of(typ) == GLOBAL_POOL or det.totals.get(typ, 0) > 0:
+                continue
+            how = det.notes.get(typ, f"no {ENV_PREFIX}{typ.upper()} set")
+            log.warning("slots: %d task type(s) need %s (%s) but host %s has none [%s]: they wait until a host "
+                        "with %s takes them; if this host has some, set %s%s=N", len(names), typ,
+                        ", ".join(sorted(names)), self.settings.host, how, typ, ENV_PREFIX, typ.upper())
+
+    def on_worker_stop(self) -> None:
+        """Stop the heartbeat and take this worker's contributions out (its running leases, if any, are not
+        touched: they end or expire as usual)."""
+        self.stop_heartbeat()
+        if self.detected is None:
+            return
+        for pool in self.contributions():
+            try:
+                self.store_for(pool).withdraw(self.settings.host, self.worker_name)
+                log.info("slots: host %s's contribution from %s withdrawn from pool %s", self.settings.host,
+                         self.worker_name, pool)
+            except redis.RedisError as exc:
+                log.warning("slots: could not withdraw the contribution of host %s from pool %s (%s); it expires "
+                            "within %ss", self.settings.host, pool, exc, self.settings.contribution_ttl)
 
     def start_heartbeat(self) -> None:
         with self._lock:
@@ -113,37 +175,43 @@ class SlotRuntime:
                 log.exception("slots: heartbeat failed")
 
     def heartbeat_once(self) -> None:
-        """Renew this host's contribution (global pool) and every lease; register ungated holdings (fail-open
-        outage) and missing totals once Redis is back."""
+        """Renew this worker's contributions and every lease; register ungated holdings (fail-open outage) and
+        lost contributions once Redis is back."""
         try:
-            if self.totals is not None and self.settings.scope == "global":
-                c = self.store.contribute(self.settings.host, self.totals, ttl=self.settings.contribution_ttl,
-                                          worker=self.worker_name)
-                if c.status == "new" and self._totals_written:
+            for pool, (totals, devices) in self.contributions().items():
+                c = self.store_for(pool).contribute(self.settings.host, totals, ttl=self.settings.contribution_ttl,
+                                                    worker=self.worker_name, devices=devices)
+                if c.status == "new" and pool in self._written:
                     log.warning("slots: the contribution of host %s to pool %s had expired or was lost; added again",
-                                self.settings.host, self.store.pool)
-                self._totals_written = True
-            elif self.totals is not None:
-                self.store.set_totals(self.totals, only_missing=self._totals_written)
-                self._totals_written = True
+                                self.settings.host, pool)
+                self._written.add(pool)
             for h in list(self.holdings.values()):
-                if h.lost:
-                    continue
-                if h.ungated:
-                    h.token = self.store.adopt(h.task_id, h.needs, ttl=self.settings.lease_ttl, name=h.name,
-                                               worker=h.worker, host=self.settings.host)
-                    h.ungated = False
-                    log.warning("slots: task %s ran ungated during a Redis outage; registered as lease %d",
-                                h.task_id, h.token)
-                    continue
-                r = self.store.renew(h.task_id, h.token, self.settings.lease_ttl, h.needs, name=h.name,
-                                     worker=h.worker, host=self.settings.host)
-                if r.status == "restored":
-                    log.warning("slots: Redis had lost lease of task %s; registered again", h.task_id)
-                elif not r.alive:
-                    self._lost(h, r.status)
+                if not h.lost:
+                    self._renew(h)
         except redis.RedisError as exc:
             log.warning("slots: heartbeat could not reach Redis (%s); leases expire if this lasts a TTL", exc)
+
+    def _renew(self, h: Holding) -> None:
+        if h.ungated:
+            for pool, part in self.settings.split(h.needs):
+                token = self.store_for(pool).adopt(h.task_id, part, ttl=self.settings.lease_ttl, name=h.name,
+                                                   worker=h.worker, host=self.settings.host)
+                h.parts[pool] = (part, token)
+            h.ungated = False
+            log.warning("slots: task %s ran ungated during a Redis outage; registered as lease %d", h.task_id, h.token)
+            return
+        for pool, (part, token) in list(h.parts.items()):
+            mine = {t: d for t, d in h.devices.items() if t in part}
+            r = self.store_for(pool).renew(h.task_id, token, self.settings.lease_ttl, part, name=h.name,
+                                           worker=h.worker, host=self.settings.host, devices=mine)
+            if r.status == "restored":
+                gone = {t: [d for d in ds if d not in r.devices.get(t, [])] for t, ds in mine.items()}
+                gone = {t: ds for t, ds in gone.items() if ds}
+                log.warning("slots: Redis had lost lease of task %s in pool %s; registered again%s", h.task_id, pool,
+                            f" (devices {gone} were taken by another task meanwhile)" if gone else "")
+            elif not r.alive:
+                self._lost(h, f"{r.status} in pool {pool}")
+                return
 
     def _lost(self, h: Holding, status: str) -> None:
         h.lost = True
@@ -154,43 +222,59 @@ class SlotRuntime:
 
     # -- per task -----------------------------------------------------------------------------------------------
     def acquire(self, task_id: str, needs: Mapping[str, int], *, name: str = "", worker: str = "") -> Holding | None:
-        """The holding, or None when the task must wait (busy, impossible, or Redis down with fail-closed)."""
+        """The holding (with the devices it was given), or None when the task must wait (busy, impossible, or Redis
+        down with fail-closed). All or nothing across pools: a refusal gives back what was taken on the way."""
         worker = worker or self.worker_name
+        holding = Holding(task_id, dict(needs), name, worker, threading.get_ident())
         try:
-            res = self.store.acquire(task_id, needs, ttl=self.settings.lease_ttl, name=name, worker=worker,
-                                     host=self.settings.host, starvation_after=self.settings.starvation_after,
-                                     wait_ttl=max(3 * self.settings.lease_ttl, 3 * self.settings.retry_countdown + 5))
+            for pool, part in self.settings.split(needs):
+                store = self.store_for(pool)
+                res = store.acquire(task_id, part, ttl=self.settings.lease_ttl, name=name, worker=worker,
+                                    host=self.settings.host, starvation_after=self.settings.starvation_after,
+                                    wait_ttl=max(3 * self.settings.lease_ttl, 3 * self.settings.retry_countdown + 5))
+                if not res.ok:
+                    self._give_back(holding)
+                    if res.status == "impossible":
+                        log.warning("slots: task %s needs %s but pool %s has fewer %s slots in total; it keeps "
+                                    "waiting", task_id, dict(needs), pool, res.blocked_type)
+                    return None
+                holding.parts[pool] = (part, res.token)
+                holding.devices.update(res.devices)
         except redis.RedisError as exc:
+            self._give_back(holding)
             if not self.settings.fail_open:
                 log.warning("slots: Redis unreachable (%s); task %s waits (fail-closed)", exc, task_id)
                 return None
-            log.warning("slots: Redis unreachable (%s); task %s runs ungated (fail-open), registered later",
-                        exc, task_id)
-            holding = Holding(task_id, dict(needs), 0, name, worker, threading.get_ident(), ungated=True)
-        else:
-            if not res.ok:
-                if res.status == "impossible":
-                    log.warning("slots: task %s needs %s but pool %s has fewer %s slots in total; it keeps waiting",
-                                task_id, dict(needs), self.store.pool, res.blocked_type)
-                return None
-            holding = Holding(task_id, dict(needs), res.token, name, worker, threading.get_ident())
+            log.warning("slots: Redis unreachable (%s); task %s runs ungated (fail-open, no devices bound), "
+                        "registered later", exc, task_id)
+            holding = Holding(task_id, dict(needs), name, worker, threading.get_ident(), ungated=True)
         self.holdings[task_id] = holding
         self.start_heartbeat()
         return holding
+
+    def _give_back(self, holding: Holding) -> None:
+        """Release the parts of a request taken before one pool refused (best effort: they expire otherwise)."""
+        for pool, (_part, token) in holding.parts.items():
+            try:
+                self.store_for(pool).release(holding.task_id, token)
+            except redis.RedisError:
+                pass
+        holding.parts.clear()
+        holding.devices.clear()
 
     def release(self, task_id: str) -> None:
         holding = self.holdings.pop(task_id, None)
         if holding is None or holding.ungated:
             return
-        try:
-            self.store.release(task_id, holding.token)
-        except redis.RedisError as exc:
-            log.warning("slots: could not release task %s (%s); its lease expires within %ss",
-                        task_id, exc, self.settings.lease_ttl)
+        for pool, (_part, token) in holding.parts.items():
+            try:
+                self.store_for(pool).release(task_id, token)
+            except redis.RedisError as exc:
+                log.warning("slots: could not release task %s in pool %s (%s); its lease expires within %ss",
+                            task_id, pool, exc, self.settings.lease_ttl)
 
     def check(self, task_id: str) -> None:
         """Cooperative check for long tasks: raise LeaseLost if the heartbeat found the lease gone."""
         h = self.holdings.get(task_id)
         if h is not None and h.lost:
             raise LeaseLost(f"slot lease of task {task_id} was lost")
-

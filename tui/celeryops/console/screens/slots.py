@@ -1,6 +1,8 @@
-"""Slots: every slot pool (global pools with the hosts that contribute to them, per-host pools), a gauge and a
-usage sparkline per resource type (a type with no capacity reads ``none``), the leases held (pool, task, worker,
-slots, age, lease time left; expired leases flagged) and the reservations waiting."""
+"""Slots: every slot pool, each host first (a gauge and a usage sparkline per resource type, a type with no capacity
+reading ``none``, and under a device-bound type one row per device: free, or held by which task for how long), then
+the global pool of the shared types with the hosts that contribute to it; the leases held (pool, task, worker, slots
+and devices, age, lease time left; expired leases flagged) and the reservations waiting (a request no live host
+could serve reads "no capacity anywhere" with the hosts' totals)."""
 
 from __future__ import annotations
 
@@ -10,23 +12,64 @@ from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import DataTable, Sparkline, Static
 
-from celeryops.console.fmt import gauge, left, since, slots_text
+from celeryops.console.fmt import gauge, left, shorten, since, slots_text
 from celeryops.console.screens.base import ConsoleScreen, Row, refill
-from celeryops.ops.backend.views import PoolView, SlotsView
+from celeryops.ops.backend.views import DeviceView, PoolView, SlotHolder, SlotsView, SlotWaiter
 
 
 def pool_title(pool: PoolView) -> Text:
-    """``pool default · global · 2 hosts: gpu-node-a cpu:8 gpu:4, cpu-node-b cpu:8``."""
+    """``host gpu-node-a · celery@gpu-1, celery@gpu-2`` for a host; ``pool global · shared · 2 hosts: gpu-node-a
+    licence:2, cpu-node-b licence:2`` for the global pool."""
+    if pool.scope == "host":
+        text = Text(f"host {pool.host or pool.name}", style="bold cyan")
+        workers = sorted({w for share in pool.hosts if not share.expired for w in share.workers})
+        if workers:
+            text.append(" · " + ", ".join(workers), style="dim")
+        else:
+            text.append(" · no live worker: its totals are 0 until one starts", style="yellow")
+        return text
     text = Text(f"pool {pool.name}", style="bold cyan")
-    if pool.scope != pool.name:
-        text.append(f" · {pool.scope}" + (f" {pool.host}" if pool.host and pool.host not in pool.name else ""),
-                    style="dim")
+    if pool.scope == "global":
+        text.append(" · shared", style="dim")
+    elif pool.scope != pool.name:
+        text.append(f" · {pool.scope}", style="dim")
     if pool.hosts:
         text.append(f" · {len(pool.hosts)} host{'s' if len(pool.hosts) != 1 else ''}: ", style="dim")
         for i, share in enumerate(pool.hosts):
             text.append(", " if i else "")
             text.append(share.host, style="dim strike" if share.expired else "")
             text.append(f" {slots_text(share.totals)}", style="dim")
+    return text
+
+
+def device_line(dev: DeviceView, width: int = 1) -> Text:
+    """``  gpu 0 ■ ml.train_adapter · celery@gpu-1 · 30 minutes`` or ``  gpu 1 □ free`` (ids padded to ``width``)."""
+    text = Text(f"  {dev.type} {shorten(dev.device, 14):<{width}} ", style="bold")
+    if dev.free:
+        text.append("□ free", style="green")
+        return text
+    text.append("■ ", style="red" if dev.expired else "yellow")
+    text.append(dev.task or dev.lease_id, style="")
+    text.append(f" · {dev.worker}" if dev.worker else "", style="dim")
+    text.append(f" · {since(dev.held_for)}", style="dim")
+    if dev.expired:
+        text.append(" · lease EXPIRED", style="bold red")
+    return text
+
+
+def holder_slots(h: SlotHolder) -> str:
+    """``cpu:4 gpu:2 → gpu 0,1``: the slots and the devices they are."""
+    devices = " ".join(f"{t} {','.join(ds)}" for t, ds in sorted(h.devices.items()) if ds)
+    return slots_text(h.slots) + (f" → {devices}" if devices else "")
+
+
+def capacity_line(w: SlotWaiter) -> Text:
+    """``▲ ml.finetune_large wants gpu:8: no capacity anywhere (cpu-node-b gpu:0, gpu-node-a gpu:4)``."""
+    hosts = ", ".join(f"{host} {slots_text(totals)}" for host, totals in w.capacity.items())
+    text = Text("▲ ", style="bold yellow")
+    text.append(f"{w.task} wants {slots_text(w.slots)}: ")
+    text.append("no capacity anywhere", style="bold yellow")
+    text.append(f" ({hosts or 'no live host'}); it waits until a host with that much starts", style="dim")
     return text
 
 
@@ -46,6 +89,7 @@ class SlotsScreen(ConsoleScreen):
         yield VerticalScroll(id="resources")
         yield DataTable(id="holders", cursor_type="row", zebra_stripes=True)
         yield DataTable(id="waiting", cursor_type="row")
+        yield Static(id="capacity")
         yield self.footer()
 
     def on_mount(self) -> None:
@@ -58,7 +102,7 @@ class SlotsScreen(ConsoleScreen):
         waiting = self.query_one("#waiting", DataTable)
         waiting.border_title = "Waiting for slots"
         for key, label in (("task", "Task"), ("worker", "Worker"), ("slots", "Wants"), ("waiting", "Waiting for"),
-                           ("pool", "Pool")):
+                           ("pool", "Pool"), ("note", "")):
             waiting.add_column(label, key=key)
         self.console.poll_now()
 
@@ -76,25 +120,41 @@ class SlotsScreen(ConsoleScreen):
         if view is None or not view.pools:
             refill(holders, [])
             refill(waiting, [])
+            self.query_one("#capacity", Static).display = False
             await box.mount(Static(Text("This fleet has no slot pool.", style="dim")))
             return
-        box.border_title = f"Resources · {len(view.pools)} pool{'s' if len(view.pools) != 1 else ''}"
+        hosts = sum(1 for p in view.pools if p.scope == "host")
+        others = len(view.pools) - hosts
+        box.border_title = "Resources · " + " · ".join(
+            ([f"{hosts} host{'s' if hosts != 1 else ''}"] if hosts else [])
+            + ([f"{others} shared pool{'s' if others != 1 else ''}"] if others else []))
         rows: list[Static | Horizontal] = []
+        name_width = min(10, max([6, *(len(r.name) + 1 for p in view.pools for r in p.resources)]))
         for pool in view.pools:
             rows.append(Static(pool_title(pool), classes="pool-title"))
+            width = max((len(shorten(d.device, 14)) for d in pool.devices), default=1)
             for res in pool.resources:
                 span = since(view.sample_interval * max(len(res.history) - 1, 0))
-                rows.append(Horizontal(Static(gauge(res.name, res.used, res.total, 20), classes="gauge"),
+                rows.append(Horizontal(Static(gauge(res.name, res.used, res.total, 26 - name_width, name_width),
+                                              classes="gauge"),
                                        Sparkline(list(res.history) or [0], classes="usage"),
                                        Static(Text(f" last {span}", style="dim"), classes="span"),
                                        classes="resource"))
+                rows += [Static(device_line(d, width), classes="device") for d in pool.devices if d.type == res.name]
+            typed = {r.name for r in pool.resources}  # devices of a type without a gauge (none in practice)
+            rows += [Static(device_line(d, width), classes="device") for d in pool.devices if d.type not in typed]
         await box.mount_all(rows)
         held: list[Row] = []
         for h in sorted(view.holders, key=lambda h: h.ttl_left):
             ttl = Text("EXPIRED", style="bold white on red") if h.expired else Text(
                 left(h.ttl_left), style="yellow" if h.ttl_left < 30 else "")
-            held.append((f"{h.pool}\0{h.lease_id}", [h.task, h.worker, slots_text(h.slots), since(h.age), ttl, h.pool]))
+            held.append((f"{h.pool}\0{h.lease_id}", [h.task, h.worker, holder_slots(h), since(h.age), ttl, h.pool]))
         refill(holders, held)
-        wanting: list[Row] = [(str(i), [w.task, w.worker, slots_text(w.slots), since(w.waiting), w.pool])
+        wanting: list[Row] = [(str(i), [w.task, w.worker, slots_text(w.slots), since(w.waiting), w.pool,
+                                        Text("no capacity anywhere", style="bold yellow") if w.no_capacity else ""])
                               for i, w in enumerate(view.waiting)]
-        refill(waiting, wanting or [(None, [Text("nobody is waiting", style="dim"), "", "", "", ""])])
+        refill(waiting, wanting or [(None, [Text("nobody is waiting", style="dim"), "", "", "", "", ""])])
+        nowhere = [capacity_line(w) for w in view.waiting if w.no_capacity]
+        capacity = self.query_one("#capacity", Static)
+        capacity.update(Text("\n").join(nowhere))
+        capacity.display = bool(nowhere)

@@ -14,6 +14,7 @@ import redis
 
 from celeryops.core.events import DrainProgress
 from celeryops.ops.backend.views import (
+    DeviceView,
     FleetView,
     HostShare,
     PoolView,
@@ -34,7 +35,7 @@ from celeryops.ops.run.recovery import plan
 from celeryops.ops.run.wiring import Wiring
 
 if TYPE_CHECKING:
-    from celeryops.slots.snapshot import PoolSnapshot
+    from celeryops.slots.snapshot import PoolSnapshot, Snapshot
 
 
 @dataclass
@@ -111,11 +112,11 @@ class Snapshots:
             return None
         if not snap.pools:
             return None
-        order = {"global": 0, "host": 1, "legacy": 2}
+        order = {"host": 0, "global": 1, "legacy": 2}  # the machines first, then what they share
         pools = sorted(snap.pools, key=lambda p: (order.get(p.scope, 3), p.pool))
-        return SlotsView(pools=tuple(self._pool_view(p) for p in pools))
+        return SlotsView(pools=tuple(self._pool_view(p, snap) for p in pools))
 
-    def _pool_view(self, pool: PoolSnapshot) -> PoolView:
+    def _pool_view(self, pool: PoolSnapshot, snap: Snapshot) -> PoolView:
         resources = []
         for usage in pool.types:
             history = self._history.setdefault(f"{pool.pool}\0{usage.type}", deque(maxlen=60))
@@ -123,14 +124,19 @@ class Snapshots:
             resources.append(ResourceView(usage.type, usage.total, usage.used, tuple(history)))
         holders = tuple(SlotHolder(h.task_id, h.task_name, h.worker, dict(h.slots), h.age or 0.0,
                                    0.0 if h.expired else (h.lease_remaining if h.lease_remaining is not None
-                                                          else 24 * 3600.0), pool=pool.pool)
+                                                          else 24 * 3600.0), pool=pool.pool,
+                                   devices={t: tuple(str(d) for d in ds) for t, ds in h.devices.items()})
                         for h in pool.holders)
-        waiting = tuple(SlotWaiter(w.task_name, w.worker, dict(w.slots), w.waited, pool=pool.pool)
+        waiting = tuple(SlotWaiter(w.task_name, w.worker, dict(w.slots), w.waited, pool=pool.pool,
+                                   no_capacity=w.no_capacity,
+                                   capacity=snap.capacity(pool, list(w.slots)) if w.no_capacity else {})
                         for w in pool.waiting)
-        # per-host contributions of a global pool (once the slot store publishes them)
         hosts = tuple(HostShare(c.host, dict(c.totals), tuple(c.workers), c.expires_in, c.expired)
-                      for c in getattr(pool, "hosts", ()))
-        return PoolView(pool.pool, pool.scope, pool.host, tuple(resources), holders, waiting, hosts)
+                      for c in pool.hosts)
+        expired = {h.task_id for h in pool.holders if h.expired}
+        devices = tuple(DeviceView(d.type, str(d.device), d.task_id or "", d.task_name, d.worker, d.held_for or 0.0,
+                                   d.task_id in expired) for d in pool.devices)
+        return PoolView(pool.pool, pool.scope, pool.host, tuple(resources), holders, waiting, hosts, devices)
 
     def unfinished_run(self) -> RunView | None:
         """The fleet's interrupted run from the journal, with what each recovery choice would do; None when there

@@ -12,7 +12,7 @@ injected clock, so screens never print wall-clock text.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal, TypeAlias
 
 from celeryops.adapters.deploy.base import (
@@ -100,6 +100,7 @@ class SlotHolder:
     age: float  # seconds since acquired
     ttl_left: float  # seconds until the lease expires unless renewed (<= 0: expired)
     pool: str = ""
+    devices: dict[str, tuple[str, ...]] = field(default_factory=dict)  # {"gpu": ("2", "3")}: what it was given
 
     @property
     def expired(self) -> bool:
@@ -115,6 +116,9 @@ class SlotWaiter:
     slots: dict[str, int]
     waiting: float  # seconds
     pool: str = ""
+    # no live host could ever serve it; then the hosts' totals of what it needs: {"cpu-a": {"gpu": 0}}
+    no_capacity: bool = False
+    capacity: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -129,8 +133,26 @@ class HostShare:
 
 
 @dataclass(frozen=True)
+class DeviceView:
+    """One device of a host (a GPU by index, a MIG device by UUID): free, or held by a lease for ``held_for`` s."""
+
+    type: str
+    device: str
+    lease_id: str = ""  # "" = free
+    task: str = ""
+    worker: str = ""
+    held_for: float = 0.0
+    expired: bool = False  # the holding lease expired (it is reaped, and the device freed, at the next acquire)
+
+    @property
+    def free(self) -> bool:
+        return not self.lease_id
+
+
+@dataclass(frozen=True)
 class PoolView:
-    """One slot pool: global (its totals add up its hosts' contributions), per host, or the seed's schema."""
+    """One slot pool: a host's machine resources (with its devices), the global pool of shared types (its totals
+    add up its hosts' contributions), or the seed's schema."""
 
     name: str
     scope: str = "global"  # global | host | legacy
@@ -139,11 +161,13 @@ class PoolView:
     holders: tuple[SlotHolder, ...] = ()
     waiting: tuple[SlotWaiter, ...] = ()
     hosts: tuple[HostShare, ...] = ()
+    devices: tuple[DeviceView, ...] = ()
 
 
 @dataclass(frozen=True)
 class SlotsView:
-    """Every slot pool of the fleet (global first): gauges, holders, waiters."""
+    """Every slot pool of the fleet (hosts first, then the global pool of shared types): gauges, devices, holders,
+    waiters."""
 
     pools: tuple[PoolView, ...] = ()
     sample_interval: float = 5.0  # seconds between history samples
