@@ -19,7 +19,18 @@ from celeryops.core.events import RUN_PHASES
 from celeryops.core.masking import mask_text, mask_url
 from celeryops.ops.fleetwide.lease import LeaseInfo, ago, read_lease
 from celeryops.ops.fleetwide.publish import PublishedStatus, read_status
-from celeryops.ops.journal import TERMINAL_PHASES, FleetStore, Journal, Run, consumers_text, journal_path, merge_open
+from celeryops.ops.journal import (
+    TERMINAL_PHASES,
+    FleetStore,
+    Journal,
+    Run,
+    consumers_text,
+    journal_path,
+    merge_open,
+    newest,
+    unconfirmed_restore,
+)
+from celeryops.ops.run.interrupted import RunHolder, holder_of
 from celeryops.ops.run.recovery import RecoveryPlan, plan
 
 
@@ -96,6 +107,11 @@ class StatusReport:
     local_ids: set[str] = field(default_factory=set)  # runs the local journal knows
     last: PublishedStatus | None = None  # a finished run still published, when nothing is current
     unconfirmed: Run | None = None  # the latest run ended aborted with consumers never confirmed back
+    holder: RunHolder | None = None  # who holds the current run now (None: Redis not read)
+
+    @property
+    def interrupted(self) -> bool:
+        return self.holder is not None and self.holder.interrupted
 
     @property
     def current(self) -> bool:
@@ -125,6 +141,10 @@ class StatusReport:
                 "updated_at": self.published.updated_at if self.published else self.run.updated if self.run else None,
                 "in_local_journal": self.run is not None and self.run.id in self.local_ids,
                 "held_by_fleet": self.run is not None and self.run.id not in self.local_ids,
+                "held": self.holder.state if self.holder else None,
+                "interrupted": self.interrupted,
+                "interrupted_at": self.holder.since if self.holder and self.interrupted else None,
+                "interrupted_why": self.holder.why if self.holder and self.interrupted else None,
             }
         recovery = None
         if self.recovery is not None:
@@ -146,7 +166,7 @@ def gather_status(fleet_spec: FleetSpec, state_dir: str | None, fleet: str | Non
     journal = open_journal_if_any(state_dir)
     try:
         local = journal.unfinished_runs(name) if journal else []
-        report.unconfirmed = journal.unconfirmed(name) if journal and not local else None
+        last_ended = journal.latest_ended(name) if journal else None
     finally:
         if journal is not None:
             journal.close()
@@ -163,8 +183,11 @@ def gather_status(fleet_spec: FleetSpec, state_dir: str | None, fleet: str | Non
         try:
             published = read_status(client, name)
             report.lease = read_lease(client, name)
-            # The run journal held by the fleet: open runs of any machine (its copy wins over the local one).
-            local, _ended = merge_open(local, FleetStore(client, name))
+            # The run journal held by the fleet: open runs of any machine (its copy wins over the local one), and
+            # its latest ended run (a restore another machine could not confirm).
+            store = FleetStore(client, name)
+            local, _ended = merge_open(local, store)
+            last_ended = newest(last_ended, store.latest_ended())
             redis_ok = report.redis_read = True
         except redis.RedisError as exc:
             report.redis_unreachable = True
@@ -192,6 +215,10 @@ def gather_status(fleet_spec: FleetSpec, state_dir: str | None, fleet: str | Non
 
     if report.run is not None:
         report.recovery = plan(report.run, None)
+        if redis_ok:
+            report.holder = holder_of(report.run, report.lease, time.time(), fleet_spec.config().run.lease_ttl)
+    if not local:
+        report.unconfirmed = unconfirmed_restore(last_ended)
     return report
 
 
@@ -214,11 +241,16 @@ def _status_lines(report: StatusReport) -> list[str]:
     lines = [f"Fleet {report.fleet}: run {data['id']} is in phase {phase_word(data['phase'])}, started "
              f"{ago(data['age'] or 0)} "
              f"by {data['owner']}@{data['host']}{release}."]
+    if report.interrupted and report.holder is not None:
+        lines.append(f"Interrupted {ago(time.time() - (report.holder.since or time.time()))}: {report.holder.why}; "
+                     f"nobody runs it now and it stays in phase {phase_word(data['phase'])} until `celeryops resume` "
+                     "continues it or `celeryops abort` applies the recovery rules.")
     lines.append("Source: " + ("the status published in Redis" if report.source == "redis" else
                                "the run journal held by the fleet in Redis" if data["held_by_fleet"] else
                                "the local journal"))
     if report.published is not None and report.published.progress:
-        lines.append(f"Progress ({ago(time.time() - report.published.updated_at)}): "
+        label = "Last progress published" if report.interrupted else "Progress"
+        lines.append(f"{label} ({ago(time.time() - report.published.updated_at)}): "
                      f"{progress_words(report.published.progress)}")
     if report.lease is not None:
         lines.append(f"Lease: {report.lease.describe()}.")

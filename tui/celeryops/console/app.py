@@ -76,6 +76,7 @@ class ConsoleApp(App[int]):
         self._polling = False
         self._poll_timer: Timer | None = None
         self._quit_when_settled = False
+        self._offered: set[str] = set()  # interrupted runs whose resume/abort panel opened by itself once
         self.size_hint: tuple[int, int] | None = None
         self.theme = "textual-dark"
         if not animate:
@@ -134,6 +135,7 @@ class ConsoleApp(App[int]):
             self._report(err)
             return
         if unfinished is not None and self.model.view is None:
+            self._offered.add(unfinished.run_id)
             if not isinstance(self.screen, ResumeScreen):
                 self.push_screen(ResumeScreen(self.read_only, unfinished))
         elif not on_start and self.model.view is None:
@@ -216,6 +218,18 @@ class ConsoleApp(App[int]):
         for screen in self.screen_stack:
             if isinstance(screen, HomeScreen) and screen.is_mounted:
                 screen.show_fleet(message.view)
+        self._offer_interrupted(message.view.interrupted)
+
+    def _offer_interrupted(self, run: RunView | None) -> None:
+        """A run seen interrupted at a poll (its owner died since the console started, or its lease just expired)
+        opens the resume/abort panel by itself, once per run (w opens it again). Not over a run this console drives,
+        nor over a dialog: the next poll offers it then."""
+        if run is None or run.run_id in self._offered or (self.model.active and not self.read_only):
+            return
+        if isinstance(self.screen, ModalScreen | ResumeScreen):
+            return
+        self._offered.add(run.run_id)
+        self.push_screen(ResumeScreen(self.read_only, run))
 
     async def on_slots_updated(self, message: SlotsUpdated) -> None:
         for screen in self.screen_stack:

@@ -105,6 +105,7 @@ def unfinished_run() -> RunView:
     return RunView(
         "r-20240611-01", "deploy", "draining", started_at=NOW - 3 * 3600, owner="ops@laptop", release="v2.14.0",
         detail="consumers cancelled on 3 workers for queues default, render; deploy not started",
+        interrupted_at=NOW - 2 * 3600, interrupted_why="its owner stopped heart-beating (pid 4242 on laptop)",
         choices=(
             RecoveryChoice("resume", "Resume the drain",
                            "Take over the run, keep consumers stopped and continue the drain from a fresh streak; "

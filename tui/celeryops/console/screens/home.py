@@ -122,6 +122,8 @@ class HomeScreen(ConsoleScreen):
             if idle:  # e.g. a drained run parked, or a restore a broker reconnect undid
                 banner_text.append(f" {idle} worker(s) consume nothing (see Consuming).", style="bold yellow")
             banner.update(banner_text)
+        elif run.interrupted:
+            banner.update(interrupted_text(run, self.console.clock()))
         else:
             age = since(self.console.clock() - run.started_at)
             text = Text(" RUN ", style="bold black on cyan")
@@ -231,6 +233,18 @@ class HomeScreen(ConsoleScreen):
 
     def action_start_deploy(self) -> None:
         self.console.action_pick_release()
+
+
+def interrupted_text(run: RunSummary, now: float) -> Text:
+    """The header of a run whose owner is gone: what it is, the phase it reached, whose it was, since when and why,
+    and what it still holds stopped."""
+    text = Text(" INTERRUPTED ", style="bold white on red")
+    text.append(f" {run.kind} {run.release or ''} · reached {run.phase} · {run.owner}, ")
+    text.append(f"interrupted {since(max(0.0, now - (run.interrupted_at or now)))} ago: {run.interrupted_why}")
+    if run.stopped_workers:
+        text.append(f" · consumers stopped on {run.stopped_workers} worker(s)", style="bold yellow")
+    text.append("  w: resume or abort", style="bold")
+    return text
 
 
 def remaining_now(run: RunSummary, now: float) -> float | None:

@@ -90,6 +90,7 @@ class Runner:
         await self.journal.aio.advance(run_id, phase, reason=reason)
         if self._pub is not None:
             self._pub.phase(phase, **({"reason": reason} if reason else {}))
+            await self._pub.caught_up()  # published before the step it announces (watchers, a death right after)
         self.on_event(PhaseChanged(phase, reason or ""))
 
     # -- the current run ---------------------------------------------------------------------------------------
