@@ -3,6 +3,7 @@ and ``celeryops runs`` (the run history of the local journal). Both only read: n
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import time
@@ -13,6 +14,7 @@ import click
 import humanize
 import redis
 
+from celeryops.adapters.fleet import Fleet
 from celeryops.commands.common import FleetSpec, fleet_options, state_dir_option
 from celeryops.core.errors import UserError
 from celeryops.core.events import RUN_PHASES
@@ -32,6 +34,7 @@ from celeryops.ops.journal import (
 )
 from celeryops.ops.run.interrupted import RunHolder, holder_of
 from celeryops.ops.run.recovery import RecoveryPlan, plan
+from celeryops.ops.run.stranded import REMEDY, Stranded, last_restore, stranded, stranded_text
 
 
 def _duration(seconds: float) -> str:
@@ -108,6 +111,7 @@ class StatusReport:
     last: PublishedStatus | None = None  # a finished run still published, when nothing is current
     unconfirmed: Run | None = None  # the latest run ended aborted with consumers never confirmed back
     holder: RunHolder | None = None  # who holds the current run now (None: Redis not read)
+    stranded: tuple[Stranded, ...] = ()  # live workers the last run's restore lost to a broker reconnect
 
     @property
     def interrupted(self) -> bool:
@@ -156,7 +160,10 @@ class StatusReport:
                 "last": self.last.as_dict() if self.last else None, "redis_unreachable": self.redis_unreachable,
                 "unconfirmed": None if self.unconfirmed is None else {
                     "run": self.unconfirmed.id,
-                    "consumers": {w: sorted(qs) for w, qs in sorted(self.unconfirmed.unconfirmed_consumers().items())}}}
+                    "consumers": {w: sorted(qs) for w, qs in sorted(self.unconfirmed.unconfirmed_consumers().items())}},
+                "stranded": None if not self.stranded else {
+                    "run": self.stranded[0].run_id, "restored_at": self.stranded[0].restored_at,
+                    "consumers": {s.worker: list(s.queues) for s in self.stranded}, "remedy": REMEDY}}
 
 
 def gather_status(fleet_spec: FleetSpec, state_dir: str | None, fleet: str | None = None) -> StatusReport:
@@ -219,7 +226,30 @@ def gather_status(fleet_spec: FleetSpec, state_dir: str | None, fleet: str | Non
             report.holder = holder_of(report.run, report.lease, time.time(), fleet_spec.config().run.lease_ttl)
     if not local:
         report.unconfirmed = unconfirmed_restore(last_ended)
+        if report.unconfirmed is None:
+            report.stranded = ask_stranded(fleet_spec, last_ended, report.notes)
     return report
+
+
+def ask_stranded(fleet_spec: FleetSpec, run: Run | None, notes: list[str]) -> tuple[Stranded, ...]:
+    """The workers the last run's restore gave queues back to that consume nothing now (a broker reconnect made
+    Celery forget them): one active_queues round of those workers only, and only when that run restored any."""
+    found = last_restore(run) if run is not None else None
+    if not found or not found[0]:
+        return ()
+    try:
+        fleet = Fleet(fleet_spec.celery_app(), timeout=2.0)
+    except UserError:
+        return ()
+    try:
+        consuming = asyncio.run(fleet.active_queues(sorted(found[0])))
+    except UserError as exc:
+        notes.append(f"the workers of run {run.id if run else '?'}'s restore could not be asked what they consume "
+                     f"({str(exc).rstrip('.')})")
+        return ()
+    finally:
+        fleet.close()
+    return stranded(run, consuming)
 
 
 def _status_lines(report: StatusReport) -> list[str]:
@@ -235,6 +265,9 @@ def _status_lines(report: StatusReport) -> list[str]:
             who = consumers_text(report.unconfirmed.unconfirmed_consumers())
             line += (f" Run {report.unconfirmed.id} ended aborted without confirming that these consumers came back: "
                      f"{who}; run `celeryops abort` to restore and confirm them.")
+        if report.stranded:
+            line += (f" Stranded by a broker reconnect: {stranded_text(report.stranded)} ({REMEDY}); run "
+                     "`celeryops abort` to send the restore again.")
         return [line, *(f"Note: {n}." for n in report.notes)]
     data = report.as_dict()["run"]
     release = f", release {data['release']}" if data["release"] else ""

@@ -34,9 +34,9 @@ from celeryops.console.screens.slots import SlotsScreen
 from celeryops.console.stylesheets import stylesheets
 from celeryops.console.terminal import driver_class
 from celeryops.core.errors import EXIT_INTERRUPTED, UserError
-from celeryops.core.events import Event
+from celeryops.core.events import Event, Notice
 from celeryops.core.masking import mask_text
-from celeryops.ops.backend.views import RecoveryChoice, RunView
+from celeryops.ops.backend.views import RecoveryChoice, RunView, StrandedWorker
 
 Start = Literal["home", "deploy", "drain"]
 RUN_SCREENS: dict[View, type[ConsoleScreen]] = {"preflight": PreflightScreen, "drain": DrainScreen,
@@ -321,6 +321,23 @@ class ConsoleApp(App[int]):
                 self.call_backend("detach from the run", self.backend.detach())
 
         self.confirm(f"{choice.label}?", choice.plan, choice.label, act)
+
+    def confirm_restore_again(self, stranded: tuple[StrandedWorker, ...]) -> None:
+        """X on the home view: the last run's restore again, for workers a broker reconnect left consuming nothing."""
+        names = ", ".join(f"{s.name} ({', '.join(s.queues)})" for s in stranded)
+        runs = ", ".join(sorted({s.run_id for s in stranded}))
+        self.confirm("Restore again?", f"{names} consume nothing since the restore of run {runs}: a broker reconnect "
+                     "made Celery forget the restored queues. The restore is sent again to them and checked (what "
+                     "`celeryops abort` does). A worker that drops back at the next reconnect needs a restart; "
+                     "celeryops.fence in the worker app puts the queues back by itself.", "Restore again",
+                     lambda: self.call_backend("restore again", self.backend.abort_run(self._told)))
+
+    def _told(self, event: Event) -> None:
+        """How an action without a run screen went: its notices as notifications, then a fresh poll."""
+        if isinstance(event, Notice):
+            self.notify(mask_text(event.message), severity="information" if event.level == "info" else "warning",
+                        timeout=15)
+            self.poll_now()
 
     # -- quitting ----------------------------------------------------------------------------------------------
 

@@ -215,7 +215,7 @@ class OpsBackend:
             raise UserError("There is no run waiting to proceed: nothing was changed.", EXIT_USAGE)
         live.operator.proceed()
 
-    async def abort_run(self) -> None:
+    async def abort_run(self, on_event: EventSink | None = None) -> None:
         runner = self._runner("abort the run")
         live = self._live
         if live is not None and live.running and live.task is not None:
@@ -223,10 +223,10 @@ class OpsBackend:
             with contextlib.suppress(asyncio.CancelledError):
                 await live.task
             return
+        # No open run: the runner sends the last run's restore again when it was not confirmed, or when a broker
+        # reconnect since left its workers consuming nothing (else it says there is no run to abort).
         run = await asyncio.to_thread(runner.unfinished)
-        if run is None:
-            raise UserError("There is no run to abort: nothing was changed.", EXIT_USAGE)
-        sink = live.sink if live is not None else (lambda event: None)
+        sink = live.sink if live is not None else (on_event or (lambda event: None))
         runner.on_event = sink if live is None else (lambda event: self._to(live, event))
         decided = await self.wiring.session(ConsoleOperator(), repo=self.repo).abort(run)
         sink(Notice(level="info" if decided.action != "ask" else "warning", message=decided.explanation))

@@ -27,6 +27,7 @@ from celeryops.ops.backend.views import (
     SlotHolder,
     SlotsView,
     SlotWaiter,
+    StrandedWorker,
     WorkerView,
 )
 from celeryops.ops.backend.watch import live_status, published_progress, summary_from_status
@@ -35,6 +36,7 @@ from celeryops.ops.fleetwide.publish import PublishedStatus
 from celeryops.ops.journal import ALL_WORKERS, FleetStore, Run
 from celeryops.ops.run.interrupted import RunHolder, holder_of
 from celeryops.ops.run.recovery import plan
+from celeryops.ops.run.stranded import stranded
 from celeryops.ops.run.wiring import Wiring
 
 if TYPE_CHECKING:
@@ -70,11 +72,16 @@ class Snapshots:
             run = run_summary(opened)
         if self.read_only:
             return await self._listed(run, interrupted)
+        latest = await asyncio.to_thread(self.latest_ended) if run is None else None
+        if latest is not None:
+            self.queues.update(run_queues(latest))
         obs = await fleet.observe(await fleet.members())
         workers = tuple(WorkerView(w.name, w.state, w.queues, w.active, w.reserved, w.scheduled, w.plugin)
                         for w in obs.workers.values())
+        lost = stranded(latest, {w.name: w.queues for w in obs.workers.values() if w.replied})
         return FleetView(workers=workers, queues=await self._queue_views(workers), tasks=obs.tasks, run=run,
-                         interrupted=interrupted)
+                         interrupted=interrupted,
+                         stranded=tuple(StrandedWorker(s.worker, s.queues, s.run_id, s.restored_at) for s in lost))
 
     @staticmethod
     def _summary(published: PublishedStatus, progress: DrainProgress | None, opened: OpenRun | None) -> RunSummary:
@@ -173,6 +180,16 @@ class Snapshots:
         run = runs[-1]
         return OpenRun(run, holder_of(run, lease, time.time(), self.wiring.config.run.lease_ttl), lease)
 
+    def latest_ended(self) -> Run | None:
+        """The fleet's latest run if it has ended (this machine's journal or the fleet's copy). Reads only."""
+        journal, coord, fleet = self.wiring.journal, self.wiring.coord, self.wiring.fleet_name
+        with contextlib.suppress(redis.RedisError):
+            if journal is not None:
+                return journal.latest_ended(fleet)
+            if coord is not None:
+                return FleetStore(coord, fleet).latest_ended()
+        return None
+
     def unfinished_run(self) -> RunView | None:
         """The fleet's interrupted (or parked) run from the journal, with what each recovery choice would do; None
         when there is none or when it is running elsewhere right now (the home view shows it live)."""
@@ -235,4 +252,4 @@ def run_summary(opened: OpenRun) -> RunSummary:
     return RunSummary(run_id=run.id, kind="deploy" if run.release else "drain", phase=run.phase, release=run.release,
                       owner=f"{run.user}@{run.host}", started_at=run.created,
                       interrupted_at=holder.since if holder.interrupted else None,
-                      interrupted_why=holder.why if holder.interrupted else "", stopped_workers=len(stopped))
+                      interrupted_why=holder.brief if holder.interrupted else "", stopped_workers=len(stopped))

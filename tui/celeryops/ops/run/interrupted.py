@@ -29,6 +29,7 @@ class RunHolder:
     state: Holding
     why: str = ""
     since: float | None = None
+    brief: str = ""  # the evidence in two or three words, for a header line
 
     @property
     def interrupted(self) -> bool:
@@ -43,13 +44,14 @@ def holder_of(run: Run, lease: LeaseInfo | None, now: float, ttl: float) -> RunH
             return RunHolder("live")
         if lease.dead_here:
             return RunHolder("interrupted", f"its process (pid {lease.pid}) is gone from {lease.host}",
-                             lease.heartbeat_at)
+                             lease.heartbeat_at, "process gone")
         return RunHolder("interrupted", f"its owner stopped heart-beating (pid {lease.pid} on {lease.host})",
-                         lease.heartbeat_at)
+                         lease.heartbeat_at, "heartbeat stopped")
     if run.phase == "drained" and not run.release:
         return RunHolder("parked", "drained and parked: its consumers stay stopped until a deploy or an abort")
     if process_gone(run.host, run.pid):
-        return RunHolder("interrupted", f"its process (pid {run.pid}) is gone from {run.host}", run.updated)
+        return RunHolder("interrupted", f"its process (pid {run.pid}) is gone from {run.host}", run.updated,
+                         "process gone")
     if now - run.updated >= ttl:
-        return RunHolder("interrupted", "no process holds its lease", run.updated)
+        return RunHolder("interrupted", "no process holds its lease", run.updated, "no lease")
     return RunHolder("starting")
