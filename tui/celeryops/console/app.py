@@ -229,6 +229,10 @@ class ConsoleApp(App[int]):
         if isinstance(self.screen, ModalScreen | ResumeScreen):
             return
         self._offered.add(run.run_id)
+        if self.read_only and self.model.view is not None:  # the run a watcher followed: nobody runs it any more
+            self.model = RunModel()
+            self._wanted = None
+            self.action_show_home()
         self.push_screen(ResumeScreen(self.read_only, run))
 
     async def on_slots_updated(self, message: SlotsUpdated) -> None:

@@ -392,9 +392,13 @@ class Journal:
 
 
 def newest(*runs: Run | None) -> Run | None:
-    """The run that began last (None when there is none)."""
-    found = [r for r in runs if r is not None]
-    return max(found, key=lambda r: (r.created, r.id)) if found else None
+    """The run that began last (None when there is none); of two copies of one run, the later argument (pass the
+    fleet's copy last: it has the records every machine added)."""
+    best: Run | None = None
+    for run in runs:
+        if run is not None and (best is None or (run.created, run.id) >= (best.created, best.id)):
+            best = run
+    return best
 
 
 def unconfirmed_restore(run: Run | None) -> Run | None:
