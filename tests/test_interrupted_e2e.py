@@ -176,3 +176,67 @@ def test_a_run_killed_right_after_journalling_draining_is_shown_draining_not_its
     tmux.keys("Escape")
     home = shows(tmux, "INTERRUPTED", "reached draining")
     assert "stopping" not in home.splitlines()[1], home
+
+
+# -- stranded by a broker reconnect (issue 22, item 6) --------------------------------------------------------------
+
+def consuming(app: Any, name: str) -> list[str] | None:
+    """What ``name`` consumes; None while it (or the broker, being restarted) does not answer."""
+    try:
+        replies = app.control.inspect(destination=[name], timeout=2.0, limit=1).active_queues() or {}
+    except (redis.RedisError, OSError):
+        return None
+    return None if name not in replies else sorted(q["name"] for q in replies[name] or [])
+
+
+def restart_and_strand(server: RedisServer, app: Any, worker: WorkerProcess) -> None:
+    """Restart the broker: the plain worker reconnects, and Celery forgets the queue the restore added back."""
+    server.stop()
+    server.start()
+    wait_for(lambda: consuming(app, worker.nodename) is not None, 90, "the worker to reconnect", step=0.5)
+    assert consuming(app, worker.nodename) == [], "Celery kept the restored queue: celery/celery#987 is fixed?"
+
+
+def test_a_worker_stranded_by_a_reconnect_after_the_restore_is_named_and_restored_again(
+        own_redis: RedisServer, start_workers: Any, queue_name: str, env: dict[str, str],
+        tmux: Tmux) -> None:  # noqa: F811
+    url = own_redis.url
+    (worker,) = start_workers(url, queues=[queue_name])
+    assert run_cli(["drain", "--broker", url, "-Q", queue_name, "--interval", "0.3", "--streak", "2", "--json"],
+                   env).returncode == 0
+    aborted = run_cli(["abort", "--broker", url, "--json"], env)
+    assert aborted.returncode == 0, aborted.stderr
+    run = only_run(env)
+    app = control_app(url)
+    try:
+        assert consuming(app, worker.nodename) == [queue_name]
+        assert status(url, env)["stranded"] is None  # restored and consuming: nothing to say
+        restart_and_strand(own_redis, app, worker)
+
+        said = status(url, env)["stranded"]
+        assert said["run"] == run.id and said["consumers"] == {worker.nodename: [queue_name]}, said
+        assert "restart" in said["remedy"] and "celeryops abort" in said["remedy"]
+        text = run_cli(["status", "--broker", url], env).stdout
+        assert "Stranded by a broker reconnect" in text and worker.nodename in text and run.id in text, text
+
+        # The console's home names it, and X sends the restore again.
+        tmux.start(["--broker", url], env)
+        shows(tmux, "Stranded by a broker reconnect", worker.nodename, run.id, "X restore again", "X Restore again")
+        tmux.keys("X")
+        shows(tmux, "y Confirm")
+        tmux.keys("y")
+        wait_for(lambda: consuming(app, worker.nodename) == [queue_name], SCREEN, "the queue back", step=0.5)
+        shows(tmux, "No run in progress")
+
+        # Once more, with `celeryops abort`: it re-sends the last restore to the worker that dropped back.
+        restart_and_strand(own_redis, app, worker)
+        again = run_cli(["abort", "--broker", url, "--json"], env)
+        assert again.returncode == 0, again.stderr
+        events = [json.loads(line) for line in again.stdout.splitlines()]
+        assert [e for e in events if e["event"] == "restored"][-1]["verified"], events
+        assert consuming(app, worker.nodename) == [queue_name]
+        assert status(url, env)["stranded"] is None
+        done = run_cli(["abort", "--broker", url], env)
+        assert done.returncode == 1 and "no unfinished run" in done.stderr, done.stderr
+    finally:
+        app.close()

@@ -222,7 +222,8 @@ class Trial:
     def follow_status(self) -> None:
         """The operator's last look, once every live worker answers again (after a broker restart they reconnect):
         `celeryops status`; when it names workers a broker reconnect stranded after a restore (plain workers: Celery
-        forgets restored queues at a reconnect), its remedy, `celeryops abort` (the restore again)."""
+        forgets restored queues at a reconnect) or a restore it could not confirm, its remedy, `celeryops abort`
+        (the restore again)."""
         assert self.fleet is not None
         fleet = self.fleet
 
@@ -242,11 +243,11 @@ class Trial:
         seen = events[-1] if events else {}
         if rc != 0:
             self.result.anomalies.append(f"status exited {rc}: {err.strip()[-200:]}")
-        elif seen.get("stranded"):
+        elif seen.get("stranded") or seen.get("unconfirmed"):  # status says: run `celeryops abort`
             rc, _, err = self.cli("abort")
             if rc != 0:
-                self.result.anomalies.append(f"status named stranded workers, but abort exited {rc}: "
-                                             f"{err.strip()[-200:]}")
+                self.result.anomalies.append(f"status named stranded or unconfirmed consumers, but abort exited "
+                                             f"{rc}: {err.strip()[-200:]}")
 
     def new_revision_serves(self) -> bool:
         latest = self.lab.standin.resource(self.service).latest_ready_revision

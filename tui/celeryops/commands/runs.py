@@ -226,8 +226,7 @@ def gather_status(fleet_spec: FleetSpec, state_dir: str | None, fleet: str | Non
             report.holder = holder_of(report.run, report.lease, time.time(), fleet_spec.config().run.lease_ttl)
     if not local:
         report.unconfirmed = unconfirmed_restore(last_ended)
-        if report.unconfirmed is None:
-            report.stranded = ask_stranded(fleet_spec, last_ended, report.notes)
+        report.stranded = ask_stranded(fleet_spec, last_ended, report.notes)
     return report
 
 

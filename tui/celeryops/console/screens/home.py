@@ -128,9 +128,9 @@ class HomeScreen(ConsoleScreen):
             if view.stranded:  # a restore a broker reconnect undid (Celery forgets restored queues)
                 names = ", ".join(f"{s.name} ({', '.join(s.queues)})" for s in view.stranded)
                 runs = ", ".join(sorted({s.run_id for s in view.stranded}))
-                banner_text.append(f" Stranded by a broker reconnect: {names} consume nothing since the restore of "
-                                   f"run {runs}.", style="bold yellow")
-                banner_text.append(" X restores again", style="bold")
+                banner_text = Text(f" Stranded by a broker reconnect: {names}, idle since run {runs}'s restore.",
+                                   style="bold yellow")
+                banner_text.append(" X restore again", style="bold")
             if idle:  # e.g. stopped by hand
                 banner_text.append(f" {idle} worker(s) consume nothing (see Consuming).", style="bold yellow")
             banner.update(banner_text)
