@@ -176,6 +176,11 @@ def test_a_run_killed_right_after_journalling_draining_is_shown_draining_not_its
     tmux.keys("Escape")
     home = shows(tmux, "INTERRUPTED", "reached draining")
     assert "stopping" not in home.splitlines()[1], home
+    # resume takes the dead owner's run over at once (its lease would expire only in an hour), and drains it.
+    resumed = run_cli(["resume", "--broker", url, "--json"], env)
+    assert resumed.returncode == 0, resumed.stderr
+    assert only_run(env).phase == "drained"
+    assert run_cli(["abort", "--broker", url], env).returncode == 0
 
 
 # -- stranded by a broker reconnect (issue 22, item 6) --------------------------------------------------------------

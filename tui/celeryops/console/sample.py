@@ -30,6 +30,7 @@ from celeryops.ops.backend.views import (
     SlotHolder,
     SlotsView,
     SlotWaiter,
+    StrandedWorker,
     TimelineEntry,
     WorkerView,
 )
@@ -74,6 +75,26 @@ def fleet(with_run: bool = True) -> FleetView:
         queues=(QueueView("default", 1284, 2), QueueView("render", 37, 1), QueueView("gpu", 0, 1),
                 QueueView("reports", None, 0)),
         tasks=tasks(8), run=run)
+
+
+def interrupted_fleet() -> FleetView:
+    """A drain whose owner died mid-drain: every worker stopped, the drained queues at 0 consumers."""
+    stopped = tuple(WorkerView(w.name, "stopped", (), w.active, w.reserved, w.scheduled, w.plugin) for w in workers())
+    run = RunSummary("r-20240611-01", "deploy", "draining", release="v2.14.0", owner="ops@laptop",
+                     started_at=NOW - 420, interrupted_at=NOW - 95, interrupted_why="process gone",
+                     stopped_workers=5)
+    return FleetView(workers=stopped, queues=(QueueView("default", 1284, 0), QueueView("gpu", 0, 0),
+                                              QueueView("render", 37, 0)),
+                     tasks=tasks(8), run=run, interrupted=unfinished_run())
+
+
+def stranded_fleet() -> FleetView:
+    """No run; a plain worker left consuming nothing by a broker reconnect after the last run's restore."""
+    idle = tuple(WorkerView(w.name, "stopped", (), w.active, 0, 0, False) if w.name == "celery@gpu-1" else w
+                 for w in workers())
+    return FleetView(workers=idle, queues=(QueueView("default", 12, 2), QueueView("gpu", 40, 0),
+                                           QueueView("render", 0, 1)),
+                     stranded=(StrandedWorker("celery@gpu-1", ("gpu",), "r-20240611-01", NOW - 600),))
 
 
 def slots() -> SlotsView:

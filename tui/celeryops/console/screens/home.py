@@ -130,9 +130,10 @@ class HomeScreen(ConsoleScreen):
                 runs = ", ".join(sorted({s.run_id for s in view.stranded}))
                 banner_text = Text(f" Stranded by a broker reconnect: {names}, idle since run {runs}'s restore.",
                                    style="bold yellow")
-                banner_text.append(" X restore again", style="bold")
             if idle:  # e.g. stopped by hand
                 banner_text.append(f" {idle} worker(s) consume nothing (see Consuming).", style="bold yellow")
+            if view.stranded:
+                banner_text.append("  X restore again", style="bold")
             banner.update(banner_text)
         elif run.interrupted:
             banner.update(interrupted_text(run, self.console.clock()))
@@ -257,7 +258,7 @@ def interrupted_text(run: RunSummary, now: float) -> Text:
     """The header of a run whose owner is gone: what it is, the phase it reached, whose it was, since when and why,
     and what it still holds stopped."""
     text = Text(" INTERRUPTED ", style="bold white on red")
-    text.append(f" {run.kind} {run.release or ''} · reached {run.phase} · {run.owner} {run.interrupted_why} "
+    text.append(f" {run.kind} {run.release or ''} · reached {run.phase} · {run.owner}: {run.interrupted_why} "
                 f"{since(max(0.0, now - (run.interrupted_at or now)))} ago")
     if run.stopped_workers:
         text.append(f" · {run.stopped_workers} worker(s) stopped", style="bold yellow")

@@ -173,12 +173,13 @@ class Snapshots:
                 runs = [held.run for held in FleetStore(coord, fleet).open_runs()]
         if not runs:
             return None
-        lease = None
+        lease, read = None, False
         if coord is not None:
             with contextlib.suppress(redis.RedisError):
-                lease = read_lease(coord, fleet)
+                lease, read = read_lease(coord, fleet), True
         run = runs[-1]
-        return OpenRun(run, holder_of(run, lease, time.time(), self.wiring.config.run.lease_ttl), lease)
+        holder = holder_of(run, lease, time.time(), self.wiring.config.run.lease_ttl, lease_read=read)
+        return OpenRun(run, holder, lease)
 
     def latest_ended(self) -> Run | None:
         """The fleet's latest run if it has ended (this machine's journal or the fleet's copy). Reads only."""

@@ -31,15 +31,15 @@ class Stranded:
 
 
 def last_restore(run: Run) -> tuple[dict[str, tuple[str, ...]], float] | None:
-    """What the run's latest settled restore confirmed back, per worker (the broadcast entry left out), and when; None
-    when the run restored nothing."""
+    """What the run's latest settled restore was to give back, per worker (the broadcast entry left out; also the
+    workers it left out as gone, which may only have been reconnecting), and when; None when it restored nothing."""
     for rec in reversed(run.records):
         if rec.kind != "settle" or rec.intent != ADD_CONSUMERS:
             continue
-        restored = rec.payload.get("restored") or {}
-        missing = rec.payload.get("missing") or {}
-        back = {str(w): tuple(sorted(set(map(str, qs)) - set(map(str, missing.get(w) or ()))))
-                for w, qs in restored.items() if w != ALL_WORKERS and isinstance(qs, list)}
+        intent = next((r for r in run.records if r.seq == rec.settles), None)
+        add = (intent.payload.get("add") if intent is not None else None) or {}
+        back = {str(w): tuple(sorted(set(map(str, qs)))) for w, qs in add.items()
+                if w != ALL_WORKERS and isinstance(qs, list)}
         return {w: qs for w, qs in back.items() if qs}, rec.at
     return None
 
