@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -133,14 +135,24 @@ HOLDER = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow
-def test_sigkilled_holder_becomes_orphaned_then_taken_over(redis_url: str) -> None:
-    client = redis.Redis.from_url(redis_url)
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, redis_url, "1.0"], stdout=subprocess.PIPE,
+@contextlib.contextmanager
+def holder(redis_url: str, ttl: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A process holding the lease of run-crashed (owner carol) with ``ttl``, killed at the end."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, redis_url, ttl], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == b"held", proc.stderr.read() if proc.stderr else b""
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait(30)
+
+
+@pytest.mark.slow
+def test_sigkilled_holder_becomes_orphaned_then_taken_over(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    with holder(redis_url, "1.0") as proc:
         taker = RunLease(client, "prod", "run-new", owner="dave")
         # Alive: the holder heart-beats well past its ttl, and a take-over is refused all along.
         first = read_lease(client, "prod")
@@ -157,9 +169,6 @@ def test_sigkilled_holder_becomes_orphaned_then_taken_over(redis_url: str) -> No
         taker.take_over("run-crashed")
         info = read_lease(client, "prod")
         assert info is not None and (info.run_id, info.owner, info.taken_from) == ("run-new", "dave", "run-crashed")
-    finally:
-        proc.kill()
-        proc.wait(30)
 
 
 # -- an owner known dead is dead now (issue 22) -------------------------------------------------------------------
@@ -186,11 +195,7 @@ def test_a_process_is_known_gone_here_when_it_exited_is_a_zombie_or_its_pid_was_
 @pytest.mark.slow
 def test_a_sigkilled_holder_on_this_host_is_orphaned_and_taken_over_at_once(redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, redis_url, "3600"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
-    try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == b"held", proc.stderr.read() if proc.stderr else b""
+    with holder(redis_url, "3600") as proc:
         alive = read_lease(client, "prod")
         assert alive is not None and not alive.orphaned and alive.pid == proc.pid and alive.pid_start is not None
         proc.send_signal(signal.SIGKILL)
@@ -204,6 +209,3 @@ def test_a_sigkilled_holder_on_this_host_is_orphaned_and_taken_over_at_once(redi
         taker.take_over("run-crashed")
         info = read_lease(client, "prod")
         assert info is not None and (info.run_id, info.taken_from) == ("run-new", "run-crashed") and not info.orphaned
-    finally:
-        proc.kill()
-        proc.wait(30)
