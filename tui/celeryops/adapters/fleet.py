@@ -89,6 +89,7 @@ class Fleet:
         self._first_pidbox_at: float | None = None  # see ``pidbox_consumers``
         self._sentinel: Any = None  # AMQP: our own connection, to notice the broker going away (a restart)
         self._lost_at: float | None = None  # when that connection was last seen broken
+        self._management_quiet_until = 0.0  # the management API did not answer: not asked again before this
 
     # -- connection ---------------------------------------------------------------------------------------------
 
@@ -240,24 +241,34 @@ class Fleet:
         if self.is_redis:
             return {}
         wanted = sorted(set(names))
-        now = time.time()
         if self._first_pidbox_at is None:
-            self._first_pidbox_at = now
-        if await asyncio.to_thread(self._amqp_restarted, self._first_pidbox_at if since is None else since):
-            return {n: None for n in wanted}
+            self._first_pidbox_at = time.time()
+        if not await asyncio.to_thread(self._sentinel_alive):  # watched at every reading, so a break is seen
+            self._lost_at = time.time()
+        if not wanted:
+            return {}
         suffix = f".{self.app.conf.control_exchange}.pidbox"
         counts = await self._consumer_counts([n + suffix for n in wanted])
-        return {n: counts.get(n + suffix) for n in wanted}
+        found = {n: counts.get(n + suffix) for n in wanted}
+        if 0 in found.values() and await asyncio.to_thread(
+                self._amqp_restarted, self._first_pidbox_at if since is None else since):
+            return {n: None for n in wanted}
+        return found
 
     def _amqp_restarted(self, since: float) -> bool:
-        """The broker restarted (or dropped our connection) after ``since`` and less than RECONNECT_GRACE ago."""
+        """The broker restarted (or dropped our connection) after ``since`` and less than RECONNECT_GRACE ago: from
+        the management API when it answers (asked again at most once a minute when it does not), else from our own
+        connection breaking."""
         now = time.time()
-        if not self._sentinel_alive():
-            self._lost_at = now
-        uptime = management_uptime(self.broker_url)
-        if uptime is not None and now - uptime > since - 1.0 and uptime < RECONNECT_GRACE:
+        if self._lost_at is not None and now - self._lost_at < RECONNECT_GRACE:
             return True
-        return self._lost_at is not None and now - self._lost_at < RECONNECT_GRACE
+        if now < self._management_quiet_until:
+            return False
+        uptime = management_uptime(self.broker_url)
+        if uptime is None:
+            self._management_quiet_until = now + RECONNECT_GRACE
+            return False
+        return now - uptime > since - 1.0 and uptime < RECONNECT_GRACE
 
     def _sentinel_alive(self) -> bool:
         """Our own long-lived connection to the broker still holds (False once, when it broke: a restart, a
