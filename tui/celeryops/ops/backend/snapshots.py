@@ -163,7 +163,8 @@ class Snapshots:
 
     def open_run(self) -> OpenRun | None:
         """The fleet's latest unfinished run (the local journal's and the fleet's copy in Redis) and who holds it now;
-        None when there is none or neither could be read. Reads only."""
+        None when there is none or neither could be read. Changes nothing in the fleet (the local journal may bring
+        home how the fleet's copy says a run ended, as ``Journal.unfinished_runs`` does)."""
         journal, coord, fleet = self.wiring.journal, self.wiring.coord, self.wiring.fleet_name
         runs: list[Run] = []
         with contextlib.suppress(redis.RedisError):
