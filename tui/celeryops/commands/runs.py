@@ -1,5 +1,7 @@
 """``celeryops status`` (the fleet's current run, from Redis or the local journal, and what recovery would do)
-and ``celeryops runs`` (the run history of the local journal). Both only read: no key, no journal is written."""
+and ``celeryops runs`` (the run history of the local journal). Both only read: no key, no journal is written; with
+no run open, ``status`` asks the workers the last run restored what they consume (one active_queues round), to name
+those a broker reconnect stranded."""
 
 from __future__ import annotations
 
