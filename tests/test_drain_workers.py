@@ -214,3 +214,34 @@ def test_an_unconfirmed_restore_is_confirmed_by_abort_again(redis_url: str, star
     assert json.loads(run_cli(["status", "--broker", redis_url, "--json"], env).stdout)["unconfirmed"] is None
     done = run_cli(["abort", "--broker", redis_url], env)
     assert done.returncode == 1 and "no unfinished run" in done.stderr, done.stderr
+
+
+def test_an_unconfirmed_restore_is_found_from_another_machine(redis_url: str, start_workers,
+                                                              redis_client: redis.Redis, queue_name: str,
+                                                              env: dict[str, str], tmp_path: Path) -> None:
+    """Issue 22: the run that could not confirm its restore ran on another machine (this one never saw it): status
+    and abort with no open run read the fleet's copy of the journal, so a teammate sees it and confirms it."""
+    (solo,) = start_workers(redis_url, pool="solo", queues=[queue_name])
+    start_workers(redis_url, queues=[queue_name + "-other"])
+    (tid,) = enqueue(redis_url, queue_name, 20.0)
+    wait_for(lambda: started(redis_client, [tid]), 30, "the solo task to start")
+    drain = CliProcess(["drain", "--broker", redis_url, "-Q", queue_name, "--interval", "0.3", "--max-wait", "1",
+                        "--json"], env)
+    drain.wait_event("timeout", 60)
+    assert drain.finish() == 3
+    teammate = cli_env(tmp_path / "teammate", CELERYOPS_REDIS_URL=redis_url)
+    seen = json.loads(run_cli(["status", "--broker", redis_url, "--json"], teammate).stdout)
+    assert seen["run"] is None and seen["unconfirmed"]["consumers"] == {solo.nodename: [queue_name]}, seen
+
+    wait_for(lambda: finished(redis_client, [tid]), 60, "the solo task to end")
+    again = run_cli(["abort", "--broker", redis_url, "--json"], teammate)
+    assert again.returncode == 0, again.stderr
+    events = [json.loads(line) for line in again.stdout.splitlines()]
+    assert [e for e in events if e["event"] == "restored"][-1]["verified"], events
+    app = Celery(broker=redis_url, set_as_current=False)
+    try:
+        assert consuming(app, solo) == {queue_name}
+    finally:
+        app.close()
+    for who in (teammate, env):  # confirmed for both machines: the fleet's copy has the teammate's restore
+        assert json.loads(run_cli(["status", "--broker", redis_url, "--json"], who).stdout)["unconfirmed"] is None

@@ -3,17 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
 
 from celeryops.core.errors import EXIT_PREFLIGHT
 from celeryops.core.namespace import fleet_key
-from celeryops.ops.fleetwide.lease import LeaseHeld, RunLease, read_lease
+from celeryops.ops.fleetwide.lease import (
+    LeaseHeld,
+    RunLease,
+    process_gone,
+    process_scope,
+    process_start,
+    read_lease,
+)
 from celeryops_harness.workers import wait_for
 
 
@@ -123,14 +135,24 @@ HOLDER = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow
-def test_sigkilled_holder_becomes_orphaned_then_taken_over(redis_url: str) -> None:
-    client = redis.Redis.from_url(redis_url)
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, redis_url, "1.0"], stdout=subprocess.PIPE,
+@contextlib.contextmanager
+def holder(redis_url: str, ttl: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A process holding the lease of run-crashed (owner carol) with ``ttl``, killed at the end."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, redis_url, ttl], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == b"held", proc.stderr.read() if proc.stderr else b""
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait(30)
+
+
+@pytest.mark.slow
+def test_sigkilled_holder_becomes_orphaned_then_taken_over(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    with holder(redis_url, "1.0") as proc:
         taker = RunLease(client, "prod", "run-new", owner="dave")
         # Alive: the holder heart-beats well past its ttl, and a take-over is refused all along.
         first = read_lease(client, "prod")
@@ -147,6 +169,43 @@ def test_sigkilled_holder_becomes_orphaned_then_taken_over(redis_url: str) -> No
         taker.take_over("run-crashed")
         info = read_lease(client, "prod")
         assert info is not None and (info.run_id, info.owner, info.taken_from) == ("run-new", "dave", "run-crashed")
+
+
+# -- an owner known dead is dead now (issue 22) -------------------------------------------------------------------
+
+def test_a_process_is_known_gone_here_when_it_exited_is_a_zombie_or_its_pid_was_reused() -> None:
+    here, me = socket.gethostname(), os.getpid()
+    started = process_start(me)
+    assert started is not None and not process_gone(here, me, started, process_scope())
+    assert process_gone(here, me, started - 100.0, process_scope())  # the pid now belongs to a later process
+    exited = subprocess.Popen([sys.executable, "-c", "pass"])
+    exited.wait(30)
+    assert process_gone(here, exited.pid)
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    wait_for(lambda: (Path(f"/proc/{zombie.pid}/stat").read_text().split()[2] == "Z"), 30, "a zombie")
+    try:
+        assert process_gone(here, zombie.pid)  # dead, not reaped yet
     finally:
-        proc.kill()
+        zombie.wait(30)
+    # Where this host cannot tell, nobody is taken for dead: another host, another boot or pid namespace.
+    assert not process_gone("another-host", exited.pid)
+    assert not process_gone(here, exited.pid, None, "another-boot/pid:[1]")
+
+
+@pytest.mark.slow
+def test_a_sigkilled_holder_on_this_host_is_orphaned_and_taken_over_at_once(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    with holder(redis_url, "3600") as proc:
+        alive = read_lease(client, "prod")
+        assert alive is not None and not alive.orphaned and alive.pid == proc.pid and alive.pid_start is not None
+        proc.send_signal(signal.SIGKILL)
         proc.wait(30)
+        dead = read_lease(client, "prod")
+        assert dead is not None and dead.alive_ms > 0  # its alive key would live on for an hour
+        assert dead.orphaned and dead.dead_here and "gone from this host" in dead.describe()
+        taker = RunLease(client, "prod", "run-new", owner="dave")
+        with pytest.raises(LeaseHeld, match="orphaned"):
+            taker.acquire()  # an orphaned lease is still only taken over explicitly
+        taker.take_over("run-crashed")
+        info = read_lease(client, "prod")
+        assert info is not None and (info.run_id, info.taken_from) == ("run-new", "run-crashed") and not info.orphaned

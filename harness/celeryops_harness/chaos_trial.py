@@ -219,6 +219,36 @@ class Trial:
         if left is not None:
             self.result.anomalies.append(f"run {left.id} left open in phase {left.phase} after the recovery")
 
+    def follow_status(self) -> None:
+        """The operator's last look, once every live worker answers again (after a broker restart they reconnect):
+        `celeryops status`; when it names workers a broker reconnect stranded after a restore (plain workers: Celery
+        forgets restored queues at a reconnect) or a restore it could not confirm, its remedy, `celeryops abort`
+        (the restore again)."""
+        assert self.fleet is not None
+        fleet = self.fleet
+
+        def all_answer() -> bool:
+            names = [w.nodename for w in fleet.alive() if w not in fleet.leaving()]
+            if not names:
+                return True
+            try:
+                replies = fleet.app.control.ping(destination=names, timeout=1.0, limit=len(names)) or []
+            except Exception:
+                return False
+            return {n for r in replies for n in r} >= set(names)
+
+        with contextlib.suppress(TimeoutError):
+            wait_for(all_answer, 60, "every live worker to answer again", step=0.5)
+        rc, events, err = self.cli("status")
+        seen = events[-1] if events else {}
+        if rc != 0:
+            self.result.anomalies.append(f"status exited {rc}: {err.strip()[-200:]}")
+        elif seen.get("stranded") or seen.get("unconfirmed"):  # status says: run `celeryops abort`
+            rc, _, err = self.cli("abort")
+            if rc != 0:
+                self.result.anomalies.append(f"status named stranded or unconfirmed consumers, but abort exited "
+                                             f"{rc}: {err.strip()[-200:]}")
+
     def new_revision_serves(self) -> bool:
         latest = self.lab.standin.resource(self.service).latest_ready_revision
         return bool(latest) and latest != self._first_revision
@@ -336,6 +366,7 @@ class Trial:
             self.recover(kill.then if kill is not None and rc == -signal.SIGKILL else "abort")
         self._mark("recovery")
         lab.standin.wait_rollouts(60)  # old instances taken away (a late SIGTERM too)
+        self.follow_status()
         if self._late is not None and any(u[0].endswith(self.service) for u in lab.standin.updates):
             self.result.faults.append(f"late_sigterm+{self._late:.1f}s")
         self.result.anomalies.extend(self.fleet.errors)

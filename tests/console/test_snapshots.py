@@ -137,6 +137,19 @@ def test_resume_panel(snap_compare: Any, app_factory: Any) -> None:
     assert snap_compare(resume_app(app_factory), terminal_size=SIZE)
 
 
+def test_home_interrupted(snap_compare: Any, app_factory: Any) -> None:
+    """Issue 22: a run whose owner died; its panel opened by itself at the poll, Esc shows the home view's header
+    (interrupted, the phase it reached, whose, since when) and the drained queues at 0 consumers."""
+    backend = StaticBackend(fleet=sample.interrupted_fleet(), slots=sample.slots())
+    assert snap_compare(app_factory(backend), run_before=keys("escape"), terminal_size=SIZE)
+
+
+def test_home_stranded(snap_compare: Any, app_factory: Any) -> None:
+    """Issue 22: a plain worker a broker reconnect left consuming nothing after the last restore; X restores again."""
+    backend = StaticBackend(fleet=sample.stranded_fleet(), slots=sample.slots())
+    assert snap_compare(app_factory(backend), run_before=keys(), terminal_size=SIZE)
+
+
 # The main screens at 80x24 (compact layout: -narrow -short) and the drain at 200x50 (-wide -tall).
 WIDE = (200, 50)
 

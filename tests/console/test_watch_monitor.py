@@ -27,7 +27,7 @@ from drainhelp import enqueue, started
 
 READS = {"hgetall", "hget", "hmget", "xrange", "xrevrange", "llen", "pttl", "ttl", "time", "get", "mget", "exists",
          "type", "smembers", "scard", "ping", "info", "select", "client", "hello", "multi", "exec", "zrange",
-         "evalsha_ro", "eval_ro", "scan"}
+         "zrevrange", "lrange", "evalsha_ro", "eval_ro", "scan"}
 
 
 class Monitor:

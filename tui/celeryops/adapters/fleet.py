@@ -11,8 +11,12 @@ sources (the fence plugin's registry) can be plugged in.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import json
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -82,6 +86,10 @@ class Fleet:
         self._plain: set[str] = set()  # workers known to answer without the celeryops plugin
         self.heartbeat_sources: list[HeartbeatSource] = []  # the fence plugin's registry (see ``heartbeats``)
         self._first_listeners_at: float | None = None  # see ``pidbox_listeners``
+        self._first_pidbox_at: float | None = None  # see ``pidbox_consumers``
+        self._sentinel: Any = None  # AMQP: our own connection, to notice the broker going away (a restart)
+        self._lost_at: float | None = None  # when that connection was last seen broken
+        self._management_quiet_until = 0.0  # the management API did not answer: not asked again before this
 
     # -- connection ---------------------------------------------------------------------------------------------
 
@@ -126,6 +134,10 @@ class Fleet:
         if self._round is not None:
             self._round.close()
             self._round = None
+        if self._sentinel is not None:
+            with _suppress():
+                self._sentinel.release()
+            self._sentinel = None
 
     # -- membership ---------------------------------------------------------------------------------------------
 
@@ -217,16 +229,68 @@ class Fleet:
             return None
         return listeners
 
-    async def pidbox_consumers(self, names: Iterable[str]) -> dict[str, int | None]:
+    async def pidbox_consumers(self, names: Iterable[str], since: float | None = None) -> dict[str, int | None]:
         """AMQP: consumers on each worker's own pidbox queue (``<name>.<exchange>.pidbox``, passive queue_declare):
         1 while the worker is connected, also while a solo pool is busy; 0 when the queue is gone (auto-delete: the
-        worker's connection closed). None per worker when the broker could not tell; {} on Redis."""
+        worker's connection closed). None per worker when the broker could not tell; {} on Redis.
+
+        A broker restart deletes every pidbox queue while its workers are still reconnecting: a RabbitMQ that
+        restarted after ``since`` (default: this adapter's first reading) and less than :data:`RECONNECT_GRACE`
+        seconds ago gives no evidence (None per worker), as on Redis. The restart is read from the management API's
+        node uptime when it answers, else from this adapter's own connection to the broker breaking."""
         if self.is_redis:
             return {}
         wanted = sorted(set(names))
+        if self._first_pidbox_at is None:
+            self._first_pidbox_at = time.time()
+        if not await asyncio.to_thread(self._sentinel_alive):  # watched at every reading, so a break is seen
+            self._lost_at = time.time()
+        if not wanted:
+            return {}
         suffix = f".{self.app.conf.control_exchange}.pidbox"
         counts = await self._consumer_counts([n + suffix for n in wanted])
-        return {n: counts.get(n + suffix) for n in wanted}
+        found = {n: counts.get(n + suffix) for n in wanted}
+        if 0 in found.values() and await asyncio.to_thread(
+                self._amqp_restarted, self._first_pidbox_at if since is None else since):
+            return {n: None for n in wanted}
+        return found
+
+    def _amqp_restarted(self, since: float) -> bool:
+        """The broker restarted (or dropped our connection) after ``since`` and less than RECONNECT_GRACE ago: from
+        the management API when it answers (asked again at most once a minute when it does not), else from our own
+        connection breaking."""
+        now = time.time()
+        if self._lost_at is not None and now - self._lost_at < RECONNECT_GRACE:
+            return True
+        if now < self._management_quiet_until:
+            return False
+        uptime = management_uptime(self.broker_url)
+        if uptime is None:
+            self._management_quiet_until = now + RECONNECT_GRACE
+            return False
+        return now - uptime > since - 1.0 and uptime < RECONNECT_GRACE
+
+    def _sentinel_alive(self) -> bool:
+        """Our own long-lived connection to the broker still holds (False once, when it broke: a restart, a
+        failover). It is opened at the first call and again after it broke."""
+        conn = self._sentinel
+        if conn is not None:
+            try:
+                conn.drain_events(timeout=0.01)
+                return True
+            except TimeoutError:
+                return True
+            except Exception:  # closed by the broker (a restart sends connection.close), or a dead socket
+                with _suppress():
+                    conn.release()
+                self._sentinel = None
+        try:
+            fresh = self.app.connection_for_write()
+            fresh.ensure_connection(max_retries=1, timeout=2)
+            self._sentinel = fresh
+        except Exception:
+            return conn is None  # not up yet: only a connection that broke says the broker went away
+        return conn is None
 
     async def queue_consumers(self, queues: Iterable[str]) -> dict[str, int | None]:
         """AMQP: consumers per queue (passive queue_declare). A worker whose consumer loop is blocked (busy solo
@@ -425,6 +489,27 @@ class Fleet:
                 f"Lost the broker at {self.display_url} while sending {command!r} ({mask_text(_reason(exc))}): "
                 "check that the broker is up, then run `celeryops status` to see what state the fleet is in."
             ) from None
+
+
+def management_uptime(broker_url: str, timeout: float = 1.0) -> float | None:
+    """RabbitMQ: seconds since the broker's node started, from the management API on the broker's host (port 15672,
+    the broker URL's credentials); None when the management plugin does not answer."""
+    parts = urllib.parse.urlsplit(broker_url)
+    if not parts.scheme.startswith(("amqp", "pyamqp")) or not parts.hostname:
+        return None
+    user = urllib.parse.unquote(parts.username or "guest")
+    password = urllib.parse.unquote(parts.password or "guest")
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    request = urllib.request.Request(f"http://{host}:15672/api/nodes?columns=name,uptime",
+                                     headers={"Authorization": f"Basic {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as reply:
+            nodes = json.loads(reply.read())
+        uptimes = [float(n["uptime"]) for n in nodes if isinstance(n, dict) and "uptime" in n]
+    except Exception:  # no plugin, refused, not JSON: no reading
+        return None
+    return min(uptimes) / 1000.0 if uptimes else None
 
 
 def _suppress() -> contextlib.suppress:

@@ -1,8 +1,11 @@
 """``celeryops status`` (the fleet's current run, from Redis or the local journal, and what recovery would do)
-and ``celeryops runs`` (the run history of the local journal). Both only read: no key, no journal is written."""
+and ``celeryops runs`` (the run history of the local journal). Both only read: no key, no journal is written; with
+no run open, ``status`` asks the workers the last run restored what they consume (one active_queues round), to name
+those a broker reconnect stranded."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import time
@@ -13,14 +16,27 @@ import click
 import humanize
 import redis
 
+from celeryops.adapters.fleet import Fleet
 from celeryops.commands.common import FleetSpec, fleet_options, state_dir_option
 from celeryops.core.errors import UserError
 from celeryops.core.events import RUN_PHASES
 from celeryops.core.masking import mask_text, mask_url
 from celeryops.ops.fleetwide.lease import LeaseInfo, ago, read_lease
 from celeryops.ops.fleetwide.publish import PublishedStatus, read_status
-from celeryops.ops.journal import TERMINAL_PHASES, FleetStore, Journal, Run, consumers_text, journal_path, merge_open
+from celeryops.ops.journal import (
+    TERMINAL_PHASES,
+    FleetStore,
+    Journal,
+    Run,
+    consumers_text,
+    journal_path,
+    merge_open,
+    newest,
+    unconfirmed_restore,
+)
+from celeryops.ops.run.interrupted import RunHolder, holder_of
 from celeryops.ops.run.recovery import RecoveryPlan, plan
+from celeryops.ops.run.stranded import REMEDY, Stranded, last_restore, stranded, stranded_text
 
 
 def _duration(seconds: float) -> str:
@@ -96,6 +112,12 @@ class StatusReport:
     local_ids: set[str] = field(default_factory=set)  # runs the local journal knows
     last: PublishedStatus | None = None  # a finished run still published, when nothing is current
     unconfirmed: Run | None = None  # the latest run ended aborted with consumers never confirmed back
+    holder: RunHolder | None = None  # who holds the current run now (None: Redis not read)
+    stranded: tuple[Stranded, ...] = ()  # live workers the last run's restore lost to a broker reconnect
+
+    @property
+    def interrupted(self) -> bool:
+        return self.holder is not None and self.holder.interrupted
 
     @property
     def current(self) -> bool:
@@ -125,6 +147,10 @@ class StatusReport:
                 "updated_at": self.published.updated_at if self.published else self.run.updated if self.run else None,
                 "in_local_journal": self.run is not None and self.run.id in self.local_ids,
                 "held_by_fleet": self.run is not None and self.run.id not in self.local_ids,
+                "held": self.holder.state if self.holder else None,
+                "interrupted": self.interrupted,
+                "interrupted_at": self.holder.since if self.holder and self.interrupted else None,
+                "interrupted_why": self.holder.why if self.holder and self.interrupted else None,
             }
         recovery = None
         if self.recovery is not None:
@@ -136,7 +162,10 @@ class StatusReport:
                 "last": self.last.as_dict() if self.last else None, "redis_unreachable": self.redis_unreachable,
                 "unconfirmed": None if self.unconfirmed is None else {
                     "run": self.unconfirmed.id,
-                    "consumers": {w: sorted(qs) for w, qs in sorted(self.unconfirmed.unconfirmed_consumers().items())}}}
+                    "consumers": {w: sorted(qs) for w, qs in sorted(self.unconfirmed.unconfirmed_consumers().items())}},
+                "stranded": None if not self.stranded else {
+                    "run": self.stranded[0].run_id, "restored_at": self.stranded[0].restored_at,
+                    "consumers": {s.worker: list(s.queues) for s in self.stranded}, "remedy": REMEDY}}
 
 
 def gather_status(fleet_spec: FleetSpec, state_dir: str | None, fleet: str | None = None) -> StatusReport:
@@ -146,7 +175,7 @@ def gather_status(fleet_spec: FleetSpec, state_dir: str | None, fleet: str | Non
     journal = open_journal_if_any(state_dir)
     try:
         local = journal.unfinished_runs(name) if journal else []
-        report.unconfirmed = journal.unconfirmed(name) if journal and not local else None
+        last_ended = journal.latest_ended(name) if journal else None
     finally:
         if journal is not None:
             journal.close()
@@ -163,8 +192,11 @@ def gather_status(fleet_spec: FleetSpec, state_dir: str | None, fleet: str | Non
         try:
             published = read_status(client, name)
             report.lease = read_lease(client, name)
-            # The run journal held by the fleet: open runs of any machine (its copy wins over the local one).
-            local, _ended = merge_open(local, FleetStore(client, name))
+            # The run journal held by the fleet: open runs of any machine (its copy wins over the local one), and
+            # its latest ended run (a restore another machine could not confirm).
+            store = FleetStore(client, name)
+            local, _ended = merge_open(local, store)
+            last_ended = newest(last_ended, store.latest_ended())
             redis_ok = report.redis_read = True
         except redis.RedisError as exc:
             report.redis_unreachable = True
@@ -192,7 +224,33 @@ def gather_status(fleet_spec: FleetSpec, state_dir: str | None, fleet: str | Non
 
     if report.run is not None:
         report.recovery = plan(report.run, None)
+        if redis_ok:
+            report.holder = holder_of(report.run, report.lease, time.time(), fleet_spec.config().run.lease_ttl)
+    if not local:
+        report.unconfirmed = unconfirmed_restore(last_ended)
+        report.stranded = ask_stranded(fleet_spec, last_ended, report.notes)
     return report
+
+
+def ask_stranded(fleet_spec: FleetSpec, run: Run | None, notes: list[str]) -> tuple[Stranded, ...]:
+    """The workers the last run's restore gave queues back to that consume nothing now (a broker reconnect made
+    Celery forget them): one active_queues round of those workers only, and only when that run restored any."""
+    found = last_restore(run) if run is not None else None
+    if not found or not found[0]:
+        return ()
+    try:
+        fleet = Fleet(fleet_spec.celery_app(), timeout=2.0)
+    except UserError:
+        return ()
+    try:
+        consuming = asyncio.run(fleet.active_queues(sorted(found[0])))
+    except UserError as exc:
+        notes.append(f"the workers of run {run.id if run else '?'}'s restore could not be asked what they consume "
+                     f"({str(exc).rstrip('.')})")
+        return ()
+    finally:
+        fleet.close()
+    return stranded(run, consuming)
 
 
 def _status_lines(report: StatusReport) -> list[str]:
@@ -208,17 +266,25 @@ def _status_lines(report: StatusReport) -> list[str]:
             who = consumers_text(report.unconfirmed.unconfirmed_consumers())
             line += (f" Run {report.unconfirmed.id} ended aborted without confirming that these consumers came back: "
                      f"{who}; run `celeryops abort` to restore and confirm them.")
+        if report.stranded:
+            line += (f" Stranded by a broker reconnect: {stranded_text(report.stranded)} ({REMEDY}); run "
+                     "`celeryops abort` to send the restore again.")
         return [line, *(f"Note: {n}." for n in report.notes)]
     data = report.as_dict()["run"]
     release = f", release {data['release']}" if data["release"] else ""
     lines = [f"Fleet {report.fleet}: run {data['id']} is in phase {phase_word(data['phase'])}, started "
              f"{ago(data['age'] or 0)} "
              f"by {data['owner']}@{data['host']}{release}."]
+    if report.interrupted and report.holder is not None:
+        lines.append(f"Interrupted {ago(time.time() - (report.holder.since or time.time()))}: {report.holder.why}; "
+                     f"nobody runs it now and it stays in phase {phase_word(data['phase'])} until `celeryops resume` "
+                     "continues it or `celeryops abort` applies the recovery rules.")
     lines.append("Source: " + ("the status published in Redis" if report.source == "redis" else
                                "the run journal held by the fleet in Redis" if data["held_by_fleet"] else
                                "the local journal"))
     if report.published is not None and report.published.progress:
-        lines.append(f"Progress ({ago(time.time() - report.published.updated_at)}): "
+        label = "Last progress published" if report.interrupted else "Progress"
+        lines.append(f"{label} ({ago(time.time() - report.published.updated_at)}): "
                      f"{progress_words(report.published.progress)}")
     if report.lease is not None:
         lines.append(f"Lease: {report.lease.describe()}.")

@@ -34,9 +34,9 @@ from celeryops.console.screens.slots import SlotsScreen
 from celeryops.console.stylesheets import stylesheets
 from celeryops.console.terminal import driver_class
 from celeryops.core.errors import EXIT_INTERRUPTED, UserError
-from celeryops.core.events import Event
+from celeryops.core.events import Event, Notice
 from celeryops.core.masking import mask_text
-from celeryops.ops.backend.views import RecoveryChoice, RunView
+from celeryops.ops.backend.views import RecoveryChoice, RunView, StrandedWorker
 
 Start = Literal["home", "deploy", "drain"]
 RUN_SCREENS: dict[View, type[ConsoleScreen]] = {"preflight": PreflightScreen, "drain": DrainScreen,
@@ -76,6 +76,7 @@ class ConsoleApp(App[int]):
         self._polling = False
         self._poll_timer: Timer | None = None
         self._quit_when_settled = False
+        self._offered: set[str] = set()  # interrupted runs whose resume/abort panel opened by itself once
         self.size_hint: tuple[int, int] | None = None
         self.theme = "textual-dark"
         if not animate:
@@ -134,6 +135,7 @@ class ConsoleApp(App[int]):
             self._report(err)
             return
         if unfinished is not None and self.model.view is None:
+            self._offered.add(unfinished.run_id)
             if not isinstance(self.screen, ResumeScreen):
                 self.push_screen(ResumeScreen(self.read_only, unfinished))
         elif not on_start and self.model.view is None:
@@ -216,6 +218,22 @@ class ConsoleApp(App[int]):
         for screen in self.screen_stack:
             if isinstance(screen, HomeScreen) and screen.is_mounted:
                 screen.show_fleet(message.view)
+        self._offer_interrupted(message.view.interrupted)
+
+    def _offer_interrupted(self, run: RunView | None) -> None:
+        """A run seen interrupted at a poll (its owner died since the console started, or its lease just expired)
+        opens the resume/abort panel by itself, once per run (w opens it again). Not over a run this console drives,
+        nor over a dialog: the next poll offers it then."""
+        if run is None or run.run_id in self._offered or (self.model.active and not self.read_only):
+            return
+        if isinstance(self.screen, ModalScreen | ResumeScreen):
+            return
+        self._offered.add(run.run_id)
+        if self.read_only and self.model.view is not None:  # the run a watcher followed: nobody runs it any more
+            self.model = RunModel()
+            self._wanted = None
+            self.action_show_home()
+        self.push_screen(ResumeScreen(self.read_only, run))
 
     async def on_slots_updated(self, message: SlotsUpdated) -> None:
         for screen in self.screen_stack:
@@ -307,6 +325,23 @@ class ConsoleApp(App[int]):
                 self.call_backend("detach from the run", self.backend.detach())
 
         self.confirm(f"{choice.label}?", choice.plan, choice.label, act)
+
+    def confirm_restore_again(self, stranded: tuple[StrandedWorker, ...]) -> None:
+        """X on the home view: the last run's restore again, for workers a broker reconnect left consuming nothing."""
+        names = ", ".join(f"{s.name} ({', '.join(s.queues)})" for s in stranded)
+        runs = ", ".join(sorted({s.run_id for s in stranded}))
+        self.confirm("Restore again?", f"{names} consume nothing since the restore of run {runs}: a broker reconnect "
+                     "made Celery forget the restored queues. The restore is sent again to them and checked (what "
+                     "`celeryops abort` does). A worker that drops back at the next reconnect needs a restart; "
+                     "celeryops.fence in the worker app puts the queues back by itself.", "Restore again",
+                     lambda: self.call_backend("restore again", self.backend.abort_run(self._told)))
+
+    def _told(self, event: Event) -> None:
+        """How an action without a run screen went: its notices as notifications, then a fresh poll."""
+        if isinstance(event, Notice):
+            self.notify(mask_text(event.message), severity="information" if event.level == "info" else "warning",
+                        timeout=15)
+            self.poll_now()
 
     # -- quitting ----------------------------------------------------------------------------------------------
 

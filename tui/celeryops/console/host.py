@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
     from celeryops.console.model import RunModel
     from celeryops.console.ports import ConsoleBackend
-    from celeryops.ops.backend.views import RecoveryChoice, RunView
+    from celeryops.ops.backend.views import RecoveryChoice, RunView, StrandedWorker
 
 
 class ConsoleHost(Protocol):
@@ -37,6 +37,8 @@ class ConsoleHost(Protocol):
     def confirm_abort(self) -> None: ...
 
     def confirm_recovery(self, choice: RecoveryChoice, run: RunView | None = None) -> None: ...
+
+    def confirm_restore_again(self, stranded: tuple[StrandedWorker, ...]) -> None: ...
 
     def action_pick_release(self) -> None: ...
 

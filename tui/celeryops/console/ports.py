@@ -78,8 +78,10 @@ class ConsoleBackend(Protocol):
         """Stop consumers and drain (then deploy, for a deploy run). Dangerous."""
         ...
 
-    async def abort_run(self) -> None:
-        """Abort the current or interrupted run, restoring consumers as the recovery rules say. Dangerous."""
+    async def abort_run(self, on_event: EventSink | None = None) -> None:
+        """Abort the current or interrupted run, restoring consumers as the recovery rules say; with no open run, send
+        the last run's restore again (unconfirmed, or undone by a broker reconnect). ``on_event`` hears how it went
+        when no run of this console does. Dangerous."""
         ...
 
     async def detach(self) -> None:

@@ -31,6 +31,7 @@ from celeryops.ops.backend.views import (
     SlotHolder,
     SlotsView,
     SlotWaiter,
+    StrandedWorker,
     TimelineEntry,
     WorkerView,
 )
@@ -77,6 +78,26 @@ def fleet(with_run: bool = True) -> FleetView:
         tasks=tasks(8), run=run)
 
 
+def interrupted_fleet() -> FleetView:
+    """A drain whose owner died mid-drain: every worker stopped, the drained queues at 0 consumers."""
+    stopped = tuple(WorkerView(w.name, "stopped", (), w.active, w.reserved, w.scheduled, w.plugin) for w in workers())
+    run = RunSummary("r-20240611-01", "deploy", "draining", release="v2.14.0", owner="ops@laptop",
+                     started_at=NOW - 420, interrupted_at=NOW - 95, interrupted_why="process gone",
+                     stopped_workers=5)
+    return FleetView(workers=stopped, queues=(QueueView("default", 1284, 0), QueueView("gpu", 0, 0),
+                                              QueueView("render", 37, 0)),
+                     tasks=tasks(8), run=run, interrupted=unfinished_run())
+
+
+def stranded_fleet() -> FleetView:
+    """No run; a plain worker left consuming nothing by a broker reconnect after the last run's restore."""
+    idle = tuple(WorkerView(w.name, "stopped", (), w.active, 0, 0, False) if w.name == "celery@gpu-1" else w
+                 for w in workers())
+    return FleetView(workers=idle, queues=(QueueView("default", 12, 2), QueueView("gpu", 40, 0),
+                                           QueueView("render", 0, 1)),
+                     stranded=(StrandedWorker("celery@gpu-1", ("gpu",), "r-20240611-01", NOW - 600),))
+
+
 def slots() -> SlotsView:
     """Two hosts' pools (a GPU host whose four devices are all held, one lease expired; a CPU host without GPU, a
     request there no live host could serve) and the global pool of a shared type (a licence) they contribute to."""
@@ -120,6 +141,7 @@ def unfinished_run() -> RunView:
     return RunView(
         "r-20240611-01", "deploy", "draining", started_at=NOW - 3 * 3600, owner="ops@laptop", release="v2.14.0",
         detail="consumers cancelled on 3 workers for queues default, render; deploy not started",
+        interrupted_at=NOW - 2 * 3600, interrupted_why="its owner stopped heart-beating (pid 4242 on laptop)",
         choices=(
             RecoveryChoice("resume", "Resume the drain",
                            "Take over the run, keep consumers stopped and continue the drain from a fresh streak; "

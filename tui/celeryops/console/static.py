@@ -91,7 +91,7 @@ class StaticBackend:
         self._dangerous("stop consumers")
         self._play(self.proceed_script)
 
-    async def abort_run(self) -> None:
+    async def abort_run(self, on_event: EventSink | None = None) -> None:
         self._dangerous("abort the run")
         self.run = None
 

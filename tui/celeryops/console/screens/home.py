@@ -30,7 +30,7 @@ WORKER_COLUMNS = (("name", "Worker"), ("state", "State"), ("active", "Active"), 
 
 class HomeScreen(ConsoleScreen):
     VIEW_TITLE = "home"
-    DANGEROUS = frozenset({"start_drain", "start_deploy"})
+    DANGEROUS = frozenset({"start_drain", "start_deploy", "restore_again"})
     BINDINGS = [
         Binding("slash", "filter", "Filter", id="home.filter", key_display="/",
                 tooltip="Filter workers and queues by worker, queue or task name."),
@@ -45,6 +45,9 @@ class HomeScreen(ConsoleScreen):
                 tooltip="Run preflight for a drain; nothing changes until you confirm on the checklist."),
         Binding("D", "start_deploy", "Deploy", id="home.start_deploy",
                 tooltip="Pick a release branch, then run its preflight; nothing changes until you confirm."),
+        Binding("X", "restore_again", "Restore again", id="home.restore_again",
+                tooltip="Workers a broker reconnect left consuming nothing after the last run's restore: send the "
+                        "restore again (asks first; what `celeryops abort` does)."),
     ]
 
     def __init__(self, read_only: bool) -> None:
@@ -87,6 +90,7 @@ class HomeScreen(ConsoleScreen):
             return  # nothing changed since the last poll: no repaint
         self.fleet = view
         self._render_fleet()
+        self.refresh_bindings()  # X (restore again) shows while a worker is stranded
 
     def show_slots(self, view: SlotsView | None) -> None:
         if view == self.slots and self.slots is not None:
@@ -118,10 +122,21 @@ class HomeScreen(ConsoleScreen):
         run = view.run
         if run is None:
             banner_text = Text(" No run in progress.", style="dim")
-            idle = sum(1 for w in view.workers if w.state == "stopped" or (w.state == "consuming" and not w.queues))
-            if idle:  # e.g. a drained run parked, or a restore a broker reconnect undid
+            lost = {s.name for s in view.stranded}
+            idle = sum(1 for w in view.workers if w.name not in lost and (
+                w.state == "stopped" or (w.state == "consuming" and not w.queues)))
+            if view.stranded:  # a restore a broker reconnect undid (Celery forgets restored queues)
+                names = ", ".join(f"{s.name} ({', '.join(s.queues)})" for s in view.stranded)
+                runs = ", ".join(sorted({s.run_id for s in view.stranded}))
+                banner_text = Text(f" Stranded by a broker reconnect: {names}, idle since run {runs}'s restore.",
+                                   style="bold yellow")
+            if idle:  # e.g. stopped by hand
                 banner_text.append(f" {idle} worker(s) consume nothing (see Consuming).", style="bold yellow")
+            if view.stranded:
+                banner_text.append("  X restore again", style="bold")
             banner.update(banner_text)
+        elif run.interrupted:
+            banner.update(interrupted_text(run, self.console.clock()))
         else:
             age = since(self.console.clock() - run.started_at)
             text = Text(" RUN ", style="bold black on cyan")
@@ -194,6 +209,8 @@ class HomeScreen(ConsoleScreen):
         self.call_after_refresh(self._render_fleet)  # the queue column is fitted to the new width
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "restore_again" and not (self.fleet is not None and self.fleet.stranded):
+            return False  # in the footer only while a worker is stranded
         box = next(iter(self.query("#filter").results(Input)), None)
         if action == "clear_filter":  # in the footer only while a filter is set
             return box is not None and box.display
@@ -231,6 +248,22 @@ class HomeScreen(ConsoleScreen):
 
     def action_start_deploy(self) -> None:
         self.console.action_pick_release()
+
+    def action_restore_again(self) -> None:
+        if self.fleet is not None and self.fleet.stranded:
+            self.console.confirm_restore_again(self.fleet.stranded)
+
+
+def interrupted_text(run: RunSummary, now: float) -> Text:
+    """The header of a run whose owner is gone: what it is, the phase it reached, whose it was, since when and why,
+    and what it still holds stopped."""
+    text = Text(" INTERRUPTED ", style="bold white on red")
+    text.append(f" {run.kind} {run.release or ''} · reached {run.phase} · {run.owner}: {run.interrupted_why} "
+                f"{since(max(0.0, now - (run.interrupted_at or now)))} ago")
+    if run.stopped_workers:
+        text.append(f" · {run.stopped_workers} worker(s) stopped", style="bold yellow")
+    text.append("  w resume/abort", style="bold")
+    return text
 
 
 def remaining_now(run: RunSummary, now: float) -> float | None:

@@ -40,13 +40,19 @@ class ResumeScreen(ConsoleScreen):
                              ("Owner", run.owner)):
             facts.append(f"{label:<9}", style="bold")
             facts.append(f"{value}\n")
+        if run.interrupted_at is not None:
+            facts.append(f"{'Stopped':<9}", style="bold")
+            facts.append(f"{since(self.console.clock() - run.interrupted_at)} ago: {run.interrupted_why}\n",
+                         style="bold red")
         if run.detail:
             facts.append(run.detail, style="italic")
         facts.rstrip()
         yield self.status_bar()
         with VerticalScroll(id="resume-panel"):
-            yield Static(Text("An earlier run did not finish. Nothing has been changed since it stopped.",
-                              style="bold yellow"), id="resume-intro")
+            intro = ("An earlier run was interrupted: nobody runs it now. Nothing has been changed since it stopped."
+                     if run.interrupted_at is not None else
+                     "An earlier run did not finish. Nothing has been changed since it stopped.")
+            yield Static(Text(intro, style="bold yellow"), id="resume-intro")
             yield Static(facts, id="run-facts")
             for choice in run.choices:
                 key = CHOICE_KEYS.get(choice.kind, "?")

@@ -232,7 +232,7 @@ class OpsBackend:
             raise UserError("There is no run waiting to proceed: nothing was changed.", EXIT_USAGE)
         live.operator.proceed()
 
-    async def abort_run(self) -> None:
+    async def abort_run(self, on_event: EventSink | None = None) -> None:
         self._writable("abort the run")
         live = self._live
         if live is not None and live.running and live.task is not None:
@@ -240,12 +240,17 @@ class OpsBackend:
             with contextlib.suppress(asyncio.CancelledError):
                 await live.task
             return
-        session = self._session(live)  # the events of the abort go to the console's last run, if any
+        # No open run: the runner sends the last run's restore again when it was not confirmed, or when a broker
+        # reconnect since left its workers consuming nothing (else it says there is no run to abort). The abort's
+        # events go to the console's last run, if any, else to ``on_event``.
+        if live is not None:
+            sink: EventSink = live.sink
+            session = self._session(live)
+        else:
+            sink = on_event or (lambda event: None)
+            session = self.wiring.session(ConsoleOperator(), sink, repo=self.repo)
         run = await asyncio.to_thread(session.runner.unfinished)
-        if run is None:
-            raise UserError("There is no run to abort: nothing was changed.", EXIT_USAGE)
         decided = await session.abort(run)
-        sink = live.sink if live is not None else (lambda event: None)
         sink(Notice(level="info" if decided.action != "ask" else "warning", message=decided.explanation))
 
     async def detach(self) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -26,12 +28,16 @@ from celeryops.ops.backend.views import (
     SlotHolder,
     SlotsView,
     SlotWaiter,
+    StrandedWorker,
     WorkerView,
 )
 from celeryops.ops.backend.watch import live_status, published_progress, summary_from_status
-from celeryops.ops.fleetwide.lease import read_lease
+from celeryops.ops.fleetwide.lease import LeaseInfo, read_lease
 from celeryops.ops.fleetwide.publish import PublishedStatus
+from celeryops.ops.journal import ALL_WORKERS, FleetStore, Run
+from celeryops.ops.run.interrupted import RunHolder, holder_of
 from celeryops.ops.run.recovery import plan
+from celeryops.ops.run.stranded import stranded
 from celeryops.ops.run.wiring import Wiring
 
 if TYPE_CHECKING:
@@ -47,24 +53,47 @@ class Snapshots:
 
     async def fleet(self, own: RunSummary | None, own_progress: DrainProgress | None) -> FleetView:
         """``own``: the run this console drives (its last poll is the freshest view); else a run published by
-        another process, else one observation of the fleet."""
+        another process, else one observation of the fleet. The fleet's open run (local journal and the fleet's
+        copy) is read at every poll: an interrupted one is named in the header and offered for resume/abort, and
+        the queues it stopped are listed in the queue depths although no worker consumes them now."""
+        opened = await asyncio.to_thread(self.open_run) if own is None else None
+        if opened is not None:
+            self.queues.update(run_queues(opened.run))
+        interrupted = self._recovery_view(opened) if opened is not None and opened.holder.interrupted else None
         if own is not None and own_progress is not None:
             return await self._from_progress(own_progress, own)
-        published = await self._published()
+        published = None if interrupted is not None else await self._published()
         if published is not None and published.phase != "drained":
             progress = published_progress(published)
             if progress is not None:
-                return await self._from_progress(progress, summary_from_status(published, progress))
+                return await self._from_progress(progress, self._summary(published, progress, opened))
         fleet = self.wiring.fleet
+        run = own or (self._summary(published, None, opened) if published is not None else None)
+        if run is None and opened is not None:  # never "no run" while the journal holds one open
+            run = run_summary(opened)
         if self.read_only:
-            return await self._listed(own, published)
+            return await self._listed(run, interrupted)
+        latest = await asyncio.to_thread(self.latest_ended) if run is None else None
+        if latest is not None:
+            self.queues.update(run_queues(latest))
         obs = await fleet.observe(await fleet.members())
         workers = tuple(WorkerView(w.name, w.state, w.queues, w.active, w.reserved, w.scheduled, w.plugin)
                         for w in obs.workers.values())
-        run = own or (summary_from_status(published, None) if published is not None else None)
-        return FleetView(workers=workers, queues=await self._queue_views(workers), tasks=obs.tasks, run=run)
+        lost = stranded(latest, {w.name: w.queues for w in obs.workers.values() if w.replied})
+        return FleetView(workers=workers, queues=await self._queue_views(workers), tasks=obs.tasks, run=run,
+                         interrupted=interrupted,
+                         stranded=tuple(StrandedWorker(s.worker, s.queues, s.run_id, s.restored_at) for s in lost))
 
-    async def _listed(self, own: RunSummary | None, published: PublishedStatus | None) -> FleetView:
+    @staticmethod
+    def _summary(published: PublishedStatus, progress: DrainProgress | None, opened: OpenRun | None) -> RunSummary:
+        """A run another process runs, as published; its phase is the journal's (written ahead of every step, while
+        the published status follows it a moment later and stays behind if its process dies in between)."""
+        summary = summary_from_status(published, progress)
+        if opened is not None and opened.run.id == published.run_id and opened.run.phase != "preflight":
+            return dataclasses.replace(summary, phase=opened.run.phase)
+        return summary
+
+    async def _listed(self, run: RunSummary | None, interrupted: RunView | None) -> FleetView:
         """Watch mode with no live run: the workers kombu's pidbox bindings and the fence plugin's registry list
         (SMEMBERS and registry reads), and the depths of the queues seen so far (LLEN). No control command: not even
         ping or inspect (a broadcast is a PUBLISH, and its replies a reply queue bound on the broker)."""
@@ -75,8 +104,7 @@ class Snapshots:
             if isinstance(result, set):
                 found |= result
         workers = tuple(WorkerView(name, "unknown", observed=False) for name in sorted(found))
-        run = own or (summary_from_status(published, None) if published is not None else None)
-        return FleetView(workers=workers, queues=await self._queue_views(workers), run=run)
+        return FleetView(workers=workers, queues=await self._queue_views(workers), run=run, interrupted=interrupted)
 
     async def _from_progress(self, progress: DrainProgress, run: RunSummary | None) -> FleetView:
         workers = tuple(WorkerView(w.name, w.state, w.queues, w.active, w.reserved, w.scheduled, w.plugin)
@@ -84,6 +112,7 @@ class Snapshots:
         return FleetView(workers=workers, queues=await self._queue_views(workers), tasks=progress.tasks, run=run)
 
     async def _queue_views(self, workers: tuple[WorkerView, ...]) -> tuple[QueueView, ...]:
+        """Every queue seen so far: consumed by a worker now, or stopped by a run (0 consumers is then the truth)."""
         for w in workers:
             self.queues.update(w.queues)
         if not self.queues:
@@ -138,21 +167,48 @@ class Snapshots:
                                    d.task_id in expired) for d in pool.devices)
         return PoolView(pool.pool, pool.scope, pool.host, tuple(resources), holders, waiting, hosts, devices)
 
-    def unfinished_run(self) -> RunView | None:
-        """The fleet's interrupted run from the journal, with what each recovery choice would do; None when there
-        is none or when it is running elsewhere right now (the home view shows it live)."""
-        journal, coord = self.wiring.journal, self.wiring.coord
-        if journal is None:
-            return None
-        runs = journal.unfinished_runs(self.wiring.fleet_name)
+    def open_run(self) -> OpenRun | None:
+        """The fleet's latest unfinished run (the local journal's and the fleet's copy in Redis) and who holds it now;
+        None when there is none or neither could be read. Changes nothing in the fleet (the local journal may bring
+        home how the fleet's copy says a run ended, as ``Journal.unfinished_runs`` does)."""
+        journal, coord, fleet = self.wiring.journal, self.wiring.coord, self.wiring.fleet_name
+        runs: list[Run] = []
+        with contextlib.suppress(redis.RedisError):
+            if journal is not None:
+                runs = journal.unfinished_runs(fleet)
+            elif coord is not None:  # watch mode without a journal here: the fleet's copy alone
+                runs = [held.run for held in FleetStore(coord, fleet).open_runs()]
         if not runs:
             return None
-        run = runs[-1]
+        lease, read = None, False
         if coord is not None:
             with contextlib.suppress(redis.RedisError):
-                holder = read_lease(coord, self.wiring.fleet_name)
-                if holder is not None and holder.run_id == run.id and not holder.orphaned:
-                    return None
+                lease, read = read_lease(coord, fleet), True
+        run = runs[-1]
+        holder = holder_of(run, lease, time.time(), self.wiring.config.run.lease_ttl, lease_read=read)
+        return OpenRun(run, holder, lease)
+
+    def latest_ended(self) -> Run | None:
+        """The fleet's latest run if it has ended (this machine's journal or the fleet's copy). Reads only."""
+        journal, coord, fleet = self.wiring.journal, self.wiring.coord, self.wiring.fleet_name
+        with contextlib.suppress(redis.RedisError):
+            if journal is not None:
+                return journal.latest_ended(fleet)
+            if coord is not None:
+                return FleetStore(coord, fleet).latest_ended()
+        return None
+
+    def unfinished_run(self) -> RunView | None:
+        """The fleet's interrupted (or parked) run from the journal, with what each recovery choice would do; None
+        when there is none or when it is running elsewhere right now (the home view shows it live)."""
+        opened = self.open_run()
+        if opened is None or opened.holder.state in ("live", "starting"):
+            return None
+        return self._recovery_view(opened)
+
+    @staticmethod
+    def _recovery_view(opened: OpenRun) -> RunView:
+        run, holder = opened.run, opened.holder
         decided = plan(run, None)
         choices = []
         if run.phase in ("preflight", "stopping", "draining", "drained"):
@@ -169,11 +225,39 @@ class Snapshots:
         if decided.action in ("restore", "nothing"):
             choices.append(RecoveryChoice("abort", "Abort and restore consumers" if decided.restore
                                           else "Abort (nothing to restore)", decided.explanation))
-        stopped = run.stopped_consumers()
-        queues = sorted({q for qs in stopped.values() for q in qs})
+        stopped = {w: qs for w, qs in run.stopped_consumers().items() if w != ALL_WORKERS}
+        queues = sorted({q for qs in run.stopped_consumers().values() for q in qs})
         detail = (f"consumers cancelled on {len(stopped)} worker(s) for queues {', '.join(queues)}"
-                  if stopped else "no consumer stopped") + f"; journal phase {run.phase}"
+                  if queues else "no consumer stopped") + f"; journal phase {run.phase}"
         if decided.action in ("leave", "ask"):
             detail += f". {decided.explanation}"
         return RunView(run.id, "deploy" if run.release else "drain", run.phase, started_at=run.created,
-                       owner=f"{run.user}@{run.host}", release=run.release, choices=tuple(choices), detail=detail)
+                       owner=f"{run.user}@{run.host}", release=run.release, choices=tuple(choices), detail=detail,
+                       interrupted_at=holder.since if holder.interrupted else None,
+                       interrupted_why=holder.why if holder.interrupted else "")
+
+
+@dataclass(frozen=True)
+class OpenRun:
+    """The fleet's open run, who holds it now, and the lease read with it."""
+
+    run: Run
+    holder: RunHolder
+    lease: LeaseInfo | None = None
+
+
+def run_queues(run: Run) -> set[str]:
+    """Every queue a run names: what it stopped, what its workers consumed before, what it was asked to drain."""
+    queues = {q for qs in run.stopped_consumers().values() for q in qs}
+    queues |= {q for qs in run.consumed_before().values() for q in qs}
+    return queues | {str(q) for q in run.settings.get("queues") or ()}
+
+
+def run_summary(opened: OpenRun) -> RunSummary:
+    """An interrupted or parked run from the journal, as the home view's header line."""
+    run, holder = opened.run, opened.holder
+    stopped = [w for w in run.stopped_consumers() if w != ALL_WORKERS]
+    return RunSummary(run_id=run.id, kind="deploy" if run.release else "drain", phase=run.phase, release=run.release,
+                      owner=f"{run.user}@{run.host}", started_at=run.created,
+                      interrupted_at=holder.since if holder.interrupted else None,
+                      interrupted_why=holder.brief if holder.interrupted else "", stopped_workers=len(stopped))

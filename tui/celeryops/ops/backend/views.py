@@ -67,16 +67,38 @@ class RunSummary:
     required: int = 0
     remaining: float | None = None  # seconds to max wait
     measured_at: float | None = None  # epoch seconds when ``remaining`` was measured: the home banner counts down
+    # An interrupted run (its owner died or stopped heart-beating): since when (epoch seconds) and the evidence.
+    interrupted_at: float | None = None
+    interrupted_why: str = ""
+    stopped_workers: int = 0  # workers whose consumers the run still holds stopped (journal)
+
+    @property
+    def interrupted(self) -> bool:
+        return self.interrupted_at is not None
+
+
+@dataclass(frozen=True)
+class StrandedWorker:
+    """A live worker that consumes nothing although the fleet's last run restored its queues: a broker reconnect
+    since made Celery forget them (celery/celery#987). ``run_id``: the run whose restore it lost."""
+
+    name: str
+    queues: tuple[str, ...]
+    run_id: str
+    restored_at: float  # epoch seconds
 
 
 @dataclass(frozen=True)
 class FleetView:
-    """One look at the fleet: workers, queue depths, tasks held, the current run."""
+    """One look at the fleet: workers, queue depths, tasks held, the current run; an interrupted run with its
+    recovery choices (``interrupted``: the resume/abort panel opens for it) and workers stranded by a reconnect."""
 
     workers: tuple[WorkerView, ...] = ()
     queues: tuple[QueueView, ...] = ()
     tasks: tuple[TaskInfo, ...] = ()
     run: RunSummary | None = None
+    interrupted: RunView | None = None
+    stranded: tuple[StrandedWorker, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -259,6 +281,8 @@ class RunView:
     release: str | None
     choices: tuple[RecoveryChoice, ...]
     detail: str = ""  # e.g. "consumers cancelled on 3 workers for queues default, gpu"
+    interrupted_at: float | None = None  # when its owner was last heard of (epoch seconds); None: parked
+    interrupted_why: str = ""  # e.g. "its process (pid 4242) is gone from vm"
 
 
 @dataclass(frozen=True)

@@ -49,8 +49,10 @@ async def follow(coord: redis.Redis, fleet: str, on_event: EventSink, interval: 
     phase: str | None = None
     while True:
         try:
-            status = await asyncio.to_thread(read_status, coord, fleet)
-            if status is not None and status.run_id != run_id and status.phase not in TERMINAL_PHASES:
+            # A run is followed while its process runs it (or it is parked drained): an interrupted one is not (the
+            # console's home names it and offers its panel).
+            status = await asyncio.to_thread(live_status, coord, fleet)
+            if status is not None and status.run_id != run_id:
                 run_id, last, phase = status.run_id, None, None
                 on_event(RunFollowed(run_id=status.run_id, run_kind="deploy" if status.release else "drain",
                                      release=status.release, owner=f"{status.owner}@{status.host}"))

@@ -70,7 +70,7 @@ async def gone_now(fleet: Fleet, silent: Iterable[str], replied: Iterable[str], 
     if not silent:
         return {}
     heartbeats, after, pidbox = await asyncio.gather(fleet.heartbeats(), fleet.pidbox_listeners(since),
-                                                     fleet.pidbox_consumers(silent))
+                                                     fleet.pidbox_consumers(silent, since))
     listeners = None if before is None or after is None else max(before, after)
     return departures(silent, replied, Evidence(listeners=listeners, heartbeats=heartbeats, pidbox=pidbox))
 

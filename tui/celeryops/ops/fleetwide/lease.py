@@ -3,13 +3,17 @@
 Two keys (same Cluster hash tag):
 
 - ``fleet_key(fleet, "lease")``: a hash, the record: token, run_id, owner, host, pid, acquired_at, heartbeat_at
-  (Redis TIME, seconds). It has a long TTL (``record_ttl``, default 7 days) so that a crashed run stays visible.
+  (Redis TIME, seconds), and where the holder runs: ``pid_start`` (its process's start time, so a reused pid is not
+  taken for it) and ``scope`` (boot id and pid namespace: which processes this host can see). It has a long TTL
+  (``record_ttl``, default 7 days) so that a crashed run stays visible.
 - ``fleet_key(fleet, "lease", "alive")``: the holder's token with a short TTL (``ttl``, default 30 s), renewed
   every ``ttl/3`` by the heartbeat task.
 
-A record without its alive key is **orphaned**: its holder stopped heart-beating (killed, frozen, lost Redis).
-``acquire()`` refuses any existing record; ``take_over(expected_run_id)`` atomically replaces an orphaned record of
-that very run and refuses a live one. ``release()`` deletes only our own lease (compare-and-delete in Lua).
+A record without its alive key is **orphaned**: its holder stopped heart-beating (killed, frozen, lost Redis). So is
+one whose holder is known dead now: it ran on this host, in this boot and pid namespace, and its process is gone (or
+its pid now belongs to a process that started later). ``acquire()`` refuses any existing record;
+``take_over(expected_run_id)`` atomically replaces an orphaned record of that very run and refuses a live one.
+``release()`` deletes only our own lease (compare-and-delete in Lua).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Final
 
 import humanize
@@ -37,8 +42,9 @@ log = logging.getLogger(__name__)
 DEFAULT_TTL: Final = 30.0
 DEFAULT_RECORD_TTL: Final = 7 * 24 * 3600.0
 
-# KEYS: record, alive. ARGV: token, run_id, owner, host, pid, ttl_ms, record_ttl_ms, expected_run_id ("" = acquire).
-# Returns {1, now} when taken, {0, now, alive_pttl, field, value, ...} when refused.
+# KEYS: record, alive. ARGV: token, run_id, owner, host, pid, ttl_ms, record_ttl_ms, expected_run_id ("" = acquire),
+# pid_start, scope, dead_token (the token of a holder seen dead on this host: taken over although its alive key
+# has not expired yet). Returns {1, now} when taken, {0, now, alive_pttl, field, value, ...} when refused.
 _ACQUIRE: Final = """
 local t = redis.call('TIME')
 local now = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
@@ -46,7 +52,8 @@ local holder = redis.call('HGET', KEYS[1], 'run_id')
 local previous = ''
 if holder then
   local alive = redis.call('PTTL', KEYS[2])
-  if ARGV[8] == '' or holder ~= ARGV[8] or alive ~= -2 then
+  local dead = ARGV[11] ~= '' and redis.call('HGET', KEYS[1], 'token') == ARGV[11]
+  if ARGV[8] == '' or holder ~= ARGV[8] or (alive ~= -2 and not dead) then
     local out = {0, now, alive}
     for _, v in ipairs(redis.call('HGETALL', KEYS[1])) do table.insert(out, v) end
     return out
@@ -55,7 +62,8 @@ if holder then
 end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'token', ARGV[1], 'run_id', ARGV[2], 'owner', ARGV[3], 'host', ARGV[4],
-           'pid', ARGV[5], 'acquired_at', now, 'heartbeat_at', now, 'ttl_ms', ARGV[6], 'taken_from', previous)
+           'pid', ARGV[5], 'acquired_at', now, 'heartbeat_at', now, 'ttl_ms', ARGV[6], 'taken_from', previous,
+           'pid_start', ARGV[9], 'scope', ARGV[10])
 redis.call('PEXPIRE', KEYS[1], ARGV[7])
 redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[6])
 return {1, now}
@@ -80,6 +88,57 @@ return 1
 """
 
 
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def process_start(pid: int) -> float | None:
+    """When process ``pid`` started (epoch seconds, from ``/proc/<pid>/stat`` field 22 and the boot time), or None
+    when it does not exist, is a zombie (dead, not yet reaped) or /proc cannot tell."""
+    stat = _read(f"/proc/{pid}/stat")
+    boot = _read("/proc/stat")
+    if stat is None or boot is None or ")" not in stat:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # the command may hold spaces and parentheses: cut after it
+    btime = next((line.split()[1] for line in boot.splitlines() if line.startswith("btime ")), None)
+    if len(fields) < 20 or fields[0] in ("Z", "X") or btime is None:
+        return None
+    return round(int(btime) + int(fields[19]) / os.sysconf("SC_CLK_TCK"), 2)
+
+
+def process_scope() -> str:
+    """Which processes this one can see: the boot id and the pid namespace ("" when /proc cannot tell). Two
+    containers with one hostname (host networking) or a host after a reboot differ here."""
+    boot = (_read("/proc/sys/kernel/random/boot_id") or "").strip()
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+    return f"{boot}/{namespace}" if boot else ""
+
+
+def process_gone(host: str, pid: int, pid_start: float | None = None, scope: str = "") -> bool:
+    """Process ``pid`` of ``host`` is known dead: it ran here (this hostname and, when recorded, this boot and pid
+    namespace) and it is gone, a zombie, or its pid now belongs to a process started at another time (pid reuse).
+    False whenever this host cannot tell (another host, another container, no /proc)."""
+    if host != socket.gethostname() or pid <= 0 or (scope and scope != process_scope()):
+        return False
+    if os.path.isdir("/proc/self"):
+        started = process_start(pid)
+        return started is None or (pid_start is not None and abs(started - pid_start) > 0.05)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 @dataclass(frozen=True)
 class LeaseInfo:
     """A lease as stored, with the Redis server's clock at the time it was read (``now``)."""
@@ -90,26 +149,28 @@ class LeaseInfo:
     pid: int
     acquired_at: float
     heartbeat_at: float
-    alive_ms: int  # PTTL of the alive key: -2 = gone (orphaned), -1 = no expiry
+    alive_ms: int  # PTTL of the alive key: -2 = gone (expired), -1 = no expiry
     now: float
     taken_from: str | None = None
+    pid_start: float | None = None  # the holder's process start time (epoch seconds), when recorded
+    scope: str = ""  # the holder's boot id and pid namespace (``process_scope``), when recorded
+    token: str = ""
+
+    @cached_property
+    def dead_here(self) -> bool:
+        """The holder ran on this host and its process is gone (it cannot be heart-beating any more), also when its
+        alive key has not expired yet."""
+        return process_gone(self.host, self.pid, self.pid_start, self.scope)
 
     @property
-    def dead_here(self) -> bool:
-        """The holder ran on this host and its process is gone (it cannot be heart-beating any more)."""
-        if self.host != socket.gethostname() or self.pid <= 0:
-            return False
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
-        return False
+    def expired(self) -> bool:
+        """Its alive key expired: the holder stopped heart-beating."""
+        return self.alive_ms == -2
 
     @property
     def orphaned(self) -> bool:
-        return self.alive_ms == -2
+        """Nobody holds the run any more: the heartbeat stopped, or the holder is known dead on this host."""
+        return self.expired or self.dead_here
 
     @property
     def age(self) -> float:
@@ -122,6 +183,9 @@ class LeaseInfo:
 
     def describe(self) -> str:
         who = f"run {self.run_id} of {self.owner}@{self.host} (pid {self.pid}), started {ago(self.age)}"
+        if self.dead_here:
+            return (f"{who}, orphaned: its process is gone from this host (last heartbeat "
+                    f"{ago(self.silent_for)})")
         if self.orphaned:
             return f"{who}, orphaned: its heartbeat stopped {ago(self.silent_for)}"
         return f"{who}, alive (last heartbeat {ago(self.silent_for)})"
@@ -129,7 +193,8 @@ class LeaseInfo:
     def as_dict(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "owner": self.owner, "host": self.host, "pid": self.pid,
                 "acquired_at": self.acquired_at, "heartbeat_at": self.heartbeat_at, "age": self.age,
-                "silent_for": self.silent_for, "orphaned": self.orphaned, "taken_from": self.taken_from}
+                "silent_for": self.silent_for, "orphaned": self.orphaned, "owner_gone": self.dead_here,
+                "taken_from": self.taken_from}
 
 
 def ago(seconds: float) -> str:
@@ -162,7 +227,9 @@ def _parse(fields: dict[str, str], alive_ms: int, now: float) -> LeaseInfo:
     return LeaseInfo(run_id=fields.get("run_id", "?"), owner=fields.get("owner", "?"), host=fields.get("host", "?"),
                      pid=int(fields.get("pid") or 0), acquired_at=float(fields.get("acquired_at") or now),
                      heartbeat_at=float(fields.get("heartbeat_at") or now), alive_ms=alive_ms, now=now,
-                     taken_from=fields.get("taken_from") or None)
+                     taken_from=fields.get("taken_from") or None,
+                     pid_start=float(fields["pid_start"]) if fields.get("pid_start") else None,
+                     scope=fields.get("scope", ""), token=fields.get("token", ""))
 
 
 def _text(value: object) -> str:
@@ -212,6 +279,8 @@ class RunLease:
         self.owner = owner or current_user()
         self.host = host or socket.gethostname()
         self.pid = os.getpid() if pid is None else pid
+        self.pid_start = process_start(self.pid) if self.pid > 0 else None
+        self.scope = process_scope()
         self.ttl = ttl
         self.record_ttl = record_ttl
         self.on_lost = on_lost
@@ -224,8 +293,14 @@ class RunLease:
         self._task: asyncio.Task[None] | None = None
 
     def _claim(self, expected: str) -> None:
+        dead = ""
+        if expected:  # a holder known dead on this host is taken over now, not once its alive key expired
+            holder = read_lease(self.client, self.fleet)
+            if holder is not None and holder.run_id == expected and holder.dead_here:
+                dead = holder.token
+        start = "" if self.pid_start is None else repr(self.pid_start)
         args: list[str | int] = [self.token, self.run_id, self.owner, self.host, self.pid, int(self.ttl * 1000),
-                int(self.record_ttl * 1000), expected]
+                                 int(self.record_ttl * 1000), expected, start, self.scope, dead]
         reply = self._acquire(keys=self._keys, args=args)
         if int(reply[0]) == 1:
             self.lost = False
@@ -320,7 +395,7 @@ def drop_dead_lease(client: redis.Redis, fleet: str, run_id: str) -> bool:
         try:
             pipe.watch(*keys)  # type: ignore[no-untyped-call]
             info = read_lease(client, fleet)
-            if info is None or info.run_id != run_id or not (info.orphaned or info.dead_here):
+            if info is None or info.run_id != run_id or not info.orphaned:
                 pipe.unwatch()
                 return False
             pipe.multi()

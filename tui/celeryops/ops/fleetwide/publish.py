@@ -158,8 +158,10 @@ class Publisher:
         self._progress: str | None = None  # pending progress JSON (latest wins)
         self._dirty_status = True
         self._failing = False
+        self._inflight = False  # a write is on its way to Redis
         self.writes = 0  # successful Redis round trips (for tests and benchmarks)
         self._wake: asyncio.Event | None = None
+        self._hurry: asyncio.Event | None = None  # a phase is pending: no pause before the next write
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -175,7 +177,7 @@ class Publisher:
             self._status["phase"] = phase
             self._touch()
             self._queue_event("phase", {"phase": phase, **data})
-        self._notify()
+        self._notify(urgent=True)
 
     def progress(self, data: Mapping[str, Any]) -> None:
         """Latest progress (e.g. in-flight counts, streak): coalesced, the latest always wins."""
@@ -200,18 +202,20 @@ class Publisher:
     def _queue_event(self, kind: str, data: dict[str, Any]) -> None:
         self._events.append({"kind": kind, "run_id": self.run_id, "at": repr(self._clock()), "data": _dumps(data)})
 
-    def _notify(self) -> None:
-        loop, wake = self._loop, self._wake
-        if loop is None or wake is None or loop.is_closed():
+    def _notify(self, urgent: bool = False) -> None:
+        """Wake the writer; ``urgent`` (a phase): also cut its pause between writes short."""
+        loop, wake, hurry = self._loop, self._wake, self._hurry
+        if loop is None or wake is None or hurry is None or loop.is_closed():
             return
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
             running = None
-        if running is loop:
-            wake.set()
-        else:
-            loop.call_soon_threadsafe(wake.set)
+        for event in (wake, hurry) if urgent else (wake,):
+            if running is loop:
+                event.set()
+            else:
+                loop.call_soon_threadsafe(event.set)
 
     # -- writing -----------------------------------------------------------------------------------------------
     def flush(self, touch: bool = False) -> bool:
@@ -225,6 +229,7 @@ class Publisher:
             self._events.clear()
             self._progress = None
             self._dirty_status = False
+            self._inflight = True
         if progress is not None:
             events.append({"kind": "progress", "run_id": status["run_id"], "at": status["updated_at"],
                            "data": progress})
@@ -240,6 +245,7 @@ class Publisher:
             pipe.execute()
         except redis.RedisError as exc:
             with self._lock:
+                self._inflight = False
                 self._dirty_status = True
                 pending = list(self._events)
                 self._events.clear()
@@ -250,6 +256,8 @@ class Publisher:
                 log.warning("could not publish the run status to Redis (%s); the run goes on, retrying", exc)
             self._failing = True
             return False
+        with self._lock:
+            self._inflight = False
         if self._failing:
             log.info("publishing the run status to Redis again")
         self._failing = False
@@ -272,11 +280,29 @@ class Publisher:
                 return
             if ok:
                 backoff = self.interval
-                await asyncio.sleep(self.interval)
+                assert self._hurry is not None
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._hurry.wait(), timeout=self.interval)
+                self._hurry.clear()
             else:
                 self._wake.set()  # retry what is pending
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
+
+    async def caught_up(self, timeout: float = 1.0) -> bool:
+        """Wait (at most ``timeout`` s) until everything pending is in Redis, e.g. a phase before the step it
+        announces: a run killed right after would otherwise leave its published phase behind the journal's. False
+        when Redis did not take it in time (the run goes on; the writer keeps trying)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            with self._lock:
+                pending = self._dirty_status or bool(self._events) or self._progress is not None or self._inflight
+            if not pending:
+                return True
+            if loop.time() >= deadline or self._task is None or self._task.done():
+                return False
+            await asyncio.sleep(0.01)
 
     def start(self) -> asyncio.Task[None]:
         """Start the background writer in the running loop (idempotent)."""
@@ -284,6 +310,7 @@ class Publisher:
             self._loop = asyncio.get_running_loop()
             self._wake = asyncio.Event()
             self._wake.set()
+            self._hurry = asyncio.Event()
             self._closing = False
             self._task = self._loop.create_task(self._run(), name=f"publish-{self.fleet}")
         return self._task

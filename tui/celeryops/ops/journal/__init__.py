@@ -12,7 +12,7 @@ from celeryops.ops.journal.aio import AsyncJournal
 from celeryops.ops.journal.db import SCHEMA_VERSION
 from celeryops.ops.journal.fleetcopy import FleetStoreDown
 from celeryops.ops.journal.fleetstore import DAY, DEFAULT_TTL, FleetStore, HeldRun, merge_open
-from celeryops.ops.journal.journal import JOURNAL_FILE, Journal, journal_path
+from celeryops.ops.journal.journal import JOURNAL_FILE, Journal, journal_path, newest, unconfirmed_restore
 from celeryops.ops.journal.model import (
     ADD_CONSUMERS,
     ALL_WORKERS,
@@ -62,4 +62,6 @@ __all__ = [
     "journal_path",
     "merge_open",
     "new_run_id",
+    "newest",
+    "unconfirmed_restore",
 ]

@@ -8,7 +8,9 @@ Keys (one Cluster hash tag per fleet, :func:`~celeryops.core.namespace.fleet_key
 - ``run:<id>:records``: a list, the run's records in write order (a record's ``seq`` here is its 1-based position,
   a settle names the position of its intent); each record carries a random ``uid`` so that a local journal can tell
   its own records from the ones another machine added;
-- ``runs``: a sorted set of the open runs' ids (score: created).
+- ``runs``: a sorted set of the open runs' ids (score: created);
+- ``ended``: a sorted set of the ended runs' ids (score: created; the latest 100, for ``ended_ttl``), so that
+  ``abort`` and ``status`` on any machine find a recent run whose restore was never confirmed.
 
 An open run's keys live ``ttl`` seconds after its last write (long enough for a drained run parked until its
 deploy); a run that ends leaves the index and its keys expire after ``ended_ttl`` (so a machine whose local journal
@@ -34,18 +36,23 @@ ENDED_TTL: Final = 7 * DAY
 HEAD_FIELDS: Final = ("id", "fleet", "broker", "user", "host", "pid", "release", "settings", "created", "updated",
                       "phase", "outcome")
 
-# KEYS: head, records, index. ARGV: mode ("create" | "append"), run_id, ttl_ms, ended_ttl_ms, terminal ("1"/"0"),
-# created (index score), record json, then head field/value pairs. Returns the record's position, or -1 when an
-# append finds no head (the run is not held: never copied, or expired).
+# KEYS: head, records, index, ended index. ARGV: mode ("create" | "append"), run_id, ttl_ms, ended_ttl_ms, terminal
+# ("1"/"0"), created (index score), record json, then head field/value pairs. Returns the record's position, or -1
+# when an append finds no head (the run is not held: never copied, or expired). A record added to a run that has
+# ended (a restore sent again) keeps it ended.
 _WRITE: Final = """
 if ARGV[1] == 'append' and redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 if ARGV[1] == 'create' then redis.call('DEL', KEYS[1], KEYS[2]) end
 if #ARGV > 7 then redis.call('HSET', KEYS[1], unpack(ARGV, 8, #ARGV)) end
 local pos = redis.call('RPUSH', KEYS[2], ARGV[7])
-if ARGV[5] == '1' then
+local phase = redis.call('HGET', KEYS[1], 'phase')
+if ARGV[5] == '1' or phase == 'done' or phase == 'aborted' or phase == 'failed' then
   redis.call('ZREM', KEYS[3], ARGV[2])
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
   redis.call('PEXPIRE', KEYS[2], ARGV[4])
+  redis.call('ZADD', KEYS[4], tonumber(redis.call('HGET', KEYS[1], 'created') or ARGV[6]) or 0, ARGV[2])
+  redis.call('ZREMRANGEBYRANK', KEYS[4], 0, -101)
+  redis.call('PEXPIRE', KEYS[4], ARGV[4])
 else
   redis.call('ZADD', KEYS[3], ARGV[6], ARGV[2])
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
@@ -88,7 +95,7 @@ class FleetStore:
 
     def _keys(self, run_id: str) -> list[str]:
         return [fleet_key(self.fleet, "run", run_id), fleet_key(self.fleet, "run", run_id, "records"),
-                fleet_key(self.fleet, "runs")]
+                fleet_key(self.fleet, "runs"), fleet_key(self.fleet, "ended")]
 
     def write(self, run_id: str, record: str, head: Mapping[str, str], *, create: bool = False,
               terminal: bool = False, created: float = 0.0) -> int | None:
@@ -103,12 +110,18 @@ class FleetStore:
         return None if pos < 0 else pos
 
     def read(self, run_id: str) -> HeldRun | None:
-        head, rec, _ = self._keys(run_id)
+        head, rec, _, _ = self._keys(run_id)
         pipe = self.client.pipeline(transaction=False)
         pipe.hgetall(head)
         pipe.lrange(rec, 0, -1)
         fields, items = pipe.execute()
         return _held(fields, items)
+
+    def latest_ended(self) -> Run | None:
+        """The fleet's most recent ended run (by creation) still kept, or None."""
+        ids = [_text(i) for i in self.client.zrevrange(self._keys("")[3], 0, 0)]
+        held = self.read(ids[0]) if ids else None
+        return held.run if held is not None and held.run.finished else None
 
     def open_runs(self) -> list[HeldRun]:
         """The fleet's open runs, oldest first (ids whose keys expired are skipped)."""
@@ -117,7 +130,7 @@ class FleetStore:
             return []
         pipe = self.client.pipeline(transaction=False)
         for run_id in ids:
-            head, rec, _ = self._keys(run_id)
+            head, rec, _, _ = self._keys(run_id)
             pipe.hgetall(head)
             pipe.lrange(rec, 0, -1)
         replies = pipe.execute()

@@ -25,6 +25,7 @@ so recovery computed from the journal alone never leaves workers stopped. The mo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -372,14 +373,39 @@ class Journal:
 
         return self.read_sql(work)
 
-    def unconfirmed(self, fleet: str) -> Run | None:
-        """The fleet's latest run in this journal if it ended aborted with consumers it stopped never confirmed back
-        (its restore was unverified: a busy or reconnecting worker did not answer), else None."""
+    def latest_ended(self, fleet: str) -> Run | None:
+        """The fleet's latest run if it has ended, of this journal or of the fleet's copy (a run another machine
+        ran), whichever began last; None when the latest is open or there is none. Redis down: this journal's."""
         latest = self.history(1, fleet)
-        if not latest or latest[0].phase != "aborted":
-            return None
-        run = self.get(latest[0].id)
-        return run if run.unconfirmed_consumers() and run.stopped_consumers() else None
+        run = self.get(latest[0].id) if latest else None
+        store = self.fleet_copy.store_for(fleet)
+        if store is not None:
+            with contextlib.suppress(redis.RedisError):
+                run = newest(run, store.latest_ended())
+        return run if run is not None and run.finished else None
+
+    def unconfirmed(self, fleet: str) -> Run | None:
+        """The fleet's latest run (see ``latest_ended``: this machine's or another's) if it ended aborted with
+        consumers it stopped never confirmed back (its restore was unverified: a busy or reconnecting worker did not
+        answer), else None."""
+        return unconfirmed_restore(self.latest_ended(fleet))
+
+
+def newest(*runs: Run | None) -> Run | None:
+    """The run that began last (None when there is none); of two copies of one run, the later argument (pass the
+    fleet's copy last: it has the records every machine added)."""
+    best: Run | None = None
+    for run in runs:
+        if run is not None and (best is None or (run.created, run.id) >= (best.created, best.id)):
+            best = run
+    return best
+
+
+def unconfirmed_restore(run: Run | None) -> Run | None:
+    """``run`` if it ended aborted with consumers it stopped that its restore never confirmed back, else None."""
+    if run is None or run.phase != "aborted":
+        return None
+    return run if run.unconfirmed_consumers() and run.stopped_consumers() else None
 
 
 _RUN_COLUMNS: Final = "id, fleet, broker, user, host, pid, release, settings, created, updated, phase, outcome"

@@ -34,6 +34,7 @@ from celeryops.ops.fleetwide.publish import Publisher
 from celeryops.ops.journal import PHASES, Journal, Phase, Run
 from celeryops.ops.run.hooks import JournalHooks, restore_settlement, unverified
 from celeryops.ops.run.recovery import RecoveryPlan, Rollout, plan
+from celeryops.ops.run.stranded import REMEDY, Stranded, last_restore, stranded, stranded_text
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,7 @@ class Runner:
         await self.journal.aio.advance(run_id, phase, reason=reason)
         if self._pub is not None:
             self._pub.phase(phase, **({"reason": reason} if reason else {}))
+            await self._pub.caught_up()  # published before the step it announces (watchers, a death right after)
         self.on_event(PhaseChanged(phase, reason or ""))
 
     # -- the current run ---------------------------------------------------------------------------------------
@@ -388,9 +390,13 @@ class Runner:
         run = run or await asyncio.to_thread(self.unfinished)
         if run is None:
             again = await asyncio.to_thread(self.journal.unconfirmed, self.fleet_name)
-            if again is None:
+            if again is not None:
+                return await self._restore_again(again)
+            latest = await asyncio.to_thread(self.journal.latest_ended, self.fleet_name)
+            lost = await self.stranded(latest)
+            if not lost or latest is None:
                 raise self.no_open_run("nothing was changed")
-            return await self._restore_again(again)
+            return await self._restore_stranded(latest, lost)
         await self._refuse_if_live(run, "abort it")
         decided = self.recovery_plan(run, rollout)
         if decided.action == "ask" and force_restore:
@@ -420,6 +426,25 @@ class Runner:
                                                    "confirmed back: its restore was sent again and checked.")
         await self.lift_fence(run.id)
         return decided, await self._restore_recorded(run, stopped)
+
+    async def stranded(self, run: Run | None) -> tuple[Stranded, ...]:
+        """The live workers ``run``'s last restore gave queues back to that consume nothing now (a broker reconnect
+        made Celery forget them): asked with one active_queues round of those workers only."""
+        found = last_restore(run) if run is not None and run.finished else None
+        if not found or not found[0]:
+            return ()
+        consuming = await self.fleet.active_queues(sorted(found[0]))
+        return stranded(run, consuming)
+
+    async def _restore_stranded(self, run: Run, lost: tuple[Stranded, ...]) -> tuple[RecoveryPlan,
+                                                                                      ConsumersRestored | None]:
+        """``abort`` with no open run, when the last run's restore was undone by a broker reconnect: send it again
+        to the workers that dropped back to nothing, and check it (the run stays as it ended)."""
+        again = {s.worker: list(s.queues) for s in lost}
+        decided = RecoveryPlan("restore", again, f"{stranded_text(lost)}: {REMEDY}. Its restore was sent again to "
+                                                 "them and checked; if one drops back at the next broker reconnect, "
+                                                 "restart it.")
+        return decided, await self._restore_recorded(run, again)
 
     async def _restore_recorded(self, run: Run, restore: Mapping[str, Iterable[str]]) -> ConsumersRestored:
         """Restore ``restore`` for ``run`` (intent first, settled with whether it was confirmed), over a broker
