@@ -5,30 +5,24 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from celeryops.adapters.deploy.base import RolloutEvent
 from celeryops.core.errors import EXIT_DEPLOY, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREFLIGHT, EXIT_TIMEOUT
-from celeryops.core.events import (
-    CheckUpdate,
-    ConsumersCancelled,
-    ConsumersRestored,
-    DrainFinished,
-    DrainProgress,
-    DrainStarted,
-    Event,
-    FleetBack,
-    Notice,
-    PhaseChanged,
-    PreflightDone,
-    RunFinished,
-    RunFollowed,
-    RunPhase,
-    StageStarted,
-    TargetDeployed,
-)
 from celeryops.core.masking import mask_text
-from celeryops.ops.views import DeployTarget, WorkerView, fold_rollout
+
+if TYPE_CHECKING:  # imported by apply() with the first event: the console's first frame does not wait for them
+    from celeryops.core.events import (
+        CheckUpdate,
+        DrainFinished,
+        DrainProgress,
+        DrainStarted,
+        Event,
+        PreflightDone,
+        RunFinished,
+        RunFollowed,
+        RunPhase,
+    )
+    from celeryops.ops.views import DeployTarget, WorkerView
 
 View = Literal["preflight", "drain", "deploy"]
 ACTIVE_PHASES = ("preflight", "ready", "stopping", "draining", "deploying", "deployed")
@@ -119,6 +113,25 @@ class RunModel:
 
     def apply(self, event: Event) -> None:
         """Fold one event into the model (and the event log)."""
+        from celeryops.adapters.deploy.base import RolloutEvent
+        from celeryops.core.events import (
+            CheckUpdate,
+            ConsumersCancelled,
+            ConsumersRestored,
+            DrainFinished,
+            DrainProgress,
+            DrainStarted,
+            FleetBack,
+            Notice,
+            PhaseChanged,
+            PreflightDone,
+            RunFinished,
+            RunFollowed,
+            StageStarted,
+            TargetDeployed,
+        )
+        from celeryops.ops.views import WorkerView, fold_rollout
+
         if isinstance(event, PhaseChanged):
             self.phase = event.phase
             self.say("info", f"phase {event.phase}" + (f": {event.message}" if event.message else ""))
@@ -171,6 +184,8 @@ class RunModel:
             self._follow(event)
 
     def _finished(self, event: RunFinished) -> None:
+        from celeryops.ops.views import DeployTarget
+
         self.result = event
         if event.outcome == "deploy_failed":
             self.phase = "failed"
