@@ -144,7 +144,7 @@ class ConsoleApp(App[int]):
         self.sync_view()
         if isinstance(self.screen, ConsoleScreen):
             self.screen.render_model(self.model)
-            self.screen.refresh_bindings()
+            self.screen.refresh_footer()
         if self._quit_when_settled and not self.model.active:
             self.exit(self.model.exit_code())
 
