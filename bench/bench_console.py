@@ -3,14 +3,18 @@ the task table, from the handler until the frame showing the updated table is re
 ms at 10,000), time to first frame, CPU while idle-polling a fleet (target < 2 % of one core), and console start:
 from starting the ``celeryops`` process in a terminal (a pty) to the first painted home frame showing a live fleet
 of real workers (target <= 1.0 s), with ``celery --version`` (whole process) as the anchor in the same run.
-Run: ``.venv/bin/python bench/bench_console.py [--start-only]`` (console start needs redis-server). See
-bench/README.md."""
+Run: ``.venv/bin/python bench/bench_console.py [--start-only | --fastdatatable | --before CHECKOUT]`` (console start
+needs redis-server; ``--fastdatatable`` needs textual-fastdatatable installed: the drain update with its DataTable in
+turns with the task table; ``--before CHECKOUT``: the drain update and console start of another checkout, e.g. a
+``git worktree`` of main, in turns with this one). See bench/README.md."""
 
 from __future__ import annotations
 
 import asyncio
+import compileall
 import contextlib
 import fcntl
+import json
 import os
 import pty
 import select
@@ -22,6 +26,7 @@ import sys
 import tempfile
 import termios
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -39,6 +44,7 @@ from celeryops.console.widgets.task_table import TaskTable
 from celeryops.core.events import DrainProgress
 
 SIZE = (120, 40)
+ROOT = Path(__file__).resolve().parents[1]  # this checkout
 
 
 def spread(progress: DrainProgress) -> DrainProgress:
@@ -89,11 +95,16 @@ class Frames:
         app._display = terminal_display  # type: ignore[method-assign]
 
 
-async def drain_update(rows: int, step: float = 15.0, rounds: int = 7) -> dict[str, float]:
+async def drain_update(rows: int, step: float = 15.0, rounds: int = 7,
+                       table_class: type[TaskTable] | None = None) -> dict[str, float]:
     """Medians (ms) for one drain update of ``rounds``: the handler (model + screen update) as wall and CPU time of
     this process (the machine may be shared), and until the first frame showing the updated table was ready for the
     terminal: handler, the table's idle work, the wait for the next frame (60 per second at most), layout, paint.
-    (The drain screen then paints once more, ~20 ms later, because the in-flight sparkline grew by a column.)"""
+    (The drain screen then paints once more, ~20 ms later, because the in-flight sparkline grew by a column.)
+    ``table_class``: another table in place of the task table (``--fastdatatable``)."""
+    if table_class is not None:
+        with swapped_task_table(table_class):
+            return await drain_update(rows, step, rounds)
     backend = StaticBackend(fleet=sample.fleet(), preflight_script=sample.preflight_script(),
                             proceed_script=sample.drain_script())
     app = make_app(backend, start="deploy", release="v2.14.0", clock=lambda: sample.NOW, animate=False,
@@ -109,7 +120,7 @@ async def drain_update(rows: int, step: float = 15.0, rounds: int = 7) -> dict[s
         await pilot.pause()
         screen = app.screen
         assert isinstance(screen, DrainScreen)
-        table = screen.query_one(TaskTable)
+        table: TaskTable = screen.query_one("#tasks")  # type: ignore[assignment]  # or the swapped-in table
         frames = Frames(app, table)
         progress = spread(sample.progress(rows))
         app.sink(progress)
@@ -133,6 +144,18 @@ async def drain_update(rows: int, step: float = 15.0, rounds: int = 7) -> dict[s
     median = statistics.median
     return {"handler": median(handler), "handler_cpu": median(handler_cpu), "painted": median(painted),
             "painted_cpu": median(painted_cpu)}
+
+
+@contextlib.contextmanager
+def swapped_task_table(table_class: type[TaskTable]) -> Iterator[None]:
+    """The drain screen builds and updates ``table_class`` in place of TaskTable (the bench's own swap)."""
+    from celeryops.console.screens import drain
+
+    drain.TaskTable = table_class  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        drain.TaskTable = TaskTable  # type: ignore[misc]
 
 
 async def first_frame() -> float:
@@ -168,14 +191,16 @@ def cpu_of(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def console_start_once(broker: str, names: list[str], state_dir: str,
-                       timeout: float = 30.0) -> tuple[float, float, float, float]:
+def console_start_once(broker: str, names: list[str], state_dir: str, timeout: float = 30.0,
+                       checkout: Path | None = None) -> tuple[float, float, float, float]:
     """Seconds from starting ``celeryops --broker URL`` (the console's home view) in a 120x40 pty until the terminal
     output shows the home screen (its first painted frame), and until it names every worker (the first frame with
-    the fleet), each with the CPU time the process had used by then; the process is then killed."""
+    the fleet), each with the CPU time the process had used by then; the process is then killed. ``checkout``: run
+    that checkout's celeryops instead (its ``tui`` first on PYTHONPATH)."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", SIZE[1], SIZE[0], 0, 0))
-    env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": str(SIZE[0]), "LINES": str(SIZE[1])}
+    env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": str(SIZE[0]), "LINES": str(SIZE[1]),
+           **checkout_env(checkout)}
     env.pop("NO_COLOR", None)
     cmd = [*celeryops_cli(), "--broker", broker, "--state-dir", state_dir]
     t0 = time.perf_counter()
@@ -225,21 +250,40 @@ def process_time(cmd: list[str]) -> float:
     return time.perf_counter() - t0
 
 
-def console_start(repeats: int = 5) -> tuple[list[tuple[float, float, float, float]], list[float]]:
-    """Console start times (home frame, frame with the fleet) and `celery --version` times (whole processes, taken in
-    turns), 2 real workers."""
+def checkout_env(checkout: Path | None) -> dict[str, str]:
+    """The environment that runs another checkout's celeryops (None: this one)."""
+    if checkout is None:
+        return {}
+    return {"PYTHONPATH": os.pathsep.join(str(checkout / part) for part in ("tui", "harness"))}
+
+
+def compiled(checkout: Path) -> None:
+    """Compile the checkout's celeryops to bytecode, as pip does when it installs a wheel: this environment sets
+    PYTHONDONTWRITEBYTECODE, so a checkout's ~80 modules were otherwise compiled from source at every start (~0.15 s
+    of CPU that no installed console pays)."""
+    compileall.compile_dir(str(checkout / "tui" / "celeryops"), quiet=1)
+
+
+def console_start(repeats: int = 5, checkouts: tuple[Path | None, ...] = (None,),
+                  ) -> tuple[dict[Path | None, list[tuple[float, float, float, float]]], list[float]]:
+    """Console start times (home frame, frame with the fleet) of each checkout (None: this one) and
+    `celery --version` times (whole processes, all taken in turns), 2 real workers."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from common import bench_fleet  # needs redis-server; the in-process benches above do not
 
-    starts: list[tuple[float, float, float, float]] = []
+    for checkout in checkouts:
+        compiled(checkout or ROOT)
+    starts: dict[Path | None, list[tuple[float, float, float, float]]] = {c: [] for c in checkouts}
     anchors: list[float] = []
     with bench_fleet() as bench, tempfile.TemporaryDirectory(prefix="celeryops-bench-state-") as state:
         workers = bench.add(2)
         names = [w.nodename.split("@", 1)[1] for w in workers]
-        console_start_once(bench.broker, names, state)  # warm-up (file caches)
+        for checkout in checkouts:  # warm-up (file caches)
+            console_start_once(bench.broker, names, state, checkout=checkout)
         process_time([*celery_cli(), "--version"])
         for _ in range(repeats):
-            starts.append(console_start_once(bench.broker, names, state))
+            for checkout in checkouts:
+                starts[checkout].append(console_start_once(bench.broker, names, state, checkout=checkout))
             anchors.append(process_time([*celery_cli(), "--version"]))
     return starts, anchors
 
@@ -248,6 +292,12 @@ async def main() -> None:
     print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     if "--start-only" in sys.argv:
         print_console_start()
+        return
+    if "--fastdatatable" in sys.argv:
+        await print_fastdatatable()
+        return
+    if "--before" in sys.argv:
+        await print_before_after(Path(sys.argv[sys.argv.index("--before") + 1]).resolve(), runs=3)
         return
     print(f"{'drain update (median of 7 polls)':<40}{'handler':>10}{'CPU':>10}{'painted':>10}{'CPU':>10}")
     cases = [(f"{rows:,} rows, next poll 15 s later", rows, 15.0) for rows in (100, 1_000, 10_000)]
@@ -261,15 +311,66 @@ async def main() -> None:
     print_console_start()
 
 
-def print_console_start() -> None:
-    starts, anchors = console_start()
+async def print_fastdatatable(runs: int = 3) -> None:
+    """The drain update with the task table (patched DataTable) and with textual-fastdatatable's DataTable in its
+    place, in turns, ``runs`` runs of 7 polls each: medians of the runs' medians."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    try:
+        from fastdatatable_table import fastdatatable_task_table
+    except ImportError:
+        sys.exit("bench_console --fastdatatable needs textual-fastdatatable: pip install textual-fastdatatable")
+    contenders: dict[str, type[TaskTable] | None] = {"TaskTable": None, "fastdatatable": fastdatatable_task_table()}
+    print(f"{'drain update (median of 7 polls, ' + str(runs) + ' runs)':<44}{'handler':>10}{'painted':>10}{'CPU':>10}")
+    for rows in (100, 1_000, 10_000):
+        results: dict[str, list[dict[str, float]]] = {name: [] for name in contenders}
+        for _ in range(runs):
+            for name, table_class in contenders.items():
+                results[name].append(await drain_update(rows, table_class=table_class))
+        for name, found in results.items():
+            median = {key: statistics.median(r[key] for r in found) for key in found[0]}
+            print(f"{f'{rows:,} rows, {name}':<44}{median['handler']:>7.1f} ms{median['painted']:>7.1f} ms"
+                  f"{median['painted_cpu']:>7.1f} ms")
+
+
+def print_console_start(repeats: int = 5, before: Path | None = None) -> None:
+    checkouts = (None,) if before is None else (before, None)
+    all_starts, anchors = console_start(repeats, checkouts)
     anchor = statistics.median(anchors)
-    for i, label in ((0, "console start -> first home frame"), (2, "console start -> home showing the fleet")):
-        values = [s[i] for s in starts]
-        med, cpu = statistics.median(values), statistics.median(s[i + 1] for s in starts)
-        print(f"{label:<40}{med * 1000:>7.0f} ms (CPU {cpu * 1000:.0f} ms; max {max(values) * 1000:.0f} ms; "
-              f"{med / anchor:.2f}x `celery --version` {anchor * 1000:.0f} ms; {len(values)} runs, 2 real workers; "
-              f"target <= 1000 ms: {'met' if med <= 1.0 else 'MISSED'})")
+    for checkout, starts in all_starts.items():
+        name = "" if before is None else ("before: " if checkout is not None else "after: ")
+        for i, label in ((0, "console start -> first home frame"), (2, "console start -> home showing the fleet")):
+            values = [s[i] for s in starts]
+            med, cpu = statistics.median(values), statistics.median(s[i + 1] for s in starts)
+            ratio = med / anchor
+            target = f"target <= 1000 ms and <= 0.8x: {'met' if med <= 1.0 and ratio <= 0.8 else 'MISSED'}" if i == 0 \
+                else "no target"
+            print(f"{name + label:<48}{med * 1000:>7.0f} ms (CPU {cpu * 1000:.0f} ms; max {max(values) * 1000:.0f} ms; "
+                  f"{ratio:.2f}x `celery --version` {anchor * 1000:.0f} ms; {len(values)} runs, 2 real workers; "
+                  f"{target})")
+
+
+async def print_before_after(before: Path, runs: int) -> None:
+    """The drain update and console start of the checkout ``before`` and of this one, in turns (each drain update
+    run in a process of its own, its checkout's code first on PYTHONPATH): medians of ``runs`` runs, and the ratio."""
+    code = ("import asyncio, json, sys; sys.path.insert(0, sys.argv[1]); import bench_console as b; "
+            "print(json.dumps(asyncio.run(b.drain_update(int(sys.argv[2]), float(sys.argv[3])))))")
+    print(f"{'drain update, median of 7 polls x ' + str(runs) + ' runs':<44}{'before':>12}{'after':>12}"
+          f"{'after/before':>14}")
+    for rows, step in ((100, 15.0), (1_000, 15.0), (10_000, 15.0), (10_000, 60.0)):
+        found: dict[Path | None, list[dict[str, float]]] = {before: [], None: []}
+        for _ in range(runs):
+            for checkout in found:
+                out = subprocess.run([sys.executable, "-c", code, str(Path(__file__).resolve().parent), str(rows),
+                                      str(step)], capture_output=True, text=True, timeout=600,
+                                     env={**os.environ, **checkout_env(checkout or ROOT)})
+                if out.returncode != 0:
+                    raise RuntimeError(f"the drain update of {checkout or ROOT} failed: {out.stderr[-1500:]}")
+                found[checkout].append(json.loads(out.stdout.strip().splitlines()[-1]))
+        label = f"{rows:,} rows" + (", every row changed" if step == 60.0 else "")
+        for key, what in (("painted", "painted"), ("painted_cpu", "painted CPU")):
+            old, new = (statistics.median(r[key] for r in found[c]) for c in (before, None))
+            print(f"{label + ' ' + what:<44}{old:>9.1f} ms{new:>9.1f} ms{new / old:>13.2f}x")
+    print_console_start(repeats=2 * runs + 1, before=before)
 
 
 if __name__ == "__main__":

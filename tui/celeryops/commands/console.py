@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
+import importlib
 import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, NoReturn
 
@@ -23,6 +26,15 @@ if TYPE_CHECKING:
     from textual.app import App
 
     from celeryops.ops.backend.console import OpsBackend
+    from celeryops.ops.backend.views import (
+        EventSink,
+        FleetView,
+        ReleasesView,
+        RunRecordView,
+        RunView,
+        SlotsView,
+        TimelineEntry,
+    )
     from celeryops.ops.run.session import DrainRequest
 
 Start = Literal["home", "deploy", "drain"]
@@ -37,23 +49,141 @@ def wants_console(as_json: bool, headless: bool) -> bool:
 def open_console(fleet: FleetSpec, *, start: Start = "home", read_only: bool = False, state_dir: str | None = None,
                  config: Config | None = None, release: str | None = None, drain: DrainRequest | None = None,
                  targets: tuple[Target, ...] | None = None, repo: str | None = None) -> NoReturn:
-    """Run the console until the operator quits; exits with the run's exit code."""
+    """Run the console until the operator quits; exits with the run's exit code.
+
+    Given a broker URL (no Celery app to import), the console paints its first frame before Celery, kombu,
+    redis-py and the ops layer are loaded (:class:`LateBackend`); with ``-A`` (or the config's app) the app's
+    module is imported first, so that a module that does not import is reported before the console opens."""
     if not (sys.stdout.isatty() and sys.stdin.isatty()):
         raise UserError("The console needs a terminal and this is not one: nothing was contacted; use "
                         "`celeryops status` (or a command with --json) in scripts.", EXIT_USAGE)
-    from celeryops.console.app import make_app
-    from celeryops.ops.backend.console import open_backend  # Textual and the ops layer load only when needed
+    # Starting allocates mostly what lives as long as the process (modules, classes, widgets): the cyclic GC's
+    # passes meanwhile find next to nothing and cost ~7 % of the start's CPU. Back on with the first frame
+    # (ConsoleApp.on_ready), or when the console ends before one.
+    gc.disable()
+    from celeryops.console.app import make_app  # Textual loads only for the console
 
     cfg = config or fleet.config({"state_dir": state_dir})
-    app = fleet.celery_app()
-    backend = open_backend(app, cfg, read_only=read_only, fleet_display=fleet.app_path or "",
-                           state_dir=cfg.state_dir, drain=drain,
-                           targets=targets, repo=Path(repo) if repo else None)
+
+    def opened() -> OpsBackend:
+        from celeryops.ops.backend.console import open_backend
+
+        return open_backend(fleet.celery_app(), cfg, read_only=read_only, fleet_display=fleet.app_path or "",
+                            state_dir=cfg.state_dir, drain=drain, targets=targets, repo=Path(repo) if repo else None)
+
+    url = fleet.plain_broker_url()
+    backend: OpsBackend | LateBackend
+    if url is None:  # a Celery app to import (or no fleet given: its error now)
+        backend = opened()
+    else:
+        from celeryops.core.masking import mask_url
+
+        backend = LateBackend(opened, imports=("celeryops.ops.backend.console",), read_only=read_only,
+                              fleet_display=f"{cfg.run.fleet} @ {mask_url(url)}")
     console = make_app(backend, read_only=read_only, start=start, release=release)
-    sys.exit(run_surviving_terminal(console, backend))
+    if isinstance(backend, LateBackend):
+        backend.on_failure = lambda err: console.exit(err.exit_code)
+    code = run_surviving_terminal(console, backend)
+    if isinstance(backend, LateBackend) and backend.failure is not None:
+        raise backend.failure
+    sys.exit(code)
 
 
-def run_surviving_terminal(console: App[int], backend: OpsBackend) -> int:
+class LateBackend:
+    """The console's backend, opened when the console first calls it: after its first frame, since the console
+    makes no backend call before. ``imports`` (Celery, kombu, redis-py and the ops layer: ~0.35 s of CPU) are
+    imported on the event loop (the same imports in a thread cost ~20 % more CPU, and the fleet showed later); then
+    ``opener`` (the journal, the Redis clients: it may wait on a disk) runs in a thread. A failure to open (a
+    :class:`UserError`: say, the broker URL names an unknown transport) is kept in :attr:`failure` and handed to
+    :attr:`on_failure` (the console exits; the caller reports it); every call then raises it."""
+
+    def __init__(self, opener: Callable[[], OpsBackend], *, imports: tuple[str, ...] = (), read_only: bool,
+                 fleet_display: str) -> None:
+        self.read_only = read_only
+        self.fleet_display = fleet_display
+        self.failure: UserError | None = None
+        self.on_failure: Callable[[UserError], object] = lambda err: None
+        self._opener = opener
+        self._imports = imports
+        self._backend: OpsBackend | None = None
+        self._opening: asyncio.Future[OpsBackend] | None = None
+
+    async def _opened(self) -> OpsBackend:
+        if self._backend is None:
+            if self._opening is None:
+                for name in self._imports:
+                    importlib.import_module(name)
+                self._opening = asyncio.ensure_future(asyncio.to_thread(self._opener))
+            try:
+                self._backend = await asyncio.shield(self._opening)
+            except UserError as err:
+                if self.failure is None:
+                    self.failure = err
+                    self.on_failure(err)
+                raise
+        return self._backend
+
+    async def fleet_snapshot(self) -> FleetView:
+        return await (await self._opened()).fleet_snapshot()
+
+    async def slots_snapshot(self) -> SlotsView | None:
+        return await (await self._opened()).slots_snapshot()
+
+    async def unfinished_run(self) -> RunView | None:
+        return await (await self._opened()).unfinished_run()
+
+    async def releases(self) -> ReleasesView:
+        return await (await self._opened()).releases()
+
+    async def run_history(self, limit: int = 50) -> tuple[RunRecordView, ...]:
+        return await (await self._opened()).run_history(limit)
+
+    async def run_timeline(self, run_id: str) -> tuple[TimelineEntry, ...]:
+        return await (await self._opened()).run_timeline(run_id)
+
+    async def start_deploy(self, release: str, on_event: EventSink) -> None:
+        await (await self._opened()).start_deploy(release, on_event)
+
+    async def start_drain(self, on_event: EventSink) -> None:
+        await (await self._opened()).start_drain(on_event)
+
+    async def accept_warnings(self) -> None:
+        await (await self._opened()).accept_warnings()
+
+    async def proceed(self) -> None:
+        await (await self._opened()).proceed()
+
+    async def abort_run(self, on_event: EventSink | None = None) -> None:
+        await (await self._opened()).abort_run(on_event)
+
+    async def detach(self) -> None:
+        await (await self._opened()).detach()
+
+    async def resume_run(self, on_event: EventSink) -> None:
+        await (await self._opened()).resume_run(on_event)
+
+    async def forget_worker(self, name: str) -> None:
+        await (await self._opened()).forget_worker(name)
+
+    async def follow_run(self, on_event: EventSink) -> None:
+        await (await self._opened()).follow_run(on_event)
+
+    async def close(self) -> None:
+        """As the backend's; an opening still under way is waited for first (its thread cannot be stopped)."""
+        if self._opening is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._opening)
+            if self._opening.done() and not self._opening.cancelled() and self._opening.exception() is None:
+                self._backend = self._opening.result()
+        if self._backend is not None:
+            await self._backend.close()
+
+    def close_sync(self) -> None:
+        if self._backend is not None:
+            self._backend.close_sync()
+
+
+def run_surviving_terminal(console: App[int], backend: OpsBackend | LateBackend) -> int:
     """Run the console so that its run outlives the console itself: SIGHUP (the terminal closed, an SSH drop) and
     SIGTERM cancel the live run at once, which applies the recovery rules (a drain short of drained restores its
     consumers; a deploy follows the recovery rules), while the console closes (its terminal may be gone: nothing
@@ -91,6 +221,7 @@ def run_surviving_terminal(console: App[int], backend: OpsBackend) -> int:
     try:
         code = asyncio.run(main())
     finally:
+        gc.enable()
         backend.close_sync()
     if interrupted:
         _say(f"{interrupted[0].name}: the recovery rules were applied.")

@@ -7,6 +7,9 @@ decisions to the backend, each dangerous one after a confirmation that says what
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import PurePath
@@ -21,26 +24,45 @@ from celeryops.console.messages import DrainUpdated, FleetUpdated, OpsEvent, Slo
 from celeryops.console.model import RunModel, View
 from celeryops.console.ports import ConsoleBackend
 from celeryops.console.screens.base import ConsoleScreen
-from celeryops.console.screens.confirm import ConfirmScreen
-from celeryops.console.screens.deploy import DeployScreen
-from celeryops.console.screens.drain import DrainScreen
 from celeryops.console.screens.home import HomeScreen
-from celeryops.console.screens.preflight import PreflightScreen
-from celeryops.console.screens.quit import QuitChoice, QuitScreen
-from celeryops.console.screens.releases import ReleasesScreen
-from celeryops.console.screens.resume import ResumeScreen
-from celeryops.console.screens.runs import RunsScreen
-from celeryops.console.screens.slots import SlotsScreen
 from celeryops.console.stylesheets import stylesheets
 from celeryops.console.terminal import driver_class
 from celeryops.core.errors import EXIT_INTERRUPTED, UserError
-from celeryops.core.events import Event, Notice
 from celeryops.core.masking import mask_text
-from celeryops.ops.backend.views import RecoveryChoice, RunView, StrandedWorker
+
+# The other screens are imported when first shown: the home view's first frame does not wait for them (nor for the
+# events and views of the ops layer they read).
+if TYPE_CHECKING:
+    from celeryops.console.screens.quit import QuitChoice
+    from celeryops.core.events import Event
+    from celeryops.ops.backend.views import RecoveryChoice, RunView, StrandedWorker
 
 Start = Literal["home", "deploy", "drain"]
-RUN_SCREENS: dict[View, type[ConsoleScreen]] = {"preflight": PreflightScreen, "drain": DrainScreen,
-                                                "deploy": DeployScreen}
+
+
+RUN_VIEWS: tuple[View, ...] = ("preflight", "drain", "deploy")
+
+
+def run_screen(view: View) -> type[ConsoleScreen]:
+    """The screen that shows a run in this phase."""
+    if view == "preflight":
+        from celeryops.console.screens.preflight import PreflightScreen
+
+        return PreflightScreen
+    if view == "drain":
+        from celeryops.console.screens.drain import DrainScreen
+
+        return DrainScreen
+    from celeryops.console.screens.deploy import DeployScreen
+
+    return DeployScreen
+
+
+def _showing(screen: Screen, module: str, name: str) -> bool:
+    """Whether ``screen`` is a ``celeryops.console.screens.<module>.<name>``: a screen module not imported yet has
+    no screen on show."""
+    loaded = sys.modules.get(f"celeryops.console.screens.{module}")
+    return loaded is not None and isinstance(screen, getattr(loaded, name))
 
 
 class ConsoleApp(App[int]):
@@ -77,6 +99,9 @@ class ConsoleApp(App[int]):
         self._poll_timer: Timer | None = None
         self._quit_when_settled = False
         self._offered: set[str] = set()  # interrupted runs whose resume/abort panel opened by itself once
+        # Set once the first frame is on screen (Textual's Ready): backend calls wait for it, so that the first
+        # frame never waits for the backend (which may still be loading: commands.console.LateBackend).
+        self._painted = asyncio.Event()
         self.size_hint: tuple[int, int] | None = None
         self.theme = "textual-dark"
         if not animate:
@@ -95,27 +120,32 @@ class ConsoleApp(App[int]):
         elif self.start in ("deploy", "drain"):
             self.begin_run(self.start, self.release)
 
+    def on_ready(self) -> None:
+        self._painted.set()
+        gc.enable()  # off while the console starts (commands.console.open_console)
+
     def sync_view(self) -> None:
         """Show the screen that fits the run's phase, once per phase change (the operator may navigate away)."""
         want = self.model.view
-        if want is None or want == self._wanted or isinstance(self.screen, ModalScreen | ResumeScreen):
+        if (want is None or want == self._wanted or isinstance(self.screen, ModalScreen)
+                or _showing(self.screen, "resume", "ResumeScreen")):
             return
         self._wanted = want
-        screen = RUN_SCREENS[want](self.read_only)
-        if isinstance(self.screen, tuple(RUN_SCREENS.values())):
+        screen = run_screen(want)(self.read_only)
+        if isinstance(self.screen, tuple(map(run_screen, RUN_VIEWS))):
             self.switch_screen(screen)
         else:
             self.push_screen(screen)
 
     def _render_run(self) -> None:
-        # The app is shutting down (Textual clears `_running` first, then takes the screens' widgets down before
+        # The app is shutting down (Textual clears is_running first, then takes the screens' widgets down before
         # the stack): late run events update the model only.
-        if not self.screen_stack or not self._running:
+        if not self.screen_stack or not self.is_running:
             return
         self.sync_view()
         if isinstance(self.screen, ConsoleScreen):
             self.screen.render_model(self.model)
-            self.screen.refresh_bindings()
+            self.screen.refresh_footer()
         if self._quit_when_settled and not self.model.active:
             self.exit(self.model.exit_code())
 
@@ -124,11 +154,14 @@ class ConsoleApp(App[int]):
             self.pop_screen()
 
     def action_show_slots(self) -> None:
+        from celeryops.console.screens.slots import SlotsScreen
+
         if not isinstance(self.screen, SlotsScreen):
             self.push_screen(SlotsScreen(self.read_only))
 
     async def _offer_unfinished(self, on_start: bool = False) -> None:
         """The resume/abort panel for an unfinished run in the journal (on start, or when w finds no run here)."""
+        await self._painted.wait()
         try:
             unfinished = await self.backend.unfinished_run()
         except UserError as err:
@@ -136,6 +169,8 @@ class ConsoleApp(App[int]):
             return
         if unfinished is not None and self.model.view is None:
             self._offered.add(unfinished.run_id)
+            from celeryops.console.screens.resume import ResumeScreen
+
             if not isinstance(self.screen, ResumeScreen):
                 self.push_screen(ResumeScreen(self.read_only, unfinished))
         elif not on_start and self.model.view is None:
@@ -144,10 +179,14 @@ class ConsoleApp(App[int]):
 
     def action_pick_release(self) -> None:
         """D on the home view: the release picker (its Enter starts the deploy's preflight)."""
+        from celeryops.console.screens.releases import ReleasesScreen
+
         if not self.read_only and not isinstance(self.screen, ReleasesScreen):
             self.push_screen(ReleasesScreen(self.read_only, preselect=self.release))
 
     def action_show_runs(self) -> None:
+        from celeryops.console.screens.runs import RunsScreen
+
         if not isinstance(self.screen, RunsScreen):
             self.push_screen(RunsScreen(self.read_only))
 
@@ -156,9 +195,9 @@ class ConsoleApp(App[int]):
         if view is None:  # maybe the resume/abort panel was left earlier: the run is still journalled
             self.run_worker(self._offer_unfinished(), group="backend")
             return
-        if not isinstance(self.screen, RUN_SCREENS[view]):
+        if not isinstance(self.screen, run_screen(view)):
             self._wanted = view
-            self.push_screen(RUN_SCREENS[view](self.read_only))
+            self.push_screen(run_screen(view)(self.read_only))
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         """The command palette lists what the console's keys do here (only what is allowed; not Textual's cursor
@@ -178,7 +217,11 @@ class ConsoleApp(App[int]):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         # In a dialog, its own keys answer the question: q is not offered there.
-        return not (action == "request_quit" and isinstance(self.screen, QuitScreen | ConfirmScreen))
+        return not (action == "request_quit" and self._in_dialog())
+
+    def _in_dialog(self) -> bool:
+        """The quit question or a confirmation is on show."""
+        return _showing(self.screen, "quit", "QuitScreen") or _showing(self.screen, "confirm", "ConfirmScreen")
 
     # -- events from ops ---------------------------------------------------------------------------------------
 
@@ -205,6 +248,7 @@ class ConsoleApp(App[int]):
         self.run_worker(self._poll(), group="poll")
 
     async def _poll(self) -> None:
+        await self._painted.wait()
         try:
             self.post_message(FleetUpdated(await self.backend.fleet_snapshot()))
             self.post_message(SlotsUpdated(await self.backend.slots_snapshot()))
@@ -226,6 +270,8 @@ class ConsoleApp(App[int]):
         nor over a dialog: the next poll offers it then."""
         if run is None or run.run_id in self._offered or (self.model.active and not self.read_only):
             return
+        from celeryops.console.screens.resume import ResumeScreen
+
         if isinstance(self.screen, ModalScreen | ResumeScreen):
             return
         self._offered.add(run.run_id)
@@ -236,6 +282,8 @@ class ConsoleApp(App[int]):
         self.push_screen(ResumeScreen(self.read_only, run))
 
     async def on_slots_updated(self, message: SlotsUpdated) -> None:
+        from celeryops.console.screens.slots import SlotsScreen
+
         for screen in self.screen_stack:
             if isinstance(screen, HomeScreen | SlotsScreen) and screen.is_mounted:
                 await screen.show_slots(message.view) if isinstance(screen, SlotsScreen) else \
@@ -249,14 +297,15 @@ class ConsoleApp(App[int]):
 
     async def _call(self, what: str, calls: Iterable[Awaitable[None]]) -> None:
         try:
+            await self._painted.wait()
             for call in calls:
                 await call
         except UserError as err:
             self._report(err)
-            for call in calls:  # close the ones not awaited
-                close = getattr(call, "close", None)
-                if close is not None:
-                    close()
+            _close(calls)
+        except asyncio.CancelledError:
+            _close(calls)
+            raise
 
     def _report(self, err: UserError) -> None:
         text = mask_text(str(err))
@@ -268,6 +317,8 @@ class ConsoleApp(App[int]):
             self.screen.render_model(self.model)
 
     def confirm(self, title: str, what_happens: str, label: str, then: Callable[[], None]) -> None:
+        from celeryops.console.screens.confirm import ConfirmScreen
+
         def done(ok: bool | None) -> None:
             if ok:
                 then()
@@ -312,7 +363,7 @@ class ConsoleApp(App[int]):
 
     def confirm_recovery(self, choice: RecoveryChoice, run: RunView | None = None) -> None:
         def act() -> None:
-            if isinstance(self.screen, ResumeScreen):
+            if _showing(self.screen, "resume", "ResumeScreen"):
                 self.pop_screen()
             if choice.kind == "resume":
                 self.model = RunModel(kind=run.kind if run else None, release=run.release if run else None,
@@ -338,6 +389,8 @@ class ConsoleApp(App[int]):
 
     def _told(self, event: Event) -> None:
         """How an action without a run screen went: its notices as notifications, then a fresh poll."""
+        from celeryops.core.events import Notice
+
         if isinstance(event, Notice):
             self.notify(mask_text(event.message), severity="information" if event.level == "info" else "warning",
                         timeout=15)
@@ -350,7 +403,9 @@ class ConsoleApp(App[int]):
         self.action_request_quit()
 
     def action_request_quit(self) -> None:
-        if isinstance(self.screen, QuitScreen | ConfirmScreen):
+        from celeryops.console.screens.quit import QuitScreen
+
+        if self._in_dialog():
             return
         if self.read_only:  # a watcher owns no run: leaving it changes nothing
             self.exit(0)
@@ -374,6 +429,14 @@ class ConsoleApp(App[int]):
             self._report(err)
             return
         self.exit(EXIT_INTERRUPTED)
+
+
+def _close(calls: Iterable[Awaitable[None]]) -> None:
+    """Close the coroutines among ``calls`` that were not awaited (closing an awaited one does nothing)."""
+    for call in calls:
+        close = getattr(call, "close", None)
+        if close is not None:
+            close()
 
 
 def make_app(backend: ConsoleBackend, *, read_only: bool = False, clock: Callable[[], float] = time.time,

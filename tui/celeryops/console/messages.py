@@ -3,10 +3,13 @@ and become one of these; bursts of the same kind collapse (``can_replace``) so t
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from textual.message import Message
 
-from celeryops.core.events import DrainProgress, Event
-from celeryops.ops.backend.views import FleetView, SlotsView
+if TYPE_CHECKING:  # loaded with the first event or snapshot, after the console's first frame
+    from celeryops.core.events import DrainProgress, Event
+    from celeryops.ops.backend.views import FleetView, SlotsView
 
 
 class OpsEvent(Message):
@@ -53,6 +56,8 @@ class SlotsUpdated(Message):
 
 def to_message(event: Event) -> Message:
     """The message an ops event becomes."""
+    from celeryops.core.events import DrainProgress
+
     if isinstance(event, DrainProgress):
         return DrainUpdated(event)
     return OpsEvent(event)

@@ -5,26 +5,24 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from celeryops.adapters.deploy.base import RolloutEvent
-from celeryops.core import wording
 from celeryops.core.errors import EXIT_DEPLOY, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREFLIGHT, EXIT_TIMEOUT
-from celeryops.core.events import (
-    CheckUpdate,
-    DrainFinished,
-    DrainProgress,
-    DrainStarted,
-    Event,
-    FleetBack,
-    PhaseChanged,
-    PreflightDone,
-    RunFinished,
-    RunFollowed,
-    RunPhase,
-)
 from celeryops.core.masking import mask_text
-from celeryops.ops.backend.views import DeployTarget, WorkerView, fold_rollout
+
+if TYPE_CHECKING:  # imported by apply() with the first event: the console's first frame does not wait for them
+    from celeryops.core.events import (
+        CheckUpdate,
+        DrainFinished,
+        DrainProgress,
+        DrainStarted,
+        Event,
+        PreflightDone,
+        RunFinished,
+        RunFollowed,
+        RunPhase,
+    )
+    from celeryops.ops.backend.views import DeployTarget, WorkerView
 
 View = Literal["preflight", "drain", "deploy"]
 ACTIVE_PHASES = ("preflight", "ready", "stopping", "draining", "deploying", "deployed")
@@ -115,6 +113,9 @@ class RunModel:
 
     def apply(self, event: Event) -> None:
         """Fold one event into the model, and its line (:mod:`celeryops.core.wording`) into the event log."""
+        from celeryops.core import wording  # with the first event: the first frame does not wait for it
+        from celeryops.core.events import CheckUpdate, DrainFinished, RunFinished
+
         self._fold(event)
         said = wording.say(event)
         if said is None or (isinstance(event, CheckUpdate) and event.status not in ("warn", "fail")):
@@ -126,6 +127,20 @@ class RunModel:
             self.say("info", f"Logs URL: {event.logs_url}")
 
     def _fold(self, event: Event) -> None:
+        from celeryops.adapters.deploy.base import RolloutEvent
+        from celeryops.core.events import (
+            CheckUpdate,
+            DrainFinished,
+            DrainProgress,
+            DrainStarted,
+            FleetBack,
+            PhaseChanged,
+            PreflightDone,
+            RunFinished,
+            RunFollowed,
+        )
+        from celeryops.ops.backend.views import WorkerView, fold_rollout
+
         if isinstance(event, PhaseChanged):
             self.phase = event.phase
         elif isinstance(event, CheckUpdate):
@@ -151,6 +166,8 @@ class RunModel:
             self._follow(event)
 
     def _finished(self, event: RunFinished) -> None:
+        from celeryops.ops.backend.views import DeployTarget
+
         self.result = event
         if event.outcome == "deploy_failed":
             self.phase = "failed"

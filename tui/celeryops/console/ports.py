@@ -18,17 +18,18 @@ Contract for implementations:
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from celeryops.ops.backend.views import (
-    EventSink,
-    FleetView,
-    ReleasesView,
-    RunRecordView,
-    RunView,
-    SlotsView,
-    TimelineEntry,
-)
+if TYPE_CHECKING:  # annotations only: the console's first frame does not wait for the ops layer's views
+    from celeryops.ops.backend.views import (
+        EventSink,
+        FleetView,
+        ReleasesView,
+        RunRecordView,
+        RunView,
+        SlotsView,
+        TimelineEntry,
+    )
 
 
 class ConsoleBackend(Protocol):

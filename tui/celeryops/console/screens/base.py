@@ -73,6 +73,7 @@ class ConsoleScreen(Screen):
     def __init__(self, read_only: bool, **kwargs) -> None:
         super().__init__(**kwargs)
         self.read_only = read_only
+        self._footer_shown: tuple[object, ...] | None = None  # see refresh_footer
         if read_only and self.DANGEROUS:
             self._bindings = BindingsMap(b for _, b in self._bindings if b.action.split("(")[0] not in self.DANGEROUS)
 
@@ -89,6 +90,15 @@ class ConsoleScreen(Screen):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         return not (action in self.DANGEROUS and self.read_only)
+
+    def refresh_footer(self) -> None:
+        """``refresh_bindings()`` when the footer would show something else (a key enabled or disabled, added or
+        gone): Textual's Footer rebuilds every key on each call (recompose, layout, repaint), and the console renders
+        the run on every event, each drain poll included."""
+        shown = tuple((key, *active) for key, active in self.active_bindings.items())
+        if shown != self._footer_shown:
+            self._footer_shown = shown
+            self.refresh_bindings()
 
     def render_model(self, model: RunModel) -> None:
         """Show the run as the model has it now (called on every run event while this screen is on top)."""

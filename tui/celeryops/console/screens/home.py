@@ -3,6 +3,8 @@ the current run, and a ``/`` filter over workers, queues and task names."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -11,7 +13,9 @@ from textual.widgets import DataTable, Input, Static
 
 from celeryops.console.fmt import gauge, left, since, state_text
 from celeryops.console.screens.base import ConsoleScreen, Row, refill
-from celeryops.ops.backend.views import FleetView, RunSummary, SlotsView
+
+if TYPE_CHECKING:  # annotations only: the first frame does not wait for the ops layer's views
+    from celeryops.ops.backend.views import FleetView, RunSummary, SlotsView
 
 
 def _worker_matches(worker, needle: str, view: FleetView) -> bool:
@@ -77,7 +81,7 @@ class HomeScreen(ConsoleScreen):
         queues = self.query_one("#queues", DataTable)
         queues.border_title = "Queue depths"
         for key, label in (("name", "Queue"), ("depth", "Waiting"), ("consumers", "Consumers")):
-            queues.add_column(label, key=key)
+            queues.add_column(Text(label), key=key)  # as a str would be, without loading Rich's emoji table
         self.query_one("#gauges").border_title = "Slots"
         box = self.query_one("#filter", Input)
         box.display = False

@@ -7,9 +7,12 @@ An update costs what changed plus one screenful, not the table's size, where Tex
   :mod:`celeryops.console.timefmt` (humanize's text, without humanize's cost);
 - finished rows are removed in one pass and new ones appended in one (DataTable re-indexes every row per removal);
 - every row is one line high, so line y is row y (DataTable rebuilds a list of every line, and of every row, after
-  each change) and the idle size update measures only the new rows' cells;
-- painting the visible rows, which every update invalidates, skips Rich for plain-text cells and reads the
-  table's styles and settings once a frame instead of once a line or a cell.
+  each change) and the idle size update measures only the new rows' cells; the row index is rebuilt keyed by str
+  (a RowKey hashes in Python);
+- painting the visible rows, which every update invalidates, skips Rich for plain-text cells (the cursor's row
+  included), keeps the header's cells from one update to the next, and reads the table's styles and settings once
+  a frame instead of once a line or a cell; a layout of the screen with the table's sizes unchanged does not redraw
+  its scrollbars.
 These rely on DataTable internals of the pinned Textual (8.2.x): ``tests/console/test_task_table.py`` drives this
 table and a plain DataTable (public API, humanize texts) through the same polls and compares rows, cells, column
 widths, size and rendered lines; the snapshots compare the picture."""
@@ -57,6 +60,7 @@ from celeryops.console.widgets.task_rows import (
 from celeryops.core.events import TaskInfo
 
 _task_id = attrgetter("id")
+_key_value = attrgetter("value")
 _T = TypeVar("_T")
 
 __all__ = ["COLUMNS", "TaskTable", "cells", "eta_text", "matches", "plain_width", "running_for"]
@@ -73,6 +77,8 @@ class TaskTable(DataTable):
         self._filtered_by = ""  # the filter the rows were chosen with
         self._column_keys: dict[str, ColumnKey] = {}
         self._cell_style_cache: dict[tuple[Style, int, int, Style, Style], Style] = {}  # per row and column
+        self._header_cells: dict[tuple[object, ...], SegmentLines] = {}  # see _header_cell
+        self._sizes_seen: tuple[object, ...] = ()  # see _size_updated
 
     def on_mount(self) -> None:
         for key, label in COLUMNS:
@@ -167,10 +173,14 @@ class TaskTable(DataTable):
 
     def _render_cell(self, row_index: int, column_index: int, base_style: Style, width: int, cursor: bool = False,
                      hover: bool = False) -> SegmentLines:
-        """DataTable's, without Rich for a body cell of plain text that fits (nearly all of them): the same text and
-        styles in one segment (DataTable lays out Padding(Text) through Rich: ~0.1 ms a cell, ~20 ms a screenful,
-        and every update repaints the screenful). Other cells (header, cursor, hover, markup...) go to DataTable."""
-        if row_index >= 0 and column_index >= 0 and not cursor and not hover:
+        """DataTable's, without Rich for a body cell of plain text that fits (nearly all of them, the cursor's row
+        included): the same text and styles in one segment (DataTable lays out Padding(Text) through Rich: ~0.1 ms
+        a cell, ~20 ms a screenful, and every update repaints the screenful). Header cells are DataTable's, kept
+        from one update to the next (DataTable renders them again after every change to any row). Other cells
+        (markup, too wide...) go to DataTable."""
+        if row_index == -1 and column_index >= 0:
+            return self._header_cell(column_index, base_style, width, cursor, hover)
+        if row_index >= 0 and column_index >= 0:
             row_key = self._row_locations.get_key(row_index)
             row = self._data.get(row_key) if row_key is not None else None
             value = row.get(self._column_locations.get_key(column_index)) if row is not None else None  # type: ignore[arg-type]
@@ -178,7 +188,8 @@ class TaskTable(DataTable):
             padding, fixed_rows, fixed_columns = self._cell_layout()
             if text_width is not None and text_width + 2 * padding <= width:
                 assert isinstance(value, str)
-                component_style, post_style = self._cell_styles(row_index < fixed_rows or column_index < fixed_columns)
+                component_style, post_style = self._cell_styles(
+                    row_index < fixed_rows or column_index < fixed_columns, hover, cursor)
                 style_key = (base_style, row_index, column_index, component_style, post_style)
                 style = self._cell_style_cache.get(style_key)
                 if style is None:
@@ -197,11 +208,35 @@ class TaskTable(DataTable):
         """(cell padding, fixed rows, fixed columns): reactives, read once a frame."""
         return self._once_a_frame("layout", lambda: (self.cell_padding, self.fixed_rows, self.fixed_columns))
 
-    def _cell_styles(self, fixed: bool) -> tuple[Style, Style]:
-        """DataTable's component and post styles for a cell without cursor or hover."""
-        return self._once_a_frame(("cell", fixed), lambda: self._get_styles_to_render_cell(
-            False, False, fixed, False, False, self.show_cursor, self._show_hover_cursor,
+    def _cell_styles(self, fixed: bool, hover: bool, cursor: bool) -> tuple[Style, Style]:
+        """DataTable's component and post styles for a body cell."""
+        return self._once_a_frame(("cell", fixed, hover, cursor), lambda: self._get_styles_to_render_cell(
+            False, False, fixed, hover, cursor, self.show_cursor, self._show_hover_cursor,
             self.cursor_foreground_priority == "css", self.cursor_background_priority == "css"))
+
+    def _header_cell(self, column_index: int, base_style: Style, width: int, cursor: bool,
+                     hover: bool) -> SegmentLines:
+        """DataTable's header cell, rendered again only when what it shows changes: its label, width and styles
+        (the table's and its header's, which a theme or CSS change moves: :meth:`notify_style_update` forgets them)."""
+        key = self._column_locations.get_key(column_index)
+        column = self.columns.get(key) if key is not None else None
+        if column is None:
+            return super()._render_cell(-1, column_index, base_style, width, cursor, hover)
+        label = column.label
+        cache_key = (column_index, label.plain, label.style, tuple(label.spans), label.justify, label.overflow,
+                     base_style, width, cursor, hover, self.show_cursor, self._show_hover_cursor, self.cell_padding,
+                     self._pseudo_class_state, self.cursor_foreground_priority, self.cursor_background_priority)
+        cell = self._header_cells.get(cache_key)
+        if cell is None:
+            if len(self._header_cells) >= 256:
+                self._header_cells.clear()
+            cell = self._header_cells[cache_key] = super()._render_cell(-1, column_index, base_style, width, cursor,
+                                                                        hover)
+        return cell
+
+    def notify_style_update(self) -> None:
+        self._header_cells.clear()
+        super().notify_style_update()
 
     def _measure_cell(self, value: object) -> int:
         if isinstance(value, str):
@@ -209,6 +244,16 @@ class TaskTable(DataTable):
             if width is not None:
                 return width
         return measure(self.app.console, default_cell_formatter(value, wrap=False, height=1), 1)
+
+    def _size_updated(self, size: Size, virtual_size: Size, container_size: Size, layout: bool = True) -> bool:
+        """ScrollView's, skipped when called again with what it was last called with, the table's own virtual size
+        and gutter unchanged: ScrollView compares the compositor's virtual size with the one the table sets itself,
+        which always differ, so every layout of the screen (each drain poll) redrew the scrollbars (~3 ms)."""
+        seen = (size, virtual_size, container_size, self.virtual_size, self.styles.gutter)
+        if seen == self._sizes_seen:
+            return self.container_size != container_size  # what ScrollView returns for the same sizes again
+        self._sizes_seen = seen
+        return super()._size_updated(size, virtual_size, container_size, layout)
 
     def _update_dimensions(self, new_rows: Iterable[RowKey]) -> None:
         """DataTable's, for one-line rows without labels: widen the columns for the new rows' cells, then set the
@@ -236,9 +281,15 @@ class TaskTable(DataTable):
         if not keys:
             return
         gone = set(keys)
-        reverse = self._row_locations._reverse
-        order = [key for key in map(reverse.__getitem__, range(len(reverse))) if key.value not in gone]
-        self._row_locations = TwoWayDict({key: index for index, key in enumerate(order)})
+        locations = self._row_locations
+        order = list(map(locations._reverse.__getitem__, range(len(locations))))
+        kept: list[RowKey] = []
+        start = 0
+        for index in sorted(i for i in map(locations.get, gone) if i is not None):  # type: ignore[arg-type]
+            kept += order[start:index]  # the rows between two removed ones, one slice at a time
+            start = index + 1
+        kept += order[start:]
+        self._row_locations = _row_index(kept)
         rows, data, updated_cells, shown = self.rows, self._data, self._updated_cells, self._rows
         for key in gone:
             row = data.pop(key, None)  # type: ignore[call-overload]  # RowKey hashes and compares like its str
@@ -307,9 +358,8 @@ class TaskTable(DataTable):
         kept: list[str] = []  # rows kept, when the filter changed
         fresh: dict[str, TaskInfo] = {}
         updated = 0
-        for task in tasks:
-            key = task.id
-            old = get(key)
+        ids = list(map(_task_id, tasks))
+        for key, task, old in zip(ids, tasks, map(get, ids), strict=True):
             if old is None or not same_filter:
                 if needle and not matches(task, needle):
                     continue
@@ -319,23 +369,33 @@ class TaskTable(DataTable):
                 kept.append(key)
             state, runtime = task.state, task.runtime
             if state == "active" and runtime is not None:
+                if old.low < runtime < old.high:
+                    continue  # the text holds for this runtime (the row shows an active task: see _Shown)
                 seconds = round(runtime)
                 if seconds < 0:
                     seconds = 0
                 if old.since <= seconds < old.until and state == old.state:
-                    continue  # the text holds for this runtime
+                    continue
                 running, old.until = natural_span(seconds)
                 old.since = seconds
+                # round(x) is in [since, until) for every x strictly between since - 0.5 and until - 0.5
+                old.low, old.high = seconds - 0.5, old.until - 0.5
+                old.shown_for = None
             else:
+                shown_for = (state, task.eta)  # the text depends on nothing else here
+                if shown_for == old.shown_for:
+                    continue
                 running = running_for(task)
                 old.since = old.until = 0
+                old.low = old.high = 0.0
+                old.shown_for = shown_for
             if running != old.running or state != old.state:
                 # As update_cell() does, minus one refresh per cell: one refresh for the whole update below.
                 old.cells[running_column] = old.running = running
                 if state != old.state:
                     old.cells[state_column] = old.state = state
                 updated += 1
-        removed = shown.keys() - (set(map(_task_id, tasks)) if same_filter else set(kept))
+        removed = shown.keys() - (set(ids) if same_filter else set(kept))
         cursor_key = self._row_locations.get_key(self.cursor_row) if removed and shown else None
         self.remove_rows(removed)
         self.append_rows([(key, cells(task)) for key, task in fresh.items()])
@@ -350,6 +410,16 @@ class TaskTable(DataTable):
         return len(fresh), updated, len(removed)
 
 
+def _row_index(order: list[RowKey]) -> TwoWayDict[RowKey, int]:
+    """DataTable's row index (row key <-> index) for rows in this order. Its forward map is keyed by each key's str
+    (a RowKey finds the same entry: same hash, and they compare equal): a RowKey hashes in Python code, 10,000 of
+    them ~4 ms, where a str's hash is computed once and kept."""
+    index: TwoWayDict[RowKey, int] = TwoWayDict({})
+    index._forward = dict(zip(map(_key_value, order), range(len(order)), strict=True))  # type: ignore[arg-type]
+    index._reverse = dict(enumerate(order))
+    return index
+
+
 class _RowFrame(NamedTuple):
     show_cursor: bool
     show_hover_cursor: bool
@@ -360,10 +430,14 @@ class _RowFrame(NamedTuple):
 
 class _Shown:
     """What a row shows of its task: State and Running for, the range of whole seconds of runtime over which that
-    text holds (empty when not active), and the row's cells in the DataTable (updated in place)."""
+    text holds (empty when not active), the same as an open range of runtimes (``low < runtime < high``: checked
+    without rounding; empty unless the row shows an active task), for a task not running the (state, ETA) its text
+    was made for, and the row's cells in the DataTable (updated in place)."""
 
-    __slots__ = ("cells", "running", "since", "state", "until")
+    __slots__ = ("cells", "high", "low", "running", "shown_for", "since", "state", "until")
 
     def __init__(self, state: str, running: str, cells: dict[ColumnKey, Any]) -> None:
         self.state, self.running, self.cells = state, running, cells
         self.since = self.until = 0
+        self.low = self.high = 0.0
+        self.shown_for: tuple[str, str | None] | None = None
