@@ -49,8 +49,9 @@ COMMAND_TABLE: dict[str, tuple[str, str]] = {
     "resume": ("drain", "Continue the fleet's interrupted run from its phase (same settings): drain again, then "
                         "deploy if it is a deploy run; a deploy already started finishes by the rollout's outcome."),
     "runs": ("runs", "List the runs recorded in the local journal, newest first. Reads only."),
-    "slots": ("slots", "Show CPU/GPU slot pools: totals, used, free, the hosts adding to a global pool, holders and "
-                       "their leases, waiting requests."),
+    "slots": ("slots", "Show CPU/GPU slot pools per host: totals, used, free, each GPU device (free or held by which "
+                       "task), the hosts adding to the global pool of shared types, holders and their leases, "
+                       "waiting requests."),
     "status": ("runs", "Show the fleet's current run (phase, age, owner) and what recovery would do. Reads only."),
     "watch": ("console", "Follow the fleet and its live run, read-only: nothing is stopped, started or written."),
 }

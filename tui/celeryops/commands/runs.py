@@ -16,7 +16,6 @@ import click
 import humanize
 import redis
 
-from celeryops.adapters.fleet import Fleet
 from celeryops.commands.common import FleetSpec, fleet_options, state_dir_option
 from celeryops.core.errors import UserError
 from celeryops.core.events import RUN_PHASES
@@ -238,6 +237,8 @@ def ask_stranded(fleet_spec: FleetSpec, run: Run | None, notes: list[str]) -> tu
     found = last_restore(run) if run is not None else None
     if not found or not found[0]:
         return ()
+    from celeryops.adapters.fleet import Fleet  # Celery loads only when there is a restore to check
+
     try:
         fleet = Fleet(fleet_spec.celery_app(), timeout=2.0)
     except UserError:
