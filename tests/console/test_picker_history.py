@@ -197,7 +197,8 @@ async def test_the_console_answers_keys_while_redis_is_paused(tmp_path: Path, ow
     """A Redis that does not answer (its process stopped by SIGSTOP until the test resumes it) holds every command
     of the console's Redis connections (the fleet poll, the published status, the slot pool, the lease read behind
     the resume panel, w's journal and lease read): the screen still answers keys, and none of those reads runs on
-    its event loop's thread (one there would hold the loop until Redis answers: the screen would freeze)."""
+    its event loop's thread, while Redis is stopped or after (one there would hold the loop until Redis answers:
+    the screen would freeze)."""
     journal_runs(tmp_path / "state")
     backend = backend_for(own_redis.url, tmp_path / "state")
     admin = redis.Redis.from_url(own_redis.url)
@@ -216,16 +217,18 @@ async def test_the_console_answers_keys_while_redis_is_paused(tmp_path: Path, ow
             frozen, calls.watching = True, True
             app.poll_now()  # a fleet poll starts against the stopped server and hangs there
             await pilot.pause(0.1)
-            for key, screen in (("w", HomeScreen), ("s", SlotsScreen), ("h", HomeScreen), ("r", RunsScreen),
-                                ("h", HomeScreen)):
+            # w last: once its read returns (Redis answers, or its socket times out) it opens the resume panel
+            for key, screen in (("s", SlotsScreen), ("h", HomeScreen), ("r", RunsScreen), ("h", HomeScreen),
+                                ("w", HomeScreen)):
                 await pilot.press(key)
                 await until(pilot, lambda s=screen: isinstance(app.screen, s), 30, f"{key} to show {screen}")
-            calls.watching = False
             os.kill(server_pid, signal.SIGCONT)
             frozen = False
+            await until(pilot, lambda: not app._polling and isinstance(app.screen, ResumeScreen), 60,
+                        "the poll to finish and w's read to open the resume panel, once Redis answers again")
+            calls.watching = False
             assert calls.elsewhere, "the console asked the stopped Redis nothing: the test proves nothing"
             assert not calls.on_loop, f"Redis calls on the console's event loop thread: {calls.on_loop}"
-            await until(pilot, lambda: not app._polling, 60, "the poll to finish after Redis answers again")
     finally:
         if frozen:
             os.kill(server_pid, signal.SIGCONT)
