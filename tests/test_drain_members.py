@@ -95,8 +95,9 @@ def test_silent_plain_worker_is_named_with_the_remedy_and_forget_works(
     (hung,) = start_workers(redis_url, queues=[queue_name])
     hung.signal(signal.SIGSTOP)  # hung (or its host vanished): its connection stays open, no evidence either way
     try:
+        # Its restore cannot be confirmed by the hung worker: asked again for a short recovery patience only.
         drain = CliProcess(["drain", "--broker", redis_url, "-Q", queue_name, "--interval", "0.4",
-                            "--max-wait", "3", "--json"], env)
+                            "--max-wait", "3", "--json"], {**env, "CELERYOPS_RECOVERY_PATIENCE": "2"})
         polls = [drain.wait_event("poll", WAIT) for _ in range(2)]
         assert [hung.nodename] == list(polls[0]["silent"]) == list(polls[1]["silent"]), polls
         assert polls[1]["silent"][hung.nodename] > polls[0]["silent"][hung.nodename] >= 0
