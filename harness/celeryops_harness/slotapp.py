@@ -19,7 +19,7 @@ from typing import Any
 from celery import Celery, Task
 
 from celeryops import slots
-from celeryops_harness.taskapp import mark_finish, mark_start, record
+from celeryops_harness.taskapp import HOLD_LIMIT, gate_key, mark_finish, mark_start, record
 
 BROKER = os.environ.get("CELERYOPS_TEST_BROKER", "redis://127.0.0.1:6379/0")
 
@@ -39,14 +39,15 @@ _MAX = "local r = redis.call('INCR', KEYS[1]) if r > tonumber(redis.call('GET', 
        "redis.call('SET', KEYS[2], r) end return r"
 
 
-def _run(task: Task[Any, Any], seconds: float, tag: str) -> str:
+def _run(task: Task[Any, Any], seconds: float, tag: str, gate: str | None = None) -> str:
+    """Inside the task's slots for ``seconds``, or until ``gate`` is released (``taskapp.release``)."""
     r = record()
     mark_start(task)
     r.eval(_MAX, 2, "ct:slots:running", "ct:slots:max")
     r.rpush("ct:slots:order", tag)
     try:
-        deadline = time.monotonic() + float(seconds)
-        while time.monotonic() < deadline:
+        deadline = time.monotonic() + (HOLD_LIMIT if gate else float(seconds))
+        while time.monotonic() < deadline and not (gate and r.exists(gate_key(gate))):
             time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
     finally:
         r.decr("ct:slots:running")
@@ -58,6 +59,12 @@ def _run(task: Task[Any, Any], seconds: float, tag: str) -> str:
 def slot_sleep(self: Task[Any, Any], seconds: float = 1.0, tag: str = "") -> str:
     """Holds 2 cpu slots while sleeping."""
     return _run(self, seconds, tag)
+
+
+@app.task(bind=True, base=slots.SlotTask, slots={"cpu": 2}, name="celeryops.testing.slot_hold")
+def slot_hold(self: Task[Any, Any], gate: str, tag: str = "") -> str:
+    """Holds 2 cpu slots until the test releases ``gate``."""
+    return _run(self, 0.0, tag, gate)
 
 
 @app.task(bind=True, base=slots.SlotTask, name="celeryops.testing.slot_kw")
