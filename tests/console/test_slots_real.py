@@ -14,28 +14,30 @@ from test_flows import backend_for, console, press, until
 from celeryops.console.fmt import gauge
 from celeryops.console.screens.slots import SlotsScreen
 from celeryops.ops.console_backend import OpsBackend
-from celeryops_harness.slotapp import slot_sleep
+from celeryops_harness.slotapp import slot_hold
+from celeryops_harness.taskapp import release
 
 BASE = {"CELERYOPS_SLOTS_DETECT": "0", "CELERYOPS_TEST_SLOT_COUNTDOWN": "0.3", "CELERYOPS_SLOTS_LEASE_TTL": "5",
         "CELERYOPS_SLOTS_GPU": "0"}
 
 
-def send(broker: str, queue: str, seconds: float, tag: str) -> str:
-    with slot_sleep.app.connection_for_write(broker) as conn:
-        return str(slot_sleep.apply_async(args=(seconds, tag), queue=queue, connection=conn).id)
+def send(broker: str, queue: str, tag: str) -> str:
+    """A task that holds (or waits for) 2 cpu slots until the test ends (gate: the queue's name)."""
+    with slot_hold.app.connection_for_write(broker) as conn:
+        return str(slot_hold.apply_async(args=(queue, tag), queue=queue, connection=conn).id)
 
 
 async def test_every_pool_with_holders_waiters_and_no_capacity_types(
-        tmp_path: Path, redis_url: str, start_workers: Any, queue_name: str) -> None:
+        tmp_path: Path, redis_url: str, redis_client: Any, start_workers: Any, queue_name: str) -> None:
     q_host, q_global = f"{queue_name}-h", f"{queue_name}-g"
     (host_worker,) = start_workers(redis_url, app="celeryops_harness.slotapp", concurrency=2, queues=[q_host],
                                    env={**BASE, "CELERYOPS_SLOTS_SCOPE": "host", "CELERYOPS_SLOTS_HOST": "host-a",
                                         "CELERYOPS_SLOTS_CPU": "2"})
     (global_worker,) = start_workers(redis_url, app="celeryops_harness.slotapp", concurrency=2, queues=[q_global],
                                      env={**BASE, "CELERYOPS_SLOTS_HOST": "host-b", "CELERYOPS_SLOTS_CPU": "4"})
-    send(redis_url, q_host, 30.0, "holds host-a")  # 2 cpu of host-a's 2: the next one waits
-    send(redis_url, q_host, 30.0, "waits on host-a")
-    send(redis_url, q_global, 30.0, "holds global")
+    send(redis_url, q_host, "holds host-a")  # 2 cpu of host-a's 2: the next one waits
+    send(redis_url, q_host, "waits on host-a")
+    send(redis_url, q_global, "holds global")
     backend: OpsBackend = backend_for(redis_url, tmp_path / "state")
     try:
         deadline = time.monotonic() + 60
@@ -54,10 +56,10 @@ async def test_every_pool_with_holders_waiters_and_no_capacity_types(
         assert (cpu.total, cpu.used) == (2, 2)
         assert {r.name: r.total for r in global_pool.resources}.get("cpu") == 4
         holder = next(h for h in host_pool.holders)
-        assert holder.task == "celeryops.testing.slot_sleep" and holder.worker == host_worker.nodename
+        assert holder.task == "celeryops.testing.slot_hold" and holder.worker == host_worker.nodename
         assert holder.slots == {"cpu": 2} and holder.age >= 0 and not holder.expired
         waiter = host_pool.waiting[0]
-        assert waiter.task == "celeryops.testing.slot_sleep" and waiter.worker == host_worker.nodename
+        assert waiter.task == "celeryops.testing.slot_hold" and waiter.worker == host_worker.nodename
         assert global_pool.holders[0].worker == global_worker.nodename
         gpu = {r.name: r for r in host_pool.resources}["gpu"]  # CELERYOPS_SLOTS_GPU=0: no capacity
         assert (gpu.total, gpu.used) == (0, 0)
@@ -80,5 +82,7 @@ async def test_every_pool_with_holders_waiters_and_no_capacity_types(
             holders = screen.query_one("#holders")
             assert holders.row_count >= 2
     finally:
+        release(redis_client, q_host)
+        release(redis_client, q_global)
         await backend.close()
         backend.close_sync()
