@@ -69,6 +69,7 @@ def slot_hold(self: Task[Any, Any], gate: str, tag: str = "") -> str:
 
 @app.task(bind=True, base=slots.SlotTask, name="celeryops.testing.slot_kw")
 def slot_kw(self: Task[Any, Any], seconds: float = 1.0, tag: str = "", resource_type: str = "cpu",
-            resource_slots: int = 1) -> str:
-    """The seed's way: the needs come from the kwargs resource_type / resource_slots."""
-    return _run(self, seconds, tag)
+            resource_slots: int = 1, gate: str | None = None) -> str:
+    """The seed's way: the needs come from the kwargs resource_type / resource_slots (held until ``gate`` is
+    released, if given)."""
+    return _run(self, seconds, tag, gate)
