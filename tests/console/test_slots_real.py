@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from test_flows import backend_for, console, press, until
+from textual.widgets import DataTable
 
 from celeryops.console.fmt import gauge
 from celeryops.console.screens.slots import SlotsScreen
@@ -72,8 +73,11 @@ async def test_every_pool_with_holders_waiters_and_no_capacity_types(
         app = console(backend)
         async with app.run_test(size=(120, 40)) as pilot:
             await press(pilot, "s")
-            await until(pilot, lambda: isinstance(app.screen, SlotsScreen) and app.screen.view is not None, 30,
-                        "the slots screen")
+            # show_slots sets the view first, then mounts the gauges and fills the tables; the waiting table
+            # (never empty: rows or "nobody is waiting") is filled last.
+            await until(pilot, lambda: isinstance(app.screen, SlotsScreen) and app.screen.view is not None
+                        and app.screen.query_one("#waiting", DataTable).row_count > 0, 30,
+                        "the slots screen to show a snapshot")
             screen = app.screen
             assert isinstance(screen, SlotsScreen)
             titles = [str(w.render()) for w in screen.query(".pool-title")]
