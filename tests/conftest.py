@@ -5,9 +5,12 @@ Nothing here mocks Redis or Celery. Waiting is done on conditions with deadlines
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,11 +19,18 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from hypothesis import HealthCheck, settings
 
 from celeryops.demo.standins.redis_server import RedisServer
 from celeryops_harness.workers import WorkerProcess, control_app, wait_for
 
 AMQP_HOST = "127.0.0.1:5672"
+
+# Property tests check results, not speed: no per-example deadline (a loaded machine stretches an example past
+# Hypothesis's 200 ms, which it then reports as a failure or as "Unreliable test timings"), and slow generation of
+# examples is no failure either. Loaded before the test modules, so their own @settings inherit it.
+settings.register_profile("celeryops", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("celeryops")
 
 # Keep test runs away from the operator's real state dir and config.
 _worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
@@ -121,6 +131,14 @@ def start_workers(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Ca
         return batch
 
     yield start
+    # A cold shutdown takes a worker ~1.5 s: all of them at once, then each is made sure of (SIGKILL at worst).
+    for w in started:
+        w.signal(signal.SIGQUIT)
+    deadline = time.monotonic() + 3.0
+    for w in started:
+        if w.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                w.proc.wait(max(0.0, deadline - time.monotonic()))
     for w in started:
         w.stop()
 

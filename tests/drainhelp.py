@@ -6,7 +6,7 @@ from typing import Any
 
 import redis
 
-from celeryops_harness.taskapp import sleep
+from celeryops_harness.taskapp import hold, sleep
 
 
 def enqueue(broker: str, queue: str, seconds: float, n: int = 1, **options: Any) -> list[str]:
@@ -15,6 +15,12 @@ def enqueue(broker: str, queue: str, seconds: float, n: int = 1, **options: Any)
         for i in range(n):
             ids.append(sleep.apply_async(args=(seconds, f"t{i}"), queue=queue, connection=conn, **options).id)
     return ids
+
+
+def enqueue_hold(broker: str, queue: str, gate: str, n: int = 1, **options: Any) -> list[str]:
+    """Tasks that run until the test calls ``taskapp.release(record_client, gate)``."""
+    with hold.app.connection_for_write(broker) as conn:
+        return [hold.apply_async(args=(gate, f"h{i}"), queue=queue, connection=conn, **options).id for i in range(n)]
 
 
 def runs(client: redis.Redis, task_id: str) -> dict[str, Any]:

@@ -32,7 +32,10 @@ from celeryops.ops.journal import Journal
 from celeryops_harness.workers import WorkerProcess
 from clihelp import cli_env, run_cli
 
-pytestmark = pytest.mark.slow
+# One worker plays the table (its module fixture runs every row): on several xdist workers it was played on each.
+# The first test's setup plays all 46 rows (each CLI bounded by run_cli's 120 s): 4 minutes on a heavily loaded
+# 2-core machine, so it gets more than pytest-timeout's 300 s per test.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("bad-input"), pytest.mark.timeout(900)]
 
 BRANCH = "release-1"
 PASSWORD = "right-pw"

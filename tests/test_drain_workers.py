@@ -10,9 +10,10 @@ import pytest
 import redis
 from celery import Celery
 
+from celeryops_harness.taskapp import release
 from celeryops_harness.workers import WorkerProcess, wait_for
 from clihelp import CliProcess, cli_env, run_cli
-from drainhelp import enqueue, finished, runs, started
+from drainhelp import enqueue, enqueue_hold, finished, runs, started
 
 pytestmark = pytest.mark.slow
 
@@ -85,11 +86,12 @@ def test_busy_solo_worker_is_unknown_not_zero(redis_url: str, start_workers, red
     solo_q = queue_name + "-solo"
     (solo,) = start_workers(redis_url, pool="solo", queues=[solo_q])
     start_workers(redis_url, n=1, queues=[queue_name])
-    (tid,) = enqueue(redis_url, solo_q, 20.0)  # busy well past the drain's preflight and first poll
+    (tid,) = enqueue_hold(redis_url, solo_q, gate=solo_q)  # busy until the first poll has seen it
     wait_for(lambda: started(redis_client, [tid]), 30, "the solo task to start")
     drain = CliProcess(["drain", "--broker", redis_url, "-Q", queue_name, "-Q", solo_q, *FAST, "--json"], env)
     poll = drain.wait_event("poll", 30)
     assert solo.nodename in poll["unknown"], poll
+    release(redis_client, solo_q)
     drained = drain.wait_event("drained", 60)
     assert drain.finish() == 0
     assert runs(redis_client, tid)["finished"] <= drained["_at"]
@@ -98,11 +100,12 @@ def test_busy_solo_worker_is_unknown_not_zero(redis_url: str, start_workers, red
 def test_reserved_tasks_are_counted_and_waited_for(redis_url: str, start_workers, redis_client: redis.Redis,
                                                    queue_name: str, env: dict[str, str]) -> None:
     start_workers(redis_url, queues=[queue_name], concurrency=1, prefetch=4)
-    ids = enqueue(redis_url, queue_name, 3.0, n=4)  # long enough to still hold 3 prefetched at the first poll
+    ids = enqueue_hold(redis_url, queue_name, gate=queue_name, n=4)  # one runs, 3 prefetched until released
     wait_for(lambda: started(redis_client, ids), 30, "the first task to start")
     drain = CliProcess(["drain", "--broker", redis_url, "-Q", queue_name, *FAST, "--json"], env)
     with_reserved = drain.wait_event("poll", 30, where=lambda e: e["reserved"] > 0)
     assert with_reserved["streak"] == 0
+    release(redis_client, queue_name)
     drained = drain.wait_event("drained", 60)
     assert drain.finish() == 0
     assert sorted(finished(redis_client, ids)) == sorted(ids)  # the prefetched ones ran: none lost
@@ -112,7 +115,7 @@ def test_reserved_tasks_are_counted_and_waited_for(redis_url: str, start_workers
 def test_timeout_kills_nothing_and_restores(broker_url: str, celery_app: Celery, start_workers,
                                             redis_client: redis.Redis, queue_name: str, env: dict[str, str]) -> None:
     (worker,) = start_workers(broker_url, queues=[queue_name])
-    (tid,) = enqueue(broker_url, queue_name, 25.0)  # outlasts the CLI's start, its preflight and the max wait
+    (tid,) = enqueue_hold(broker_url, queue_name, gate=queue_name)  # runs until the drain has timed out
     wait_for(lambda: started(redis_client, [tid]), 30, "the long task to start")
     drain = CliProcess(["drain", "--broker", broker_url, "-Q", queue_name, "--interval", "0.3", "--max-wait", "1",
                         "--json"], env)
@@ -121,6 +124,7 @@ def test_timeout_kills_nothing_and_restores(broker_url: str, celery_app: Celery,
     assert not redis_client.hget(f"ct:run:{tid}", "finished"), "the task must still be running at the timeout"
     assert any(e["event"] == "restored" and e["verified"] for e in drain.events)
     assert consuming(celery_app, worker) == {queue_name}
+    release(redis_client, queue_name)
     wait_for(lambda: finished(redis_client, [tid]), 60, "the long task to run to its end")
     assert runs(redis_client, tid)["runs"] == 1
     assert timeout["message"]
@@ -130,7 +134,7 @@ def test_sigint_restores_consumers_and_exits_130(broker_url: str, celery_app: Ce
                                                  redis_client: redis.Redis, queue_name: str,
                                                  env: dict[str, str]) -> None:
     (worker,) = start_workers(broker_url, queues=[queue_name])
-    (tid,) = enqueue(broker_url, queue_name, 30.0)
+    (tid,) = enqueue_hold(broker_url, queue_name, gate=queue_name)  # never released: must run past the SIGINT
     wait_for(lambda: started(redis_client, [tid]), 30, "the task to start")
     drain = CliProcess(["drain", "--broker", broker_url, "-Q", queue_name, *FAST, "--json"], env)
     drain.wait_event("poll", 30)
@@ -164,11 +168,12 @@ def test_task_events_trigger_an_early_poll(redis_url: str, start_workers, redis_
     """With workers sending task events (-E), the drain polls again as soon as the in-flight tasks end instead of
     waiting out the interval; the verdict still needs the full streak of empty polls."""
     start_workers(redis_url, queues=[queue_name], env={"CELERYOPS_TEST_EVENTS": "1"})
-    (tid,) = enqueue(redis_url, queue_name, 15.0)  # still running after the CLI's start and preflight under load
+    (tid,) = enqueue_hold(redis_url, queue_name, gate=queue_name)  # ends once a poll has seen it running
     wait_for(lambda: started(redis_client, [tid]), 30, "the task to start")
     drain = CliProcess(["drain", "--broker", redis_url, "-Q", queue_name, "--interval", "30", "--streak", "2",
                         "--max-wait", "300", "--json"], env)
     drain.wait_event("poll", 30, where=lambda e: e["active"] == 1)
+    release(redis_client, queue_name)
     woke = drain.wait_event("notice", 60, where=lambda e: "polling again now" in e["message"])
     after = drain.wait_event("poll", 30)
     assert after["streak"] == 1 and after["active"] == 0
@@ -185,10 +190,11 @@ def test_an_unconfirmed_restore_is_confirmed_by_abort_again(redis_url: str, star
     (rather than "no unfinished run"), and a third ``abort`` has nothing left to do."""
     (solo,) = start_workers(redis_url, pool="solo", queues=[queue_name])
     start_workers(redis_url, queues=[queue_name + "-other"])  # one worker answers the drain's preflight
-    (tid,) = enqueue(redis_url, queue_name, 20.0)  # busy through the drain's timeout and its restore
+    (tid,) = enqueue_hold(redis_url, queue_name, gate=queue_name)  # busy through the drain's timeout and restore
     wait_for(lambda: started(redis_client, [tid]), 30, "the solo task to start")
+    # The restore asks the busy worker again for the whole recovery patience (shortened here) before it says so.
     drain = CliProcess(["drain", "--broker", redis_url, "-Q", queue_name, "--interval", "0.3", "--max-wait", "1",
-                        "--json"], env)
+                        "--json"], {**env, "CELERYOPS_RECOVERY_PATIENCE": "2"})
     drain.wait_event("timeout", 60)
     assert drain.finish() == 3
     (restored,) = [e for e in drain.events if e["event"] == "restored"]
@@ -200,6 +206,7 @@ def test_an_unconfirmed_restore_is_confirmed_by_abort_again(redis_url: str, star
     said = run_cli(["status", "--broker", redis_url], env).stdout
     assert "without confirming" in said and solo.nodename in said and "celeryops abort" in said, said
 
+    release(redis_client, queue_name)
     wait_for(lambda: finished(redis_client, [tid]), 60, "the solo task to end")
     again = run_cli(["abort", "--broker", redis_url, "--json"], env)
     assert again.returncode == 0, again.stderr
@@ -223,16 +230,17 @@ def test_an_unconfirmed_restore_is_found_from_another_machine(redis_url: str, st
     and abort with no open run read the fleet's copy of the journal, so a teammate sees it and confirms it."""
     (solo,) = start_workers(redis_url, pool="solo", queues=[queue_name])
     start_workers(redis_url, queues=[queue_name + "-other"])
-    (tid,) = enqueue(redis_url, queue_name, 20.0)
+    (tid,) = enqueue_hold(redis_url, queue_name, gate=queue_name)  # busy through the drain's timeout and restore
     wait_for(lambda: started(redis_client, [tid]), 30, "the solo task to start")
     drain = CliProcess(["drain", "--broker", redis_url, "-Q", queue_name, "--interval", "0.3", "--max-wait", "1",
-                        "--json"], env)
+                        "--json"], {**env, "CELERYOPS_RECOVERY_PATIENCE": "2"})
     drain.wait_event("timeout", 60)
     assert drain.finish() == 3
     teammate = cli_env(tmp_path / "teammate", CELERYOPS_REDIS_URL=redis_url)
     seen = json.loads(run_cli(["status", "--broker", redis_url, "--json"], teammate).stdout)
     assert seen["run"] is None and seen["unconfirmed"]["consumers"] == {solo.nodename: [queue_name]}, seen
 
+    release(redis_client, queue_name)
     wait_for(lambda: finished(redis_client, [tid]), 60, "the solo task to end")
     again = run_cli(["abort", "--broker", redis_url, "--json"], teammate)
     assert again.returncode == 0, again.stderr

@@ -34,7 +34,7 @@ from celeryops.fence import (
     registry_key,
 )
 from celeryops.ops.preflight.checks import fence_plugin_check
-from celeryops_harness.taskapp import noop, sleep
+from celeryops_harness.taskapp import hold, noop, release, sleep
 from celeryops_harness.workers import WorkerProcess, wait_for
 
 FENCE_APP = "celeryops_harness.fenceapp"
@@ -374,7 +374,8 @@ def test_busy_solo_worker_keeps_its_registry_entry_alive(
 ) -> None:
     (worker,) = start_workers(redis_url, app=FENCE_APP, pool="solo", concurrency=1, queues=[queue_name],
                               env={**FAST, "CELERYOPS_FENCE_REGISTRY_TTL": "2"})
-    (task_id,) = publish(redis_url, queue_name, 1, seconds=30)
+    with hold.app.connection_for_write(redis_url) as conn:  # busy until the test is done with it
+        task_id = hold.apply_async(args=(queue_name,), queue=queue_name, connection=conn).id
     wait_for(lambda: redis_client.hget(f"ct:run:{task_id}", "started"), WAIT, "the long task to start")
     busy = entry(redis_client, worker)
     assert busy is not None
@@ -386,6 +387,7 @@ def test_busy_solo_worker_keeps_its_registry_entry_alive(
     # ...but its plugin thread keeps beating.
     wait_entry(redis_client, worker, "heartbeats while busy", lambda i: i.beats >= busy.beats + 3)
     assert not redis_client.hget(f"ct:run:{task_id}", "finished")
+    release(redis_client, queue_name)
 
     worker.kill()  # no goodbye: the entry stops counting when its TTL runs out
     wait_for(lambda: entry(redis_client, worker) is None, WAIT, "the killed worker's entry to expire")

@@ -23,9 +23,10 @@ from celeryops.demo.standins.gitrepo import GitFixture
 from celeryops.demo.standins.registry import RegistryStandIn
 from celeryops.demo.standins.workers import CeleryInstances
 from celeryops.fence import FenceStore, PluginWorkerInfo, plugin_workers
+from celeryops_harness import taskapp
 from celeryops_harness.workers import WorkerProcess, wait_for
 from clihelp import CliProcess, cli_env, run_cli
-from drainhelp import enqueue, finished, runs, started
+from drainhelp import enqueue, enqueue_hold, finished, runs, started
 from e2ehelp import active_queues
 
 pytestmark = pytest.mark.slow
@@ -96,7 +97,7 @@ def test_worker_started_mid_drain_runs_nothing_until_abort(redis_url: str, redis
     once; the plugin worker fetches nothing during the drain, nor after the drained verdict (the run stays open
     and holds the fleet), until ``celeryops abort`` ends the run."""
     (first,) = start_workers(redis_url, app=FENCE_APP, queues=[queue_name], env=PLUGIN)
-    (busy,) = enqueue(redis_url, queue_name, 8.0)
+    (busy,) = enqueue_hold(redis_url, queue_name, queue_name)  # holds the drain open until the late worker is seen
     wait_for(lambda: started(redis_client, [busy]), WAIT, "the long task to start")
     drain = CliProcess(["drain", "--broker", redis_url, "-Q", queue_name, "--interval", "2", "--streak", "1",
                         "--json"], env)
@@ -107,6 +108,7 @@ def test_worker_started_mid_drain_runs_nothing_until_abort(redis_url: str, redis
         info = held_for_a_while(redis_client, late, queue_name)
         assert info.fence_run_id, info
         assert not started(redis_client, ids), "a task started on a worker that joined mid-drain"
+        taskapp.release(redis_client, queue_name)
         drained = drain.wait_event("drained", WAIT)
         assert drain.finish() == 0, drain.read_stderr()
     finally:

@@ -9,12 +9,14 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
 from celeryops.core.errors import UserError
 from celeryops.ops.journal import PHASES, InvalidTransition, Journal, Phase, UnknownRun, journal_path, new_run_id
+from celeryops.ops.journal import db as journal_db
 from celeryops.ops.run.recovery import plan
 
 # The documented transitions, written out independently of the module's table.
@@ -224,6 +226,52 @@ def test_corrupt_journal_is_a_user_error_and_left_untouched(tmp_path: Path) -> N
     assert "\n" not in str(err.value)
     assert path.read_bytes() == garbage
     assert not Path(str(path) + "-wal").exists()
+
+
+def _creator_mid_schema(path: Path) -> sqlite3.Connection:
+    """A writer between SQLite creating the file (at connect) and its schema transaction's commit."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    creator = sqlite3.connect(path, isolation_level=None)
+    creator.execute("PRAGMA journal_mode=WAL")
+    creator.execute("BEGIN IMMEDIATE")
+    creator.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    return creator
+
+
+def test_a_reader_waits_for_a_journal_being_created_rather_than_calling_it_corrupt(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An operator's ``status`` (a read-only open) while another process creates the journal: the file is there,
+    its schema not yet. The reader waits; here the creator finishes at the reader's first wait."""
+    path = journal_path(tmp_path)
+    creator = _creator_mid_schema(path)
+    waits: list[float] = []
+    real_sleep = time.sleep
+
+    def wait(seconds: float) -> None:
+        waits.append(seconds)
+        if len(waits) == 1:
+            creator.execute("ROLLBACK")
+            creator.close()
+            Journal(path).close()  # the real creator's schema, committed
+        real_sleep(seconds)
+
+    monkeypatch.setattr(time, "sleep", wait)
+    with Journal(path, read_only=True) as reader:
+        assert reader.unfinished_runs() == []
+    assert waits, "the reader found the schema missing and waited for it"
+
+
+def test_a_journal_whose_creator_never_wrote_it_is_called_empty_not_corrupt(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = journal_path(tmp_path)
+    creator = _creator_mid_schema(path)
+    monkeypatch.setattr(journal_db, "CREATING_WAIT", 0.2)
+    try:
+        with pytest.raises(UserError, match=r"still empty after 0.2 s .*run the command again") as err:
+            Journal(path, read_only=True)
+    finally:
+        creator.close()
+    assert "corrupt" not in str(err.value) and "\n" not in str(err.value)
 
 
 def test_damaged_sqlite_file_is_a_user_error(tmp_path: Path) -> None:

@@ -28,12 +28,14 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built
 
 
+@pytest.mark.xdist_group("wheel")  # one worker builds the wheel for all three
 def test_wheel_contains_every_stylesheet(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     shipped = sorted(Path(n).name for n in names if n.startswith("celeryops/styles/") and n.endswith(".tcss"))
     assert STYLES and shipped == STYLES
 
 
+@pytest.mark.xdist_group("wheel")  # one worker builds the wheel for all three
 def test_installed_wheel_runs_version_headless_demo_and_finds_styles(wheel: Path, tmp_path: Path) -> None:
     """A fresh venv with only the wheel installed (its dependencies are borrowed from this venv's site-packages
     through a path entry, so the test needs no network; the checkout itself is not importable there)."""
@@ -70,6 +72,7 @@ def test_installed_wheel_runs_version_headless_demo_and_finds_styles(wheel: Path
     assert last["event"] == "deployed"
 
 
+@pytest.mark.xdist_group("wheel")  # one worker builds the wheel for all three
 def test_plain_install_requires_only_celery_and_redis(wheel: Path) -> None:
     """A worker image installs plain `celeryops` for celeryops.fence / celeryops.slots: no Textual, no Google."""
     with zipfile.ZipFile(wheel) as zf:

@@ -23,9 +23,10 @@ from celeryops.demo.standins.redis_server import RedisServer
 from celeryops.ops.fleetwide.lease import read_lease
 from celeryops.ops.fleetwide.publish import read_events
 from celeryops.ops.journal import Journal, journal_path
+from celeryops_harness.taskapp import release
 from celeryops_harness.workers import WorkerProcess, control_app, wait_for
 from clihelp import CliProcess, cli_env, run_cli
-from drainhelp import enqueue, finished, runs, started
+from drainhelp import enqueue_hold, finished, runs, started
 from e2ehelp import (
     SharedFleet,
     cli_json,
@@ -277,25 +278,31 @@ def test_second_drain_refused_then_take_over_after_sigkill(fleet: SharedFleet, e
 def test_resume_after_sigkill_in_draining_finishes_the_drain(fleet: SharedFleet, env: dict[str, str],
                                                              coord: redis.Redis, records: redis.Redis,
                                                              fleet_name: str) -> None:
-    ids = enqueue(fleet.url, fleet.queues[0], 15.0)  # still running after the CLI's start and preflight under load
-    wait_for(lambda: started(records, ids), 30, "the task to start")
-    drain = CliProcess(["drain", "--broker", fleet.url, *FAST, "--json"], env)
+    gate = fleet_name
+    ids = enqueue_hold(fleet.url, fleet.queues[0], gate)  # runs until the resumed drain has seen it
     try:
-        drain.wait_event("poll", 60, where=lambda e: e["active"] > 0)
-    finally:
-        drain.kill()
-    assert not finished(records, ids), "the task must still run when the drain is killed"
-    run = only_run(env)
-    assert run.phase == "draining"
-    assert fleet.consuming() == fleet.all_stopped()
+        wait_for(lambda: started(records, ids), 30, "the task to start")
+        drain = CliProcess(["drain", "--broker", fleet.url, *FAST, "--json"], env)
+        try:
+            drain.wait_event("poll", 60, where=lambda e: e["active"] > 0)
+        finally:
+            drain.kill()
+        assert not finished(records, ids), "the task must still run when the drain is killed"
+        run = only_run(env)
+        assert run.phase == "draining"
+        assert fleet.consuming() == fleet.all_stopped()
 
-    wait_orphaned(coord, fleet_name, run.id)
-    resume = CliProcess(["resume", "--broker", fleet.url, "--json"], env)
-    try:
-        drained = resume.wait_event("drained", 60)
-        assert resume.finish() == 0
+        wait_orphaned(coord, fleet_name, run.id)
+        resume = CliProcess(["resume", "--broker", fleet.url, "--json"], env)
+        try:
+            resume.wait_event("poll", 60, where=lambda e: e["active"] > 0)
+            release(records, gate)
+            drained = resume.wait_event("drained", 60)
+            assert resume.finish() == 0
+        finally:
+            resume.kill()
     finally:
-        resume.kill()
+        release(records, gate)  # the shared workers serve the next tests
     (tid,) = ids
     assert runs(records, tid)["finished"] <= drained["_at"] and runs(records, tid)["runs"] == 1
     history = journal_runs(env["CELERYOPS_STATE_DIR"])

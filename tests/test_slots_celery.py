@@ -14,7 +14,8 @@ import redis
 from celery import Celery
 
 from celeryops.slots import SlotStore, read_all
-from celeryops_harness.slotapp import send, slot_kw, slot_sleep
+from celeryops_harness.slotapp import send, slot_hold, slot_kw, slot_sleep
+from celeryops_harness.taskapp import release
 from celeryops_harness.workers import WorkerProcess, wait_for
 
 pytestmark = pytest.mark.slow
@@ -30,7 +31,14 @@ def test_four_slots_run_two_tasks_of_two_at_a_time(
            "CELERYOPS_SLOTS_HOST": "host-a"}
     (worker,) = start_workers(redis_url, app="celeryops_harness.slotapp", concurrency=4, queues=[queue_name],
                               env=env)
-    ids = [send(slot_sleep, redis_url, queue_name, 0.4, f"t{i}") for i in range(12)]
+    # Two tasks hold all 4 slots until the test has seen a refused task tried again (not left to how fast a loaded
+    # machine picks the tasks up), then the other ten run, two at a time.
+    ids = [send(slot_hold, redis_url, queue_name, queue_name, f"t{i}") for i in range(2)]
+    wait_for(lambda: redis_client.get("ct:slots:running") == "2", 60, "two tasks to hold all 4 slots")
+    ids += [send(slot_sleep, redis_url, queue_name, 0.4, f"t{i}") for i in range(2, 12)]
+    wait_for(lambda: "retry" in worker.log().lower(), 60,  # refused and tried again: none blocked the worker
+             "a task refused for lack of slots to be tried again")
+    release(redis_client, queue_name)
     wait_for(lambda: redis_client.llen("ct:finishes") >= 12, 120, "all 12 tasks to finish")
     assert sorted(redis_client.lrange("ct:finishes", 0, -1)) == sorted(ids)
     assert all(redis_client.get(f"ct:runs:{i}") == "1" for i in ids)  # each ran once, inside its slots
@@ -40,7 +48,6 @@ def test_four_slots_run_two_tasks_of_two_at_a_time(
     snap = read_all(redis_client)
     assert [p.pool for p in snap.pools] == ["host:host-a"]  # a per-host pool, no global one was written
     assert snap.pools[0].usage("cpu").total == 4 and snap.pools[0].holders == []
-    assert "retry" in worker.log().lower()  # some tasks were refused and tried again, none blocked the worker
 
 
 def test_slots_of_a_killed_worker_go_to_another_worker_after_the_ttl(
@@ -60,7 +67,7 @@ def test_slots_of_a_killed_worker_go_to_another_worker_after_the_ttl(
         control.close()
     store = SlotStore(redis_client, THIS_HOST)  # two workers of one machine share its pool
     for i in range(2):
-        send(slot_sleep, redis_url, q_a, 120, f"long{i}")
+        send(slot_hold, redis_url, q_a, q_a, f"long{i}")  # never released: worker A is killed holding them
     wait_for(lambda: store.snapshot().usage("cpu").used == 4 and redis_client.get("ct:slots:running") == "2", 60,
              "worker A to hold all 4 slots")
     t = send(slot_sleep, redis_url, q_b, 0.2, "after-kill")
@@ -74,11 +81,12 @@ def test_slots_of_a_killed_worker_go_to_another_worker_after_the_ttl(
     assert store.snapshot().holders == []
 
     # the seed's way: needs from the kwargs resource_type / resource_slots
-    k = send(slot_kw, redis_url, q_b, 2.0, "kw", resource_type="cpu", resource_slots=3)
+    k = send(slot_kw, redis_url, q_b, 0, "kw", resource_type="cpu", resource_slots=3, gate=q_b)
     wait_for(lambda: any(h.task_id == k for h in store.snapshot().holders), 60, "the kwargs task to hold slots")
     (holder,) = store.snapshot().holders
     assert holder.slots == {"cpu": 3} and holder.worker == worker_b.nodename
     assert holder.task_name == "celeryops.testing.slot_kw" and holder.token is not None
+    release(redis_client, q_b)
     wait_for(lambda: redis_client.hget(f"ct:run:{k}", "finished"), 60, "the kwargs task to finish")
     wait_for(lambda: store.snapshot().usage("cpu").used == 0, 30, "its slots to be released")
 
@@ -162,7 +170,7 @@ def test_tasks_above_the_total_left_by_a_killed_host_keep_running(
     a = _start(start_workers, redis_url, "host-a", 4, q_a, concurrency=3, env=old)
     b = _start(start_workers, redis_url, "host-b", 2, f"{queue_name}-b", env=old)
     wait_for(lambda: store.snapshot().usage("cpu").total == 6, 60, "the pool to hold 4 + 2 cpu")
-    ids = [send(slot_sleep, redis_url, q_a, 12, f"long{i}") for i in range(3)]
+    ids = [send(slot_hold, redis_url, q_a, q_a, f"long{i}") for i in range(3)]  # until the holders were read
     wait_for(lambda: redis_client.get("ct:slots:running") == "3", 60, "the three tasks to hold all 6 cpu")
     b.kill()
 
@@ -173,6 +181,7 @@ def test_tasks_above_the_total_left_by_a_killed_host_keep_running(
     wait_for(over, 30, "the total to drop to 4 while the 6 cpu stay held")
     assert not store.acquire("probe", {"cpu": 1}, ttl=30, starvation_after=3600).ok
     assert {h.task_id for h in store.snapshot().holders} == set(ids)
+    release(redis_client, q_a)
     wait_for(lambda: all(redis_client.hget(f"ct:run:{i}", "finished") for i in ids), 60, "the tasks to finish")
     assert all(redis_client.get(f"ct:runs:{i}") == "1" for i in ids)
     assert "LEASE LOST" not in a.log()

@@ -90,8 +90,10 @@ def test_release_with_a_stale_token_leaves_the_new_holder_alone(store: SlotStore
 
 
 def test_expired_leases_are_reaped_by_redis_time(store: SlotStore) -> None:
-    a = store.acquire("a", {"cpu": 4}, ttl=0.2)
+    a = store.acquire("a", {"cpu": 4}, ttl=30)
     assert not store.acquire("b", {"cpu": 1}, ttl=30).ok
+    # Its last renewal is a short one (set only now: a loaded machine may take longer than it between two calls).
+    assert store.renew("a", a.token, 0.2, {"cpu": 4}).status == "renewed"
     wait_for(lambda: store.acquire("b", {"cpu": 1}, ttl=30).ok, 10, "the expired lease to be reaped by acquire")
     assert store.renew("a", a.token, 30, {"cpu": 4}).status == "lost"
     assert [h.task_id for h in store.snapshot().holders] == ["b"]
@@ -331,9 +333,10 @@ def test_a_contribution_that_is_not_renewed_expires_by_redis_time(redis_client: 
     it checks, sees the smaller total; renewing brings it back. The stored total follows, not only the snapshot."""
     store = SlotStore(redis_client)
     store.contribute("a", {"cpu": 4}, ttl=30, worker="celery@a")
-    store.contribute("b", {"cpu": 8}, ttl=0.3, worker="celery@b")
+    store.contribute("b", {"cpu": 8}, ttl=30, worker="celery@b")
     assert store.acquire("x", {"cpu": 12}, ttl=30).ok
     store.release("x")
+    assert store.contribute("b", {"cpu": 8}, ttl=0.3, worker="celery@b").status == "renewed"  # its last beat
 
     def refused() -> bool:  # a probe that does not stay: granted probes are released at once
         res = store.acquire("probe", {"cpu": 5}, ttl=30)

@@ -1,6 +1,9 @@
 """TaskWatch nudges the workers holding the tasks it waits for (a real threads-pool worker with task events holds a
 task's end event until its event loop wakes): ``ping`` casts to those workers only, only while armed, and the
-drain is woken by the task's end event."""
+drain is woken by the task's end event.
+
+The broker is a Redis of this test alone: the spy reads every control message published on it, and the session's
+shared Redis may carry other tests' (their workers' pings, a drain's broadcasts)."""
 
 from __future__ import annotations
 
@@ -16,13 +19,15 @@ import redis
 
 from celeryops.adapters.taskevents import TaskWatch
 from celeryops.core.events import DrainProgress, TaskInfo
+from celeryops.demo.standins.redis_server import RedisServer
+from celeryops_harness.taskapp import release
 from celeryops_harness.workers import control_app, wait_for
 
 WAIT = 30.0
 
 
 def progress(worker: str, task_id: str, streak: int) -> DrainProgress:
-    task = TaskInfo(worker=worker, id=task_id, name="celeryops.testing.sleep", state="active", runtime=0.1)
+    task = TaskInfo(worker=worker, id=task_id, name="celeryops.testing.hold", state="active", runtime=0.1)
     return DrainProgress(elapsed=1.0, remaining=100.0, streak=streak, required=2, active=1, reserved=0, scheduled=0,
                          unknown=(), workers={}, tasks=(task,))
 
@@ -53,14 +58,15 @@ class ControlSpy:
         self.client.close()
 
 
-def test_the_watch_nudges_the_busy_worker_until_its_task_ended(redis_url: str, start_workers: Any,
+def test_the_watch_nudges_the_busy_worker_until_its_task_ended(own_redis: RedisServer, start_workers: Any,
                                                                redis_client: redis.Redis, queue_name: str) -> None:
-    (worker,) = start_workers(redis_url, queues=[queue_name], env={"CELERYOPS_TEST_EVENTS": "1"})
-    app = control_app(redis_url)
-    spy = ControlSpy(redis_url)
+    broker = own_redis.url
+    (worker,) = start_workers(broker, queues=[queue_name], env={"CELERYOPS_TEST_EVENTS": "1"})
+    app = control_app(broker)
+    spy = ControlSpy(broker)
     tid = str(uuid.uuid4())
-    try:
-        app.send_task("celeryops.testing.sleep", args=(2.0, "nudge"), queue=queue_name, task_id=tid)
+    try:  # the task runs until the test releases it: it is still running when the watch is armed
+        app.send_task("celeryops.testing.hold", args=(queue_name, "nudge"), queue=queue_name, task_id=tid)
         wait_for(lambda: redis_client.hget(f"ct:run:{tid}", "started"), WAIT, "the task to start")
 
         async def run() -> tuple[TaskWatch, int]:
@@ -72,6 +78,11 @@ def test_the_watch_nudges_the_busy_worker_until_its_task_ended(redis_url: str, s
                 await asyncio.sleep(0.6)
                 assert watch.nudges == 0 and not spy.messages
                 watch.on_event(progress(worker.nodename, tid, streak=0))  # armed: waits for tid
+                deadline = time.monotonic() + WAIT
+                while not watch.nudges:  # nudged while the task still runs, as in a drain
+                    assert time.monotonic() < deadline, "timed out waiting for the first nudge"
+                    await asyncio.sleep(0.05)
+                release(redis_client, queue_name)
                 await asyncio.wait_for(wake.wait(), WAIT)
                 fired = watch.nudges
                 await asyncio.sleep(0.6)  # three nudge periods: none once the wake fired (the watch is disarmed)

@@ -25,7 +25,7 @@ from typing import Any
 from celery import Celery, Task
 
 from celeryops import slots
-from celeryops_harness.taskapp import mark_finish, mark_start, record
+from celeryops_harness.taskapp import HOLD_LIMIT, gate_key, mark_finish, mark_start, record
 
 BROKER = os.environ.get("CELERYOPS_TEST_BROKER", "redis://127.0.0.1:6379/0")
 
@@ -51,8 +51,9 @@ def send(task: Any, broker: str, queue: str, *args: Any, **kwargs: Any) -> str:
         return str(task.apply_async(args=args, kwargs=kwargs, queue=queue, connection=conn).id)
 
 
-def _run(task: Task[Any, Any], seconds: float, tag: str, together: int = 0) -> str:
-    """Record the run, wait until ``together`` slot tasks run at once (bounded: 60 s), then sleep ``seconds``."""
+def _run(task: Task[Any, Any], seconds: float, tag: str, together: int = 0, gate: str | None = None) -> str:
+    """Record the run, wait until ``together`` slot tasks run at once (bounded: 60 s), then stay inside the task's
+    slots for ``seconds``, or until ``gate`` is released (``taskapp.release``)."""
     r = record()
     mark_start(task)
     me = task.request.hostname or ""
@@ -63,8 +64,8 @@ def _run(task: Task[Any, Any], seconds: float, tag: str, together: int = 0) -> s
         until = time.monotonic() + 60
         while together and int(r.get("ct:slots:running") or 0) < together and time.monotonic() < until:
             time.sleep(0.02)
-        deadline = time.monotonic() + float(seconds)
-        while time.monotonic() < deadline:
+        deadline = time.monotonic() + (HOLD_LIMIT if gate else float(seconds))
+        while time.monotonic() < deadline and not (gate and r.exists(gate_key(gate))):
             time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
     finally:
         r.decr("ct:slots:running")
@@ -79,25 +80,33 @@ def slot_sleep(self: Task[Any, Any], seconds: float = 1.0, tag: str = "") -> str
     return _run(self, seconds, tag)
 
 
+@app.task(bind=True, base=slots.SlotTask, slots={"cpu": 2}, name="celeryops.testing.slot_hold")
+def slot_hold(self: Task[Any, Any], gate: str, tag: str = "") -> str:
+    """Holds 2 cpu slots until the test releases ``gate``."""
+    return _run(self, 0.0, tag, gate=gate)
+
+
 @app.task(bind=True, base=slots.SlotTask, name="celeryops.testing.slot_kw")
 def slot_kw(self: Task[Any, Any], seconds: float = 1.0, tag: str = "", resource_type: str = "cpu",
-            resource_slots: int = 1) -> str:
-    """The seed's way: the needs come from the kwargs resource_type / resource_slots."""
-    return _run(self, seconds, tag)
+            resource_slots: int = 1, gate: str | None = None) -> str:
+    """The seed's way: the needs come from the kwargs resource_type / resource_slots (held until ``gate`` is
+    released, if given)."""
+    return _run(self, seconds, tag, gate=gate)
 
 
 @app.task(bind=True, base=slots.SlotTask, slots={"gpu": 1, "cpu": 1}, name="celeryops.testing.slot_gpu")
-def slot_gpu(self: slots.SlotTask, seconds: float = 0.3, tag: str = "", together: int = 0) -> str:
+def slot_gpu(self: slots.SlotTask, seconds: float = 0.3, tag: str = "", together: int = 0,
+             gate: str | None = None) -> str:
     """Holds a GPU device (and a cpu slot) while it sleeps; records its devices at the start and at the end (under the
     threads pool other requests of this task object run meanwhile: each must keep its own). ``together``: wait
-    until that many slot tasks run at once before sleeping."""
+    until that many slot tasks run at once before sleeping; ``gate``: hold until the test releases it."""
     r = record()
     first = self.slot_devices
     devs = first.get("gpu", [])
     for d in devs:
         r.eval(_MAX, 2, f"ct:gpu:{d}", "ct:gpu:overlap")
     try:
-        out = _run(self, seconds, tag, together)
+        out = _run(self, seconds, tag, together, gate=gate)
     finally:
         for d in devs:
             r.decr(f"ct:gpu:{d}")

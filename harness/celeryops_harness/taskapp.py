@@ -11,6 +11,9 @@ Every task run records, in the record Redis:
   ct:run:<id>      hash: name, worker, started, finished (Redis TIME, seconds as float)
   ct:runs:<id>     counter of starts (a task that ran twice shows 2)
   ct:starts        list of ids in start order;  ct:finishes  list of ids in finish order
+
+A ``hold`` task runs until the test releases its gate (``release(record_client, gate)`` sets ct:release:<gate>): a
+drain a test must catch open stays open however slow the machine is, where a task of N seconds may already be over.
 """
 
 from __future__ import annotations
@@ -85,6 +88,30 @@ def sleep(self: Task[Any, Any], seconds: float = 1.0, tag: str = "") -> str:
     deadline = time.monotonic() + float(seconds)
     while time.monotonic() < deadline:
         time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+    mark_finish(self)
+    return tag
+
+
+HOLD_LIMIT = 900.0  # seconds a hold runs at most if its test never releases it (beyond pytest's timeout)
+
+
+def gate_key(gate: str) -> str:
+    return f"ct:release:{gate}"
+
+
+def release(client: redis.Redis, gate: str) -> None:
+    """End every ``hold`` task waiting on ``gate`` (now or later)."""
+    client.set(gate_key(gate), 1)
+
+
+@app.task(bind=True, name="celeryops.testing.hold")
+def hold(self: Task[Any, Any], gate: str, tag: str = "") -> str:
+    """Run until ``gate`` is released in the record Redis (in small steps, like ``sleep``), recording start/finish."""
+    mark_start(self)
+    r = record()
+    deadline = time.monotonic() + HOLD_LIMIT
+    while not r.exists(gate_key(gate)) and time.monotonic() < deadline:
+        time.sleep(0.05)
     mark_finish(self)
     return tag
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -31,8 +31,9 @@ from celeryops.demo.standins.registry import RegistryStandIn
 from celeryops.ops.backend.console import OpsBackend, open_backend
 from celeryops.ops.journal import Journal
 from celeryops.ops.run.session import DrainRequest
+from celeryops_harness.taskapp import release
 from celeryops_harness.workers import RevisionFleet, WorkerProcess, wait_for
-from drainhelp import enqueue, started
+from drainhelp import enqueue_hold, started
 
 SIZE = (120, 40)
 FAST = DrainSettings(interval=0.3, streak=2, max_wait=60.0)
@@ -91,21 +92,23 @@ async def consumed_async(broker: str, worker: WorkerProcess) -> list[str]:
 
 @pytest.fixture
 def busy_worker(redis_url: str, redis_client: redis.Redis, start_workers: Any, queue_name: str
-                ) -> Callable[[float], WorkerProcess]:
-    """One real worker on ``queue_name`` running a recorded task of the given length."""
+                ) -> Iterator[Callable[[], WorkerProcess]]:
+    """One real worker on ``queue_name`` running a recorded task that holds the drain open until the test ends
+    (a task of N seconds may be over before a loaded machine reaches the step that needs the drain open)."""
 
-    def make(seconds: float) -> WorkerProcess:
+    def make() -> WorkerProcess:
         (worker,) = start_workers(redis_url, queues=[queue_name])
-        ids = enqueue(redis_url, queue_name, seconds)
+        ids = enqueue_hold(redis_url, queue_name, gate=queue_name)
         wait_for(lambda: started(redis_client, ids), 30, "the task to start")
         return worker
 
-    return make
+    yield make
+    release(redis_client, queue_name)  # before the workers stop: a cold shutdown need not wait for it
 
 
 async def test_drain_timeout_restores_consumers(redis_url: str, busy_worker: Any, queue_name: str,
                                                 tmp_path: Path) -> None:
-    worker = busy_worker(20.0)
+    worker = busy_worker()
     settings = DrainSettings(interval=0.3, streak=2, max_wait=1.5)
     backend = backend_for(redis_url, tmp_path, drain=DrainRequest(queues=(queue_name,), settings=settings))
     app = console(backend, start="drain")
@@ -126,7 +129,7 @@ async def test_drain_timeout_restores_consumers(redis_url: str, busy_worker: Any
 
 async def test_quit_mid_drain_abort_restores_consumers(redis_url: str, busy_worker: Any, queue_name: str,
                                                       tmp_path: Path) -> None:
-    worker = busy_worker(20.0)
+    worker = busy_worker()
     backend = backend_for(redis_url, tmp_path, drain=DrainRequest(queues=(queue_name,), settings=FAST))
     app = console(backend, start="drain")
     try:
@@ -155,7 +158,7 @@ async def test_quit_mid_drain_abort_restores_consumers(redis_url: str, busy_work
 
 async def test_detach_then_restart_panel_abort_restores(redis_url: str, busy_worker: Any, queue_name: str,
                                                        tmp_path: Path) -> None:
-    worker = busy_worker(25.0)
+    worker = busy_worker()
     backend = backend_for(redis_url, tmp_path, drain=DrainRequest(queues=(queue_name,), settings=FAST))
     app = console(backend, start="drain")
     try:

@@ -11,17 +11,19 @@ from pathlib import Path
 from typing import Any
 
 from test_flows import backend_for, console, press, until
+from textual.widgets import DataTable
 
 from celeryops.console.fmt import gauge
 from celeryops.console.screens.slots import SlotsScreen
 from celeryops.ops.backend.console import OpsBackend
-from celeryops_harness.slotapp import send, slot_gpu, slot_sleep
+from celeryops_harness.slotapp import send, slot_gpu, slot_hold
+from celeryops_harness.taskapp import release
 
 BASE = {"CELERYOPS_SLOTS_DETECT": "0", "CELERYOPS_TEST_SLOT_COUNTDOWN": "0.3", "CELERYOPS_SLOTS_LEASE_TTL": "5"}
 
 
 async def test_every_pool_with_devices_holders_waiters_and_no_capacity_types(
-        tmp_path: Path, redis_url: str, start_workers: Any, queue_name: str) -> None:
+        tmp_path: Path, redis_url: str, redis_client: Any, start_workers: Any, queue_name: str) -> None:
     q_gpu, q_shared = f"{queue_name}-h", f"{queue_name}-g"
     (gpu_worker,) = start_workers(redis_url, app="celeryops_harness.slotapp", concurrency=3, queues=[q_gpu],
                                   env={**BASE, "CELERYOPS_SLOTS_HOST": "host-a", "CELERYOPS_SLOTS_CPU": "2",
@@ -29,9 +31,9 @@ async def test_every_pool_with_devices_holders_waiters_and_no_capacity_types(
     (shared_worker,) = start_workers(redis_url, app="celeryops_harness.slotapp", concurrency=2, queues=[q_shared],
                                      env={**BASE, "CELERYOPS_SLOTS_HOST": "host-b", "CELERYOPS_SLOTS_CPU": "4",
                                           "CELERYOPS_SLOTS_GPU": "0", "CELERYOPS_SLOTS_SHARED": "cpu"})
-    held = {send(slot_gpu, redis_url, q_gpu, 30.0, f"gpu {i}") for i in range(2)}  # both devices of host-a
-    send(slot_gpu, redis_url, q_gpu, 30.0, "waits on host-a")
-    send(slot_sleep, redis_url, q_shared, 30.0, "holds shared cpu")
+    held = {send(slot_gpu, redis_url, q_gpu, 0.0, f"gpu {i}", gate=q_gpu) for i in range(2)}  # host-a's 2
+    send(slot_gpu, redis_url, q_gpu, 0.0, "waits on host-a", gate=q_gpu)
+    send(slot_hold, redis_url, q_shared, q_shared, "holds shared cpu")  # until released
     backend: OpsBackend = backend_for(redis_url, tmp_path / "state")
     try:
         deadline = time.monotonic() + 60
@@ -70,8 +72,11 @@ async def test_every_pool_with_devices_holders_waiters_and_no_capacity_types(
         app = console(backend)
         async with app.run_test(size=(120, 40)) as pilot:
             await press(pilot, "s")
-            await until(pilot, lambda: isinstance(app.screen, SlotsScreen) and app.screen.view is not None, 30,
-                        "the slots screen")
+            # show_slots sets the view first, then mounts the gauges and fills the tables; the waiting table
+            # (never empty: rows or "nobody is waiting") is filled last.
+            await until(pilot, lambda: isinstance(app.screen, SlotsScreen) and app.screen.view is not None
+                        and app.screen.query_one("#waiting", DataTable).row_count > 0, 30,
+                        "the slots screen to show a snapshot")
             screen = app.screen
             assert isinstance(screen, SlotsScreen)
             titles = [str(w.render()) for w in screen.query(".pool-title")]
@@ -83,5 +88,7 @@ async def test_every_pool_with_devices_holders_waiters_and_no_capacity_types(
             holders = screen.query_one("#holders")
             assert holders.row_count >= 3
     finally:
+        release(redis_client, q_gpu)
+        release(redis_client, q_shared)
         await backend.close()
         backend.close_sync()

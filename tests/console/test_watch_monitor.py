@@ -21,9 +21,10 @@ from celeryops.core.errors import ReadOnlyRefused
 from celeryops.ops.backend.console import open_backend
 from celeryops.ops.fleetwide.publish import read_status
 from celeryops.ops.run.wiring import WATCH_CLIENT_NAME
+from celeryops_harness.taskapp import release
 from celeryops_harness.workers import wait_for
 from clihelp import CliProcess, cli_env
-from drainhelp import enqueue, started
+from drainhelp import enqueue_hold, started
 
 READS = {"hgetall", "hget", "hmget", "xrange", "xrevrange", "llen", "pttl", "ttl", "time", "get", "mget", "exists",
          "type", "smembers", "scard", "ping", "info", "select", "client", "hello", "multi", "exec", "zrange",
@@ -93,7 +94,7 @@ def watcher(redis_url: str, state_dir: Path, follow_interval: float) -> tuple[An
 async def test_watch_sends_no_control_command_and_writes_nothing(
         redis_url: str, redis_client: redis.Redis, start_workers: Any, queue_name: str, tmp_path: Path) -> None:
     (worker,) = start_workers(redis_url, queues=[queue_name])
-    ids = enqueue(redis_url, queue_name, 25.0)
+    ids = enqueue_hold(redis_url, queue_name, queue_name)  # in flight until the watcher is done
     wait_for(lambda: started(redis_client, ids), 30, "the task to start")
     drain = CliProcess(["drain", "--broker", redis_url, "-Q", queue_name, "--interval", "0.3", "--max-wait", "120",
                         "--json"], cli_env(tmp_path / "operator"))
@@ -137,6 +138,7 @@ async def test_watch_sends_no_control_command_and_writes_nothing(
             monitor.stop()
         drain.signal()
         drain.finish(60)
+        release(redis_client, queue_name)
 
     mine = owned_by(records, WATCH_CLIENT_NAME)
     assert mine, "no connection named celeryops-watch was seen"

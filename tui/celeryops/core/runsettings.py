@@ -33,7 +33,7 @@ class RunSettings:
     fence_ttl: float = 30.0  # seconds the drain fence outlives its renewals
     fence_parked_ttl: float = 7 * 24 * 3600.0  # the fence of a drained run that stays open after its process
     task_events: bool = True  # re-poll as soon as task events say the in-flight tasks ended (workers with -E)
-    recovery_patience: float = 30.0  # seconds a restore (and the fence's lift) retries while the broker is away
+    recovery_patience: float = 30.0  # seconds a restore (and the fence's lift) retries: broker away, worker slow
 
     def coordination_url(self, broker_url: str | None) -> str | None:
         """The Redis holding the fleet's lease, fence, published status and the journal's fleet copy:

@@ -32,6 +32,7 @@ from celeryops.core.events import (
     Notice,
     Observation,
 )
+from celeryops.core.wording import consumers as consumers_text
 from celeryops.ops.drain.membership import (
     BINDING,
     Evidence,
@@ -44,7 +45,7 @@ from celeryops.ops.drain.membership import (
 from celeryops.ops.drain.retry import keep_trying
 
 BROADCAST = "*"  # in a stop record: queues to restore on workers whose own queues were never seen
-RESTORE_PATIENCE = 30.0  # seconds a restore keeps trying while the broker does not answer (a restart, a failover)
+RESTORE_PATIENCE = 30.0  # seconds a restore keeps trying while the broker or a worker does not answer
 
 
 # -- the pure policy --------------------------------------------------------------------------------------------
@@ -138,7 +139,7 @@ class Drain:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     prior_stopped: dict[str, tuple[str, ...]] = field(default_factory=dict)  # from an interrupted run (resume)
-    restore_patience: float = RESTORE_PATIENCE  # seconds the restore retries while the broker does not answer
+    restore_patience: float = RESTORE_PATIENCE  # seconds the restore retries while the broker or a worker is slow
     # state
     known: set[str] = field(default_factory=set)
     stopped: dict[str, tuple[str, ...]] = field(default_factory=dict)
@@ -248,10 +249,8 @@ class Drain:
         """Put back exactly the consumers this drain stopped, then verify with active_queues."""
         record = dict(self.stopped)
         await self.hooks.before_restore(record)
-        patience = self.restore_patience
         event = await restore_consumers(self.fleet, record, known=self.known, exclude=set(self.forget) | self.gone,
-                                        patience=patience,
-                                        on_wait=lambda exc: self.on_event(broker_wait_notice(exc, patience)))
+                                        patience=self.restore_patience, on_wait=self.on_event)
         await self.hooks.after_restore(event)
         self.on_event(event)
         return event
@@ -351,30 +350,43 @@ class Drain:
 
 async def restore_consumers(fleet: Fleet, record: dict[str, tuple[str, ...]], *, known: Iterable[str] = (),
                             exclude: Iterable[str] = (), attempts: int = 3, patience: float = RESTORE_PATIENCE,
-                            on_wait: Callable[[BrokerUnreachable], None] | None = None,
+                            on_wait: Callable[[Notice], None] | None = None,
                             since: float | None = None) -> ConsumersRestored:
     """Add back every queue in ``record`` (worker -> queues; ``"*"`` -> queues for workers whose own queues were
     never seen) that the worker does not consume now, then verify with active_queues. Idempotent. ``exclude``:
     workers known to be gone (forgotten, or left the fleet), never addressed.
 
     A broker that does not answer (a restart, a failover) is tried again for ``patience`` seconds before the
-    restore gives up with :class:`BrokerUnreachable`: stopped consumers must not stay stopped over a blip.
-    ``on_wait`` hears the first such failure (to tell the operator why the restore takes longer). ``since``: when
-    the run began (see ``Fleet.pidbox_listeners``: a worker still reconnecting after a Redis restart is not gone)."""
-    return await keep_trying(lambda: _restore_once(fleet, record, known=known, exclude=exclude, attempts=attempts,
-                                                   since=since),
-                             BrokerUnreachable, patience, on_wait)
+    restore gives up with :class:`BrokerUnreachable`: stopped consumers must not stay stopped over a blip. A worker
+    that has not confirmed its consumers (slow to answer on a loaded machine, or busy) is asked again within the same
+    patience before the restore is reported unverified. ``on_wait`` hears, once for each, why the restore takes
+    longer. ``since``: when the run began (see ``Fleet.pidbox_listeners``: a worker still reconnecting after a Redis
+    restart is not gone)."""
+    restored: dict[str, tuple[str, ...]] = {}  # over every round: what was sent back, whichever round confirmed it
+
+    def broker_waits(exc: BrokerUnreachable) -> None:
+        if on_wait is not None:
+            on_wait(broker_wait_notice(exc, patience))
+
+    def worker_waits(event: ConsumersRestored) -> None:
+        if on_wait is not None:
+            on_wait(unconfirmed_wait_notice(event, patience))
+
+    return await keep_trying(lambda: _restore_once(fleet, record, restored, known=known, exclude=exclude,
+                                                   attempts=attempts, since=since),
+                             BrokerUnreachable, patience, broker_waits,
+                             until=lambda event: event.verified, on_first_miss=worker_waits)
 
 
-async def _restore_once(fleet: Fleet, record: dict[str, tuple[str, ...]], *, known: Iterable[str],
-                        exclude: Iterable[str], attempts: int, since: float | None) -> ConsumersRestored:
+async def _restore_once(fleet: Fleet, record: dict[str, tuple[str, ...]], restored: dict[str, tuple[str, ...]], *,
+                        known: Iterable[str], exclude: Iterable[str], attempts: int,
+                        since: float | None) -> ConsumersRestored:
     broadcast = set(record.get(BROADCAST, ()))
     skip = set(exclude)
     per_worker = {w: set(qs) for w, qs in record.items() if w != BROADCAST and w not in skip}
     members = (set(known) | await fleet.members()) - skip
     for name in members - set(per_worker):
         per_worker[name] = set(broadcast)  # appeared since: its own queues were never recorded
-    restored: dict[str, tuple[str, ...]] = {}
     missing: dict[str, tuple[str, ...]] = {}
     before = await fleet.pidbox_listeners(since)
     for attempt in range(attempts):
@@ -401,9 +413,14 @@ async def _restore_once(fleet: Fleet, record: dict[str, tuple[str, ...]], *, kno
         final = await fleet.active_queues(sorted(per_worker)) if per_worker else {}
         missing = {w: tuple(sorted(qs - set(final.get(w, ())))) for w, qs in per_worker.items()
                    if qs - set(final.get(w, ()))}
-    return ConsumersRestored(restored=restored, verified=not missing, missing=missing)
+    return ConsumersRestored(restored=dict(restored), verified=not missing, missing=missing)
 
 
 def broker_wait_notice(exc: BrokerUnreachable, patience: float) -> Notice:
     return Notice(level="warning", message=f"The broker does not answer ({exc}); the consumers are still stopped: "
                                            f"the restore keeps trying ({patience:g} s in all).")
+
+
+def unconfirmed_wait_notice(event: ConsumersRestored, patience: float) -> Notice:
+    return Notice(level="info", message=f"Not confirmed back yet: {consumers_text(event.missing)} (a busy or slow "
+                                        f"worker answers late); the restore keeps asking ({patience:g} s in all).")

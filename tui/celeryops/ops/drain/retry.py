@@ -14,22 +14,32 @@ RETRY_FIRST, RETRY_MAX = 0.5, 4.0  # the pause between tries, doubling
 
 
 async def keep_trying(work: Callable[[], Awaitable[T]], error: type[E], patience: float,
-                      on_first_failure: Callable[[E], None] | None = None) -> T:
+                      on_first_failure: Callable[[E], None] | None = None, *,
+                      until: Callable[[T], bool] | None = None,
+                      on_first_miss: Callable[[T], None] | None = None) -> T:
     """``work()``, tried again on ``error`` for ``patience`` seconds (then that error is raised). One try against a
     dead broker can itself take seconds (connection retries), so the first failure may already end it.
-    ``on_first_failure`` hears the first error (to tell the operator why this takes longer)."""
+    ``on_first_failure`` hears the first error (to tell the operator why this takes longer).
+
+    With ``until``, a result it rejects is tried again too (a slow machine's late answer is not a final one), and
+    returned as it is once the patience is spent; ``on_first_miss`` hears the first rejected result."""
     deadline = time.monotonic() + patience
     pause = RETRY_FIRST
-    told = False
+    told = missed = False
     while True:
         try:
-            return await work()
+            result = await work()
         except error as exc:
             if on_first_failure is not None and not told:
                 told = True
                 on_first_failure(exc)
-            left = deadline - time.monotonic()
-            if left <= 0:
+            if deadline - time.monotonic() <= 0:
                 raise
-            await asyncio.sleep(min(pause, left))
-            pause = min(pause * 2, RETRY_MAX)
+        else:
+            if until is None or until(result) or deadline - time.monotonic() <= 0:
+                return result
+            if on_first_miss is not None and not missed:
+                missed = True
+                on_first_miss(result)
+        await asyncio.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        pause = min(pause * 2, RETRY_MAX)

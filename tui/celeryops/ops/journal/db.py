@@ -4,12 +4,14 @@ the one-sentence errors of a journal that cannot be used. Used by :class:`~celer
 from __future__ import annotations
 
 import sqlite3
+import time
 from pathlib import Path
 from typing import Final
 
 from celeryops.core.errors import UserError
 
 SCHEMA_VERSION: Final = 1
+CREATING_WAIT: Final = 10.0  # seconds a reader waits for a journal being created to get its schema
 
 # ``mirror``: which fleet-held position each local record has (NULL: not copied yet), and its uid (the same in both).
 _SCHEMA = """
@@ -90,16 +92,31 @@ def open_db(path: Path, read_only: bool) -> sqlite3.Connection:
     return conn
 
 def _open_read_only(path: Path) -> sqlite3.Connection:
-    """For readers (``status``, ``runs``): creates nothing, writes nothing, needs no write permission."""
+    """For readers (``status``, ``runs``): creates nothing, writes nothing, needs no write permission.
+
+    A database without any table is a journal its creator is still writing: SQLite creates the file when the writer
+    connects, and the schema appears only when the writer's first transaction commits. The reader waits for it
+    (``CREATING_WAIT``) rather than calling it corrupt."""
     conn: sqlite3.Connection | None = None
     try:
         conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30.0,
                                isolation_level=None, check_same_thread=False)
+        deadline = time.monotonic() + CREATING_WAIT
+        while not conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+            if time.monotonic() > deadline:
+                conn.close()
+                raise UserError(
+                    f"The run journal {path} is still empty after {CREATING_WAIT:g} s (the process creating it "
+                    "stopped before writing it): nothing was done; run the command again, or move the file aside "
+                    "if it stays empty.")
+            time.sleep(0.05)
         row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         version = int(row[0]) if row else 0
         if version != SCHEMA_VERSION:
             raise sqlite3.DatabaseError(f"schema version {version}, this celeryops reads {SCHEMA_VERSION}")
         conn.execute("SELECT count(*) FROM runs").fetchone()
+    except UserError:
+        raise
     except (sqlite3.Error, OSError, ValueError) as exc:
         if conn is not None:
             conn.close()

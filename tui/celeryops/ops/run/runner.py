@@ -26,7 +26,7 @@ from celeryops.core.events import ConsumersRestored, DrainFinished, DrainProgres
 from celeryops.core.identity import current_user
 from celeryops.core.runsettings import RunSettings
 from celeryops.fence import FenceStore
-from celeryops.ops.drain.engine import Drain, DrainResult, broker_wait_notice, restore_consumers
+from celeryops.ops.drain.engine import Drain, DrainResult, restore_consumers
 from celeryops.ops.drain.membership import held_by
 from celeryops.ops.drain.runfence import RunFence
 from celeryops.ops.fleetwide.lease import LeaseHeld, RunLease, drop_dead_lease, read_lease
@@ -454,11 +454,10 @@ class Runner:
         # Workers the run stopped nothing on are named too, with nothing to add: a restore gives the drained queues
         # (by broadcast) only to workers the run never saw.
         record = {**{w: () for w in run.recorded_workers()}, **record}
-        patience = self.settings.recovery_patience
         try:
             restored = await restore_consumers(self.fleet, record, exclude=set(run.settings.get("forget", [])),
-                                               patience=patience, since=run.created,
-                                               on_wait=lambda exc: self.emit(broker_wait_notice(exc, patience)))
+                                               patience=self.settings.recovery_patience, since=run.created,
+                                               on_wait=self.emit)
         except BrokerUnreachable:
             self.restore_failed = run.id
             raise
