@@ -1,5 +1,5 @@
-"""Opening the console: bare ``celeryops`` (home view), ``celeryops watch`` (read-only), and ``deploy`` / ``drain``
-in a terminal (the preflight screen of that run, with the command's settings)."""
+"""Opening the console: bare ``celeryops`` (home view), ``celeryops watch`` (read-only), and ``deploy`` / ``drain`` /
+``rollback`` in a terminal (the preflight screen of that run, with the command's settings)."""
 
 from __future__ import annotations
 
@@ -23,9 +23,10 @@ if TYPE_CHECKING:
     from textual.app import App
 
     from celeryops.ops.backend.console import OpsBackend
+    from celeryops.ops.run.rollback_plan import RollbackRequest
     from celeryops.ops.run.session import DrainRequest
 
-Start = Literal["home", "deploy", "drain"]
+Start = Literal["home", "deploy", "drain", "rollback"]
 CONSOLE_SIGNALS = (signal.SIGHUP, signal.SIGTERM)
 
 
@@ -36,7 +37,8 @@ def wants_console(as_json: bool, headless: bool) -> bool:
 
 def open_console(fleet: FleetSpec, *, start: Start = "home", read_only: bool = False, state_dir: str | None = None,
                  config: Config | None = None, release: str | None = None, drain: DrainRequest | None = None,
-                 targets: tuple[Target, ...] | None = None, repo: str | None = None) -> NoReturn:
+                 targets: tuple[Target, ...] | None = None, repo: str | None = None,
+                 rollback: RollbackRequest | None = None) -> NoReturn:
     """Run the console until the operator quits; exits with the run's exit code."""
     if not (sys.stdout.isatty() and sys.stdin.isatty()):
         raise UserError("The console needs a terminal and this is not one: nothing was contacted; use "
@@ -48,7 +50,7 @@ def open_console(fleet: FleetSpec, *, start: Start = "home", read_only: bool = F
     app = fleet.celery_app()
     backend = open_backend(app, cfg, read_only=read_only, fleet_display=fleet.app_path or "",
                            state_dir=cfg.state_dir, drain=drain,
-                           targets=targets, repo=Path(repo) if repo else None)
+                           targets=targets, repo=Path(repo) if repo else None, rollback=rollback)
     console = make_app(backend, read_only=read_only, start=start, release=release)
     sys.exit(run_surviving_terminal(console, backend))
 

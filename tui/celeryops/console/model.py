@@ -21,6 +21,7 @@ from celeryops.core.events import (
     PreflightDone,
     RunFinished,
     RunFollowed,
+    RunKind,
     RunPhase,
 )
 from celeryops.core.masking import mask_text
@@ -41,7 +42,7 @@ class LogLine:
 class RunModel:
     """The run as the console has seen it so far."""
 
-    kind: Literal["deploy", "drain"] | None = None
+    kind: RunKind | None = None
     release: str | None = None
     phase: RunPhase | None = None
     checks: dict[str, CheckUpdate] = field(default_factory=dict)
@@ -59,7 +60,7 @@ class RunModel:
 
     @property
     def active(self) -> bool:
-        return self.phase in ACTIVE_PHASES or (self.phase == "drained" and self.kind == "deploy")
+        return self.phase in ACTIVE_PHASES or (self.phase == "drained" and self.kind in ("deploy", "rollback"))
 
     @property
     def parked(self) -> bool:
@@ -77,7 +78,7 @@ class RunModel:
             return "preflight"
         if self.phase in ("deploying", "deployed") or (self.phase in ("done", "failed", "aborted")
                                                         and self.deploy is not None) or (
-                self.kind == "deploy" and self.phase == "done"):
+                self.kind in ("deploy", "rollback") and self.phase == "done"):
             return "deploy"
         if self.phase is not None or self.progress is not None:
             return "drain"
@@ -152,7 +153,7 @@ class RunModel:
 
     def _finished(self, event: RunFinished) -> None:
         self.result = event
-        if event.outcome == "deploy_failed":
+        if event.outcome in ("deploy_failed", "rollback_failed"):
             self.phase = "failed"
             self.deploy = {name: DeployTarget(t.target, t.revision, "failed", t.conditions, t.message)
                            if t.state != "ready" else t for name, t in (self.deploy or {}).items()} or {

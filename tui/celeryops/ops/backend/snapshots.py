@@ -175,5 +175,5 @@ class Snapshots:
                   if stopped else "no consumer stopped") + f"; journal phase {run.phase}"
         if decided.action in ("leave", "ask"):
             detail += f". {decided.explanation}"
-        return RunView(run.id, "deploy" if run.release else "drain", run.phase, started_at=run.created,
+        return RunView(run.id, run.kind, run.phase, started_at=run.created,
                        owner=f"{run.user}@{run.host}", release=run.release, choices=tuple(choices), detail=detail)
