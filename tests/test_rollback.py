@@ -6,7 +6,6 @@ in one sentence. Real google-cloud-run clients over gRPC to the stand-in; a real
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -31,40 +30,19 @@ from celeryops.ops.run.rollback_plan import (
     settings_of,
     steps_of,
 )
+from test_cloudrun_deployer import (  # the stand-in with a service and a worker pool, their targets, a fast deployer
+    LATEST,
+    POOL,
+    SERVICE,
+    console_rollback,
+    deployer,
+    pool,
+    service,
+    short,
+    standin,
+)
 
-SERVICE = "projects/p/locations/europe-west1/services/worker"
-POOL = "projects/p/locations/europe-west1/workerPools/gpu"
-BY_NAME = run_v2.TrafficTargetAllocationType.TRAFFIC_TARGET_ALLOCATION_TYPE_REVISION
-LATEST = run_v2.TrafficTargetAllocationType.TRAFFIC_TARGET_ALLOCATION_TYPE_LATEST
-
-
-@pytest.fixture
-def standin() -> Iterator[CloudRunStandIn]:
-    server = CloudRunStandIn(rollout_seconds=0.2)
-    server.add_service("p", "europe-west1", "worker", "app:1")
-    server.add_worker_pool("p", "europe-west1", "gpu", "gpu:1", instances=2)
-    server.start()
-    yield server
-    server.stop()
-
-
-def _target(standin: CloudRunStandIn, kind: str) -> Target:
-    if kind == "service":
-        return Target(name="web", kind="cloudrun-service", project="p", region="europe-west1", resource="worker",
-                      image="app:{sha}", api_endpoint=standin.address, insecure=True, timeout=60)
-    return Target(name="gpu", kind="cloudrun-worker-pool", project="p", region="europe-west1", resource="gpu",
-                  image="gpu:{sha}", api_endpoint=standin.address, insecure=True, timeout=60)
-
-
-@pytest.fixture
-async def deployer() -> AsyncIterator[CloudRunDeployer]:
-    made = CloudRunDeployer(poll_interval=0.05, rpc_timeout=10, outcome_timeout=3, poll_grace=5, read_retry=1.0)
-    yield made
-    await made.close()
-
-
-def short(name: str) -> str:
-    return name.rsplit("/", 1)[-1]
+__all__ = ["deployer", "pool", "service", "standin"]  # fixtures used by name
 
 
 def served(standin: CloudRunStandIn, name: str) -> list[tuple[str, int]]:
@@ -76,10 +54,10 @@ def served(standin: CloudRunStandIn, name: str) -> list[tuple[str, int]]:
 # -- the deployer: routing back --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["service", "worker-pool"])
+@pytest.mark.parametrize("kind", ["service", "pool"])
 async def test_route_takes_the_target_back_without_a_new_revision_and_the_next_deploy_moves_on(
-        standin: CloudRunStandIn, deployer: CloudRunDeployer, kind: str) -> None:
-    target = _target(standin, kind)
+        standin: CloudRunStandIn, deployer: CloudRunDeployer, kind: str, request: pytest.FixtureRequest) -> None:
+    target: Target = request.getfixturevalue(kind)
     name, image = (SERVICE, "app") if kind == "service" else (POOL, "gpu")
     first = short((await deployer.current(target)).latest_ready_revision)
     second = short((await deployer.deploy(target, f"{image}:2", lambda e: None)).revision)
@@ -99,7 +77,7 @@ async def test_route_takes_the_target_back_without_a_new_revision_and_the_next_d
     assert standin.resource(name).annotations["celeryops/split-by"] == "rollback run r-1"
     assert await deployer.route_outcome(target, ((first, 100),)) == "ready"
     assert await deployer.route_outcome(target, ((second, 100),)) == "failed"
-    if kind == "worker-pool":  # the earlier revision's instances run again, the later one's were taken away
+    if kind == "pool":  # the earlier revision's instances run again, the later one's were taken away
         assert standin.wait_rollouts(30)
         assert set(standin.instances(name)) == {first}
 
@@ -113,17 +91,9 @@ async def test_route_takes_the_target_back_without_a_new_revision_and_the_next_d
     assert not after.pinned and not after.owned and "celeryops/split" not in standin.resource(name).annotations
 
 
-def console_rollback(address: str, revision: str) -> None:
-    with grpc.insecure_channel(address) as chan:
-        client = run_v2.ServicesClient(transport=ServicesGrpcTransport(channel=chan))
-        svc = client.get_service(name=SERVICE)
-        svc.traffic = [run_v2.TrafficTarget(type_=BY_NAME, revision=revision, percent=100)]
-        client.update_service(service=svc).result(timeout=30)
-
-
-async def test_a_split_changed_after_the_rollback_is_not_celeryops_own(standin: CloudRunStandIn,
+async def test_a_split_changed_after_the_rollback_is_not_celeryops_own(standin: CloudRunStandIn, service: Target,
                                                                         deployer: CloudRunDeployer) -> None:
-    target = _target(standin, "service")
+    target = service
     first = short((await deployer.current(target)).latest_ready_revision)
     second = short((await deployer.deploy(target, "app:2", lambda e: None)).revision)
     await deployer.route(target, ((first, 100),), lambda e: None)
@@ -136,8 +106,8 @@ async def test_a_split_changed_after_the_rollback_is_not_celeryops_own(standin: 
 
 
 async def test_validate_route_refuses_a_revision_that_does_not_exist_and_changes_nothing(
-        standin: CloudRunStandIn, deployer: CloudRunDeployer) -> None:
-    target = _target(standin, "worker-pool")
+        standin: CloudRunStandIn, pool: Target, deployer: CloudRunDeployer) -> None:
+    target = pool
     before = standin.resource(POOL)
     with pytest.raises(DeployError) as info:
         await deployer.validate_route(target, (("gpu-00042-zzz", 100),))
@@ -149,9 +119,9 @@ async def test_validate_route_refuses_a_revision_that_does_not_exist_and_changes
     assert standin.validations == [POOL]
 
 
-async def test_a_service_keeps_its_tags_when_routed_back(standin: CloudRunStandIn,
+async def test_a_service_keeps_its_tags_when_routed_back(standin: CloudRunStandIn, service: Target,
                                                          deployer: CloudRunDeployer) -> None:
-    target = _target(standin, "service")
+    target = service
     first = short((await deployer.current(target)).latest_ready_revision)
     with grpc.insecure_channel(standin.address) as chan:
         client = run_v2.ServicesClient(transport=ServicesGrpcTransport(channel=chan))
@@ -230,8 +200,9 @@ def test_bad_requests_are_refused_before_anything_is_read(tmp_path: Path) -> Non
             info.value), str(info.value)
 
 
-async def test_a_revision_must_exist_and_be_ready(standin: CloudRunStandIn, deployer: CloudRunDeployer) -> None:
-    target = _target(standin, "service")
+async def test_a_revision_must_exist_and_be_ready(standin: CloudRunStandIn, service: Target,
+                                                  deployer: CloudRunDeployer) -> None:
+    target = service
     first = short((await deployer.current(target)).latest_ready_revision)
     await deployer.deploy(target, "app:2", lambda e: None)
     standin.fail_next_rollout("worker", reason="CONTAINER_MISSING")

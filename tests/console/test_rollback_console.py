@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from test_pilot import press, settle
+
 from celeryops.console import sample
 from celeryops.console.screens.confirm import ConfirmScreen
 from celeryops.console.screens.deploy import DeployScreen
@@ -17,17 +19,6 @@ from celeryops.ops.backend.views import RunRecordView
 
 SIZE = (120, 36)
 DEPLOYED = sample.history()[1]  # release/2.13, done
-
-
-async def settle(pilot: Any) -> None:
-    await pilot.app.workers.wait_for_complete()
-    await pilot.pause()
-
-
-async def press(pilot: Any, *keys: str) -> None:
-    for key in keys:
-        await pilot.press(key)
-        await settle(pilot)
 
 
 def shown_keys(app: Any) -> set[str]:

@@ -42,6 +42,8 @@ PERMISSION_ROLES: dict[str, str] = {
     "run.workerpools.get": "roles/run.developer",
     "run.workerpools.update": "roles/run.developer",
     "run.operations.get": "roles/run.developer",
+    "run.revisions.get": "roles/run.developer",
+    "run.revisions.list": "roles/run.developer",
     "iam.serviceAccounts.actAs": "roles/iam.serviceAccountUser",
 }
 
