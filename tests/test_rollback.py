@@ -11,6 +11,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+import redis
 from google.cloud import run_v2
 from google.cloud.run_v2.services.services.transports import ServicesGrpcTransport
 
@@ -19,6 +20,7 @@ from celeryops.adapters.deploy.base import RolloutState
 from celeryops.core.config import Config, Target
 from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.demo.standins.cloudrun import CloudRunStandIn
+from celeryops.ops.fleetwide.publish import Publisher, read_status, status_key
 from celeryops.ops.journal import Journal
 from celeryops.ops.preflight import traffic_check
 from celeryops.ops.run.rollback_plan import (
@@ -229,3 +231,15 @@ def test_a_rollback_run_keeps_what_resume_needs() -> None:
     settings = settings_of(steps, "drain")
     assert settings["kind"] == "rollback" and settings["targets"] == ["web"]
     assert steps_of(_config(SVC), settings) == steps
+
+
+def test_watchers_see_a_rollback_as_one(redis_client: redis.Redis) -> None:
+    """The published status carries the run's kind (a watcher's header and history); a status published by an
+    older version, without it, is told by its release as before."""
+    Publisher(redis_client, "prod", run_id="run-r", owner="ops", host="box", release="worker-00001-aaa",
+              kind="rollback").flush(True)
+    status = read_status(redis_client, "prod")
+    assert status is not None and status.run_kind == "rollback" and status.as_dict()["kind"] == "rollback"
+    redis_client.hdel(status_key("prod"), "kind")
+    older = read_status(redis_client, "prod")
+    assert older is not None and older.run_kind == "deploy"

@@ -110,7 +110,7 @@ class StatusReport:
         """deploy | drain | rollback: the journal's word when it has the run, else the published release's."""
         if self.run is not None:
             return self.run.kind
-        return None if self.published is None else "deploy" if self.published.release else "drain"
+        return None if self.published is None else self.published.run_kind
 
     @property
     def phase(self) -> str | None:

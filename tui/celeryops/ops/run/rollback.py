@@ -231,7 +231,11 @@ class Rollback:
                 raise UserError(str(err), EXIT_PREFLIGHT) from None
             return checked_step(target, split, source, now, revisions, strategy_of(request, target))
 
-        return tuple(await asyncio.gather(*(step(*w) for w in wanted)))
+        steps = await asyncio.gather(*(step(*w) for w in wanted), return_exceptions=True)  # every read ends here
+        for found in steps:
+            if isinstance(found, BaseException):
+                raise found
+        return tuple(cast(list[RollbackStep], steps))
 
     def checks(self, steps: Sequence[RollbackStep]) -> list[Check]:
         """The rollback's own preflight checks (the fleet's come after): revision, permissions, validate."""
