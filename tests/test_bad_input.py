@@ -24,6 +24,7 @@ import pytest
 import redis
 from celery import Celery
 
+from celeryops.adapters.deploy.base import RolloutState
 from celeryops.demo.standins.cloudrun import CloudRunStandIn
 from celeryops.demo.standins.gitrepo import GitFixture
 from celeryops.demo.standins.redis_server import RedisServer
@@ -55,6 +56,7 @@ class World:
     registry: str
     git: GitFixture
     baseline_state: Path
+    deployed_state: Path
 
     def config(self, **edits: str) -> str:
         """A valid celeryops.toml; ``edits`` replace whole lines by their key (``key=None`` text drops nothing)."""
@@ -98,7 +100,7 @@ class Row:
     words: str = ""  # must appear in the error sentence
     config: Callable[[World], str] | None = None  # celeryops.toml text (None: the valid one)
     env: dict[str, str] = field(default_factory=dict)
-    state: str = "journal"  # journal | corrupt | none
+    state: str = "journal"  # journal | deployed (a deploy of "worker" whose revision before is gone) | corrupt | none
     stdin_tty: bool = False
 
 
@@ -112,6 +114,22 @@ def _plain(*args: str) -> Callable[[World], list[str]]:
 
 def _drain(*extra: str) -> Callable[[World], list[str]]:
     return lambda w: ["drain", "--broker", w.broker.url, *extra]
+
+
+def _rollback(*extra: str) -> Callable[[World], list[str]]:
+    return lambda w: ["rollback", "--yes", "--accept-warnings", "--json", *extra]
+
+
+def _second_target(w: World) -> str:
+    return w.config(extra=f"""[[targets]]
+name = "api"
+kind = "cloudrun-service"
+project = "proj"
+region = "europe-west1"
+resource = "api"
+image = "{w.registry}/proj/api:{{sha}}"
+api_endpoint = "{w.standin}"
+insecure = true""")
 
 
 ROWS = [
@@ -173,6 +191,16 @@ ROWS = [
     # the fleet's Redis is down: a run another machine left open cannot be seen, so "no run" is not claimed
     Row("redis-down-abort", lambda w: ["abort", "--broker", w.down_url], 4, "did not answer"),
     Row("redis-down-resume", lambda w: ["resume", "--broker", w.down_url, "--json"], 4, "did not answer"),
+    # -- rollback -------------------------------------------------------------------------------------------------
+    Row("rollback-nothing-deployed", _rollback(), 2, "has no deploy of target 'worker' that took effect"),
+    Row("rollback-target-never-deployed", _rollback("--target", "api"), 2, "has no deploy of target 'api'",
+        config=_second_target, state="deployed"),
+    Row("rollback-revision-gone", _rollback(), 2, "Revision worker-00000-gon of", state="deployed"),
+    Row("rollback-to-missing-revision", _rollback("--to", "worker-00099-zzz"), 2, "does not exist"),
+    Row("rollback-strategy-overlap", _rollback("--strategy", "overlap"), 2, "--strategy drain"),
+    Row("rollback-without-yes-no-tty", _plain("rollback"), 2, "--yes"),
+    Row("rollback-permission-denied", _rollback("--to", "worker-00001-abc"), 5, "run.revisions.list",
+        config=lambda w: w.config(api_endpoint=f'api_endpoint = "{w.denied}"')),
 ]
 
 
@@ -245,11 +273,18 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         with Journal(state_dir=state) as journal:  # a journal with one finished run: the rows must leave it alone
             run = journal.create_run(fleet="default", broker=broker.url, settings={"queues": [queue]})
             journal.advance(run.id, "aborted", reason="seeded by the test")
+        deployed = root / "deployed-state"  # a deploy of "worker" that replaced a revision deleted since
+        with Journal(state_dir=deployed) as journal:
+            run = journal.create_run(fleet="default", broker=broker.url, release=BRANCH)
+            gone = RolloutState(resource="worker", latest_ready_revision="worker-00000-gon").to_dict()
+            journal.settle(journal.intend_deploy(run.id, target="worker", image="img:1", previous=gone), {"ok": True})
+            journal.advance(run.id, "failed", reason="seeded by the test")
         app = Celery("bad-input-control", broker=broker.url)
         worker.wait_ready(app, timeout=60)
         app.close()
         yield World(root=root, broker=broker, secured=secured, down_url=down.url, worker=worker, queue=queue,
-                    standin=endpoints[0], denied=endpoints[1], registry=registry.host, git=git, baseline_state=state)
+                    standin=endpoints[0], denied=endpoints[1], registry=registry.host, git=git, baseline_state=state,
+                    deployed_state=deployed)
     finally:
         worker.stop()
         for s in (standin, denied):
@@ -273,6 +308,8 @@ def _play(world: World, row: Row) -> Outcome:
     state = here / "state"
     if row.state == "journal":
         shutil.copytree(world.baseline_state, state)
+    elif row.state == "deployed":
+        shutil.copytree(world.deployed_state, state)
     elif row.state == "corrupt":
         state.mkdir()
         (state / "journal.sqlite3").write_bytes(b"this is not a sqlite database\n" * 300)

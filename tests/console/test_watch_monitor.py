@@ -119,13 +119,15 @@ async def test_watch_sends_no_control_command_and_writes_nothing(
                 assert console.model.progress.active == 1
                 header = console.screen.query_one(StatusBar).render().plain
                 assert "default @ watched fleet" in header, header  # which fleet's runs this watcher follows
-                for key in ("S", "G", "X", "F", "R", "A"):  # dangerous keys do nothing here
+                for key in ("S", "G", "X", "F", "R", "A", "B"):  # dangerous keys do nothing here
                     await pilot.press(key)
                     await pilot.pause()
                 with pytest.raises(ReadOnlyRefused):
                     await backend.abort_run()
                 with pytest.raises(ReadOnlyRefused):
                     await backend.proceed()
+                with pytest.raises(ReadOnlyRefused):  # B's rollback is refused in the ops layer too
+                    await backend.start_rollback("any-run", lambda event: None)
                 await pilot.press("q")
             assert console.return_value == 0
         finally:

@@ -1,5 +1,5 @@
-"""Opening the console: bare ``celeryops`` (home view), ``celeryops watch`` (read-only), and ``deploy`` / ``drain``
-in a terminal (the preflight screen of that run, with the command's settings)."""
+"""Opening the console: bare ``celeryops`` (home view), ``celeryops watch`` (read-only), and ``deploy`` / ``drain`` /
+``rollback`` in a terminal (the preflight screen of that run, with the command's settings)."""
 
 from __future__ import annotations
 
@@ -35,9 +35,10 @@ if TYPE_CHECKING:
         SlotsView,
         TimelineEntry,
     )
+    from celeryops.ops.run.rollback_plan import RollbackRequest
     from celeryops.ops.run.session import DrainRequest
 
-Start = Literal["home", "deploy", "drain"]
+Start = Literal["home", "deploy", "drain", "rollback"]
 CONSOLE_SIGNALS = (signal.SIGHUP, signal.SIGTERM)
 
 
@@ -48,7 +49,8 @@ def wants_console(as_json: bool, headless: bool) -> bool:
 
 def open_console(fleet: FleetSpec, *, start: Start = "home", read_only: bool = False, state_dir: str | None = None,
                  config: Config | None = None, release: str | None = None, drain: DrainRequest | None = None,
-                 targets: tuple[Target, ...] | None = None, repo: str | None = None) -> NoReturn:
+                 targets: tuple[Target, ...] | None = None, repo: str | None = None,
+                 rollback: RollbackRequest | None = None) -> NoReturn:
     """Run the console until the operator quits; exits with the run's exit code.
 
     Given a broker URL (no Celery app to import), the console paints its first frame before Celery, kombu,
@@ -69,7 +71,8 @@ def open_console(fleet: FleetSpec, *, start: Start = "home", read_only: bool = F
         from celeryops.ops.backend.console import open_backend
 
         return open_backend(fleet.celery_app(), cfg, read_only=read_only, fleet_display=fleet.app_path or "",
-                            state_dir=cfg.state_dir, drain=drain, targets=targets, repo=Path(repo) if repo else None)
+                            state_dir=cfg.state_dir, drain=drain, targets=targets, repo=Path(repo) if repo else None,
+                            rollback=rollback)
 
     url = fleet.plain_broker_url()
     backend: OpsBackend | LateBackend
@@ -146,6 +149,9 @@ class LateBackend:
 
     async def start_drain(self, on_event: EventSink) -> None:
         await (await self._opened()).start_drain(on_event)
+
+    async def start_rollback(self, run_id: str | None, on_event: EventSink) -> None:
+        await (await self._opened()).start_rollback(run_id, on_event)
 
     async def accept_warnings(self) -> None:
         await (await self._opened()).accept_warnings()

@@ -21,11 +21,13 @@ from celeryops.core.events import (
     RunFollowed,
     StageStarted,
     TargetDeployed,
+    TargetRolledBack,
 )
 from celeryops.core.masking import mask_text
 from celeryops.core.wording import check_line, duration, say
 
-FINAL_EVENTS = ("timeout", "interrupted", "error", "deployed", "preflight_failed", "declined", "deploy_failed")
+FINAL_EVENTS = ("timeout", "interrupted", "error", "deployed", "preflight_failed", "declined", "deploy_failed",
+                "rolled_back", "rollback_failed")
 
 
 class Printer:
@@ -91,6 +93,10 @@ class Printer:
             return f"== {text}"
         if isinstance(event, TargetDeployed):  # where the result is: revision, service URL, console page, logs
             line = f"  {event.target}: revision {event.revision or '-'}" + (f"  {event.url}" if event.url else "")
+            if isinstance(event, TargetRolledBack):
+                was = f" (was {event.previous_revision})" if event.previous_revision else ""
+                line = f"  {event.target}: revision {event.revision} serves now{was}" + (
+                    f"  {event.url}" if event.url else "")
             line += f"\n    console: {event.console_url}" if event.console_url else ""
             return line + (f"\n    logs: {event.logs_url}" if event.logs_url else "")
         if isinstance(event, Notice) and level != "info":

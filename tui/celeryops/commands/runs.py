@@ -127,6 +127,13 @@ class StatusReport:
         return self.published.run_id if self.published else self.run.id if self.run else None
 
     @property
+    def kind(self) -> str | None:
+        """deploy | drain | rollback: the journal's word when it has the run, else the published release's."""
+        if self.run is not None:
+            return self.run.kind
+        return None if self.published is None else self.published.run_kind
+
+    @property
     def phase(self) -> str | None:
         if self.run is not None:
             return self.run.phase
@@ -137,7 +144,7 @@ class StatusReport:
         if self.current:
             started = self.run.created if self.run else self.published.started_at if self.published else None
             run = {
-                "id": self.run_id, "phase": self.phase,
+                "id": self.run_id, "phase": self.phase, "kind": self.kind,
                 "owner": self.run.user if self.run else self.published.owner if self.published else None,
                 "host": self.run.host if self.run else self.published.host if self.published else None,
                 "release": self.run.release if self.run else self.published.release if self.published else None,
@@ -273,7 +280,10 @@ def _status_lines(report: StatusReport) -> list[str]:
         return [line, *(f"Note: {n}." for n in report.notes)]
     data = report.as_dict()["run"]
     release = f", release {data['release']}" if data["release"] else ""
-    lines = [f"Fleet {report.fleet}: run {data['id']} is in phase {phase_word(data['phase'])}, started "
+    if data["kind"] == "rollback":
+        release = f", rolling back to {data['release']}"
+    what = "rollback run" if data["kind"] == "rollback" else "run"
+    lines = [f"Fleet {report.fleet}: {what} {data['id']} is in phase {phase_word(data['phase'])}, started "
              f"{ago(data['age'] or 0)} "
              f"by {data['owner']}@{data['host']}{release}."]
     if report.interrupted and report.holder is not None:
@@ -325,16 +335,18 @@ def status(fleet: FleetSpec, as_json: bool, state_dir: str | None) -> None:
 def runs(limit: int, as_json: bool, state_dir: str | None) -> None:
     """List the runs recorded in the local journal, newest first. Reads only."""
     journal = open_journal_if_any(state_dir)
+    kinds: dict[str, str] = {}  # run id -> deploy | drain | rollback
     if journal is None:
         rows = []
     else:
         try:
             rows = journal.history(limit)
+            kinds = {r.id: journal.get(r.id).kind for r in rows}
         finally:
             journal.close()
     if as_json:
-        click.echo(json.dumps([{"id": r.id, "fleet": r.fleet, "release": r.release, "phase": r.phase,
-                                "outcome": r.outcome, "created": r.created, "duration": r.duration}
+        click.echo(json.dumps([{"id": r.id, "fleet": r.fleet, "kind": kinds[r.id], "release": r.release,
+                                "phase": r.phase, "outcome": r.outcome, "created": r.created, "duration": r.duration}
                                for r in rows]))
         return
     if not rows:
@@ -343,7 +355,7 @@ def runs(limit: int, as_json: bool, state_dir: str | None) -> None:
     table = [("RUN", "FLEET", "KIND", "RELEASE", "PHASE", "OUTCOME", "DURATION", "STARTED")]
     now = time.time()
     for r in rows:
-        table.append((r.id, r.fleet, "deploy" if r.release else "drain", r.release or "-", phase_word(r.phase),
+        table.append((r.id, r.fleet, kinds[r.id], r.release or "-", phase_word(r.phase),
                       r.outcome or "open", _duration(r.duration), ago(now - r.created)))
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:

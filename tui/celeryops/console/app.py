@@ -34,10 +34,10 @@ from celeryops.core.masking import mask_text
 # events and views of the ops layer they read).
 if TYPE_CHECKING:
     from celeryops.console.screens.quit import QuitChoice
-    from celeryops.core.events import Event
-    from celeryops.ops.backend.views import RecoveryChoice, RunView, StrandedWorker
+    from celeryops.core.events import Event, RunKind
+    from celeryops.ops.backend.views import RecoveryChoice, RunRecordView, RunView, StrandedWorker
 
-Start = Literal["home", "deploy", "drain"]
+Start = Literal["home", "deploy", "drain", "rollback"]
 
 
 RUN_VIEWS: tuple[View, ...] = ("preflight", "drain", "deploy")
@@ -117,7 +117,7 @@ class ConsoleApp(App[int]):
             self.run_worker(self._offer_unfinished(on_start=True), group="backend")
         if self.read_only:
             self.call_backend("follow the live run", self.backend.follow_run(self.sink))
-        elif self.start in ("deploy", "drain"):
+        elif self.start in ("deploy", "drain", "rollback"):
             self.begin_run(self.start, self.release)
 
     def on_ready(self) -> None:
@@ -325,7 +325,7 @@ class ConsoleApp(App[int]):
 
         self.push_screen(ConfirmScreen(title, what_happens, label), done)
 
-    def begin_run(self, kind: Literal["deploy", "drain"], release: str | None) -> None:
+    def begin_run(self, kind: RunKind, release: str | None, *, rollback_of: str | None = None) -> None:
         if self.read_only:
             return
         self.model = RunModel(kind=kind, release=release, phase="preflight")
@@ -333,13 +333,29 @@ class ConsoleApp(App[int]):
         self._render_run()
         if kind == "deploy":
             self.call_backend("start the deploy", self.backend.start_deploy(release or "", self.sink))
+        elif kind == "rollback":
+            self.call_backend("start the rollback", self.backend.start_rollback(rollback_of, self.sink))
         else:
             self.call_backend("start the drain", self.backend.start_drain(self.sink))
 
     def _stop_plan(self) -> str:
+        if self.model.kind == "rollback":
+            return ("Consumers are cancelled on every worker (running and prefetched tasks finish), the fleet is "
+                    "drained, then each target is routed back to its earlier revision (no new image, no new "
+                    "revision). A timeout restores consumers and changes nothing.")
         deploy = f" then deploy {self.model.release}" if self.model.kind == "deploy" else ""
         return ("Consumers are cancelled on every worker (running and prefetched tasks finish), the fleet is "
                 f"drained{deploy}. A timeout restores consumers and deploys nothing.")
+
+    def confirm_rollback(self, run: RunRecordView) -> None:
+        """B in the run history: undo that deploy. The preflight comes first; nothing changes until G."""
+        release = f" (release {run.release})" if run.release else ""
+        self.confirm(f"Roll back run {run.run_id}?",
+                     f"Each target of run {run.run_id}{release} goes back to the revision that deploy replaced: "
+                     "no new image, no new revision. The preflight checklist runs first and names the revisions; "
+                     "nothing changes until you press G there, then the fleet is drained (as for a deploy) and "
+                     "the targets are routed back.", "Start the rollback's preflight",
+                     lambda: self.begin_run("rollback", None, rollback_of=run.run_id))
 
     def confirm_proceed(self) -> None:
         warned = self.model.warned_checks

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
     from celeryops.console.model import RunModel
     from celeryops.console.ports import ConsoleBackend
-    from celeryops.ops.backend.views import RecoveryChoice, RunView, StrandedWorker
+    from celeryops.ops.backend.views import RecoveryChoice, RunRecordView, RunView, StrandedWorker
 
 
 class ConsoleHost(Protocol):
@@ -30,11 +30,14 @@ class ConsoleHost(Protocol):
 
     def confirm(self, title: str, what_happens: str, label: str, then: Callable[[], None]) -> None: ...
 
-    def begin_run(self, kind: Literal["deploy", "drain"], release: str | None) -> None: ...
+    def begin_run(self, kind: Literal["deploy", "drain", "rollback"], release: str | None, *,
+                  rollback_of: str | None = None) -> None: ...
 
     def confirm_proceed(self) -> None: ...
 
     def confirm_abort(self) -> None: ...
+
+    def confirm_rollback(self, run: RunRecordView) -> None: ...
 
     def confirm_recovery(self, choice: RecoveryChoice, run: RunView | None = None) -> None: ...
 

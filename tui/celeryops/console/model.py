@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # imported by apply() with the first event: the console's fir
         PreflightDone,
         RunFinished,
         RunFollowed,
+        RunKind,
         RunPhase,
     )
     from celeryops.ops.backend.views import DeployTarget, WorkerView
@@ -39,7 +40,7 @@ class LogLine:
 class RunModel:
     """The run as the console has seen it so far."""
 
-    kind: Literal["deploy", "drain"] | None = None
+    kind: RunKind | None = None
     release: str | None = None
     phase: RunPhase | None = None
     checks: dict[str, CheckUpdate] = field(default_factory=dict)
@@ -57,7 +58,7 @@ class RunModel:
 
     @property
     def active(self) -> bool:
-        return self.phase in ACTIVE_PHASES or (self.phase == "drained" and self.kind == "deploy")
+        return self.phase in ACTIVE_PHASES or (self.phase == "drained" and self.kind in ("deploy", "rollback"))
 
     @property
     def parked(self) -> bool:
@@ -75,7 +76,7 @@ class RunModel:
             return "preflight"
         if self.phase in ("deploying", "deployed") or (self.phase in ("done", "failed", "aborted")
                                                         and self.deploy is not None) or (
-                self.kind == "deploy" and self.phase == "done"):
+                self.kind in ("deploy", "rollback") and self.phase == "done"):
             return "deploy"
         if self.phase is not None or self.progress is not None:
             return "drain"
@@ -169,7 +170,7 @@ class RunModel:
         from celeryops.ops.backend.views import DeployTarget
 
         self.result = event
-        if event.outcome == "deploy_failed":
+        if event.outcome in ("deploy_failed", "rollback_failed"):
             self.phase = "failed"
             self.deploy = {name: DeployTarget(t.target, t.revision, "failed", t.conditions, t.message)
                            if t.state != "ready" else t for name, t in (self.deploy or {}).items()} or {

@@ -67,6 +67,11 @@ class ConsoleBackend(Protocol):
         Dangerous only in what follows ``proceed``; refused in read-only mode."""
         ...
 
+    async def start_rollback(self, run_id: str | None, on_event: EventSink) -> None:
+        """Begin a rollback run: of deploy run ``run_id`` (B in the run history), or as ``celeryops rollback``'s
+        flags say (None). Runs preflight, then waits for :meth:`proceed`. Refused in read-only mode."""
+        ...
+
     async def start_drain(self, on_event: EventSink) -> None:
         """Begin a drain-only run: preflight, then waits for :meth:`proceed`. Refused in read-only mode."""
         ...

@@ -244,13 +244,15 @@ def releases() -> ReleasesView:
 
 
 def history() -> tuple[RunRecordView, ...]:
-    """The run history: a deploy in progress, a deploy done, a drain that timed out, a failed deploy."""
+    """The run history: a deploy in progress, a deploy done, a drain that timed out, a rollback, a failed deploy."""
     return (
         RunRecordView("20240611-0912-3fa9c1", "deploy", "draining", "release/2.14", "ops@laptop", NOW - 420, None),
         RunRecordView("20240610-1630-9b0d2e", "deploy", "done", "release/2.13", "ci@runner-7", NOW - 17 * 3600,
                       1130.0, "succeeded"),
         RunRecordView("20240609-1105-7c1e4a", "drain", "aborted", None, "ops@laptop", NOW - 2 * 86400 - 3600,
                       1210.0, "timeout"),
+        RunRecordView("20240607-2214-c4d8e1", "rollback", "done", "worker-00038-hzt", "ops@laptop",
+                      NOW - 4 * 86400, 305.0, "succeeded"),
         RunRecordView("20240605-0840-51aa07", "deploy", "failed", "release/2.12", "ops@laptop", NOW - 6 * 86400,
                       742.0, "deploy_failed"),
     )

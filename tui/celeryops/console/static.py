@@ -79,6 +79,11 @@ class StaticBackend:
         self.sink = on_event
         self._play(self.preflight_script)
 
+    async def start_rollback(self, run_id: str | None, on_event: EventSink) -> None:
+        self._dangerous("start rollback", run_id or "")
+        self.sink = on_event
+        self._play(self.preflight_script)
+
     async def start_drain(self, on_event: EventSink) -> None:
         self._dangerous("start drain")
         self.sink = on_event

@@ -43,6 +43,7 @@ PREFLIGHT_CHECKS: dict[str, str] = {
     "freshness": "the release commit is not older than release.max_age_days (warns when older)",
     "permissions": "the Cloud Run permissions a deploy needs are granted",
     "traffic": "all traffic (worker pools: instances) will go to the new revision",
+    "revision": "a rollback's revision exists and Cloud Run can serve it (Ready)",
     "validate": "Cloud Run accepts the exact update (sent with validate_only: nothing changes)",
     "broker": "the broker answers",
     "workers": "every known worker answers ping (warns when registered workers are silent)",
@@ -53,6 +54,10 @@ PREFLIGHT_CHECKS: dict[str, str] = {
 WARNING_CHECKS = ("branch", "freshness", "workers", "lease", "fence")
 #: Values of a target's ``traffic`` key.
 TRAFFIC_MODES = ("latest",)
+#: How a deploy (and a rollback) brings a revision to serve: ``drain`` (stop every consumer, wait, switch, restore),
+#: or ``overlap`` (Cloud Run worker pools: the new revision consumes beside the old one). A target's ``strategy``
+#: key; the commands' ``--strategy`` wins; ``drain`` is the default.
+STRATEGIES = ("drain", "overlap")
 
 #: Environment variable -> dotted configuration key.
 ENV_KEYS: dict[str, str] = {
@@ -137,6 +142,7 @@ class Target:
     command: str = ""
     timeout: float = DEFAULT_TARGET_TIMEOUT
     traffic: str = ""  # "latest": the update also routes all traffic (instances) to the new revision
+    strategy: str = ""  # "drain" | "overlap" ("": drain); --strategy wins
 
     @property
     def is_cloudrun(self) -> bool:
@@ -262,6 +268,7 @@ __all__ = [
     "ENV_KEYS",
     "IMAGE_PLACEHOLDERS",
     "PREFLIGHT_CHECKS",
+    "STRATEGIES",
     "TARGET_KINDS",
     "TRAFFIC_MODES",
     "WARNING_CHECKS",

@@ -8,6 +8,7 @@ from celeryops.core.config import (
     CLOUDRUN_KINDS,
     COMMAND_PLACEHOLDERS,
     IMAGE_PLACEHOLDERS,
+    STRATEGIES,
     TARGET_KINDS,
     TRAFFIC_MODES,
     Target,
@@ -18,8 +19,8 @@ from celeryops.core.config import (
 from celeryops.core.configcheck import number, quoted, template_problem, typed, unknown_keys
 
 _TARGET_KEYS = ("name", "kind", "project", "region", "resource", "container", "image", "api_endpoint", "insecure",
-                "command", "timeout", "traffic")
-_CLOUDRUN_ONLY = ("project", "region", "resource", "container", "api_endpoint", "insecure", "traffic")
+                "command", "timeout", "traffic", "strategy")
+_CLOUDRUN_ONLY = ("project", "region", "resource", "container", "api_endpoint", "insecure", "traffic", "strategy")
 
 
 def validate_targets(targets: list[dict[str, Any]], problems: list[str]) -> list[Target]:
@@ -87,6 +88,10 @@ def _check_cloudrun_target(label: str, table: dict[str, Any], values: dict[str, 
     if isinstance(traffic, str) and traffic not in TRAFFIC_MODES:
         problems.append(f"{label}: traffic {traffic!r} is not a traffic mode; use traffic = \"latest\" to route all "
                         "traffic (worker pools: all instances) to the new revision, or remove it.")
+    strategy = values.get("strategy")
+    if isinstance(strategy, str) and strategy not in STRATEGIES:
+        problems.append(f"{label}: strategy {strategy!r} is not a strategy{did_you_mean(strategy, STRATEGIES)}; use "
+                        f"one of {quoted(STRATEGIES)}, or remove it (drain).")
     if isinstance(values.get("image"), str):
         problem = template_problem(f"{label}: image", values["image"], IMAGE_PLACEHOLDERS)
         if problem:

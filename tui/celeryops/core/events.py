@@ -23,8 +23,9 @@ RUN_PHASES: tuple[RunPhase, ...] = ("preflight", "ready", "stopping", "draining"
                                     "done", "aborted", "failed")
 CheckStatus = Literal["pending", "running", "ok", "warn", "fail"]
 RunOutcome = Literal["drained", "deployed", "preflight_failed", "declined", "timeout", "deploy_failed",
-                     "interrupted", "aborted", "error"]
-RunKind = Literal["deploy", "drain"]
+                     "interrupted", "aborted", "error", "rolled_back", "rollback_failed"]
+#: What a run does: drain only, deploy a release, or route targets back to revisions they ran before (rollback).
+RunKind = Literal["deploy", "drain", "rollback"]
 
 
 @dataclass(frozen=True)
@@ -238,6 +239,15 @@ class TargetDeployed(Event):
     previous_revision: str = ""
     logs_url: str = ""
     kind: str = field(init=False, default="target")
+
+
+@dataclass(frozen=True)
+class TargetRolledBack(TargetDeployed):
+    """A target a rollback routed back: ``revision`` serves it now, ``previous_revision`` served it before (the
+    ``target`` event with ``"rolled_back": true``)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {**super().to_json(), "rolled_back": True}
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from celeryops.core.events import (
     RunFollowed,
     StageStarted,
     TargetDeployed,
+    TargetRolledBack,
 )
 
 Level = Literal["info", "ok", "warning", "error"]
@@ -93,6 +94,9 @@ def say(event: Event) -> Line | None:
         where = ", ".join(w for w in (f"revision {event.revision}" if event.revision else "", event.url,
                                       f"console {event.console_url}" if event.console_url else "") if w)
         logs = f"; logs {event.logs_url}" if event.logs_url else ""
+        if isinstance(event, TargetRolledBack):
+            was = f" (was {event.previous_revision})" if event.previous_revision else ""
+            return "ok", f"{event.target} rolled back: {where} serves now{was}{logs}"
         return "ok", f"{event.target} deployed" + (f": {where}" if where else "") + logs
     if isinstance(event, RunFinished):
         return ("ok" if event.exit_code == 0 else "error"), event.message

@@ -42,6 +42,8 @@ PERMISSION_ROLES: dict[str, str] = {
     "run.workerpools.get": "roles/run.developer",
     "run.workerpools.update": "roles/run.developer",
     "run.operations.get": "roles/run.developer",
+    "run.revisions.get": "roles/run.developer",
+    "run.revisions.list": "roles/run.developer",
     "iam.serviceAccounts.actAs": "roles/iam.serviceAccountUser",
 }
 
@@ -109,6 +111,9 @@ class RolloutState:
     #: How many instances run: a worker pool's ``scaling.manual_instance_count`` (1 when unset, Cloud Run's
     #: default), a service's in manual scaling; None for an autoscaled service (or a state from an older journal).
     instance_count: int | None = None
+    #: The split celeryops itself left on the resource (a rollback's, recorded in its ``celeryops/split``
+    #: annotation); empty: none. See :attr:`owned`.
+    owned_split: tuple[tuple[str, int], ...] = ()
 
     @property
     def settled(self) -> bool:
@@ -121,6 +126,26 @@ class RolloutState:
         """Entries of the asked-for split that send a share to a named revision instead of the latest: a service
         rolled back in the console keeps them on every update, and the new revision gets what is left."""
         return tuple((rev, pct) for rev, pct in self.traffic if rev and pct > 0)
+
+    @property
+    def owned(self) -> bool:
+        """The split pins named revisions and is the one celeryops left there itself (a rollback): a deploy may
+        route everything to its new revision without ``traffic = "latest"``. A split changed since (in the console,
+        by gcloud) is not celeryops' any more."""
+        return bool(self.pinned) and _shares(self.owned_split, "") == _shares(self.traffic, "")
+
+    @property
+    def caught_up(self) -> bool:
+        """Cloud Run has acted on the newest generation (not reconciling): an update that makes no revision (a
+        split routed to existing revisions) is done then, whatever the latest created revision's state."""
+        return not self.reconciling and self.observed_generation == self.generation
+
+    @property
+    def served(self) -> tuple[tuple[str, int], ...]:
+        """What serves now as Cloud Run reports it: ``(revision, percent)``, the revision by its short name (the
+        latest ready one named), largest share first, zero shares left out."""
+        shares = _shares(self.traffic_statuses or (("", 100),), short_revision(self.latest_ready_revision))
+        return tuple(sorted(shares.items(), key=lambda entry: (-entry[1], entry[0])))
 
     @property
     def latest_share(self) -> int:
@@ -144,15 +169,7 @@ class RolloutState:
         """Cloud Run reports exactly ``split`` (``(revision, percent)``, ``""`` = the latest ready revision) as
         served, zero shares aside."""
         latest = short_revision(self.latest_ready_revision)
-
-        def norm(entries: Sequence[tuple[str, int]]) -> dict[str, int]:
-            out: dict[str, int] = {}
-            for rev, pct in entries:
-                if pct > 0:
-                    out[rev or latest] = out.get(rev or latest, 0) + pct
-            return out
-
-        return norm(self.traffic_statuses or (("", 100),)) == norm(split or (("", 100),))
+        return _shares(self.traffic_statuses or (("", 100),), latest) == _shares(split or (("", 100),), latest)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able data, e.g. for the run journal."""
@@ -162,10 +179,19 @@ class RolloutState:
     def from_dict(cls, data: Mapping[str, Any]) -> RolloutState:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
-        for key in ("traffic", "traffic_statuses"):
+        for key in ("traffic", "traffic_statuses", "owned_split"):
             if key in values and values[key] is not None:
                 values[key] = tuple((str(rev), int(pct)) for rev, pct in values[key])
         return cls(**values)
+
+
+def _shares(split: Sequence[tuple[str, int]], latest: str) -> dict[str, int]:
+    """A split as ``{revision: percent}`` (``""`` entries as ``latest``), zero shares left out."""
+    out: dict[str, int] = {}
+    for rev, pct in split:
+        if pct > 0:
+            out[rev or latest] = out.get(rev or latest, 0) + pct
+    return out
 
 
 def describe_split(split: Sequence[tuple[str, int]], latest: str = "") -> str:
@@ -266,6 +292,26 @@ class RolloutStarted(RolloutEvent):
 
 
 @dataclass(frozen=True)
+class RouteStarted(RolloutEvent):
+    """An update that routes traffic (a worker pool's instances) to existing revisions was accepted: no new
+    revision, no image (a rollback). ``revision``: the revision that gets the largest share (short name);
+    ``split``: the whole split in words; ``operation``: Cloud Run's long-running operation."""
+
+    target: str
+    revision: str
+    split: str = ""
+    operation: str = ""
+    previous_revision: str = ""
+
+    step: ClassVar[str] = "routing"
+
+    @property
+    def detail(self) -> str:
+        return f"routing to {self.split or self.revision}" + (
+            f" (from {self.previous_revision})" if self.previous_revision else "")
+
+
+@dataclass(frozen=True)
 class RevisionCreated(RolloutEvent):
     target: str
     revision: str
@@ -334,7 +380,8 @@ class CommandOutput(RolloutEvent):
         return self.line
 
 
-ProgressEvent = RolloutStarted | RevisionCreated | ConditionChanged | RolloutReady | PollTrouble | CommandOutput
+ProgressEvent = (RolloutStarted | RouteStarted | RevisionCreated | ConditionChanged | RolloutReady | PollTrouble
+                 | CommandOutput)
 ProgressCallback = Callable[[ProgressEvent], None]
 
 
@@ -400,4 +447,27 @@ class Deployer(Protocol):
 
     async def rollout_outcome(self, target: Target, started: RolloutState, image: str) -> Outcome:
         """After an interruption: did the rollout of ``image`` begun from state ``started`` take effect?"""
+        ...
+
+
+class Router(Deployer, Protocol):
+    """A deployer that can also route a target back to revisions it already has (a rollback): Cloud Run's.
+    Implementation: CloudRunDeployer."""
+
+    async def revisions(self, target: Target) -> list[RevisionInfo]:
+        """The target's revisions, newest first (raises DeployError when they cannot be listed)."""
+        ...
+
+    async def route(self, target: Target, split: tuple[tuple[str, int], ...], on_progress: ProgressCallback, *,
+                    by: str = "") -> DeployResult:
+        """Route the target to existing revisions (``(short name, percent)``), recorded as celeryops' own split,
+        and wait until it serves exactly that; raises DeployError."""
+        ...
+
+    async def validate_route(self, target: Target, split: tuple[tuple[str, int], ...]) -> None:
+        """Ask the platform to check the update :meth:`route` would send, changing nothing."""
+        ...
+
+    async def route_outcome(self, target: Target, split: tuple[tuple[str, int], ...]) -> Outcome:
+        """After an interruption: did routing to ``split`` take effect?"""
         ...

@@ -48,6 +48,7 @@ from celeryops.adapters.deploy.base import (
     RolloutReady,
     RolloutStarted,
     RolloutState,
+    RouteStarted,
     condense,
     describe_split,
     logs_link,
@@ -75,6 +76,7 @@ from celeryops.adapters.deploy.cloudrun_api import (
 from celeryops.adapters.deploy.cloudrun_state import (
     ProgressTracker,
     prepare_pool_update,
+    prepare_route,
     prepare_update,
     refuse_unready,
     revision_info,
@@ -230,6 +232,55 @@ class CloudRunDeployer:
         return await self._watch(clients, target, asked.image, operation, before, on_progress,
                                  split=asked.traffic or (("", 100),), new_revision=new_revision)
 
+    async def route(self, target: Target, split: tuple[tuple[str, int], ...], on_progress: ProgressCallback, *,
+                    by: str = "") -> DeployResult:
+        """Route a service's traffic (a worker pool's instances) to existing revisions, ``split`` naming each
+        (``(short name, percent)``; a rollback: ``((revision, 100),)``): no image, no new revision. The split is
+        recorded on the resource as celeryops' own (``by``: who left it), so a later deploy routes everything to its
+        new revision. Followed until Cloud Run serves exactly that split; a rollout in progress is refused. The
+        result names the revision with the largest share, its image and logs, and what served most before."""
+        clients = await self._clients(target)
+        main = short_revision(max(split, key=lambda entry: entry[1])[0]) if split else ""
+
+        def prepare(resource: Any, before: RolloutState) -> None:
+            refuse_unready(target, before, traffic=False)
+            prepare_route(target, resource, split, by)
+
+        before, _asked, operation = await self._send(clients, target, prepare, force_new_revision=False)
+        previous = before.served[0][0] if before.served else ""
+        on_progress(RouteStarted(target.name, main, describe_split(split), operation, previous))
+        watched = await self._watch(clients, target, f"revision {main}", operation, before, on_progress,
+                                    split=split, new_revision=False, route=True)
+        full = f"{target.resource_path}/revisions/{main}"
+        found = await self._revision(clients, full)
+        return DeployResult(target.name, found.image if found is not None else "", full, previous, operation,
+                            url=watched.url, console_url=target.console_url,
+                            logs_url=(found.log_uri if found is not None else "") or logs_link(
+                                target.kind, target.project, target.region, target.resource, full))
+
+    async def validate_route(self, target: Target, split: tuple[tuple[str, int], ...]) -> None:
+        """Send the update :meth:`route` would send with ``validate_only=True`` (Cloud Run checks that the
+        revisions exist, and actAs, changing nothing). Raises DeployError with its refusal, or when a rollout is in
+        progress."""
+        clients = await self._clients(target)
+        resource = await self._get(clients, target, self._read_retry(), self.rpc_timeout)
+        refuse_unready(target, state_of(target, resource), traffic=False)
+        prepare_route(target, resource, split)
+        await self._update(clients, target, resource, validate_only=True, force_new_revision=False)
+
+    async def route_outcome(self, target: Target, split: tuple[tuple[str, int], ...]) -> Outcome:
+        """After an interruption: did routing to ``split`` take effect? Reconciling -> ``in_progress``; caught up
+        and serving exactly ``split`` -> ``ready``; anything else -> ``failed`` (what served before still serves);
+        no answer within ``outcome_timeout`` (no retries), not found or denied -> ``unknown``."""
+        try:
+            clients = await self._clients(target)
+            now = state_of(target, await self._get(clients, target, None, self.outcome_timeout))
+        except DeployError:
+            return "unknown"
+        if now.reconciling:
+            return "in_progress"
+        return "ready" if now.caught_up and now.serves(split) else "failed"
+
     async def close(self) -> None:
         """Close every channel this deployer opened (it opens new ones if it is used again)."""
         cached, self._cache = list(self._cache.values()), {}
@@ -361,10 +412,12 @@ class CloudRunDeployer:
 
     async def _watch(self, clients: CloudRunClients, target: Target, image: str, operation: str,
                      before: RolloutState, on_progress: ProgressCallback, *,
-                     split: tuple[tuple[str, int], ...] | None = None, new_revision: bool = True) -> DeployResult:
+                     split: tuple[tuple[str, int], ...] | None = None, new_revision: bool = True,
+                     route: bool = False) -> DeployResult:
         """Poll the operation, then the resource, until it succeeded and serves what was asked: all traffic
-        (instances) on the latest revision, or exactly ``split``. Transient errors and an exhausted quota are
-        retried (the quota with backoff) for ``poll_grace`` seconds."""
+        (instances) on the latest revision, or exactly ``split`` (``route``: an update that makes no revision is done
+        once Cloud Run caught up and serves the split, whatever the latest created revision's state). Transient
+        errors and an exhausted quota are retried (the quota with backoff) for ``poll_grace`` seconds."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + target.timeout
         tracker = ProgressTracker(target.name, before, on_progress)
@@ -429,7 +482,7 @@ class CloudRunDeployer:
                 tracker.observe(resource)
                 state = state_of(target, resource)
                 created = state.latest_created_revision or created
-                if state.succeeded:
+                if state.succeeded or (route and state.caught_up):
                     served = state.serves(split) if split is not None else state.ready
                     if served:
                         on_progress(RolloutReady(target.name, state.latest_ready_revision if new_revision else ""))

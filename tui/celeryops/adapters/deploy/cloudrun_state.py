@@ -55,7 +55,14 @@ _STATE_NAMES = {
 }
 _LATEST_TRAFFIC = TrafficTargetAllocationType.TRAFFIC_TARGET_ALLOCATION_TYPE_LATEST
 _LATEST_SPLIT = InstanceSplitAllocationType.INSTANCE_SPLIT_ALLOCATION_TYPE_LATEST
+_BY_NAME_TRAFFIC = TrafficTargetAllocationType.TRAFFIC_TARGET_ALLOCATION_TYPE_REVISION
+_BY_NAME_SPLIT = InstanceSplitAllocationType.INSTANCE_SPLIT_ALLOCATION_TYPE_REVISION
 _REDEPLOY_LABEL = "celeryops-redeploy"
+#: The resource annotation in which celeryops records the split it left itself (a rollback's: ``rev=100``), and the
+#: one that says who left it (``rollback run <id>``): a later deploy routes everything to its new revision when the
+#: split is still that one (:attr:`RolloutState.owned`). Annotations are for "external tools" (Cloud Run API v2).
+SPLIT_ANNOTATION = "celeryops/split"
+SPLIT_BY_ANNOTATION = "celeryops/split-by"
 
 
 def state_of(target: Target, resource: Any) -> RolloutState:
@@ -87,7 +94,24 @@ def state_of(target: Target, resource: Any) -> RolloutState:
         uri=uri,
         service_account=resource.template.service_account,
         instance_count=instance_count(resource),
+        owned_split=parse_split(resource.annotations.get(SPLIT_ANNOTATION, "")),
     )
+
+
+def format_split(split: tuple[tuple[str, int], ...]) -> str:
+    """``worker-00001-abc=100`` (``,`` between entries): a split as the ``celeryops/split`` annotation holds it."""
+    return ",".join(f"{short_revision(rev)}={pct}" for rev, pct in split)
+
+
+def parse_split(text: str) -> tuple[tuple[str, int], ...]:
+    """The inverse of :func:`format_split`; anything malformed reads as no split (never celeryops' own)."""
+    entries: list[tuple[str, int]] = []
+    for part in text.split(","):
+        rev, sep, pct = part.strip().rpartition("=")
+        if not sep or not rev or not pct.isdigit():
+            return ()
+        entries.append((rev, int(pct)))
+    return tuple(entries)
 
 
 def instance_count(resource: Any) -> int | None:
@@ -183,7 +207,7 @@ def refuse_unready(target: Target, before: RolloutState, *, traffic: bool = True
                           "until it finished and deploy again.", code="BUSY")
     if target.kind == "cloudrun-worker-pool" and before.instance_count == 0:
         raise no_instances(target)
-    if traffic and before.pinned and target.traffic != "latest":
+    if traffic and before.pinned and target.traffic != "latest" and not before.owned:
         raise traffic_pinned(target, before)
 
 
@@ -221,12 +245,15 @@ def prepare_pool_update(target: Target, pool: Any, change: PoolUpdate) -> None:
 
 
 def prepare_update(target: Target, resource: Any, image: str, before: RolloutState) -> None:
-    """The update: the image; all traffic to the latest revision when the target asks for it (tagged
-    revisions keep their tags at 0%); a label that forces a new revision when the image is unchanged (a
-    service has no force_new_revision, and Cloud Run makes no revision for an unchanged template)."""
+    """The update: the image; all traffic to the latest revision when the target asks for it, or when the split
+    that pins older revisions is the one celeryops left (a rollback's: its annotation goes too); tagged revisions
+    keep their tags at 0%; a label that forces a new revision when the image is unchanged (a service has no
+    force_new_revision, and Cloud Run makes no revision for an unchanged template)."""
     unchanged = before.image == image
     _set_image(target, resource, image)
-    if target.traffic == "latest":
+    if target.traffic == "latest" or before.owned:
+        for key in (SPLIT_ANNOTATION, SPLIT_BY_ANNOTATION):
+            resource.annotations.pop(key, None)
         if isinstance(resource, Service):
             tagged = [TrafficTarget(type_=t.type_, revision=t.revision, percent=0, tag=t.tag)
                       for t in resource.traffic if t.tag and t.revision and t.type_ != _LATEST_TRAFFIC]
@@ -236,6 +263,30 @@ def prepare_update(target: Target, resource: Any, image: str, before: RolloutSta
             resource.instance_splits = [InstanceSplit(type_=_LATEST_SPLIT, percent=100)]
     if unchanged and isinstance(resource, Service):
         resource.template.labels[_REDEPLOY_LABEL] = uuid.uuid4().hex[:12]
+
+
+def prepare_route(target: Target, resource: Any, split: tuple[tuple[str, int], ...], by: str = "") -> None:
+    """Route the resource's traffic (a worker pool's instances) to existing revisions, ``split`` naming each
+    (``(short name, percent)``), and record the split as celeryops' own in the resource's annotations (``by``: who
+    left it). The template is untouched: no new revision. A service's tagged revisions keep their tags at 0%.
+    Raises DeployError (nothing sent) for a split that does not add up to 100% or names no revision."""
+    total = sum(pct for _rev, pct in split)
+    if total != 100 or any(not rev for rev, _pct in split):
+        raise DeployError(f"The split {describe_split(split)} for {target.display} must name revisions and add up "
+                          f"to 100%, not {total}%: nothing was changed.", code="INVALID")
+    if isinstance(resource, Service):
+        kept = {short_revision(t.revision): t.tag for t in resource.traffic if t.tag and t.revision}
+        named = [TrafficTarget(type_=_BY_NAME_TRAFFIC, revision=short_revision(rev), percent=pct,
+                               tag=kept.pop(short_revision(rev), "")) for rev, pct in split]
+        tagged = [TrafficTarget(type_=_BY_NAME_TRAFFIC, revision=rev, percent=0, tag=tag) for rev, tag in kept.items()]
+        latest_tag = next((t.tag for t in resource.traffic if t.type_ == _LATEST_TRAFFIC and t.tag), "")
+        latest = [TrafficTarget(type_=_LATEST_TRAFFIC, percent=0, tag=latest_tag)] if latest_tag else []
+        resource.traffic = [*named, *tagged, *latest]
+    else:
+        resource.instance_splits = [InstanceSplit(type_=_BY_NAME_SPLIT, revision=short_revision(rev), percent=pct)
+                                    for rev, pct in split]
+    resource.annotations[SPLIT_ANNOTATION] = format_split(split)
+    resource.annotations[SPLIT_BY_ANNOTATION] = by or "celeryops"
 
 
 def traffic_pinned(target: Target, state: RolloutState, *, image: str = "") -> DeployError:

@@ -67,7 +67,8 @@ class DeployScreen(ConsoleScreen):
     def render_model(self, model: RunModel) -> None:
         if not self.is_mounted:
             return
-        title = Text(" ".join(part for part in ("deploy", model.release) if part), style="bold")
+        word = "rollback" if model.kind == "rollback" else "deploy"
+        title = Text(" ".join(part for part in (word, model.release) if part), style="bold")
         title.append(f" · phase {model.phase or '-'}")
         if model.phase == "done":
             title.append("  DONE ", style="bold black on green")

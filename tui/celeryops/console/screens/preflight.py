@@ -72,7 +72,7 @@ class PreflightScreen(ConsoleScreen):
     def render_model(self, model: RunModel) -> None:
         if not self.is_mounted:
             return
-        what = "deploy " + (model.release or "") if model.kind == "deploy" else "drain"
+        what = {"deploy": "deploy " + (model.release or ""), "rollback": "rollback"}.get(model.kind or "", "drain")
         self.query_one("#preflight-title", Static).update(
             Text.assemble((f"Before the {what}", "bold"), ": nothing has changed yet."))
         box = self.query_one("#checks", VerticalScroll)

@@ -1,6 +1,7 @@
 """Run history (r on the home view, or the command palette): the fleet's recent runs, newest first (phase, kind,
 release, who, started, duration, outcome) from the local journal and the fleet-held store; Enter opens the
-highlighted run's event timeline below the table. Reads only."""
+highlighted run's event timeline below the table. B rolls a deployed run back (after a confirmation, through the
+same preflight and screens as a deploy); everything else here only reads."""
 
 from __future__ import annotations
 
@@ -24,8 +25,12 @@ COLUMNS = (("started", "Started"), ("kind", "Kind"), ("release", "Release"), ("p
 
 class RunsScreen(ConsoleScreen):
     VIEW_TITLE = "runs"
+    DANGEROUS = frozenset({"rollback"})
     BINDINGS = [
         Binding("enter", "open_run", "Timeline", id="runs.open", tooltip="Show the highlighted run's events."),
+        Binding("B", "rollback", "Roll back", id="runs.rollback",
+                tooltip="Roll the highlighted deploy back: its targets return to the revisions it replaced "
+                        "(preflight and a drain first; asks before anything changes)."),
         Binding("h,escape", "app.show_home", "Home", id="runs.home", tooltip="Back to the fleet."),
         Binding("ctrl+r", "reload", "Reload", id="runs.reload", tooltip="Read the run history again."),
     ]
@@ -89,7 +94,10 @@ class RunsScreen(ConsoleScreen):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "open_run":
             return True if self._current() is not None else None
-        return super().check_action(action, parameters)
+        allowed = super().check_action(action, parameters)
+        if action == "rollback" and allowed:
+            return self._deployed() is not None  # offered (in the footer too) on a deployed run only
+        return allowed
 
     def _current(self) -> str | None:
         if not self.is_mounted:
@@ -99,6 +107,20 @@ class RunsScreen(ConsoleScreen):
             return None
         key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
         return key if isinstance(key, str) else None
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self.refresh_bindings()  # B is offered on a deployed run only
+
+    def _deployed(self) -> RunRecordView | None:
+        """The highlighted run if it is a deploy that finished (one that can be rolled back)."""
+        run_id = self._current()
+        run = next((r for r in self.runs or () if r.run_id == run_id), None)
+        return run if run is not None and run.kind == "deploy" and run.phase == "done" else None
+
+    def action_rollback(self) -> None:
+        run = self._deployed()
+        if run is not None and not self.read_only:
+            self.console.confirm_rollback(run)
 
     def action_open_run(self) -> None:
         run_id = self._current()

@@ -7,7 +7,8 @@ reconciling and a long-running operation is returned whose metadata is the resou
 injected failure, with an error while ``latest_ready_revision`` stays the old revision and the terminal condition
 carries the message (several lines with a Logs URL, as Cloud Run writes it).
 
-Like Cloud Run, it keeps the split of a service's ``traffic`` (a worker pool's ``instance_splits``) on every
+An update keeps the resource's ``annotations`` as sent (tools record their own data there). Like Cloud Run, it
+keeps the split of a service's ``traffic`` (a worker pool's ``instance_splits``) on every
 update that sends it back (an empty one means all to the latest revision), checks it (percentages add up to 100,
 named revisions exist) and reports what serves in ``traffic_statuses`` / ``instance_split_statuses``: a split
 pinned to a named revision keeps the new revision at 0%. ``validate_only`` checks an update (actAs on the
@@ -360,6 +361,7 @@ class CloudRunModel:
                 preview = res.snapshot()
                 preview.template = new.template
                 preview.scaling = new.scaling
+                preview.annotations = dict(new.annotations)
                 if res.is_service:
                     preview.traffic = split
                 else:
@@ -371,6 +373,7 @@ class CloudRunModel:
             old_images = {c.name: c.image for c in msg.template.containers}
             msg.template = new.template
             msg.scaling = new.scaling
+            msg.annotations = dict(new.annotations)  # the resource's own (not the template's): no new revision
             if res.is_service:
                 msg.traffic = split
             else:

@@ -42,6 +42,8 @@ from celeryops.ops.backend.views import (
 )
 from celeryops.ops.backend.watch import follow
 from celeryops.ops.run.operator import ConsoleOperator
+from celeryops.ops.run.rollback import Rollback
+from celeryops.ops.run.rollback_plan import RollbackRequest
 from celeryops.ops.run.session import DrainRequest, RunSession
 from celeryops.ops.run.wiring import CONSOLE_CLIENT_NAME, Wiring, wire
 
@@ -80,13 +82,14 @@ class OpsBackend:
     def __init__(self, wiring: Wiring, *, read_only: bool = False, fleet_display: str = "",
                  drain: DrainRequest | None = None, targets: tuple[Target, ...] | None = None,
                  repo: Path | None = None, clock: Callable[[], float] = time.time,
-                 follow_interval: float = 1.0) -> None:
+                 follow_interval: float = 1.0, rollback: RollbackRequest | None = None) -> None:
         self.wiring = wiring
         self.read_only = read_only
         # The fleet's name first: a watcher whose CELERYOPS_FLEET differs from the operator's sees another fleet's
         # runs (none), so the header says which fleet this is.
         self.fleet_display = f"{wiring.fleet_name} @ {fleet_display or wiring.fleet.display_url}"
         self.drain_request = drain or DrainRequest()
+        self.rollback_request = rollback or RollbackRequest()  # `celeryops rollback` in a terminal: its flags
         self.targets = targets
         self.repo = repo or Path.cwd()
         self.clock = clock
@@ -204,6 +207,12 @@ class OpsBackend:
         targets = self.targets if self.targets is not None else self.config.targets
         self._begin(self._new_live("deploy", release, on_event), lambda s: s.deploy(release, targets))
 
+    async def start_rollback(self, run_id: str | None, on_event: EventSink) -> None:
+        self._writable("start a rollback")
+        self._refuse_if_running()
+        request = RollbackRequest(run_id=run_id) if run_id else self.rollback_request
+        self._begin(self._new_live("rollback", None, on_event), lambda s: Rollback(s).run(request))
+
     async def start_drain(self, on_event: EventSink) -> None:
         self._writable("start a drain")
         self._refuse_if_running()
@@ -217,7 +226,7 @@ class OpsBackend:
         run = await asyncio.to_thread(live.session.runner.unfinished)
         if run is None:
             raise UserError("There is no unfinished run to resume: nothing was changed.", EXIT_USAGE)
-        live.kind, live.release = "deploy" if run.release else "drain", run.release
+        live.kind, live.release = run.kind, run.release
         self._begin(live, lambda s: s.resume(run))
 
     async def accept_warnings(self) -> None:
@@ -281,10 +290,11 @@ class OpsBackend:
 
 def open_backend(app: Celery, config: Config, *, read_only: bool, fleet_display: str, state_dir: str | None = None,
                  drain: DrainRequest | None = None, targets: tuple[Target, ...] | None = None,
-                 repo: Path | None = None, follow_interval: float = 1.0) -> OpsBackend:
+                 repo: Path | None = None, follow_interval: float = 1.0,
+                 rollback: RollbackRequest | None = None) -> OpsBackend:
     """The console's backend for the fleet of ``app`` (``state_dir`` overrides the config's)."""
     if state_dir is not None:
         config = dataclasses.replace(config, state_dir=state_dir)
     wiring = wire(app, config, read_only=read_only, client_name=None if read_only else CONSOLE_CLIENT_NAME)
     return OpsBackend(wiring, read_only=read_only, fleet_display=fleet_display, drain=drain, targets=targets,
-                      repo=repo, follow_interval=follow_interval)
+                      repo=repo, follow_interval=follow_interval, rollback=rollback)

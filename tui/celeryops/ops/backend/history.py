@@ -16,7 +16,7 @@ def local_runs(journal: Journal, fleet: str, limit: int) -> list[RunRecordView]:
     for summary in journal.history(limit, fleet):
         run = journal.get(summary.id)
         out.append(RunRecordView(
-            run_id=run.id, kind="deploy" if run.release else "drain", phase=run.phase, release=run.release,
+            run_id=run.id, kind=run.kind, phase=run.phase, release=run.release,
             owner=f"{run.user}@{run.host}", started_at=run.created,
             duration=summary.duration if run.finished else None, outcome=run.outcome, source="journal"))
     return out
@@ -43,8 +43,8 @@ def _queues(section: object) -> str:
 def _line(run: Run, rec: Record) -> tuple[str, str]:
     p = rec.payload
     if rec.kind == "created":
-        return "info", f"run created by {run.user}@{run.host}" + (f" to deploy {run.release}" if run.release else
-                                                                   " to drain")
+        what = {"rollback": f" to roll back to {run.release}", "deploy": f" to deploy {run.release}"}
+        return "info", f"run created by {run.user}@{run.host}" + what.get(run.kind, " to drain")
     if rec.kind == "phase":
         level = {"done": "ok", "drained": "ok", "failed": "error", "aborted": "warning"}.get(str(p.get("to")), "info")
         return level, phase_line(str(p.get("to")), str(p.get("reason") or ""), before=str(p.get("from")))
@@ -53,6 +53,8 @@ def _line(run: Run, rec: Record) -> tuple[str, str]:
             return "info", f"about to cancel consumers: {_queues(p.get('stop'))}"
         if rec.intent == ADD_CONSUMERS:
             return "info", f"about to restore consumers: {_queues(p.get('add'))}"
+        if rec.intent == DEPLOY_START and p.get("split"):  # a rollback's route to existing revisions
+            return "info", f"about to route {p.get('target')} back to revision {p.get('revision')}"
         if rec.intent == DEPLOY_START:
             return "info", f"about to deploy {p.get('image')} to {p.get('target')}"
         return "info", f"about to {rec.intent}"

@@ -231,7 +231,7 @@ class Snapshots:
                   if queues else "no consumer stopped") + f"; journal phase {run.phase}"
         if decided.action in ("leave", "ask"):
             detail += f". {decided.explanation}"
-        return RunView(run.id, "deploy" if run.release else "drain", run.phase, started_at=run.created,
+        return RunView(run.id, run.kind, run.phase, started_at=run.created,
                        owner=f"{run.user}@{run.host}", release=run.release, choices=tuple(choices), detail=detail,
                        interrupted_at=holder.since if holder.interrupted else None,
                        interrupted_why=holder.why if holder.interrupted else "")
@@ -257,7 +257,7 @@ def run_summary(opened: OpenRun) -> RunSummary:
     """An interrupted or parked run from the journal, as the home view's header line."""
     run, holder = opened.run, opened.holder
     stopped = [w for w in run.stopped_consumers() if w != ALL_WORKERS]
-    return RunSummary(run_id=run.id, kind="deploy" if run.release else "drain", phase=run.phase, release=run.release,
+    return RunSummary(run_id=run.id, kind=run.kind, phase=run.phase, release=run.release,
                       owner=f"{run.user}@{run.host}", started_at=run.created,
                       interrupted_at=holder.since if holder.interrupted else None,
                       interrupted_why=holder.brief if holder.interrupted else "", stopped_workers=len(stopped))

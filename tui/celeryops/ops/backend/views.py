@@ -21,6 +21,7 @@ from celeryops.adapters.deploy.base import (
     RolloutEvent,
     RolloutReady,
     RolloutStarted,
+    RouteStarted,
     short_revision,
 )
 from celeryops.core.events import Event, RunKind, RunPhase, TaskInfo, WorkerState
@@ -310,6 +311,8 @@ def fold_rollout(current: DeployTarget | None, event: RolloutEvent) -> DeployTar
     row = current or DeployTarget(event.target)
     if isinstance(event, RolloutStarted):
         return replace(row, state="creating", message=event.detail)
+    if isinstance(event, RouteStarted):  # a rollback: an existing revision, nothing to create
+        return replace(row, revision=event.revision, state="rolling", message=event.detail)
     if isinstance(event, RevisionCreated):
         return replace(row, revision=short_revision(event.revision), state="creating", message=event.detail)
     if isinstance(event, ConditionChanged):

@@ -29,7 +29,7 @@ def live_status(coord: redis.Redis, fleet: str) -> PublishedStatus | None:
 
 def summary_from_status(status: PublishedStatus, progress: DrainProgress | None) -> RunSummary:
     phase = decode("phase", {"phase": status.phase})
-    return RunSummary(run_id=status.run_id, kind="deploy" if status.release else "drain",
+    return RunSummary(run_id=status.run_id, kind=status.run_kind,
                       phase=phase.phase if isinstance(phase, PhaseChanged) else "draining",
                       release=status.release, owner=f"{status.owner}@{status.host}", started_at=status.started_at,
                       streak=progress.streak if progress else 0, required=progress.required if progress else 0,
@@ -54,7 +54,7 @@ async def follow(coord: redis.Redis, fleet: str, on_event: EventSink, interval: 
             status = await asyncio.to_thread(live_status, coord, fleet)
             if status is not None and status.run_id != run_id:
                 run_id, last, phase = status.run_id, None, None
-                on_event(RunFollowed(run_id=status.run_id, run_kind="deploy" if status.release else "drain",
+                on_event(RunFollowed(run_id=status.run_id, run_kind=status.run_kind,
                                      release=status.release, owner=f"{status.owner}@{status.host}"))
             if run_id is not None:
                 for entry in await asyncio.to_thread(read_events, coord, fleet, last):

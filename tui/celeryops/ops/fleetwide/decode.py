@@ -14,6 +14,7 @@ from celeryops.adapters.deploy.base import (
     RolloutEvent,
     RolloutReady,
     RolloutStarted,
+    RouteStarted,
 )
 from celeryops.core.events import (
     RUN_PHASES,
@@ -31,6 +32,7 @@ from celeryops.core.events import (
     RunFinished,
     StageStarted,
     TargetDeployed,
+    TargetRolledBack,
     TaskInfo,
     WorkerObs,
 )
@@ -74,8 +76,9 @@ def _phase(data: Data) -> Event | None:
 
 
 def _target(data: Data) -> TargetDeployed:
-    return TargetDeployed(**{k: str(data.get(k, "")) for k in ("target", "revision", "url", "console_url", "image",
-                                                                "previous_revision", "logs_url")})
+    kind = TargetRolledBack if data.get("rolled_back") else TargetDeployed
+    return kind(**{k: str(data.get(k, "")) for k in ("target", "revision", "url", "console_url", "image",
+                                                      "previous_revision", "logs_url")})
 
 
 def _finished(data: Data) -> Event:
@@ -94,6 +97,8 @@ def _finished(data: Data) -> Event:
 _ROLLOUT: dict[str, Callable[[Data], RolloutEvent]] = {
     "started": lambda d: RolloutStarted(str(d.get("target", "")), str(d.get("image", "")),
                                         str(d.get("operation", "")), str(d.get("previous_revision", ""))),
+    "routing": lambda d: RouteStarted(str(d.get("target", "")), str(d.get("revision", "")), str(d.get("split", "")),
+                                      str(d.get("operation", "")), str(d.get("previous_revision", ""))),
     "revision": lambda d: RevisionCreated(str(d.get("target", "")), str(d.get("revision", ""))),
     "condition": lambda d: ConditionChanged(str(d.get("target", "")), str(d.get("condition", "")),
                                             str(d.get("state", "")), str(d.get("message", ""))),

@@ -2,8 +2,8 @@
 
 Writer side (``Publisher``, used by the run on the operator's machine):
 
-- one hash ``fleet_key(fleet, "status")``: run id, phase, owner, host, release, started_at, updated_at and the
-  latest progress (JSON);
+- one hash ``fleet_key(fleet, "status")``: run id, kind (deploy, drain, rollback), phase, owner, host, release,
+  started_at, updated_at and the latest progress (JSON);
 - one capped stream ``fleet_key(fleet, "events")`` (``XADD MAXLEN ~ 1000``): phase changes, notes and progress
   snapshots, in order.
 
@@ -26,10 +26,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import redis
 
+from celeryops.core.events import RunKind
 from celeryops.core.masking import mask_text
 from celeryops.core.namespace import fleet_key
 
@@ -60,11 +61,18 @@ class PublishedStatus:
     started_at: float
     updated_at: float
     progress: dict[str, Any] = field(default_factory=dict)
+    kind: str = ""  # deploy | drain | rollback ("": published by an older version: tell it by the release)
 
     def as_dict(self) -> dict[str, Any]:
         return {"fleet": self.fleet, "run_id": self.run_id, "phase": self.phase, "owner": self.owner,
                 "host": self.host, "release": self.release, "started_at": self.started_at,
-                "updated_at": self.updated_at, "progress": self.progress}
+                "updated_at": self.updated_at, "progress": self.progress, "kind": self.run_kind}
+
+    @property
+    def run_kind(self) -> RunKind:
+        if self.kind in ("deploy", "drain", "rollback"):
+            return cast(RunKind, self.kind)
+        return "deploy" if self.release else "drain"
 
 
 @dataclass(frozen=True)
@@ -103,7 +111,7 @@ def read_status(client: redis.Redis, fleet: str) -> PublishedStatus | None:
     return PublishedStatus(fleet=fleet, run_id=f.get("run_id", "?"), phase=f.get("phase", "?"),
                            owner=f.get("owner", "?"), host=f.get("host", "?"), release=f.get("release") or None,
                            started_at=float(f.get("started_at") or 0), updated_at=float(f.get("updated_at") or 0),
-                           progress=_loads(f.get("progress", "{}")))
+                           progress=_loads(f.get("progress", "{}")), kind=f.get("kind", ""))
 
 
 def read_events(client: redis.Redis, fleet: str, last_id: str | None = None, count: int = 500) -> list[PublishedEvent]:
@@ -133,6 +141,7 @@ class Publisher:
         release: str | None = None,
         started_at: float | None = None,
         phase: str = "preflight",
+        kind: str = "",
         max_writes_per_second: float = 4.0,
         ttl: float = DEFAULT_TTL,
         maxlen: int = STREAM_MAXLEN,
@@ -151,7 +160,7 @@ class Publisher:
         self._status: dict[str, str] = {
             "fleet": fleet, "run_id": run_id, "phase": phase, "owner": owner, "host": host,
             "release": release or "", "started_at": repr(started_at if started_at is not None else now),
-            "updated_at": repr(now), "progress": "{}",
+            "updated_at": repr(now), "progress": "{}", "kind": kind,
         }
         self._lock = threading.Lock()
         self._events: deque[dict[str, str]] = deque(maxlen=max_pending_events)

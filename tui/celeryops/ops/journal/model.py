@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
 from celeryops.core.errors import UserError
+from celeryops.core.events import RunKind
 from celeryops.core.masking import mask_text
 
 Phase = Literal["preflight", "stopping", "draining", "drained", "deploying", "deployed", "done", "aborted", "failed"]
@@ -88,6 +89,13 @@ class Run:
     @property
     def finished(self) -> bool:
         return self.phase in TERMINAL_PHASES
+
+    @property
+    def kind(self) -> RunKind:
+        """What the run does: a rollback (recorded in its settings), a deploy (it has a release), or a drain."""
+        if self.settings.get("kind") == "rollback":
+            return "rollback"
+        return "deploy" if self.release else "drain"
 
     def intents(self, kind: str | None = None) -> list[Record]:
         return [r for r in self.records if r.kind == "intent" and (kind is None or r.intent == kind)]

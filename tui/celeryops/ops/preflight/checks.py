@@ -10,7 +10,8 @@ pairs. Every result's detail is one line and every remedy says what to do.
 4. ``permissions_check``: per target, an async callable lists missing permissions; any missing -> fail, naming
    the role that grants each.
 5. ``traffic_check``: no Cloud Run target's traffic / instance split pins older revisions (unless the target
-   routes everything to the new revision with ``traffic = "latest"``).
+   routes everything to the new revision with ``traffic = "latest"``, or the split is the one a celeryops rollback
+   left, which the deploy moves on the same way).
 6. ``validate_check``: Cloud Run accepts the exact update (sent with ``validate_only``; nothing changes), so a
    refusal such as a missing actAs is found before a consumer is stopped.
 """
@@ -224,6 +225,7 @@ def traffic_check(pairs: Sequence[TargetDeployer], *, check_id: str = "traffic",
         pinned: list[str] = []
         routed: list[str] = []
         unread: list[str] = []
+        ours = False  # a split a celeryops rollback left is among the routed ones
         for (target, _d), state in zip(chosen, states, strict=True):
             if isinstance(state, asyncio.CancelledError):
                 raise state
@@ -234,7 +236,10 @@ def traffic_check(pairs: Sequence[TargetDeployer], *, check_id: str = "traffic",
                 continue
             what = "instances" if target.kind == "cloudrun-worker-pool" else "traffic"
             split = f"{target.name} pins {what} to {describe_split(state.traffic, state.latest_ready_revision)}"
-            (routed if target.traffic == "latest" else pinned).append(split)
+            if state.owned and target.traffic != "latest":  # a celeryops rollback left it: ours to move on
+                split += " (left by a celeryops rollback)"
+                ours = True
+            (routed if target.traffic == "latest" or state.owned else pinned).append(split)
         if unread:
             return CheckResult(check_id, title, "fail", "; ".join(unread),
                                "fix what the message says, then run preflight again")
@@ -247,8 +252,9 @@ def traffic_check(pairs: Sequence[TargetDeployer], *, check_id: str = "traffic",
                                "new revision in the same update, or send all traffic to the latest revision in the "
                                "Cloud console, then run preflight again")
         if routed:
+            why = "" if ours else " (traffic = \"latest\")"
             return CheckResult(check_id, title, "ok", "; ".join(routed) + "; the deploy routes everything to the new "
-                               "revision (traffic = \"latest\")")
+                               f"revision{why}")
         every = ", ".join(t.name for t, _ in chosen)
         return CheckResult(check_id, title, "ok", f"all traffic goes to the latest revision on {every}")
 

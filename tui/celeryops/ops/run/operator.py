@@ -32,6 +32,10 @@ class Operator(Protocol):
         """The fleet is drained: deploy ``release`` to ``targets`` now?"""
         ...
 
+    async def confirm_rollback(self, what: str) -> bool:
+        """The fleet is drained: route the targets back now (``what``: each target's way back, in words)?"""
+        ...
+
 
 Ask = Callable[[str], Awaitable[bool]]
 
@@ -55,6 +59,11 @@ class FlagOperator:
         if self.ask is None:
             return True
         return await self.ask(f"Drained. Deploy release {release} to {', '.join(targets)} now?")
+
+    async def confirm_rollback(self, what: str) -> bool:
+        if self.ask is None:
+            return True
+        return await self.ask(f"Drained. Roll back now ({what})?")
 
 
 @dataclass
@@ -92,4 +101,7 @@ class ConsoleOperator:
         self._waiting.set_result(Review(True, self._accepted, accept_all=self.accept_all))
 
     async def confirm_deploy(self, release: str, targets: tuple[str, ...]) -> bool:
+        return True
+
+    async def confirm_rollback(self, what: str) -> bool:
         return True

@@ -6,9 +6,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass, field
+from typing import cast
 
 from celeryops.adapters.deploy import DeployError, Deployers
-from celeryops.adapters.deploy.base import Deployer, DeployResult, RevisionCreated, RolloutEvent, RolloutState
+from celeryops.adapters.deploy.base import (
+    Deployer,
+    DeployResult,
+    RevisionCreated,
+    RolloutEvent,
+    RolloutState,
+    Router,
+)
 from celeryops.core.config import Config, Target
 from celeryops.core.events import Event, Notice
 from celeryops.ops.journal import FleetStoreDown, Run
@@ -94,6 +102,10 @@ class Rollouts:
             payload = start.payload
             try:
                 target = self.config.target(str(payload.get("target")))
+                if payload.get("split"):  # a rollback routed it to existing revisions: does it serve that split?
+                    split = tuple((str(rev), int(pct)) for rev, pct in payload["split"])
+                    outcomes.append(await cast(Router, self.deployer(target)).route_outcome(target, split))
+                    continue
                 before = RolloutState.from_dict(dict(payload.get("previous") or {}))
                 outcomes.append(await self.deployer(target).rollout_outcome(target, before, str(payload["image"])))
             except Exception:  # the target cannot be asked: unknown, never guessed

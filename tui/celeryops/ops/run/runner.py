@@ -146,7 +146,7 @@ class Runner:
         lease.start_heartbeat()
         self._held = lease
         self._pub = Publisher(self.coord, self.fleet_name, run_id=run.id, owner=run.user, host=run.host,
-                              release=run.release, started_at=run.created, phase=run.phase)
+                              release=run.release, started_at=run.created, phase=run.phase, kind=run.kind)
         self._pub.start()
         self._fence = RunFence(FenceStore(self.coord, self.fleet_name), run.id, self.settings, self.emit)
 
@@ -412,7 +412,7 @@ class Runner:
             await self.advance(run.id, decided.mark_as, reason="abort")
             if self._pub is None and self.coord is not None:  # not our run's process: publish the end once
                 pub = Publisher(self.coord, self.fleet_name, run_id=run.id, owner=run.user, host=run.host,
-                                release=run.release, started_at=run.created, phase=decided.mark_as)
+                                release=run.release, started_at=run.created, phase=decided.mark_as, kind=run.kind)
                 pub.phase(decided.mark_as, reason="abort")
                 await asyncio.to_thread(pub.flush, True)
                 await self._drop_dead_lease(run.id)

@@ -252,13 +252,14 @@ class RunSession:
             self.emit(event)
         return await self._verify(run, f"Release {release} deployed", deployed)
 
-    async def _verify(self, run: Run, what: str, deployed: tuple[TargetDeployed, ...] = ()) -> RunFinished:
+    async def _verify(self, run: Run, what: str, deployed: tuple[TargetDeployed, ...] = (),
+                      outcome: RunOutcome = "deployed") -> RunFinished:
         self.emit(StageStarted(stage="verify", detail="waiting for the fleet to answer"))
         workers = await self._rollouts.fleet_back()
         self.emit(FleetBack(workers=workers))
         await self.runner.advance(run.id, "done")
         await self.runner.lift_fence(run.id)
-        return self._finish("deployed", EXIT_OK, f"{what}: {len(workers)} worker(s) consume again.", targets=deployed)
+        return self._finish(outcome, EXIT_OK, f"{what}: {len(workers)} worker(s) consume again.", targets=deployed)
 
     async def _deploy_failed(self, run_id: str, failure: DeployFailure) -> RunFinished:
         run = await self.runner.journal.aio.get(run_id)
@@ -285,6 +286,10 @@ class RunSession:
         if not run.release:
             outcome, _ = await self.runner.resume(run=run)
             return EXIT_OK if outcome == "drained" else EXIT_TIMEOUT
+        if run.kind == "rollback":  # routed back to existing revisions: its own flow (ops/run/rollback.py)
+            from celeryops.ops.run.rollback import Rollback
+
+            return (await Rollback(self).resume(run)).exit_code
         return (await self._resume_release(run)).exit_code
 
     async def _resume_release(self, run: Run) -> RunFinished:

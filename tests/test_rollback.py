@@ -1,0 +1,245 @@
+"""Rolling back (issue 20), below the CLI: the deployer routes a Cloud Run service's traffic / a worker pool's
+instances back to an existing revision (no image, no new revision), records the split as celeryops' own so the next
+deploy moves everything to its new revision, and says how an interrupted route went; the rollback plan decides
+what to go back to from the run journal (the deploy_start intent's ``previous``) or ``--to``, and refuses bad input
+in one sentence. Real google-cloud-run clients over gRPC to the stand-in; a real SQLite journal."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+import pytest
+import redis
+from google.cloud import run_v2
+from google.cloud.run_v2.services.services.transports import ServicesGrpcTransport
+
+from celeryops.adapters.deploy import CloudRunDeployer, DeployError, RouteStarted
+from celeryops.adapters.deploy.base import RolloutState
+from celeryops.core.config import Config, Target
+from celeryops.core.errors import EXIT_USAGE, UserError
+from celeryops.demo.standins.cloudrun import CloudRunStandIn
+from celeryops.ops.fleetwide.publish import Publisher, read_status, status_key
+from celeryops.ops.journal import Journal
+from celeryops.ops.preflight import traffic_check
+from celeryops.ops.run.rollback_plan import (
+    RollbackRequest,
+    RollbackStep,
+    checked_step,
+    chosen_targets,
+    replaced_split,
+    settings_of,
+    steps_of,
+)
+from test_cloudrun_deployer import (  # the stand-in with a service and a worker pool, their targets, a fast deployer
+    LATEST,
+    POOL,
+    SERVICE,
+    console_rollback,
+    deployer,
+    pool,
+    service,
+    short,
+    standin,
+)
+
+__all__ = ["deployer", "pool", "service", "standin"]  # fixtures used by name
+
+
+def served(standin: CloudRunStandIn, name: str) -> list[tuple[str, int]]:
+    live = standin.resource(name)
+    statuses = live.traffic_statuses if name == SERVICE else live.instance_split_statuses
+    return [(short(s.revision), s.percent) for s in statuses if s.percent]
+
+
+# -- the deployer: routing back --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["service", "pool"])
+async def test_route_takes_the_target_back_without_a_new_revision_and_the_next_deploy_moves_on(
+        standin: CloudRunStandIn, deployer: CloudRunDeployer, kind: str, request: pytest.FixtureRequest) -> None:
+    target: Target = request.getfixturevalue(kind)
+    name, image = (SERVICE, "app") if kind == "service" else (POOL, "gpu")
+    first = short((await deployer.current(target)).latest_ready_revision)
+    second = short((await deployer.deploy(target, f"{image}:2", lambda e: None)).revision)
+    assert served(standin, name) == [(second, 100)]
+    events: list[object] = []
+
+    result = await deployer.route(target, ((first, 100),), events.append, by="rollback run r-1")
+
+    assert len(standin.revisions(name)) == 2  # no new revision, no image rolled out
+    assert served(standin, name) == [(first, 100)]
+    assert (short(result.revision), result.previous_revision, result.image) == (first, second, f"{image}:1")
+    assert result.logs_url == standin.revisions(name)[0].log_uri
+    assert isinstance(events[0], RouteStarted) and events[0].revision == first
+    assert events[0].to_json()["step"] == "routing" and f"routing to {first} 100%" in events[0].text
+    state = await deployer.current(target)
+    assert state.pinned == ((first, 100),) and state.owned and state.served == ((first, 100),)
+    assert standin.resource(name).annotations["celeryops/split-by"] == "rollback run r-1"
+    assert await deployer.route_outcome(target, ((first, 100),)) == "ready"
+    assert await deployer.route_outcome(target, ((second, 100),)) == "failed"
+    if kind == "pool":  # the earlier revision's instances run again, the later one's were taken away
+        assert standin.wait_rollouts(30)
+        assert set(standin.instances(name)) == {first}
+
+    # The split the rollback left is celeryops' own: the traffic check says so, and the next deploy moves
+    # everything to its new revision without traffic = "latest" (the record of the split goes with it).
+    check = await traffic_check([(target, deployer)]).run()
+    assert check.status == "ok" and "(left by a celeryops rollback)" in check.detail, check.detail
+    third = await deployer.deploy(target, f"{image}:3", lambda e: None)
+    assert served(standin, name) == [(short(third.revision), 100)]
+    after = await deployer.current(target)
+    assert not after.pinned and not after.owned and "celeryops/split" not in standin.resource(name).annotations
+
+
+async def test_a_split_changed_after_the_rollback_is_not_celeryops_own(standin: CloudRunStandIn, service: Target,
+                                                                        deployer: CloudRunDeployer) -> None:
+    target = service
+    first = short((await deployer.current(target)).latest_ready_revision)
+    second = short((await deployer.deploy(target, "app:2", lambda e: None)).revision)
+    await deployer.route(target, ((first, 100),), lambda e: None)
+    console_rollback(standin.address, second)  # someone pinned another revision in the console since
+    state = await deployer.current(target)
+    assert state.pinned == ((second, 100),) and not state.owned
+    with pytest.raises(DeployError) as info:
+        await deployer.deploy(target, "app:3", lambda e: None)
+    assert info.value.code == "TRAFFIC_PINNED"
+
+
+async def test_validate_route_refuses_a_revision_that_does_not_exist_and_changes_nothing(
+        standin: CloudRunStandIn, pool: Target, deployer: CloudRunDeployer) -> None:
+    target = pool
+    before = standin.resource(POOL)
+    with pytest.raises(DeployError) as info:
+        await deployer.validate_route(target, (("gpu-00042-zzz", 100),))
+    assert "gpu-00042-zzz" in str(info.value) and "nothing was changed" in str(info.value)
+    first = short(before.latest_ready_revision)
+    await deployer.validate_route(target, ((first, 100),))
+    after = standin.resource(POOL)
+    assert after.etag == before.etag and after.generation == before.generation and standin.updates == []
+    assert standin.validations == [POOL]
+
+
+async def test_a_service_keeps_its_tags_when_routed_back(standin: CloudRunStandIn, service: Target,
+                                                         deployer: CloudRunDeployer) -> None:
+    target = service
+    first = short((await deployer.current(target)).latest_ready_revision)
+    with grpc.insecure_channel(standin.address) as chan:
+        client = run_v2.ServicesClient(transport=ServicesGrpcTransport(channel=chan))
+        svc = client.get_service(name=SERVICE)
+        svc.template.containers[0].image = "app:2"
+        svc.traffic = [run_v2.TrafficTarget(type_=LATEST, percent=100, tag="edge")]
+        client.update_service(service=svc).result(timeout=30)
+    await deployer.route(target, ((first, 100),), lambda e: None)
+    live = standin.resource(SERVICE)
+    assert [(t.revision, t.percent, t.tag) for t in live.traffic] == [(first, 100, ""), ("", 0, "edge")]
+
+
+# -- the plan: what to go back to ------------------------------------------------------------------------------
+
+
+def _journal_with_deploy(tmp_path: Path, target: str, previous: RolloutState, *, ok: bool = True,
+                         release: str = "r-2") -> tuple[Journal, str]:
+    journal = Journal(state_dir=tmp_path / "state")
+    run = journal.create_run(fleet="default", broker="redis://x", release=release)
+    intent = journal.intend_deploy(run.id, target=target, image="app:2", previous=previous.to_dict())
+    journal.settle(intent, {"ok": ok, "revision": "worker-00002-bbb"})
+    return journal, run.id
+
+
+def _config(*targets: Target) -> Config:
+    return Config(targets=targets)
+
+
+SVC = Target(name="web", kind="cloudrun-service", project="p", region="r", resource="worker", image="app:{sha}")
+
+
+def test_the_journal_says_what_the_last_deploy_replaced(tmp_path: Path) -> None:
+    previous = RolloutState(resource=SERVICE, latest_ready_revision=f"{SERVICE}/revisions/worker-00001-aaa")
+    journal, run_id = _journal_with_deploy(tmp_path, "web", previous)
+    with journal:
+        split, source = replaced_split(_config(SVC), journal, SVC)
+        assert split == (("worker-00001-aaa", 100),) and source == f"replaced by run {run_id}, release r-2"
+        # A split served before is what the deploy replaced (a rollback in the console had pinned it).
+        pinned = replace(previous, traffic=(("worker-00000-zzz", 100),), traffic_statuses=(("worker-00000-zzz", 100),))
+        _j, later = _journal_with_deploy(tmp_path, "web", pinned)
+        _j.close()
+        assert replaced_split(_config(SVC), journal, SVC) == ((("worker-00000-zzz", 100),),
+                                                              f"replaced by run {later}, release r-2")
+
+
+@pytest.mark.parametrize(("case", "words"), [
+    ("nothing-deployed", "has no deploy of target 'web' that took effect"),
+    ("failed-deploy", "has no deploy of target 'web' that took effect"),
+    ("first-revision", "created the first revision"),
+])
+def test_nothing_to_go_back_to_is_one_sentence(tmp_path: Path, case: str, words: str) -> None:
+    previous = RolloutState(resource=SERVICE, latest_ready_revision="" if case == "first-revision"
+                            else f"{SERVICE}/revisions/worker-00001-aaa")
+    if case == "nothing-deployed":
+        journal = Journal(state_dir=tmp_path / "state")
+    else:
+        journal, _ = _journal_with_deploy(tmp_path, "web", previous, ok=case != "failed-deploy")
+    with journal, pytest.raises(UserError) as info:
+        replaced_split(_config(SVC), journal, SVC)
+    assert info.value.exit_code == EXIT_USAGE and words in str(info.value) and "--to REVISION" in str(info.value)
+
+
+def test_bad_requests_are_refused_before_anything_is_read(tmp_path: Path) -> None:
+    command = Target(name="shell", kind="command", command="deploy {image}", image="x:{sha}")
+    other = replace(SVC, name="api", resource="api")
+    cases = [
+        (_config(), RollbackRequest(), "No deploy target is configured"),
+        (_config(SVC, command), RollbackRequest(), "Target 'shell' runs a command"),
+        (_config(SVC, other), RollbackRequest(to="worker-00001-aaa"), "--to names a revision of one target"),
+        (_config(SVC), RollbackRequest(strategy="blue-green"), "--strategy 'blue-green' is not a strategy"),
+    ]
+    for config, request, words in cases:
+        with pytest.raises(UserError) as info:
+            chosen_targets(config, request, None)
+        assert info.value.exit_code == EXIT_USAGE and words in str(info.value) and "nothing was changed" in str(
+            info.value), str(info.value)
+
+
+async def test_a_revision_must_exist_and_be_ready(standin: CloudRunStandIn, service: Target,
+                                                  deployer: CloudRunDeployer) -> None:
+    target = service
+    first = short((await deployer.current(target)).latest_ready_revision)
+    await deployer.deploy(target, "app:2", lambda e: None)
+    standin.fail_next_rollout("worker", reason="CONTAINER_MISSING")
+    with pytest.raises(DeployError):
+        await deployer.deploy(target, "app:3", lambda e: None)
+    now, revisions = await deployer.current(target), await deployer.revisions(target)
+    broken = revisions[0].name
+    step = checked_step(target, ((first, 100),), "named with --to", now, revisions, "drain")
+    assert step.revision == first and step.image == "app:1" and step.was == now.served[0][0]
+    with pytest.raises(UserError) as missing:
+        checked_step(target, (("worker-00099-zzz", 100),), "named with --to", now, revisions, "drain")
+    assert str(missing.value).startswith("Revision worker-00099-zzz of Cloud Run service worker in p/europe-west1 "
+                                         "does not exist: nothing was changed; name a ready one with --to REVISION")
+    assert first in str(missing.value)
+    with pytest.raises(UserError) as failed:
+        checked_step(target, ((broken, 100),), "named with --to", now, revisions, "drain")
+    assert f"Revision {broken} of" in str(failed.value) and "cannot serve" in str(failed.value)
+    assert "CONTAINER_MISSING" in str(failed.value) and failed.value.exit_code == EXIT_USAGE
+
+
+def test_a_rollback_run_keeps_what_resume_needs() -> None:
+    steps = (RollbackStep(SVC, (("worker-00001-aaa", 100),), (("worker-00002-bbb", 100),), "app:1",
+                          "replaced by run x", "drain"),)
+    settings = settings_of(steps, "drain")
+    assert settings["kind"] == "rollback" and settings["targets"] == ["web"]
+    assert steps_of(_config(SVC), settings) == steps
+
+
+def test_watchers_see_a_rollback_as_one(redis_client: redis.Redis) -> None:
+    """The published status carries the run's kind (a watcher's header and history); a status published by an
+    older version, without it, is told by its release as before."""
+    Publisher(redis_client, "prod", run_id="run-r", owner="ops", host="box", release="worker-00001-aaa",
+              kind="rollback").flush(True)
+    status = read_status(redis_client, "prod")
+    assert status is not None and status.run_kind == "rollback" and status.as_dict()["kind"] == "rollback"
+    redis_client.hdel(status_key("prod"), "kind")
+    older = read_status(redis_client, "prod")
+    assert older is not None and older.run_kind == "deploy"

@@ -1,0 +1,203 @@
+"""What a rollback goes back to, decided before anything is touched: per target, the split its last deploy replaced
+(from the run journal) or the revision named with ``--to``, checked against the revisions Cloud Run has. No I/O but
+reading the journal handed in; every refusal is one sentence (:class:`~celeryops.core.errors.UserError`, exit 2).
+
+The journal records, for every deploy, the target's state before it (the ``deploy_start`` intent's ``previous``):
+what served then (``traffic_statuses``: a split, usually one revision at 100%) is what the deploy replaced. Only
+deploys that took effect count, and only deploys: a rollback's own routes do not, so rolling back twice leaves the
+target where the first rollback left it (say ``--to`` to go elsewhere)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from celeryops.adapters.deploy.base import RevisionInfo, RolloutState, describe_split
+from celeryops.core.config import STRATEGIES, Config, Target
+from celeryops.core.errors import EXIT_USAGE, UserError
+from celeryops.ops.journal import DEPLOY_START, Journal, Record, Run, UnknownRun
+
+Split = tuple[tuple[str, int], ...]
+HISTORY_DEPTH = 200  # how many of the fleet's latest runs are searched for a target's last deploy
+
+
+@dataclass(frozen=True)
+class RollbackRequest:
+    """What the operator asked for: ``targets`` (empty: every configured one, or the run's), ``to`` (``--to``: one
+    target's revision), ``strategy`` (``--strategy``; empty: each target's ``strategy``, else drain) and ``run_id``
+    (the console's B on a deployed run: undo that deploy rather than each target's last one)."""
+
+    targets: tuple[Target, ...] = ()
+    to: str = ""
+    strategy: str = ""
+    run_id: str = ""
+
+
+@dataclass(frozen=True)
+class RollbackStep:
+    """One target's way back: ``split`` is what will serve (``(short revision, percent)``), ``serving`` what serves
+    now, ``image`` the image of the revision with the largest share, ``source`` where the split came from (in
+    words), ``strategy`` how it is brought to serve."""
+
+    target: Target
+    split: Split
+    serving: Split = ()
+    image: str = ""
+    source: str = ""
+    strategy: str = "drain"
+
+    @property
+    def revision(self) -> str:
+        """The revision that gets the largest share (usually all of it)."""
+        return max(self.split, key=lambda entry: entry[1])[0] if self.split else ""
+
+    @property
+    def was(self) -> str:
+        """What served the largest share before the rollback."""
+        return self.serving[0][0] if self.serving else ""
+
+    def line(self) -> str:
+        """``worker: worker-00002-def -> worker-00001-abc``, for confirmations and the stage's detail."""
+        now = describe_split(self.serving) if self.serving else "?"
+        return f"{self.target.name}: {now} -> {describe_split(self.split)}"
+
+
+def strategy_of(request: RollbackRequest, target: Target) -> str:
+    """The flag wins, then the target's ``strategy``, then ``drain``."""
+    return request.strategy or target.strategy or "drain"
+
+
+def chosen_targets(config: Config, request: RollbackRequest, journal: Journal | None) -> tuple[Target, ...]:
+    """The targets to roll back, checked without touching anything: Cloud Run targets only, ``--to`` for one of
+    them, a known strategy. With ``run_id`` and no targets: the targets that run deployed to."""
+    if not config.targets:
+        raise UserError("No deploy target is configured, so there is nothing to roll back: nothing was changed; add a "
+                        "[[targets]] table to celeryops.toml (see the README).", EXIT_USAGE)
+    targets = request.targets
+    if not targets and request.run_id and journal is not None:
+        run = deploy_run(journal, request.run_id)
+        names = list(dict.fromkeys(str(r.payload.get("target")) for r in run.intents(DEPLOY_START)))
+        targets = tuple(config.target(name) for name in names)
+    targets = targets or config.targets
+    commands = [t.name for t in targets if not t.is_cloudrun]
+    if commands:
+        which = ", ".join(repr(n) for n in commands)
+        more = "" if request.targets else ", and name the Cloud Run targets with --target"
+        raise UserError(f"Target {which} runs a command: celeryops can route only Cloud Run services and worker pools "
+                        f"back to a revision they ran before, so nothing was changed; roll it back with its own "
+                        f"command{more}.", EXIT_USAGE)
+    if request.to and len(targets) != 1:
+        raise UserError(f"--to names a revision of one target, and this rollback has {len(targets)} "
+                        f"({', '.join(t.name for t in targets)}): nothing was changed; add --target NAME.", EXIT_USAGE)
+    if request.strategy and request.strategy not in STRATEGIES:
+        raise UserError(f"--strategy {request.strategy!r} is not a strategy: nothing was changed; use "
+                        f"{' or '.join(STRATEGIES)}.", EXIT_USAGE)
+    return targets
+
+
+def deploy_run(journal: Journal, run_id: str) -> Run:
+    """The run ``run_id``, which must be a deploy."""
+    try:
+        run = journal.get(run_id)
+    except UnknownRun:
+        raise UserError(f"There is no run {run_id!r} in the journal {journal.path}: nothing was changed; pick a "
+                        "deployed run from `celeryops runs`.", EXIT_USAGE) from None
+    if run.kind != "deploy" or not run.intents(DEPLOY_START):
+        raise UserError(f"Run {run_id} is a {run.kind} run that deployed nothing, so it cannot be rolled back: "
+                        "nothing was changed; pick a deployed run.", EXIT_USAGE)
+    return run
+
+
+def took_effect(run: Run, start: Record) -> bool:
+    """The deploy this intent started took effect: settled ok, or the run went on to deployed / done."""
+    settled = run.settlement(start.seq)
+    if settled is not None:
+        return bool(settled.payload.get("ok", True))
+    return run.phase in ("deployed", "done")
+
+
+def last_deploy(journal: Journal, fleet: str, target: str, run_id: str = "") -> tuple[Run, Record] | None:
+    """The latest deploy of ``target`` that took effect (of run ``run_id`` only, when given), with its
+    ``deploy_start`` intent; None when the journal has none."""
+    runs: Iterable[Run] = [deploy_run(journal, run_id)] if run_id else (
+        journal.get(line.id) for line in journal.history(HISTORY_DEPTH, fleet))
+    for run in runs:
+        if run.kind != "deploy":
+            continue  # a rollback's own routes are not deploys: rolling back twice stays put
+        for start in reversed(run.intents(DEPLOY_START)):
+            if start.payload.get("target") == target and took_effect(run, start):
+                return run, start
+    return None
+
+
+def replaced_split(config: Config, journal: Journal, target: Target, run_id: str = "") -> tuple[Split, str]:
+    """What the last deploy of ``target`` replaced, as the split that served then, and where it came from."""
+    found = last_deploy(journal, config.run.fleet, target.name, run_id)
+    if found is None:
+        where = f"run {run_id}" if run_id else f"the journal {journal.path}"
+        raise UserError(f"{where[:1].upper()}{where[1:]} has no deploy of target {target.name!r} that took effect, so "
+                        "there is no revision to go back to: nothing was changed; name one with --to REVISION (its "
+                        f"revisions: {target.console_url or target.display}).", EXIT_USAGE)
+    run, start = found
+    before = RolloutState.from_dict(dict(start.payload.get("previous") or {}))
+    split = tuple((rev, pct) for rev, pct in before.served if rev)
+    if not split:
+        raise UserError(f"The deploy of run {run.id} created the first revision of {target.display}, so there is no "
+                        "revision before it: nothing was changed; name one with --to REVISION.", EXIT_USAGE)
+    release = f", release {run.release}" if run.release else ""
+    return split, f"replaced by run {run.id}{release}"
+
+
+def checked_step(target: Target, split: Split, source: str, now: RolloutState, revisions: Sequence[RevisionInfo],
+                 strategy: str) -> RollbackStep:
+    """The step for ``target``, once every revision of ``split`` exists and Cloud Run can serve it (Ready)."""
+    known = {r.name: r for r in revisions}
+    serving = now.served
+    for rev, _pct in split:
+        info = known.get(rev)
+        if info is not None and info.state == "succeeded":
+            continue
+        ready = [r.name for r in revisions if r.state == "succeeded" and r.name not in dict(serving)][:4]
+        pick = (f"name a ready one with --to REVISION ({', '.join(ready)})" if ready
+                else "it has no other ready revision to go back to")
+        if info is None:
+            why = f" (it was deleted since: {source})" if source.startswith("replaced") else ""
+            raise UserError(f"Revision {rev} of {target.display} does not exist{why}: nothing was changed; {pick}.",
+                            EXIT_USAGE)
+        reason = ", ".join(part for part in (info.reason, info.message) if part)
+        raise UserError(f"Revision {rev} of {target.display} cannot serve: Cloud Run reports it "
+                        f"{info.state or 'not ready'}{f' ({reason})' if reason else ''}: nothing was changed; {pick}.",
+                        EXIT_USAGE)
+    main = max(split, key=lambda entry: entry[1])[0]
+    return RollbackStep(target, split, serving, known[main].image, source, strategy)
+
+
+def settings_of(steps: Sequence[RollbackStep], strategy: str) -> dict[str, Any]:
+    """What the run journal keeps of a rollback (its settings), enough to resume it on any machine."""
+    return {"kind": "rollback", "strategy": strategy, "targets": [s.target.name for s in steps],
+            "rollback": {s.target.name: {"split": [list(e) for e in s.split], "serving": [list(e) for e in s.serving],
+                                         "image": s.image, "source": s.source} for s in steps}}
+
+
+def steps_of(config: Config, settings: Mapping[str, Any]) -> tuple[RollbackStep, ...]:
+    """The steps a rollback run recorded (:func:`settings_of`), for ``resume``."""
+    saved = settings.get("rollback") or {}
+    steps = []
+    for name in settings.get("targets") or ():
+        entry = saved.get(name) or {}
+        steps.append(RollbackStep(config.target(str(name)), _split(entry.get("split")), _split(entry.get("serving")),
+                                  str(entry.get("image", "")), str(entry.get("source", "")),
+                                  str(settings.get("strategy") or "drain")))
+    return tuple(steps)
+
+
+def _split(value: object) -> Split:
+    if not isinstance(value, list | tuple):
+        return ()
+    return tuple((str(rev), int(pct)) for rev, pct in value)
+
+
+def label_of(steps: Sequence[RollbackStep]) -> str:
+    """The run's ``release`` field for a rollback: the revisions it goes back to (what ``runs`` lists)."""
+    return ", ".join(dict.fromkeys(s.revision for s in steps))
