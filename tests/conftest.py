@@ -87,6 +87,12 @@ def amqp_vhost() -> Iterator[str]:
     subprocess.run(["rabbitmqctl", "-q", "delete_vhost", vhost], capture_output=True, timeout=60)
 
 
+@pytest.fixture
+def amqp_url(amqp_vhost: str) -> str:
+    """The broker URL of this session's private RabbitMQ vhost."""
+    return f"amqp://guest:guest@{AMQP_HOST}/{amqp_vhost}"
+
+
 @pytest.fixture(params=["redis", pytest.param("amqp", marks=pytest.mark.amqp)])
 def broker_url(request: pytest.FixtureRequest) -> str:
     """Parametrizes a test over the Redis broker and the AMQP broker."""
@@ -101,6 +107,14 @@ def broker_url(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def celery_app(broker_url: str) -> Iterator[Celery]:
     app = control_app(broker_url)
+    yield app
+    app.close()
+
+
+@pytest.fixture
+def redis_control(redis_url: str) -> Iterator[Celery]:
+    """A control app on the private Redis: remote control of the test's workers."""
+    app = control_app(redis_url)
     yield app
     app.close()
 

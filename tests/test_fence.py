@@ -186,6 +186,25 @@ def test_raise_read_renew_rescope_lift_are_owner_checked(redis_client: redis.Red
     assert store.read() is None
 
 
+def test_fence_scoped_to_revisions_is_stored_and_replaced_whole(redis_client: redis.Redis) -> None:
+    """An overlap deploy's fence names the revisions it holds (the old one) and exempts the new one; re-raised
+    unscoped by the same run (a retirement's hold of another revision, a drain), the scope goes with it."""
+    store = FenceStore(redis_client, "f-scope")
+    store.raise_fence("run-o", ["q"], "alice", ttl=30, only_revisions=["pool-00001-old"],
+                      exempt_revisions=["pool-abc-new"])
+    rec = store.read()
+    assert rec is not None and rec.only_revisions == ("pool-00001-old",)
+    assert rec.hold_for("pool-00001-old", "") is not None and rec.hold_for("pool-abc-new", "") is None
+    assert rec.hold_for("other-pool-00003-x", "") is None  # not in scope: another pool's workers consume
+    assert store.rescope("run-o", only_revisions=["pool-abc-new"], exempt_revisions=["pool-00001-old"])
+    swapped = store.read()
+    assert swapped is not None and swapped.hold_for("pool-abc-new", "") is not None
+    assert swapped.hold_for("pool-00001-old", "") is None
+    store.raise_fence("run-o", ["q"], "alice", ttl=30)
+    plain = store.read()
+    assert plain is not None and plain.only_revisions == () and plain.hold_for("pool-abc-new", "") is not None
+
+
 def test_fence_expires_without_renewal(redis_client: redis.Redis) -> None:
     store = FenceStore(redis_client, "f2")
     store.raise_fence("run-1", [], "alice", ttl=0.3)

@@ -23,7 +23,12 @@ from celeryops.ops.run.recovery import plan
 ALLOWED: set[tuple[str, str]] = {
     ("preflight", "stopping"), ("stopping", "draining"), ("draining", "drained"), ("drained", "deploying"),
     ("drained", "done"), ("deploying", "deployed"), ("deployed", "done"),
-    *((p, end) for p in ("preflight", "stopping", "draining", "drained", "deploying", "deployed")
+    # an overlap deploy (a worker pool): the new revision up, the old one drained, the cutover, or the retirement
+    ("preflight", "overlapping"), ("overlapping", "stopping"), ("drained", "cutting_over"),
+    ("cutting_over", "deployed"),
+    *((p, "retiring") for p in ("overlapping", "stopping", "draining", "drained")), ("retiring", "overlapping"),
+    *((p, end) for p in ("preflight", "stopping", "draining", "drained", "deploying", "deployed", "overlapping",
+                         "cutting_over", "retiring")
       for end in ("aborted", "failed")),
 }
 PATHS: dict[str, list[Phase]] = {
@@ -36,6 +41,9 @@ PATHS: dict[str, list[Phase]] = {
     "done": ["stopping", "draining", "drained", "deploying", "deployed", "done"],
     "aborted": ["aborted"],
     "failed": ["failed"],
+    "overlapping": ["overlapping"],
+    "cutting_over": ["overlapping", "stopping", "draining", "drained", "cutting_over"],
+    "retiring": ["overlapping", "stopping", "retiring"],
 }
 
 

@@ -75,7 +75,7 @@ async def test_route_takes_the_target_back_without_a_new_revision_and_the_next_d
     assert isinstance(events[0], RouteStarted) and events[0].revision == first
     assert events[0].to_json()["step"] == "routing" and f"routing to {first} 100%" in events[0].text
     state = await deployer.current(target)
-    assert state.pinned == ((first, 100),) and state.owned and state.served == ((first, 100),)
+    assert state.pinned == ((first, 100),) and state.owned and state.served_split == ((first, 100),)
     assert standin.resource(name).annotations["celeryops/split-by"] == "rollback run r-1"
     assert await deployer.route_outcome(target, ((first, 100),)) == "ready"
     assert await deployer.route_outcome(target, ((second, 100),)) == "failed"
@@ -213,7 +213,7 @@ async def test_a_revision_must_exist_and_be_ready(standin: CloudRunStandIn, serv
     now, revisions = await deployer.current(target), await deployer.revisions(target)
     broken = revisions[0].name
     step = checked_step(target, ((first, 100),), "named with --to", now, revisions, "drain")
-    assert step.revision == first and step.image == "app:1" and step.was == now.served[0][0]
+    assert step.revision == first and step.image == "app:1" and step.was == now.served_split[0][0]
     with pytest.raises(UserError) as missing:
         checked_step(target, (("worker-00099-zzz", 100),), "named with --to", now, revisions, "drain")
     assert str(missing.value).startswith("Revision worker-00099-zzz of Cloud Run service worker in p/europe-west1 "

@@ -120,3 +120,13 @@ def hold(self: Task[Any, Any], gate: str, tag: str = "") -> str:
 def noop(self: Task[Any, Any]) -> None:
     mark_start(self)
     mark_finish(self)
+
+
+@app.task(bind=True, name="celeryops.testing.until")
+def until(self: Task[Any, Any], key: str, limit: float = 300.0) -> None:
+    """Run until ``key`` exists in the record Redis (a test says when), at most ``limit`` seconds; recorded."""
+    mark_start(self)
+    deadline = time.monotonic() + float(limit)
+    while not record().exists(key) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    mark_finish(self)

@@ -343,6 +343,16 @@ class Fleet:
         replies = await self._broadcast("add_consumer", {"queue": queue}, destination=dest, reply=reply)
         return {w for w, r in replies.items() if isinstance(r, dict) and "ok" in r}
 
+    async def processed(self, destination: Iterable[str]) -> dict[str, int]:
+        """Tasks each worker of ``destination`` accepted since it started (``inspect stats``: the sum of its
+        ``total``), by worker; a worker that did not answer is left out."""
+        dest = sorted(set(destination))
+        if not dest:
+            return {}
+        replies = await self._broadcast("stats", destination=dest)
+        return {w: sum(int(n) for n in (r.get("total") or {}).values())
+                for w, r in replies.items() if isinstance(r, dict)}
+
     async def queue_depths(self, queues: Iterable[str]) -> list[QueueDepth]:
         """Messages waiting per queue, read from the broker (they pile up during a drain)."""
         names = sorted(set(queues))

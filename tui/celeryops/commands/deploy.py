@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -10,6 +11,7 @@ import click
 from celeryops.commands.common import FleetSpec, fleet_options, state_dir_option
 from celeryops.commands.headless import RECOVERED, flag_operator, open_wiring, run_headless
 from celeryops.commands.output import Printer
+from celeryops.core.config import STRATEGIES
 from celeryops.core.errors import EXIT_USAGE, UserError
 
 
@@ -20,14 +22,20 @@ from celeryops.core.errors import EXIT_USAGE, UserError
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before stopping consumers and before deploying.")
 @click.option("--accept-warnings", is_flag=True, help="Go ahead although preflight checks warned (all of them).")
 @click.option("--accept-warning", "accept", multiple=True, metavar="ID",
-              help="Accept the warnings of this check (repeatable): branch, freshness, workers, lease or fence.")
+              help="Accept the warnings of this check (repeatable): branch, freshness, traffic, workers, lease, "
+                   "fence or mixed_versions.")
+@click.option("--strategy", type=click.Choice(STRATEGIES), default=None,
+              help="How the workers are replaced (wins over the targets' strategy): drain (stop every consumer, "
+                   "wait until nothing runs, deploy; the default) or overlap (a Cloud Run worker pool: the new "
+                   "revision consumes beside the old one, whose instances go once idle; no pause).")
 @click.option("--repo", type=click.Path(file_okay=False, exists=True), default=".",
               help="The git checkout of the release (default: the current directory).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.option("--headless", is_flag=True, help="Plain output even in a terminal (no console).")
 @state_dir_option()
 def deploy(release: str, fleet: FleetSpec, targets: tuple[str, ...], yes: bool, accept_warnings: bool,
-           accept: tuple[str, ...], repo: str, as_json: bool, headless: bool, state_dir: str | None) -> None:
+           accept: tuple[str, ...], strategy: str | None, repo: str, as_json: bool, headless: bool,
+           state_dir: str | None) -> None:
     """Deploy RELEASE (a branch pushed to the release remote): preflight, drain, deploy, verify.
     In a terminal (without --json or --headless) it opens the console on the deploy's preflight."""
     from celeryops.ops.preflight.accept import check_accept_ids
@@ -38,6 +46,12 @@ def deploy(release: str, fleet: FleetSpec, targets: tuple[str, ...], yes: bool, 
         raise UserError("No deploy target is configured: nothing was changed; add a [[targets]] table to "
                         "celeryops.toml (see the README).", EXIT_USAGE)
     chosen = tuple(config.target(name) for name in targets) if targets else config.targets
+    if strategy is not None:
+        chosen = tuple(replace(t, strategy=strategy) for t in chosen)  # type: ignore[arg-type]
+    if any(t.strategy == "overlap" for t in chosen):
+        from celeryops.ops.run.overlap import overlap_target
+
+        overlap_target(chosen)  # one worker pool, or one sentence (exit 2) before anything is contacted
     from celeryops.commands.console import open_console, wants_console
 
     if wants_console(as_json, headless):

@@ -304,7 +304,8 @@ def _status_lines(report: StatusReport) -> list[str]:
     if report.recovery is not None:
         rec = report.recovery
         label = {"nothing": "nothing to undo", "restore": "restore the stopped consumers",
-                 "leave": "leave the consumers alone", "ask": "depends on the rollout"}[rec.action]
+                 "leave": "leave the consumers alone", "ask": "depends on the rollout",
+                 "retire": "retire the new revision", "cutover": "finish the cutover"}[rec.action]
         lines.append(f"Recovery: {label}: {rec.explanation}")
         if rec.next_commands:
             lines.append("Next: " + " | ".join(rec.next_commands))

@@ -26,7 +26,9 @@ if TYPE_CHECKING:  # imported by apply() with the first event: the console's fir
     from celeryops.ops.backend.views import DeployTarget, WorkerView
 
 View = Literal["preflight", "drain", "deploy"]
-ACTIVE_PHASES = ("preflight", "ready", "stopping", "draining", "deploying", "deployed")
+ACTIVE_PHASES = ("preflight", "ready", "overlapping", "stopping", "draining", "cutting_over", "deploying", "deployed",
+                 "retiring")
+DEPLOY_PHASES = ("deploying", "deployed", "overlapping", "cutting_over", "retiring")  # the deploy screen shows them
 LEVEL_STYLE = {"info": "", "warning": "yellow", "error": "bold red", "ok": "green"}
 
 
@@ -74,8 +76,8 @@ class RunModel:
         """The screen that shows the current phase best."""
         if self.phase in ("preflight", "ready") or (self.phase == "failed" and self.started is None):
             return "preflight"
-        if self.phase in ("deploying", "deployed") or (self.phase in ("done", "failed", "aborted")
-                                                        and self.deploy is not None) or (
+        if self.phase in DEPLOY_PHASES or (self.phase in ("done", "failed", "aborted")
+                                           and self.deploy is not None) or (
                 self.kind in ("deploy", "rollback") and self.phase == "done"):
             return "deploy"
         if self.phase is not None or self.progress is not None:

@@ -42,22 +42,27 @@ PREFLIGHT_CHECKS: dict[str, str] = {
     "image": "each target's image exists in its registry",
     "freshness": "the release commit is not older than release.max_age_days (warns when older)",
     "permissions": "the Cloud Run permissions a deploy needs are granted",
-    "traffic": "all traffic (worker pools: instances) will go to the new revision",
+    "traffic": "all traffic (worker pools: instances) will go to the new revision (warns when a tagged revision "
+               "keeps old instances running)",
     "revision": "a rollback's revision exists and Cloud Run can serve it (Ready)",
     "validate": "Cloud Run accepts the exact update (sent with validate_only: nothing changes)",
     "broker": "the broker answers",
     "workers": "every known worker answers ping (warns when registered workers are silent)",
     "lease": "no other run holds the fleet (warns when no Redis holds the run lease)",
-    "fence": "every worker runs the drain fence plugin of this fleet (warns when some don't)",
+    "fence": "every worker runs the drain fence plugin of this fleet (warns when some don't; an overlap deploy "
+             "fails)",
+    "mixed_versions": "an overlap deploy: old and new code consume the same queues for a while (warns)",
 }
 #: The checks that can warn, hence whose warnings can be accepted; the others only pass or fail.
-WARNING_CHECKS = ("branch", "freshness", "workers", "lease", "fence")
+WARNING_CHECKS = ("branch", "freshness", "traffic", "workers", "lease", "fence", "mixed_versions")
 #: Values of a target's ``traffic`` key.
 TRAFFIC_MODES = ("latest",)
-#: How a deploy (and a rollback) brings a revision to serve: ``drain`` (stop every consumer, wait, switch, restore),
-#: or ``overlap`` (Cloud Run worker pools: the new revision consumes beside the old one). A target's ``strategy``
-#: key; the commands' ``--strategy`` wins; ``drain`` is the default.
-STRATEGIES = ("drain", "overlap")
+#: How a deploy replaces a target's workers (a target's ``strategy``, ``celeryops deploy --strategy``): ``drain``
+#: stops every consumer, waits until nothing runs, deploys, then the new workers consume (the default);
+#: ``overlap`` (Cloud Run worker pools only) brings the new revision up beside the old one, stops only the old
+#: revision's consumers and moves the instances once the old ones are idle: processing never pauses.
+Strategy = Literal["drain", "overlap"]
+STRATEGIES: tuple[Strategy, ...] = ("drain", "overlap")
 
 #: Environment variable -> dotted configuration key.
 ENV_KEYS: dict[str, str] = {
@@ -116,6 +121,18 @@ class PreflightSettings:
     accept: tuple[str, ...] = ()
 
 
+def overlap_refusal(target: Target) -> str | None:
+    """Why ``target`` cannot be deployed with the overlap strategy, as one clause (no final period), or None."""
+    if target.kind == "cloudrun-worker-pool":
+        return None
+    if target.kind == "cloudrun-service":
+        return (f"target {target.name!r} is a Cloud Run service, and the overlap strategy runs only on Cloud Run "
+                "worker pools (kind = \"cloudrun-worker-pool\"): a service splits requests between revisions, not "
+                "queue consumers, so its old revision's workers cannot be told to stop while the new ones consume")
+    return (f"target {target.name!r} is a command target, and the overlap strategy runs only on Cloud Run worker "
+            "pools (kind = \"cloudrun-worker-pool\"), whose revisions it can run side by side")
+
+
 def accept_problem(check_id: str, where: str) -> str | None:
     """Why ``check_id`` cannot be accepted, as a clause naming ``where`` it came from (no final period), or None."""
     if check_id in WARNING_CHECKS:
@@ -142,7 +159,7 @@ class Target:
     command: str = ""
     timeout: float = DEFAULT_TARGET_TIMEOUT
     traffic: str = ""  # "latest": the update also routes all traffic (instances) to the new revision
-    strategy: str = ""  # "drain" | "overlap" ("": drain); --strategy wins
+    strategy: Strategy = "drain"  # how a deploy replaces the workers (STRATEGIES; overlap: worker pools only)
 
     @property
     def is_cloudrun(self) -> bool:
@@ -276,11 +293,13 @@ __all__ = [
     "DrainSettings",
     "PreflightSettings",
     "ReleaseSettings",
+    "Strategy",
     "Target",
     "TargetKind",
     "accept_problem",
     "did_you_mean",
     "expand",
     "is_loopback_endpoint",
+    "overlap_refusal",
     "placeholders",
 ]

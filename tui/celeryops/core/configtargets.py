@@ -14,13 +14,14 @@ from celeryops.core.config import (
     Target,
     did_you_mean,
     is_loopback_endpoint,
+    overlap_refusal,
     placeholders,
 )
 from celeryops.core.configcheck import number, quoted, template_problem, typed, unknown_keys
 
 _TARGET_KEYS = ("name", "kind", "project", "region", "resource", "container", "image", "api_endpoint", "insecure",
                 "command", "timeout", "traffic", "strategy")
-_CLOUDRUN_ONLY = ("project", "region", "resource", "container", "api_endpoint", "insecure", "traffic", "strategy")
+_CLOUDRUN_ONLY = ("project", "region", "resource", "container", "api_endpoint", "insecure", "traffic")
 
 
 def validate_targets(targets: list[dict[str, Any]], problems: list[str]) -> list[Target]:
@@ -70,6 +71,16 @@ def validate_targets(targets: list[dict[str, Any]], problems: list[str]) -> list
         elif kind == "command":
             _check_command_target(label, table, values, problems)
 
+        strategy = values.get("strategy")
+        if isinstance(strategy, str) and strategy not in STRATEGIES:
+            problems.append(f"{label}: strategy {strategy!r} is not a deploy strategy"
+                            f"{did_you_mean(strategy, STRATEGIES)}; use one of {quoted(STRATEGIES)}.")
+        elif strategy == "overlap" and isinstance(kind, str) and isinstance(values.get("name"), str):
+            refusal = overlap_refusal(Target(name=values["name"], kind=kind))  # type: ignore[arg-type]
+            if refusal:
+                problems.append(f"{label}: strategy = \"overlap\" is refused: {refusal}; remove it (the default "
+                                "is drain) or change the kind.")
+
         if len(problems) == before and kind is not None:
             result.append(Target(**values))
     return result
@@ -88,10 +99,6 @@ def _check_cloudrun_target(label: str, table: dict[str, Any], values: dict[str, 
     if isinstance(traffic, str) and traffic not in TRAFFIC_MODES:
         problems.append(f"{label}: traffic {traffic!r} is not a traffic mode; use traffic = \"latest\" to route all "
                         "traffic (worker pools: all instances) to the new revision, or remove it.")
-    strategy = values.get("strategy")
-    if isinstance(strategy, str) and strategy not in STRATEGIES:
-        problems.append(f"{label}: strategy {strategy!r} is not a strategy{did_you_mean(strategy, STRATEGIES)}; use "
-                        f"one of {quoted(STRATEGIES)}, or remove it (drain).")
     if isinstance(values.get("image"), str):
         problem = template_problem(f"{label}: image", values["image"], IMAGE_PLACEHOLDERS)
         if problem:

@@ -17,10 +17,13 @@ TaskState = Literal["active", "reserved", "scheduled"]
 DrainOutcome = Literal["drained", "timeout", "interrupted", "error"]
 #: The phases of a run, in order: the journal's (from ``stopping`` on), plus ``ready`` (preflight done, waiting for
 #: the operator). The console, ``status``, ``runs`` and watchers all use these words.
-RunPhase = Literal["preflight", "ready", "stopping", "draining", "drained", "deploying", "deployed", "done", "aborted",
-                   "failed"]
-RUN_PHASES: tuple[RunPhase, ...] = ("preflight", "ready", "stopping", "draining", "drained", "deploying", "deployed",
-                                    "done", "aborted", "failed")
+#: An overlap deploy (a Cloud Run worker pool) adds ``overlapping`` (the new revision comes up and consumes beside the
+#: old one), ``cutting_over`` (every instance moves to the new revision) and ``retiring`` (the new revision is taken
+#: away again: an abort, a timeout); its old revision's drain is ``stopping``, ``draining``, ``drained``.
+RunPhase = Literal["preflight", "ready", "overlapping", "stopping", "draining", "drained", "cutting_over", "deploying",
+                   "deployed", "retiring", "done", "aborted", "failed"]
+RUN_PHASES: tuple[RunPhase, ...] = ("preflight", "ready", "overlapping", "stopping", "draining", "drained",
+                                    "cutting_over", "deploying", "deployed", "retiring", "done", "aborted", "failed")
 CheckStatus = Literal["pending", "running", "ok", "warn", "fail"]
 RunOutcome = Literal["drained", "deployed", "preflight_failed", "declined", "timeout", "deploy_failed",
                      "interrupted", "aborted", "error", "rolled_back", "rollback_failed"]
@@ -268,6 +271,49 @@ class RunFinished(Event):
         if self.logs_url:
             data["logs_url"] = self.logs_url
         return data
+
+
+OverlapStepName = Literal["planned", "scaling_up", "scaled_up", "consuming", "stopping_old", "old_idle", "cutting_over",
+                          "cut_over", "retiring", "old_restored", "holding_new", "retired", "kept_both", "progress"]
+
+
+@dataclass(frozen=True)
+class OverlapStep(Event):
+    """A step of an overlap deploy of worker pool ``target`` (``--json`` event ``overlap``), from the old revision
+    ``old_revision`` to ``new_revision``. ``step``:
+
+    - ``planned``: the new revision's name, chosen up front, the instance count and ``peak`` (the most instances the
+      pool runs at once: quota, cost); ``scaling_up`` / ``scaled_up``: the update that brings the new revision up
+      beside the old one (no old instance taken away) was sent / Cloud Run serves it; ``consuming``: the new
+      revision's workers consume (``consuming``: their names);
+    - ``stopping_old``: only the old revision's workers are told to stop taking tasks (the drain's ``started``,
+      ``cancelled`` and ``poll`` events follow, about the old revision's workers alone); ``old_idle``: they are
+      idle by the drain's rules;
+    - ``cutting_over`` / ``cut_over``: every instance moves to the new revision at the original count;
+    - ``retiring`` (an abort, a timeout, a revision that failed), ``old_restored`` (the old revision's workers
+      consume again), ``holding_new`` (the new revision's workers stop taking tasks and are drained), ``retired``
+      (the pool is back on the old revision), ``kept_both`` (the new revision stayed busy: both keep consuming);
+    - ``progress``: repeated while both run: ``instances`` and ``workers`` per revision, ``consuming`` (the new
+      revision's workers that consume), ``completed`` (tasks the new revision's workers completed so far) and
+      ``rate`` (per second since the last ``progress``); the old revision's tasks, streak and countdown are in the
+      drain's ``poll`` events.
+
+    ``instances``: per revision, as Cloud Run asks each to run; ``split``: revision -> percent of the instances as
+    Cloud Run serves them; ``message``: one sentence for people."""
+
+    step: OverlapStepName
+    target: str
+    old_revision: str
+    new_revision: str
+    instances: dict[str, int] = field(default_factory=dict)
+    split: dict[str, int] = field(default_factory=dict)
+    peak: int = 0
+    workers: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    consuming: tuple[str, ...] = ()
+    completed: int | None = None
+    rate: float | None = None
+    message: str = ""
+    kind: str = field(init=False, default="overlap")
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from celeryops.core.events import (
     DrainStarted,
     Event,
     Notice,
+    OverlapStep,
     PhaseChanged,
     PreflightDone,
     RunFinished,
@@ -102,6 +103,12 @@ def say(event: Event) -> Line | None:
         return ("ok" if event.exit_code == 0 else "error"), event.message
     if isinstance(event, Notice):
         return event.level, event.message
+    if isinstance(event, OverlapStep):
+        if event.step == "progress":  # shown by the screens and --json, not a line each time
+            return None
+        steps: dict[str, Level] = {"kept_both": "warning", "retiring": "warning", "cut_over": "ok", "retired": "ok",
+                                   "consuming": "ok", "old_idle": "ok"}
+        return steps.get(event.step, "info"), f"{event.target}: {event.message or event.step.replace('_', ' ')}"
     if isinstance(event, RunFollowed):
         return "info", f"following run {event.run_id} of {event.owner}" + (
             f", release {event.release}" if event.release else "")

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         PluginWorkerInfo,
         by_revision,
         heartbeat_states,
+        listed_workers,
         plugin_workers,
         registry_key,
     )
@@ -34,6 +35,7 @@ _LAZY = {
     "FenceGuard": "plugin", "FenceRecord": "record", "FenceReply": "control", "FenceStep": "plugin",
     "FenceStore": "store", "Hold": "record", "PluginWorkerInfo": "registry", "fence_status": "control",
     "install": "plugin", "plugin_workers": "registry", "registry_key": "registry", "heartbeat_states": "registry",
+    "listed_workers": "registry",
 }
 
 __all__ = [
@@ -54,6 +56,7 @@ __all__ = [
     "fence_status",
     "heartbeat_states",
     "install",
+    "listed_workers",
     "plugin_workers",
     "registry",
     "registry_key",

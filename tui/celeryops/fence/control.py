@@ -1,7 +1,7 @@
 """The ``celeryops_fence`` remote-control command (worker side) and ``fence_status`` (operator side).
 
 Plugin workers answer ``{"plugin": True, version, revision, cloudrun_kind, cloudrun_name, state, queues, held_queues,
-fence_run_id, ...}``;
+fence_run_id, features, ...}``;
 workers without the plugin answer Celery's unknown-command error (or nothing), so preflight and the console can
 tell which workers run the plugin. Only celery/kombu are used here.
 """
@@ -46,6 +46,7 @@ class FenceReply:
     fence_readable: bool = True
     beats: int = 0
     consumer_starts: int = 0
+    features: tuple[str, ...] = ()  # what the plugin understands beyond the first fence record ("" from older ones)
     error: str = ""
 
     @classmethod
@@ -68,6 +69,7 @@ class FenceReply:
             fence_readable=bool(reply.get("fence_readable", True)),
             beats=int(reply.get("beats") or 0),
             consumer_starts=int(reply.get("consumer_starts") or 0),
+            features=tuple(str(f) for f in reply.get("features") or ()),
         )
 
 

@@ -37,7 +37,7 @@ from celeryops.core.masking import mask_text, mask_url
 from celeryops.core.namespace import fleet_name
 from celeryops.fence import registry
 from celeryops.fence.control import CONSUMER_ATTR, register_command
-from celeryops.fence.record import UNKNOWN_HOLD, Hold, cloud_run_identity
+from celeryops.fence.record import FEATURES, UNKNOWN_HOLD, Hold, cloud_run_identity
 from celeryops.fence.store import FenceStore
 
 logger: logging.Logger = get_logger(__name__)
@@ -255,7 +255,7 @@ class FenceGuard:
             "cloudrun_kind": self.cloud_run.kind, "cloudrun_name": self.cloud_run.name, "state": self.state(),
             "queues": list(self._queues), "held_queues": list(self._held), "fence_run_id": self._fence_run_id,
             "fence_readable": self._readable, "interval": self.interval, "beats": self._beats,
-            "consumer_starts": self._consumer_starts,
+            "consumer_starts": self._consumer_starts, "features": list(FEATURES),
         }
 
     def beat(self) -> None:

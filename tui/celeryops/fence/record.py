@@ -1,7 +1,9 @@
 """The fence record (what the operator's run wrote) and the pure decision a worker takes from it.
 
 A fence holds a set of queues (``()`` or ``("*",)`` = every queue a worker consumes) for every worker that is not
-exempt by its Cloud Run revision or its configured version. No I/O here: the decision is a function of the record
+exempt by its Cloud Run revision or its configured version; a fence that lists ``only_revisions`` (an overlap deploy:
+the old revision's workers stop while the new one's consume) holds only the workers of those revisions, and a record
+without that field keeps that meaning: everyone not exempt. No I/O here: the decision is a function of the record
 and the worker's identity (:func:`cloud_run_identity` reads it from the environment Cloud Run sets), so it is tested
 without Redis.
 """
@@ -23,6 +25,10 @@ ENV_SERVICE = "K_SERVICE"
 ENV_REVISION = "K_REVISION"
 
 CloudRunKind = Literal["worker-pool", "service", ""]
+
+#: What this plugin understands beyond the first fence record, reported in its status and registry entry, so the
+#: operator's side can tell whether a worker would follow a fence scoped to revisions (``only_revisions``).
+FEATURES: tuple[str, ...] = ("only_revisions",)
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,7 @@ class FenceRecord:
     queues: tuple[str, ...] = ()
     exempt_revisions: tuple[str, ...] = ()
     exempt_versions: tuple[str, ...] = ()
+    only_revisions: tuple[str, ...] = ()  # non-empty: only workers of these Cloud Run revisions are held
     owner: str = ""
     created: float = 0.0
     renewed: float = 0.0
@@ -66,16 +73,21 @@ class FenceRecord:
     def exempts(self, revision: str | None, version: str | None) -> bool:
         return bool((revision and revision in self.exempt_revisions) or (version and version in self.exempt_versions))
 
+    def holds_revision(self, revision: str | None) -> bool:
+        """Whether the fence's scope takes in a worker of ``revision`` (every worker when it lists no revision)."""
+        return not self.only_revisions or bool(revision and revision in self.only_revisions)
+
     def hold_for(self, revision: str | None, version: str | None) -> Hold | None:
         """What a worker with this identity must hold (None: it consumes normally)."""
-        if self.exempts(revision, version):
+        if self.exempts(revision, version) or not self.holds_revision(revision):
             return None
         return Hold(run_id=self.run_id, queues=None if self.holds_all else frozenset(self.queues))
 
     def to_dict(self) -> dict[str, object]:
         return {
             "run_id": self.run_id, "queues": list(self.queues), "exempt_revisions": list(self.exempt_revisions),
-            "exempt_versions": list(self.exempt_versions), "owner": self.owner, "created": self.created,
+            "exempt_versions": list(self.exempt_versions), "only_revisions": list(self.only_revisions),
+            "owner": self.owner, "created": self.created,
             "renewed": self.renewed, "ttl": self.ttl,
         }
 
@@ -87,6 +99,7 @@ class FenceRecord:
             queues=_str_tuple(fields.get("queues")),
             exempt_revisions=_str_tuple(fields.get("exempt_revisions")),
             exempt_versions=_str_tuple(fields.get("exempt_versions")),
+            only_revisions=_str_tuple(fields.get("only_revisions")),
             owner=fields.get("owner", ""),
             created=_float(fields.get("created")),
             renewed=_float(fields.get("renewed")),

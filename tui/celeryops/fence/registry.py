@@ -49,6 +49,7 @@ class PluginWorkerInfo:
     expires_at: float = 0.0
     beats: int = 0
     consumer_starts: int = 0
+    features: tuple[str, ...] = ()  # what its plugin understands beyond the first fence record (record.FEATURES)
 
     @property
     def held(self) -> bool:
@@ -80,6 +81,7 @@ class PluginWorkerInfo:
             expires_at=float(data.get("expires_at") or 0.0),
             beats=int(data.get("beats") or 0),
             consumer_starts=int(data.get("consumer_starts") or 0),
+            features=tuple(str(f) for f in data.get("features") or ()),
         )
 
 
@@ -140,6 +142,12 @@ def plugin_workers(client: redis.Redis, fleet: str | None = None) -> dict[str, P
     """Live plugin workers of the fleet (entry not expired by Redis TIME), by hostname. Read-only."""
     now, entries = _listed(client, fleet)
     return {host: info for host, info in entries.items() if info.expires_at > now}
+
+
+def listed_workers(client: redis.Redis, fleet: str | None = None) -> dict[str, PluginWorkerInfo]:
+    """Every readable registry entry of the fleet, live or expired (workers prune those long expired), by hostname:
+    what each worker last said about itself, e.g. its revision, also once it stopped beating. Read-only."""
+    return _listed(client, fleet)[1]
 
 
 def heartbeat_states(client: redis.Redis, fleet: str | None = None) -> dict[str, bool]:

@@ -1,8 +1,8 @@
 """The fence writer used by the operator's run (and the reader used by workers): one Redis hash with a TTL.
 
-Key: ``celeryops:{<fleet>}:fence`` (hash: run_id, queues, exempt_revisions, exempt_versions as JSON lists, owner,
-created, renewed as Redis TIME, ttl_ms). The run renews it every ttl/3 from its heartbeat; if the run dies the key
-expires and workers resume by themselves. Every write that depends on the owner is a Lua compare-and-set on
+Key: ``celeryops:{<fleet>}:fence`` (hash: run_id, queues, exempt_revisions, exempt_versions, only_revisions as JSON
+lists, owner, created, renewed as Redis TIME, ttl_ms). The run renews it every ttl/3 from its heartbeat; if the run
+dies the key expires and workers resume by themselves. Every write that depends on the owner is a Lua compare-and-set on
 ``run_id``, so a second run can neither renew, rescope nor lift someone else's fence.
 """
 
@@ -19,7 +19,7 @@ from celeryops.fence.record import FenceRecord, decode
 
 _NOW = "local t = redis.call('TIME') local now = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))\n"
 
-# KEYS[1] fence; ARGV run_id, queues, exempt_revisions, exempt_versions, owner, ttl_ms
+# KEYS[1] fence; ARGV run_id, queues, exempt_revisions, exempt_versions, owner, ttl_ms, only_revisions
 _RAISE = _NOW + """
 local cur = redis.call('HGET', KEYS[1], 'run_id')
 if cur and cur ~= ARGV[1] then
@@ -27,7 +27,8 @@ if cur and cur ~= ARGV[1] then
 end
 if not cur then redis.call('HSET', KEYS[1], 'created', now) end
 redis.call('HSET', KEYS[1], 'run_id', ARGV[1], 'queues', ARGV[2], 'exempt_revisions', ARGV[3],
-           'exempt_versions', ARGV[4], 'owner', ARGV[5], 'renewed', now, 'ttl_ms', ARGV[6])
+           'exempt_versions', ARGV[4], 'owner', ARGV[5], 'renewed', now, 'ttl_ms', ARGV[6],
+           'only_revisions', ARGV[7])
 redis.call('PEXPIRE', KEYS[1], ARGV[6])
 return {1, cur or '', ''}
 """
@@ -102,14 +103,17 @@ class FenceStore:
         ttl: float,
         exempt_revisions: Sequence[str] = (),
         exempt_versions: Sequence[str] = (),
+        only_revisions: Sequence[str] = (),
     ) -> None:
-        """Put the fence up for ``run_id`` (``queues`` empty or ``["*"]``: every queue a worker consumes).
+        """Put the fence up for ``run_id`` (``queues`` empty or ``["*"]``: every queue a worker consumes); with
+        ``only_revisions`` it holds only the workers of those Cloud Run revisions.
 
         Idempotent for the same run (recovery may raise it again: scope and TTL are replaced, ``created`` kept).
         Raises FenceConflict, changing nothing, when another run holds it."""
         reply = self._raise(
             keys=[self.key],
-            args=[run_id, _names(queues), _names(exempt_revisions), _names(exempt_versions), owner, _ms(ttl)],
+            args=[run_id, _names(queues), _names(exempt_revisions), _names(exempt_versions), owner, _ms(ttl),
+                  _names(only_revisions)],
         )
         ok, holder, holder_owner = (decode(v) or "" for v in reply)
         if ok != "1":
@@ -126,11 +130,13 @@ class FenceStore:
         queues: Sequence[str] | None = None,
         exempt_revisions: Sequence[str] | None = None,
         exempt_versions: Sequence[str] | None = None,
+        only_revisions: Sequence[str] | None = None,
     ) -> bool:
-        """Replace the held queues and/or exemptions (None: unchanged) if the fence is ours; False otherwise."""
+        """Replace the held queues, exemptions and/or revision scope (None: unchanged) if the fence is ours; False
+        otherwise."""
         args: list[str] = [run_id]
         for field, value in (("queues", queues), ("exempt_revisions", exempt_revisions),
-                             ("exempt_versions", exempt_versions)):
+                             ("exempt_versions", exempt_versions), ("only_revisions", only_revisions)):
             if value is not None:
                 args += [field, _names(value)]
         return int(self._rescope(keys=[self.key], args=args)) == 1

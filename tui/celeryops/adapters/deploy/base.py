@@ -114,6 +114,9 @@ class RolloutState:
     #: The split celeryops itself left on the resource (a rollback's, recorded in its ``celeryops/split``
     #: annotation); empty: none. See :attr:`owned`.
     owned_split: tuple[tuple[str, int], ...] = ()
+    #: A service's tagged revisions (``(tag, revision short name)``; not the tag of the latest entry): Cloud Run
+    #: keeps their revision-level min instances running even at 0% of the traffic.
+    tagged: tuple[tuple[str, str], ...] = ()
 
     @property
     def settled(self) -> bool:
@@ -141,11 +144,10 @@ class RolloutState:
         return not self.reconciling and self.observed_generation == self.generation
 
     @property
-    def served(self) -> tuple[tuple[str, int], ...]:
+    def served_split(self) -> tuple[tuple[str, int], ...]:
         """What serves now as Cloud Run reports it: ``(revision, percent)``, the revision by its short name (the
-        latest ready one named), largest share first, zero shares left out."""
-        shares = _shares(self.traffic_statuses or (("", 100),), short_revision(self.latest_ready_revision))
-        return tuple(sorted(shares.items(), key=lambda entry: (-entry[1], entry[0])))
+        latest ready one named), largest share first, zero shares left out (:attr:`served` as a split)."""
+        return tuple(sorted(self.served.items(), key=lambda entry: (-entry[1], entry[0])))
 
     @property
     def latest_share(self) -> int:
@@ -154,6 +156,18 @@ class RolloutState:
             return 100
         latest = short_revision(self.latest_ready_revision)
         return sum(pct for rev, pct in self.traffic_statuses if not rev or rev == latest)
+
+    @property
+    def served(self) -> dict[str, int]:
+        """Revision (short name) -> percent of the traffic (a worker pool: of the instances) served now, the latest
+        entry resolved to its revision (all to the latest ready revision when nothing is reported)."""
+        latest = short_revision(self.latest_ready_revision)
+        out: dict[str, int] = {}
+        for rev, pct in self.traffic_statuses or (("", 100),):
+            if pct > 0:
+                name = short_revision(rev) or latest
+                out[name] = out.get(name, 0) + pct
+        return out
 
     @property
     def succeeded(self) -> bool:
@@ -179,7 +193,7 @@ class RolloutState:
     def from_dict(cls, data: Mapping[str, Any]) -> RolloutState:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
-        for key in ("traffic", "traffic_statuses", "owned_split"):
+        for key in ("traffic", "traffic_statuses", "owned_split", "tagged"):
             if key in values and values[key] is not None:
                 values[key] = tuple((str(rev), int(pct)) for rev, pct in values[key])
         return cls(**values)
@@ -235,6 +249,7 @@ class RevisionInfo:
     log_uri: str = ""
     instances: int = 0
     created: str = ""
+    min_instances: int = 0  # the revision's own min instances (a tagged revision keeps them at 0% of the traffic)
 
 
 @dataclass(frozen=True)
@@ -470,4 +485,22 @@ class Router(Deployer, Protocol):
 
     async def route_outcome(self, target: Target, split: tuple[tuple[str, int], ...]) -> Outcome:
         """After an interruption: did routing to ``split`` take effect?"""
+        ...
+
+
+class PoolDeployer(Deployer, Protocol):
+    """A deployer that runs a worker pool's revisions side by side (CloudRunDeployer): an overlap deploy's."""
+
+    async def update_worker_pool(self, target: Target, change: PoolUpdate,
+                                 on_progress: ProgressCallback) -> DeployResult:
+        """One update of the pool (image, the new revision's name, instance count, split), followed until Cloud Run
+        serves exactly that split."""
+        ...
+
+    async def validate_pool_update(self, target: Target, change: PoolUpdate) -> None:
+        """That update with validate_only (nothing changes); raises DeployError with Cloud Run's refusal."""
+        ...
+
+    async def revisions(self, target: Target) -> list[RevisionInfo]:
+        """The pool's revisions, newest first, with the instances Cloud Run wants each to run."""
         ...

@@ -181,6 +181,20 @@ class CloudRunDeployer:
         prepare_update(target, resource, image, before)
         await self._update(clients, target, resource, validate_only=True)
 
+    async def validate_pool_update(self, target: Target, change: PoolUpdate) -> None:
+        """Send the update :meth:`update_worker_pool` would send for ``change`` with ``validate_only=True``: Cloud
+        Run checks it (the image, the named revision, the split, actAs on the runtime service account) and changes
+        nothing. Raises DeployError with its refusal, when a rollout is in progress or the pool runs no instance."""
+        if target.kind != "cloudrun-worker-pool":
+            raise DeployError(f"{target.display} is not a Cloud Run worker pool: instance counts and splits are a "
+                              "worker pool's; nothing was changed.", code="KIND")
+        clients = await self._clients(target)
+        resource = await self._get(clients, target, self._read_retry(), self.rpc_timeout)
+        refuse_unready(target, state_of(target, resource), traffic=False)
+        prepare_pool_update(target, resource, change)
+        await self._update(clients, target, resource, validate_only=True,
+                           force_new_revision=change.image is not None or bool(change.revision))
+
     async def rollout_outcome(self, target: Target, started: RolloutState, image: str) -> Outcome:
         """Judged on the target's state now: reconciling -> ``in_progress``; settled and succeeded with ``image`` in
         the chosen container and all traffic (instances) on the latest revision -> ``ready``; anything else (failed
@@ -247,7 +261,7 @@ class CloudRunDeployer:
             prepare_route(target, resource, split, by)
 
         before, _asked, operation = await self._send(clients, target, prepare, force_new_revision=False)
-        previous = before.served[0][0] if before.served else ""
+        previous = before.served_split[0][0] if before.served_split else ""
         on_progress(RouteStarted(target.name, main, describe_split(split), operation, previous))
         watched = await self._watch(clients, target, f"revision {main}", operation, before, on_progress,
                                     split=split, new_revision=False, route=True)

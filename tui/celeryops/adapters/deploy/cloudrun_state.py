@@ -95,6 +95,8 @@ def state_of(target: Target, resource: Any) -> RolloutState:
         service_account=resource.template.service_account,
         instance_count=instance_count(resource),
         owned_split=parse_split(resource.annotations.get(SPLIT_ANNOTATION, "")),
+        tagged=tuple((t.tag, short_revision(t.revision)) for t in resource.traffic
+                     if t.tag and t.revision and t.type_ != _LATEST_TRAFFIC) if isinstance(resource, Service) else (),
     )
 
 
@@ -142,6 +144,7 @@ def revision_info(revision: Revision) -> RevisionInfo:
         log_uri=revision.log_uri,
         instances=int(revision.scaling_status.desired_min_instance_count),
         created=created.isoformat() if created else "",
+        min_instances=int(revision.scaling.min_instance_count),
     )
 
 

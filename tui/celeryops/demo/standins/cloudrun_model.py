@@ -182,6 +182,12 @@ class CloudRunModel:
         shares = [(latest if e.type_ == latest_type else e.revision.rsplit("/", 1)[-1], e.percent)
                   for e in self._split(res, msg)] or [(latest, 100)]
         wanted = allocate(instance_count(msg, res.instances), shares)
+        if res.is_service:  # a tagged revision keeps its revision-level min instances, even at 0% of the traffic
+            minimum = {r.name.rsplit("/", 1)[-1]: int(r.scaling.min_instance_count) for r in res.revisions}
+            for entry in msg.traffic:
+                name = entry.revision.rsplit("/", 1)[-1]
+                if entry.tag and entry.type_ != latest_type and minimum.get(name):
+                    wanted[name] = max(wanted.get(name, 0), minimum[name])
         for revision in res.revisions:
             revision.scaling_status.desired_min_instance_count = wanted.get(revision.name.rsplit("/", 1)[-1], 0)
         return wanted
@@ -263,6 +269,7 @@ class CloudRunModel:
         )
         if res.is_service:
             revision.service = res.short
+            revision.scaling = template.scaling  # revision-level min / max instances
         res.revisions.append(revision)
         return revision
 

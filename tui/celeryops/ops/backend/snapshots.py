@@ -211,7 +211,15 @@ class Snapshots:
         run, holder = opened.run, opened.holder
         decided = plan(run, None)
         choices = []
-        if run.phase in ("preflight", "stopping", "draining", "drained"):
+        if run.strategy == "overlap":  # a worker pool with two revisions: its own rules (ops/run/overlap_rules.py)
+            choices.append(RecoveryChoice(
+                "resume", "Resume the overlap deploy",
+                "Ask Cloud Run how the pool is and continue from the journal: wait for the new revision, drain the "
+                "old one again, or finish the cutover (what `celeryops resume` does)."))
+            label = {"retire": "Abort: retire the new revision", "cutover": "Abort: finish the cutover"}.get(
+                decided.action, "Abort (nothing to undo)")
+            choices.append(RecoveryChoice("abort", label, decided.explanation))
+        elif run.phase in ("preflight", "stopping", "draining", "drained"):
             then = ", then the release is deployed" if run.release else ""
             choices.append(RecoveryChoice(
                 "resume", "Resume the run" if run.release else "Resume the drain",
@@ -222,7 +230,7 @@ class Snapshots:
                 "resume", "Resume the run",
                 "Ask the deploy target how the rollout went: if the new revision serves, finish the run; if it "
                 "never took effect, restore the consumers (what `celeryops resume` does)."))
-        if decided.action in ("restore", "nothing"):
+        if decided.action in ("restore", "nothing") and run.strategy != "overlap":
             choices.append(RecoveryChoice("abort", "Abort and restore consumers" if decided.restore
                                           else "Abort (nothing to restore)", decided.explanation))
         stopped = {w: qs for w, qs in run.stopped_consumers().items() if w != ALL_WORKERS}

@@ -7,6 +7,8 @@ is killed or revoked; the caller restores the consumers (``Drain.restore``) exac
 
 The loop (``Drain``) re-broadcasts ``cancel_consumer`` for every queue at every poll, after observing, so a
 worker that scaled out since the last poll is seen with its own queues first, then stopped within one poll.
+A drain with a member ``scope`` (an overlap deploy: the old revision's workers) observes, stops and restores only the
+workers in scope, addressing them by name: the others (the new revision's) keep consuming, and are never waited for.
 Membership is by evidence (``celeryops.ops.drain.membership``): a silent worker leaves the known set only when evidence
 says it is gone, and is otherwise named with how long it has been silent and the remedy. On AMQP, drained also
 needs the drained queues' consumer counts at 0 (a busy solo worker answers nothing but keeps its consumer).
@@ -140,6 +142,12 @@ class Drain:
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     prior_stopped: dict[str, tuple[str, ...]] = field(default_factory=dict)  # from an interrupted run (resume)
     restore_patience: float = RESTORE_PATIENCE  # seconds the restore retries while the broker or a worker is slow
+    # Only these workers are drained: ``scope()`` names the workers in scope now (a worker once in scope stays in
+    # it); ``scope_label`` says who they are in messages ("of revision worker-00001-abc"). None: the whole fleet.
+    # A scoped drain sends its stops by name (never a broadcast), so its stop record has no "*" entry.
+    scope: Callable[[], Awaitable[set[str]]] | None = None
+    scope_label: str = ""
+    in_scope: set[str] = field(default_factory=set)
     # state
     known: set[str] = field(default_factory=set)
     stopped: dict[str, tuple[str, ...]] = field(default_factory=dict)
@@ -156,15 +164,20 @@ class Drain:
         """Discover the fleet, record what will be stopped (write-ahead), then broadcast cancel_consumer."""
         self.settings.validate()
         await self.fleet.check_broker()
-        members = await self.fleet.members()
-        answered = await self.fleet.ping(limit=len(members) or None)
+        self.in_scope |= {w for w in self.prior_stopped if w != BROADCAST}
+        members = await self._scoped(await self.fleet.members())
+        if self.scope is not None:
+            answered = await self._scoped(await self.fleet.ping(sorted(members))) if members else set()
+        else:
+            answered = await self.fleet.ping(limit=len(members) or None)
         members |= answered
         forgotten = set(self.forget)
         answered -= forgotten
         if not answered:
             silent = sorted(members - forgotten)
             hint = f" ({len(silent)} registered but silent: {', '.join(silent[:5])})" if silent else ""
-            raise NoWorkers(f"No worker answered on {self.fleet.display_url}{hint}: nothing was stopped; "
+            whose = f" {self.scope_label}" if self.scope_label else ""
+            raise NoWorkers(f"No worker{whose} answered on {self.fleet.display_url}{hint}: nothing was stopped; "
                             "check that workers run against this broker (or --forget dead ones).")
         self.known = members - forgotten
         self.baseline = await self.fleet.active_queues(sorted(answered))
@@ -175,7 +188,10 @@ class Drain:
             raise NoWorkers("The workers that answered consume no queue: nothing was stopped; pass --queue.")
         drained = set(self.queues)
         stops = {w: tuple(q for q in qs if q in drained) for w, qs in self.baseline.items()}
-        stops[BROADCAST] = self.queues
+        if self.scope is None:
+            stops[BROADCAST] = self.queues
+        else:  # silent ones (busy) get the stop by name too: their own queues were never seen, so all drained ones
+            stops.update({w: self.queues for w in sorted(self.known - set(self.baseline))})
         await self.hooks.before_stop(stops, dict(self.baseline))
         for worker, qs in self.prior_stopped.items():
             stops[worker] = tuple(sorted(set(stops.get(worker, ())) | set(qs)))
@@ -186,7 +202,8 @@ class Drain:
         self.on_event(event)
         acked: set[str] = set()
         for queue in self.queues:
-            acked |= await self.fleet.cancel_consumer(queue, reply=True, expect=len(self.known) or None)
+            acked |= await self.fleet.cancel_consumer(queue, self._destination(), reply=True,
+                                                      expect=len(self.known) or None)
         self.on_event(ConsumersCancelled(queues=self.queues, acknowledged=tuple(sorted(acked))))
         self.policy = PolicyState(started=self.clock())
         for name in self.known - answered:  # silent from the start (the clock of "silent for" starts here)
@@ -197,8 +214,9 @@ class Drain:
         """Observe, judge, then re-broadcast cancel_consumer (workers that scaled out stop within one poll)."""
         assert self.policy is not None, "start() first"
         members, before = await asyncio.gather(self.fleet.members(), self.fleet.pidbox_listeners())
+        members = await self._scoped(members)
         forget = set(self.forget)
-        obs = await self.fleet.observe((self.known | self.gone | members) - forget, self.queues)
+        obs = self._only_scope(await self.fleet.observe((self.known | self.gone | members) - forget, self.queues))
         bindings, evidence, counts = await self._evidence(obs, before)
         joined, left = await self._update_membership(obs, bindings, evidence)
         obs = self._mark_gone(obs)
@@ -222,9 +240,10 @@ class Drain:
             consumers=consumers)
         self.last = progress
         self.on_event(progress)
-        if verdict.status == "continue":
+        destination = self._destination()
+        if verdict.status == "continue" and destination != []:
             for queue in self.queues:
-                await self.fleet.cancel_consumer(queue, reply=False)
+                await self.fleet.cancel_consumer(queue, destination, reply=False)
         return progress
 
     async def run(self) -> DrainResult:
@@ -256,6 +275,25 @@ class Drain:
         return event
 
     # -- helpers -----------------------------------------------------------------------------------------------
+
+    async def _scoped(self, names: set[str]) -> set[str]:
+        """``names`` within the drain's scope (all of them without one); the scope is read again each time."""
+        if self.scope is None:
+            return set(names)
+        self.in_scope |= await self.scope()
+        return set(names) & self.in_scope
+
+    def _only_scope(self, obs: Observation) -> Observation:
+        """A scoped drain's observation holds only the workers in scope (a round addressed to nobody is a
+        broadcast: others may have answered it)."""
+        if self.scope is None:
+            return obs
+        return Observation(workers={n: w for n, w in obs.workers.items() if n in self.in_scope},
+                           tasks=tuple(t for t in obs.tasks if t.worker in self.in_scope))
+
+    def _destination(self) -> list[str] | None:
+        """Where a stop goes: every worker (None: a broadcast), or a scoped drain's known workers by name."""
+        return None if self.scope is None else sorted(self.known)
 
     async def _pause(self, seconds: float) -> None:
         if seconds <= 0:
@@ -332,7 +370,7 @@ class Drain:
         unseen = {n for n, w in obs.workers.items() if w.replied and n not in self.stopped and n not in joined}
         for name in sorted(unseen):
             # Busy (silent) when the drain started: its own queues were never seen before our cancel reached it.
-            self.stopped[name] = tuple(self.stopped.get(BROADCAST, ()))
+            self.stopped[name] = tuple(self.stopped.get(BROADCAST, self.queues if self.scope is not None else ()))
             self.on_event(Notice(level="warning", message=(
                 f"{name} did not answer when the drain started (busy), so the queues it consumed before were not "
                 f"seen; a restore will give it every drained queue ({', '.join(self.queues)}).")))

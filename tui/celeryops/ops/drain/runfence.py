@@ -25,12 +25,18 @@ class RunFence:
         self.emit = emit
         self._keeper: asyncio.Future[None] | None = None
 
-    async def raise_(self, queues: tuple[str, ...], by: str) -> None:
-        """Before the first cancel broadcast: plugin workers (also ones that start later) hold these queues."""
+    async def raise_(self, queues: tuple[str, ...], by: str, *, only_revisions: tuple[str, ...] = (),
+                     exempt_revisions: tuple[str, ...] = ()) -> None:
+        """Before the first cancel broadcast: plugin workers (also ones that start later) hold these queues; with
+        ``only_revisions``, only the workers of those Cloud Run revisions do (an overlap deploy's old revision), and
+        ``exempt_revisions`` never do (its new revision, also for a plugin too old to know ``only_revisions``)."""
         if self.run_id is None:
             return
+        run_id = self.run_id
         try:
-            await asyncio.to_thread(self.store.raise_fence, self.run_id, list(queues), by, self.settings.fence_ttl)
+            await asyncio.to_thread(lambda: self.store.raise_fence(
+                run_id, list(queues), by, self.settings.fence_ttl, exempt_revisions=list(exempt_revisions),
+                only_revisions=list(only_revisions)))
         except redis.RedisError as exc:
             self.emit(Notice(level="warning", message=f"Could not raise the drain fence ({exc}); the re-broadcast "
                                                       "still stops workers."))

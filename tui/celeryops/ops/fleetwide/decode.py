@@ -27,6 +27,7 @@ from celeryops.core.events import (
     Event,
     FleetBack,
     Notice,
+    OverlapStep,
     PhaseChanged,
     PreflightDone,
     RunFinished,
@@ -94,6 +95,18 @@ def _finished(data: Data) -> Event:
                          message=str(data.get("message", "")))
 
 
+def _overlap(data: Data) -> OverlapStep:
+    completed, rate = data.get("completed"), data.get("rate")
+    return OverlapStep(step=data["step"], target=str(data.get("target", "")),
+                       old_revision=str(data.get("old_revision", "")), new_revision=str(data.get("new_revision", "")),
+                       instances={str(r): int(n) for r, n in (data.get("instances") or {}).items()},
+                       split={str(r): int(p) for r, p in (data.get("split") or {}).items()},
+                       peak=int(data.get("peak") or 0), workers=_queues(data.get("workers")),
+                       consuming=tuple(data.get("consuming") or ()),
+                       completed=None if completed is None else int(completed),
+                       rate=None if rate is None else float(rate), message=str(data.get("message", "")))
+
+
 _ROLLOUT: dict[str, Callable[[Data], RolloutEvent]] = {
     "started": lambda d: RolloutStarted(str(d.get("target", "")), str(d.get("image", "")),
                                         str(d.get("operation", "")), str(d.get("previous_revision", ""))),
@@ -136,6 +149,7 @@ _DECODERS: dict[str, Callable[[Data], Event | None]] = {
     "fleet": lambda d: FleetBack(workers=_queues(d.get("workers"))),
     "target": lambda d: _target(d),
     "deploy": _rollout,
+    "overlap": _overlap,
 }
 
 

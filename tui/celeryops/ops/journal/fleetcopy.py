@@ -18,17 +18,30 @@ import redis
 from celeryops.core.errors import UserError
 from celeryops.core.masking import mask_text
 from celeryops.ops.journal.fleetstore import FleetStore, HeldRun, head_fields, record_json
-from celeryops.ops.journal.model import CANCEL_CONSUMERS, DEPLOY_START, Run, UnknownRun, dumps_masked
+from celeryops.ops.journal.model import (
+    CANCEL_CONSUMERS,
+    DEPLOY_START,
+    OVERLAP_CUTOVER,
+    OVERLAP_REVERT,
+    OVERLAP_UP,
+    Run,
+    UnknownRun,
+    dumps_masked,
+)
 
 log = logging.getLogger("celeryops.ops.journal")
 
 T = TypeVar("T")
 
-# Records whose side effect stops work: never done unless the fleet holds the record (a teammate can undo it).
+# Records whose side effect stops or changes work: never done unless the fleet holds the record (a teammate can
+# undo or finish it).
 _STOPS: Final = {"created": "the new run", CANCEL_CONSUMERS: "the consumers about to be stopped",
-                 DEPLOY_START: "the deploy about to start"}
+                 DEPLOY_START: "the deploy about to start", OVERLAP_UP: "the worker pool update about to start",
+                 OVERLAP_CUTOVER: "the worker pool update about to start",
+                 OVERLAP_REVERT: "the worker pool update about to start"}
 _NOT_DONE: Final = {"created": "nothing was changed", CANCEL_CONSUMERS: "they were not stopped",
-                    DEPLOY_START: "it was not started"}
+                    DEPLOY_START: "it was not started", OVERLAP_UP: "it was not sent",
+                    OVERLAP_CUTOVER: "it was not sent", OVERLAP_REVERT: "it was not sent"}
 
 
 class FleetStoreDown(UserError):

@@ -16,21 +16,30 @@ from celeryops.core.errors import UserError
 from celeryops.core.events import RunKind
 from celeryops.core.masking import mask_text
 
-Phase = Literal["preflight", "stopping", "draining", "drained", "deploying", "deployed", "done", "aborted", "failed"]
+Phase = Literal["preflight", "overlapping", "stopping", "draining", "drained", "cutting_over", "deploying", "deployed",
+                "retiring", "done", "aborted", "failed"]
 PHASES: Final[tuple[Phase, ...]] = (
-    "preflight", "stopping", "draining", "drained", "deploying", "deployed", "done", "aborted", "failed",
+    "preflight", "overlapping", "stopping", "draining", "drained", "cutting_over", "deploying", "deployed", "retiring",
+    "done", "aborted", "failed",
 )
 TERMINAL_PHASES: Final[frozenset[Phase]] = frozenset({"done", "aborted", "failed"})
 # Forward moves only. Every non-terminal phase may also end in "aborted" or "failed" (added below).
 # drained -> done is a drain-only run that was closed without a deploy (e.g. after the operator restored
 # consumers by hand); a drain-only run that exits 0 simply stays open in "drained" until abort or deploy.
+# An overlap deploy (a worker pool): preflight -> overlapping (the new revision up and consuming beside the old one)
+# -> stopping -> draining -> drained (the old revision alone) -> cutting_over -> deployed -> done; from any step
+# before the cutover it may go to retiring (the new revision is taken away), and back to overlapping when the new
+# revision stayed busy (both consume again).
 _FORWARD: Final[dict[Phase, frozenset[Phase]]] = {
-    "preflight": frozenset({"stopping"}),
-    "stopping": frozenset({"draining"}),
-    "draining": frozenset({"drained"}),
-    "drained": frozenset({"deploying", "done"}),
+    "preflight": frozenset({"stopping", "overlapping"}),
+    "overlapping": frozenset({"stopping", "retiring"}),
+    "stopping": frozenset({"draining", "retiring"}),
+    "draining": frozenset({"drained", "retiring"}),
+    "drained": frozenset({"deploying", "done", "cutting_over", "retiring"}),
+    "cutting_over": frozenset({"deployed"}),
     "deploying": frozenset({"deployed"}),
     "deployed": frozenset({"done"}),
+    "retiring": frozenset({"overlapping"}),
 }
 ALLOWED_TRANSITIONS: Final[dict[Phase, frozenset[Phase]]] = {
     phase: (_FORWARD.get(phase, frozenset()) | frozenset({"aborted", "failed"}))
@@ -43,6 +52,12 @@ DEFAULT_OUTCOME: Final[dict[Phase, str]] = {"done": "succeeded", "aborted": "abo
 CANCEL_CONSUMERS: Final = "cancel_consumers"
 ADD_CONSUMERS: Final = "add_consumers"
 DEPLOY_START: Final = "deploy_start"
+# An overlap deploy's pool updates, each written before it is sent (the pool's count and split before, the change):
+# the new revision brought up beside the old one, every instance moved to the new one, the pool put back on the old
+# one (the retirement of the new revision: begun by this intent, settled when done or given up).
+OVERLAP_UP: Final = "overlap_up"
+OVERLAP_CUTOVER: Final = "overlap_cutover"
+OVERLAP_REVERT: Final = "overlap_revert"
 ALL_WORKERS: Final = "*"
 
 RecordKind = Literal["created", "phase", "intent", "settle", "note"]
@@ -124,6 +139,16 @@ class Run:
                     for target in targets:
                         stopped.get(target, set()).difference_update(queues)
         return {w: qs for w, qs in stopped.items() if qs}
+
+    @property
+    def strategy(self) -> str:
+        """How this run deploys: ``drain`` (also every drain-only run) or ``overlap`` (recorded in its settings)."""
+        return str(self.settings.get("strategy") or "drain")
+
+    def holds_fleet(self) -> bool:
+        """Whether this run, while unfinished, holds something a new run must not start over: consumers it stopped,
+        or a worker pool it began to change (an overlap deploy)."""
+        return bool(self.stopped_consumers()) or bool(self.intents(OVERLAP_UP))
 
     def recorded_workers(self) -> set[str]:
         """Every worker a stop of this run named, also those it stopped nothing on (they consumed none of the drained

@@ -11,7 +11,8 @@ pairs. Every result's detail is one line and every remedy says what to do.
    the role that grants each.
 5. ``traffic_check``: no Cloud Run target's traffic / instance split pins older revisions (unless the target
    routes everything to the new revision with ``traffic = "latest"``, or the split is the one a celeryops rollback
-   left, which the deploy moves on the same way).
+   left, which the deploy moves on the same way); warns about a service's tagged revisions that keep old instances
+   running at 0% (revision-level min instances).
 6. ``validate_check``: Cloud Run accepts the exact update (sent with ``validate_only``; nothing changes), so a
    refusal such as a missing actAs is found before a consumer is stopped.
 """
@@ -25,7 +26,15 @@ from datetime import UTC, datetime, timedelta
 import humanize
 from celery import Celery
 
-from celeryops.adapters.deploy.base import Deployer, DeployError, describe_split, role_for
+from celeryops.adapters.deploy.base import (
+    Deployer,
+    DeployError,
+    RevisionInfo,
+    RolloutState,
+    describe_split,
+    role_for,
+    short_revision,
+)
 from celeryops.adapters.gitrepo import GitRepo
 from celeryops.adapters.registry import ImageRegistry, ManifestProbe
 from celeryops.core.config import Target
@@ -226,12 +235,14 @@ def traffic_check(pairs: Sequence[TargetDeployer], *, check_id: str = "traffic",
         routed: list[str] = []
         unread: list[str] = []
         ours = False  # a split a celeryops rollback left is among the routed ones
-        for (target, _d), state in zip(chosen, states, strict=True):
+        kept: list[str] = []
+        for (target, deployer), state in zip(chosen, states, strict=True):
             if isinstance(state, asyncio.CancelledError):
                 raise state
             if isinstance(state, BaseException):
                 unread.append(f"{target.name}: {one_line(str(state))}")
                 continue
+            kept += await _kept_by_tags(target, deployer, state)
             if not state.pinned:
                 continue
             what = "instances" if target.kind == "cloudrun-worker-pool" else "traffic"
@@ -251,6 +262,12 @@ def traffic_check(pairs: Sequence[TargetDeployer], *, check_id: str = "traffic",
                                f"set traffic = \"latest\" on target(s) {', '.join(names)} to route everything to the "
                                "new revision in the same update, or send all traffic to the latest revision in the "
                                "Cloud console, then run preflight again")
+        if kept:
+            return CheckResult(check_id, title, "warn", "; ".join(kept) + ": their workers keep consuming with the "
+                               "old code after the deploy",
+                               "remove the tag (gcloud run services update-traffic SERVICE --remove-tags TAG) or that "
+                               "revision's min instances, then run preflight again; or accept with --accept-warning "
+                               "traffic")
         if routed:
             why = "" if ours else " (traffic = \"latest\")"
             return CheckResult(check_id, title, "ok", "; ".join(routed) + "; the deploy routes everything to the new "
@@ -259,6 +276,20 @@ def traffic_check(pairs: Sequence[TargetDeployer], *, check_id: str = "traffic",
         return CheckResult(check_id, title, "ok", f"all traffic goes to the latest revision on {every}")
 
     return Check(check_id, title, run)
+
+
+async def _kept_by_tags(target: Target, deployer: Deployer, state: RolloutState) -> list[str]:
+    """A service's tagged revisions (other than the latest) that Cloud Run keeps running at 0% of the traffic
+    (revision-level min instances), each named with its tag and instance count."""
+    listing = getattr(deployer, "revisions", None)
+    if target.kind != "cloudrun-service" or not state.tagged or listing is None:
+        return []
+    latest = short_revision(state.latest_ready_revision)
+    tags = {rev: tag for tag, rev in state.tagged if rev != latest}
+    revisions: list[RevisionInfo] = await listing(target)
+    return [f"{target.name}: tag {tags[r.name]!r} keeps revision {r.name} running "
+            f"{max(r.instances, r.min_instances)} instance(s) at 0% of the traffic (revision-level min instances)"
+            for r in revisions if r.name in tags and max(r.instances, r.min_instances) > 0]
 
 
 def validate_check(pairs: Sequence[tuple[Target, Deployer, str]], *, check_id: str = "validate",

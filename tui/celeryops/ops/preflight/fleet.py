@@ -69,10 +69,12 @@ def fleet_checks(fleet: Fleet, journal: Journal, coord: redis.Redis | None, flee
                                "wait for it, or take over an orphaned run with --take-over")
         runs = await asyncio.to_thread(journal.unfinished_runs, fleet_name)
         open_run = runs[-1] if runs else None
-        if open_run is not None and open_run.stopped_consumers() and not take_over:
+        if open_run is not None and open_run.holds_fleet() and not take_over:
+            held = "stopped consumers" if open_run.stopped_consumers() else "a worker pool it changed"
             return CheckResult("lease", "", "fail", f"run {open_run.id} ({open_run.phase}, started by "
-                               f"{open_run.user}@{open_run.host}) is unfinished and holds stopped consumers",
-                               "run `celeryops resume` to continue it or `celeryops abort` to restore them")
+                               f"{open_run.user}@{open_run.host}) is unfinished and holds {held}",
+                               "run `celeryops resume` to continue it or `celeryops abort` to "
+                               + ("restore them" if open_run.stopped_consumers() else "undo it"))
         return CheckResult("lease", "", "ok", "the lease is free")
 
     return [Check("broker", "Broker reachable", broker, timeout=15),

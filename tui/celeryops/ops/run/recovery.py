@@ -20,7 +20,8 @@ from celeryops.core.errors import EXIT_DEPLOY, EXIT_OK
 from celeryops.ops.journal import ALL_WORKERS, Phase, Run
 
 Rollout = Literal["ready", "failed", "in_progress", "not_started", "unknown"]
-Action = Literal["nothing", "restore", "leave", "ask"]
+# "retire" / "cutover": an overlap deploy's (a worker pool's), carried out by its own flow (ops/run/overlap.py).
+Action = Literal["nothing", "restore", "leave", "ask", "retire", "cutover"]
 ROLLOUTS: Final[tuple[Rollout, ...]] = ("ready", "failed", "in_progress", "not_started", "unknown")
 
 # The commands a plan points the operator at (the lead's command names; keep them in sync with the CLI).
@@ -85,6 +86,10 @@ def _target(run: Run) -> str:
 
 def plan(run: Run, rollout: Rollout | None) -> RecoveryPlan:
     """Decide recovery for ``run`` given what the deploy target reports (``rollout``; None = not checked)."""
+    if run.strategy == "overlap":  # its own rules, decided from its journal (ops/run/overlap_rules.py)
+        from celeryops.ops.run.overlap_rules import recovery_plan
+
+        return recovery_plan(run)
     stopped = {w: sorted(qs) for w, qs in sorted(run.stopped_consumers().items())}
     state = deploy_state(run, rollout)
     end: Phase | None = None if run.finished else "aborted"

@@ -256,7 +256,7 @@ class Rollback:
                              await self.router(step.target).revisions(step.target), step.strategy)
                 image = f" ({step.image})" if step.image else ""
                 found.append(f"{step.target.name}: {describe_split(step.split)}{image}, {step.source}, is ready; "
-                             f"{describe_split(now.served)} serves now")
+                             f"{describe_split(now.served_split)} serves now")
             return CheckResult("revision", "Revision to return to", "ok", "; ".join(found))
 
         return Check("revision", "Revision to return to", run)

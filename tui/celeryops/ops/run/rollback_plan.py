@@ -141,7 +141,7 @@ def replaced_split(config: Config, journal: Journal, target: Target, run_id: str
                         f"revisions: {target.console_url or target.display}).", EXIT_USAGE)
     run, start = found
     before = RolloutState.from_dict(dict(start.payload.get("previous") or {}))
-    split = tuple((rev, pct) for rev, pct in before.served if rev)
+    split = tuple((rev, pct) for rev, pct in before.served_split if rev)
     if not split:
         raise UserError(f"The deploy of run {run.id} created the first revision of {target.display}, so there is no "
                         "revision before it: nothing was changed; name one with --to REVISION.", EXIT_USAGE)
@@ -153,7 +153,7 @@ def checked_step(target: Target, split: Split, source: str, now: RolloutState, r
                  strategy: str) -> RollbackStep:
     """The step for ``target``, once every revision of ``split`` exists and Cloud Run can serve it (Ready)."""
     known = {r.name: r for r in revisions}
-    serving = now.served
+    serving = now.served_split
     for rev, _pct in split:
         info = known.get(rev)
         if info is not None and info.state == "succeeded":

@@ -171,9 +171,11 @@ class Runner:
             return self._fence
         return RunFence(FenceStore(self.coord, self.fleet_name), None, self.settings, self.emit) if self.coord else None
 
-    async def raise_fence(self, queues: tuple[str, ...]) -> None:
+    async def raise_fence(self, queues: tuple[str, ...], *, only_revisions: tuple[str, ...] = (),
+                          exempt_revisions: tuple[str, ...] = ()) -> None:
         if self._fence is not None:
-            await self._fence.raise_(queues, current_user())
+            await self._fence.raise_(queues, current_user(), only_revisions=only_revisions,
+                                     exempt_revisions=exempt_revisions)
 
     async def exempt_from_fence(self, versions: list[str], revisions: list[str] | None = None) -> None:
         if self._fence is not None:
@@ -197,37 +199,47 @@ class Runner:
         phase ``drained`` until a deploy or ``abort``); ``timeout``/``interrupted``: consumers restored, aborted.
         ``keep_lease``: a drained run keeps the lease (the deploy follows; call ``release_lease`` after)."""
         self._refuse_if_read_only("stop consumers")
-        self._loop = asyncio.get_running_loop()
         self._deploy_follows = keep_lease
         settings.validate()
+        run = await self.open_run(release=release, take_over=take_over, settings={
+            "queues": list(queues), "interval": settings.interval, "streak": settings.streak,
+            "max_wait": settings.max_wait, "forget": list(forget), **(extra_settings or {})})
+        outcome = await self._drain_holding(run, queues, settings, forget, keep_lease)
+        return outcome, await self.journal.aio.get(run.id)
+
+    async def open_run(self, *, release: str | None, settings: dict[str, Any], take_over: bool = False) -> Run:
+        """A new run of this fleet in the journal, with the fleet's lease held for it (``release_lease`` after):
+        refused, changing nothing, while another run holds the lease or an unfinished one holds the fleet
+        (consumers it stopped, a worker pool it changed)."""
+        self._refuse_if_read_only("start a run")
+        self._loop = asyncio.get_running_loop()
         await self.fleet.check_broker()
         open_run = self.unfinished()
         if self.coord is not None and not take_over:
             holder = await asyncio.to_thread(read_lease, self.coord, self.fleet_name)
             if holder is not None:
                 raise LeaseHeld(self.fleet_name, holder)
-        if open_run is not None and open_run.stopped_consumers() and not take_over:
+        if open_run is not None and open_run.holds_fleet() and not take_over:
+            held = ("stopped consumers: nothing was changed; run `celeryops abort` to restore them"
+                    if open_run.stopped_consumers() else
+                    "a worker pool it changed: nothing was changed; run `celeryops abort` to undo that")
             raise UserError(
                 f"Run {open_run.id} ({open_run.phase}, started by {open_run.user}@{open_run.host}) is unfinished "
-                "and still holds stopped consumers: nothing was changed; run `celeryops abort` to restore them, "
-                "or `celeryops resume` to continue it.", EXIT_FAILURE)
+                f"and still holds {held}, or `celeryops resume` to continue it.", EXIT_FAILURE)
         if take_over and self.coord is not None:
             holder = await asyncio.to_thread(read_lease, self.coord, self.fleet_name)
             if holder is not None and not holder.orphaned and not holder.dead_here:
                 raise LeaseHeld(self.fleet_name, holder, taking_over=holder.run_id)
             if open_run is not None:
                 await self.abort(run=open_run)
-        run = await self.journal.aio.create_run(
-            fleet=self.fleet_name, broker=self.fleet.broker_url, release=release,
-            settings={"queues": list(queues), "interval": settings.interval, "streak": settings.streak,
-                      "max_wait": settings.max_wait, "forget": list(forget), **(extra_settings or {})})
+        run = await self.journal.aio.create_run(fleet=self.fleet_name, broker=self.fleet.broker_url, release=release,
+                                                settings=settings)
         try:
             await self._acquire(run, take_over)
         except BaseException as exc:
             await self.journal.aio.advance(run.id, "aborted", reason=f"not started: {exc}")
             raise
-        outcome = await self._drain_holding(run, queues, settings, forget, keep_lease)
-        return outcome, await self.journal.aio.get(run.id)
+        return run
 
     async def _drain_holding(self, run: Run, queues: tuple[str, ...], settings: DrainSettings,
                              forget: tuple[str, ...], keep_lease: bool) -> Outcome:
@@ -399,6 +411,10 @@ class Runner:
             return await self._restore_stranded(latest, lost)
         await self._refuse_if_live(run, "abort it")
         decided = self.recovery_plan(run, rollout)
+        if decided.action in ("retire", "cutover"):  # an overlap deploy: its own flow (RunSession.abort) recovers it
+            raise UserError(f"Run {run.id} is an overlap deploy of a worker pool, which only its own recovery can "
+                            "undo or finish: nothing was changed; run `celeryops abort` or `celeryops resume` "
+                            "first.", EXIT_FAILURE)
         if decided.action == "ask" and force_restore:
             decided = RecoveryPlan("restore", {w: sorted(q) for w, q in run.stopped_consumers().items()},
                                    "The operator says the old revision still serves: restoring the consumers.",
@@ -417,6 +433,10 @@ class Runner:
                 await asyncio.to_thread(pub.flush, True)
                 await self._drop_dead_lease(run.id)
         return decided, restored
+
+    async def restore(self, run: Run, restore: Mapping[str, Iterable[str]]) -> ConsumersRestored:
+        """Give ``run``'s stopped consumers ``restore`` (worker -> queues) back: written ahead, confirmed, settled."""
+        return await self._restore_recorded(run, restore)
 
     async def _restore_again(self, run: Run) -> tuple[RecoveryPlan, ConsumersRestored | None]:
         """``abort`` once more after an unverified restore: send the restore again and confirm it (the run stays

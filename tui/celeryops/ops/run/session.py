@@ -197,6 +197,10 @@ class RunSession:
         if not targets:
             raise UserError("No deploy target is configured: nothing was changed; add a [[targets]] table to "
                             "celeryops.toml (see the README).", EXIT_USAGE)
+        if any(t.strategy == "overlap" for t in targets):  # a worker pool's new revision beside the old one
+            from celeryops.ops.run.overlap import OverlapDeploy
+
+            return await OverlapDeploy(self).deploy(release, targets)
         self.emit(StageStarted(stage="preflight", detail=f"release {release}"))
         sha = await GitRepo(self.repo).ls_remote(self.config.release.remote, release) or ""
         report = await self._preflight([*self._release_checks(release, sha, targets), *self._fleet_checks()])
@@ -290,6 +294,10 @@ class RunSession:
             from celeryops.ops.run.rollback import Rollback
 
             return (await Rollback(self).resume(run)).exit_code
+        if run.strategy == "overlap":
+            from celeryops.ops.run.overlap import OverlapDeploy
+
+            return (await OverlapDeploy(self).resume(run)).exit_code
         return (await self._resume_release(run)).exit_code
 
     async def _resume_release(self, run: Run) -> RunFinished:
@@ -325,6 +333,11 @@ class RunSession:
     async def abort(self, run: Run | None = None, *, force_restore: bool = False) -> RecoveryPlan:
         """Apply the recovery rules to the fleet's unfinished run (restore what it stopped, mark it aborted)."""
         self._refuse_if_read_only("abort the run")
+        run = run or await asyncio.to_thread(self.runner.unfinished)
+        if run is not None and run.strategy == "overlap" and not run.finished:
+            from celeryops.ops.run.overlap import OverlapDeploy
+
+            return await OverlapDeploy(self).abort(run)
         decided, _ = await self.runner.abort(run=run, force_restore=force_restore)
         return decided
 

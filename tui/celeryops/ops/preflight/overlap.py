@@ -1,0 +1,151 @@
+"""The preflight checks of an overlap deploy (a Cloud Run worker pool whose new revision runs beside the old one).
+
+They replace the drain deploy's ``traffic``, ``validate`` and ``fence`` checks and add ``mixed_versions``:
+
+- ``traffic``: every instance of the pool runs one revision (the old one), and the peak instance count the deploy
+  reaches (twice the count: quota, cost);
+- ``validate``: Cloud Run accepts the exact update that brings the new revision up (validate only);
+- ``fence``: FAILS unless every known worker runs the fence plugin of this fleet and can be held by revision: the
+  old revision's workers are told apart by it, and only they may stop;
+- ``mixed_versions``: warns that old and new code consume the same queues for a while.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass
+
+from celery import Celery
+
+from celeryops.adapters.deploy.base import DeployError, PoolUpdate, RolloutState, role_for
+from celeryops.core.config import Target
+from celeryops.ops.preflight.framework import Check, CheckResult, one_line
+
+REVISION_SCOPE = "only_revisions"  # the fence plugin feature an overlap needs (celeryops.fence.record.FEATURES)
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """What the checks learn about the pool (read once for all of them)."""
+
+    state: RolloutState
+
+    @property
+    def served(self) -> dict[str, int]:
+        return self.state.served
+
+    @property
+    def old(self) -> str:
+        """The one revision that serves every instance ("" when there is not exactly one)."""
+        return next(iter(self.served)) if len(self.served) == 1 else ""
+
+    @property
+    def count(self) -> int:
+        return self.state.instance_count or 0
+
+
+def overlap_checks(target: Target, read_pool: Callable[[], Awaitable[PoolView]],
+                   validate: Callable[[PoolUpdate], Awaitable[None]], image: str, new_revision: str, *,
+                   app: Celery, fleet: str, known: Callable[[], Awaitable[Collection[str]]],
+                   has_registry: bool) -> list[Check]:
+    """``read_pool``: the pool now (shared by the checks); ``validate``: sends an update with validate_only."""
+
+    async def traffic() -> CheckResult:
+        pool = await read_pool()
+        where = f"worker pool {target.resource}"
+        if not pool.old:
+            split = ", ".join(f"{rev} {pct}%" for rev, pct in pool.served.items())
+            return CheckResult("traffic", "", "fail", f"the instances of {where} are split between revisions "
+                               f"({split}): an overlap deploy starts from one revision",
+                               "finish or undo the deploy that split them (`celeryops status`), or route all "
+                               "instances to one revision in the Cloud console, then run preflight again")
+        if pool.count <= 0:
+            return CheckResult("traffic", "", "fail", f"{where} runs no instance (manual_instance_count 0)",
+                               f"give it instances (gcloud run worker-pools update {target.resource} --instances N) "
+                               "and deploy again")
+        return CheckResult("traffic", "", "ok", f"all {pool.count} instance(s) of {where} run {pool.old}; the deploy "
+                           f"runs {pool.count} of {new_revision} beside them: {2 * pool.count} instances at the peak "
+                           "(quota, cost), then back to "
+                           f"{pool.count}")
+
+    async def validated() -> CheckResult:
+        pool = await read_pool()
+        if not pool.old or pool.count <= 0:
+            return CheckResult("validate", "", "fail", "there is no update to validate (see the traffic check)",
+                               "fix what the traffic check says, then run preflight again")
+        change = PoolUpdate(image=image, revision=new_revision, instance_count=2 * pool.count,
+                            split=((pool.old, 50), (new_revision, 50)))
+        try:
+            await validate(change)
+        except DeployError as err:
+            if err.permission:
+                return CheckResult("validate", "", "fail", f"{target.name}: Cloud Run refused the update "
+                                   f"(validate only): {err.permission} is missing",
+                                   f"grant {err.role or role_for(err.permission)} to the account celeryops runs as, "
+                                   "then run preflight again")
+            return CheckResult("validate", "", "fail", f"{target.name}: {one_line(str(err))}",
+                               "fix what the message says, then run preflight again")
+        return CheckResult("validate", "", "ok", f"Cloud Run accepted the update that runs {new_revision} beside "
+                           f"{pool.old} ({2 * pool.count} instances, 50/50; validate only: nothing changed)")
+
+    async def fence() -> CheckResult:
+        from celeryops.fence import fence_status
+
+        if not has_registry:
+            return CheckResult("fence", "", "fail", "no Redis holds the fleet's fence and its registry (the broker "
+                               "is not Redis), so the old revision's workers cannot be held apart from the new ones",
+                               "set CELERYOPS_REDIS_URL to the Redis the workers' fence plugin uses, or deploy with "
+                               "--strategy drain")
+        pool = await read_pool()
+        destination = sorted(await known())
+        replies = await asyncio.to_thread(fence_status, app, destination or None)
+        if not replies:
+            return CheckResult("fence", "", "fail", "no worker answered the fence status command",
+                               "check the workers, then run preflight again")
+        problems: list[str] = []
+        without = sorted(w for w, r in replies.items() if not r.plugin)
+        if without:
+            problems.append(f"{len(without)} worker(s) run without the fence plugin: {_names(without)}")
+        elsewhere = sorted(w for w, r in replies.items() if r.plugin and r.fleet and r.fleet != fleet)
+        if elsewhere:
+            problems.append(f"{len(elsewhere)} worker(s) follow another fleet's fence: {_names(elsewhere)}")
+        old_plugin = sorted(w for w, r in replies.items() if r.plugin and REVISION_SCOPE not in r.features)
+        if old_plugin:
+            problems.append(f"{len(old_plugin)} worker(s) run a fence plugin too old to be held by revision: "
+                            f"{_names(old_plugin)}")
+        no_revision = sorted(w for w, r in replies.items() if r.plugin and not r.revision)
+        if no_revision:
+            problems.append(f"{len(no_revision)} worker(s) report no Cloud Run revision: {_names(no_revision)}")
+        if problems:
+            return CheckResult("fence", "", "fail", "; ".join(problems) + ": an overlap deploy tells the old "
+                               "revision's workers apart by their fence plugin, and stops only them",
+                               "install celeryops.fence (this version) in the worker app of every worker, with the "
+                               "fleet's CELERYOPS_FLEET, or deploy with --strategy drain")
+        old = sorted(w for w, r in replies.items() if pool.old and r.revision == pool.old)
+        if pool.old and not old:
+            return CheckResult("fence", "", "fail", f"no worker of revision {pool.old} answered, so the old "
+                               "revision's workers are not known", "check the pool's workers (their logs), then run "
+                               "preflight again")
+        others = sorted({r.revision for r in replies.values() if r.revision != pool.old})
+        rest = f"; workers of {', '.join(others)} are not touched" if others else ""
+        return CheckResult("fence", "", "ok", f"all {len(replies)} worker(s) run the fence plugin and report their "
+                           f"revision: {len(old)} of {pool.old or 'the old revision'} will be held{rest}")
+
+    async def mixed() -> CheckResult:
+        pool = await read_pool()
+        return CheckResult("mixed_versions", "", "warn", f"the old revision {pool.old or '(unknown)'} and the new "
+                           f"one ({image}) consume the same queues side by side until the old one is idle: a task "
+                           "sent by either version may run on the other",
+                           "keep task names and arguments compatible both ways for this deploy (new arguments "
+                           "optional, none removed), accept with --accept-warning mixed_versions, or deploy with "
+                           "--strategy drain")
+
+    return [Check("traffic", "Instances on one revision (peak shown)", traffic, timeout=30),
+            Check("validate", "Cloud Run accepts the scale-up", validated, timeout=30),
+            Check("fence", "Fence plugin on every worker (required)", fence, timeout=20),
+            Check("mixed_versions", "Old and new code side by side", mixed, timeout=30)]
+
+
+def _names(names: list[str], limit: int = 4) -> str:
+    return ", ".join(names[:limit]) + ("..." if len(names) > limit else "")

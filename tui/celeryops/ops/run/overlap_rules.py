@@ -1,0 +1,218 @@
+"""The overlap deploy's recovery rules: what ``abort`` and ``resume`` do with an interrupted overlap run, decided
+from its journal and what the worker pool reports now. Pure, no I/O (the flow is :mod:`celeryops.ops.run.overlap`).
+
+An overlap deploy moves a Cloud Run worker pool from its old revision to a new one without pausing processing:
+
+1. ``overlap_up`` (written ahead): one update runs the new revision beside the old one, at twice the count with the
+   split old 50 / new 50 (no old instance is taken away);
+2. the new revision's workers consume;
+3. ``cancel_consumers`` (written ahead, tagged with the old revision): only the old revision's workers stop taking
+   tasks (a fence scoped to the old revision, and ``cancel_consumer`` sent to them by name), and are drained;
+4. ``overlap_cutover`` (written ahead): every instance moves to the new revision at the original count.
+
+Retiring the new revision (an abort, a timeout, a revision that failed) is ``overlap_revert`` (written ahead,
+settled when done or given up): the old revision's consumers are restored, the new revision's held and drained,
+then one update puts the pool back on the old revision.
+
+| the journal holds | abort | resume |
+| --- | --- | --- |
+| no ``overlap_up`` (or it never took effect) | nothing to undo | start again at the update |
+| ``overlap_up``, the old revision not stopped | retire the new revision | wait until the new one consumes, go on |
+| ``overlap_up``, the old revision stopped | restore it, retire the new one | drain the old revision again, go on |
+| ``overlap_up``, the new revision failed | retire it | retire it (the deploy cannot go on) |
+| ``overlap_cutover`` | finish the cutover | finish the cutover |
+| ``overlap_revert`` unsettled | finish the retirement | finish the retirement |
+| ``overlap_revert`` given up (both consume) | retire the new revision | wait until the new one consumes, go on |
+
+Whether an update took effect is the pool's to say (its revisions, whether it is reconciling); when Cloud Run does
+not answer, nothing about the pool is decided (``ask``), though stopped consumers are still given back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from celeryops.adapters.deploy.base import RevisionInfo, RolloutState
+from celeryops.ops.journal import CANCEL_CONSUMERS, OVERLAP_CUTOVER, OVERLAP_REVERT, OVERLAP_UP, Run
+from celeryops.ops.run.recovery import RecoveryPlan
+
+Split = tuple[tuple[str, int], ...]
+Step = Literal["done", "nothing", "start", "wait_new", "drain_old", "cutover", "retire", "ask"]
+
+ABORT = "celeryops abort"
+RESUME = "celeryops resume"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What an overlap deploy does to worker pool ``target``: from revision ``old`` (all its ``count`` instances)
+    to ``new`` (named up front; ``image``: the image it is made with, None when it exists already, as a rollback's
+    does), through ``count`` x 2 instances at the peak. ``split_before``: the split the pool asked for before."""
+
+    target: str
+    old: str
+    new: str
+    count: int
+    image: str | None = None
+    split_before: Split = ()
+
+    @property
+    def peak(self) -> int:
+        return 2 * self.count
+
+    @property
+    def up_split(self) -> Split:
+        """Half the instances each: the old revision keeps all ``count`` of its instances at ``peak``."""
+        return ((self.old, 50), (self.new, 50))
+
+    def payload(self, **extra: Any) -> dict[str, Any]:
+        return {"target": self.target, "old_revision": self.old, "new_revision": self.new, "count": self.count,
+                "image": self.image, "split_before": [list(e) for e in self.split_before], "peak": self.peak,
+                "split": [list(e) for e in self.up_split], **extra}
+
+    @classmethod
+    def from_payload(cls, data: Mapping[str, Any]) -> Plan:
+        return cls(target=str(data.get("target", "")), old=str(data.get("old_revision", "")),
+                   new=str(data.get("new_revision", "")), count=int(data.get("count") or 0),
+                   image=str(data["image"]) if data.get("image") else None,
+                   split_before=tuple((str(r), int(p)) for r, p in data.get("split_before") or ()))
+
+
+@dataclass(frozen=True)
+class PoolNow:
+    """The worker pool as Cloud Run reports it now: still rolling out (``reconciling``), its instance ``count``,
+    the split it serves (revision -> percent, the latest entry resolved) and its revisions' Ready states."""
+
+    reconciling: bool
+    count: int | None
+    served: dict[str, int]
+    revisions: dict[str, str] = field(default_factory=dict)
+
+    def serves_only(self, revision: str, count: int) -> bool:
+        return self.served == {revision: 100} and self.count == count
+
+
+def pool_now(state: RolloutState, revisions: Iterable[RevisionInfo]) -> PoolNow:
+    return PoolNow(reconciling=state.reconciling, count=state.instance_count, served=state.served,
+                   revisions={r.name: r.state for r in revisions})
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What an overlap run's journal says was done. ``up`` / ``cutover`` / ``revert``: the intent was written;
+    ``*_settled``: None while unsettled, else whether it took effect (a revert settled False was given up: both
+    revisions consume). ``old_stopped`` / ``new_stopped``: consumers each revision's workers were told to stop
+    and not yet given back."""
+
+    plan: Plan | None
+    up_settled: bool | None = None
+    old_stopped: dict[str, set[str]] = field(default_factory=dict)
+    new_stopped: dict[str, set[str]] = field(default_factory=dict)
+    cutover: bool = False
+    revert: bool = False
+    revert_settled: bool | None = None
+
+
+def _settled(run: Run, seq: int) -> bool | None:
+    record = run.settlement(seq)
+    return None if record is None else bool(record.payload.get("ok", True))
+
+
+def progress_of(run: Run) -> Progress:
+    ups = run.intents(OVERLAP_UP)
+    if not ups:
+        return Progress(plan=None)
+    plan = Plan.from_payload(ups[-1].payload)
+    revision_of: dict[str, str] = {}
+    for rec in run.intents(CANCEL_CONSUMERS):
+        stop = rec.payload.get("stop")
+        for worker in stop if isinstance(stop, Mapping) else ():
+            revision_of[str(worker)] = str(rec.payload.get("revision") or plan.old)
+    stopped = run.stopped_consumers()
+    reverts = run.intents(OVERLAP_REVERT)
+    return Progress(
+        plan=plan, up_settled=_settled(run, ups[-1].seq),
+        old_stopped={w: q for w, q in stopped.items() if revision_of.get(w, plan.old) != plan.new},
+        new_stopped={w: q for w, q in stopped.items() if revision_of.get(w) == plan.new},
+        cutover=bool(run.intents(OVERLAP_CUTOVER)),
+        revert=bool(reverts), revert_settled=_settled(run, reverts[-1].seq) if reverts else None)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do next (``step``) and one sentence saying why, for the operator."""
+
+    step: Step
+    explanation: str
+
+
+def decide(run: Run, pool: PoolNow | None, *, resume: bool) -> Decision:
+    """The next step of ``abort`` (``resume`` False) or ``resume`` for the overlap run ``run``, given the pool now
+    (None: Cloud Run could not be asked)."""
+    p = progress_of(run)
+    if run.finished:
+        return Decision("done", f"Run {run.id} already ended ({run.outcome or run.phase}): there is nothing to do.")
+    if p.plan is None:
+        if resume:
+            return Decision("start", f"Run {run.id} never sent its worker pool update: it starts at the update.")
+        return Decision("nothing", f"Run {run.id} was interrupted before it changed the worker pool: there is "
+                                   "nothing to undo; it will be marked aborted.")
+    plan = p.plan
+    if pool is None:
+        return Decision("ask", f"Run {run.id} changed worker pool {plan.target} and Cloud Run does not answer, so "
+                               "nothing about the pool was decided (stopped consumers are given back): run "
+                               f"`{RESUME}` or `{ABORT}` again when it answers.")
+    if p.cutover:
+        return Decision("cutover", f"Run {run.id} began moving every instance of {plan.target} to {plan.new} (the "
+                                   f"old revision {plan.old} was idle): the cutover is finished, never undone.")
+    if p.revert and p.revert_settled is None:
+        return Decision("retire", f"Run {run.id} began retiring the new revision {plan.new}: the retirement is "
+                                  f"finished (the pool goes back to {plan.count} instance(s) of {plan.old}).")
+    took_effect = p.up_settled is True or pool.reconciling or (
+        plan.new in pool.revisions if plan.image is not None  # a new revision: it exists once the update took
+        else pool.count != plan.count or plan.new in pool.served)  # an existing one: the count or split changed
+    if not took_effect:
+        if resume:
+            return Decision("start", f"The update of run {run.id} never took effect ({plan.new} does not exist): "
+                                     "it is sent again.")
+        return Decision("nothing", f"The update of run {run.id} never took effect ({plan.new} does not exist): "
+                                   "there is nothing to undo; it will be marked aborted.")
+    failed = p.up_settled is False or pool.revisions.get(plan.new) == "failed"
+    if not resume:
+        restore = f"the old revision {plan.old}'s consumers are restored, then " if p.old_stopped else ""
+        return Decision("retire", f"Run {run.id} runs {plan.new} beside {plan.old}: {restore}the new revision is "
+                                  f"retired (held, drained, then the pool goes back to {plan.count} instance(s) of "
+                                  f"{plan.old}).")
+    if failed:
+        return Decision("retire", f"The new revision {plan.new} of run {run.id} failed to start: the deploy cannot "
+                                  f"go on; it is retired and {plan.old} keeps serving.")
+    if p.old_stopped:
+        return Decision("drain_old", f"Run {run.id} stopped the old revision {plan.old}'s consumers: it is drained "
+                                     f"again, then every instance moves to {plan.new}.")
+    return Decision("wait_new", f"Run {run.id} runs {plan.new} beside {plan.old}: once the new revision's workers "
+                                "consume, the old revision is stopped, drained and retired.")
+
+
+def recovery_plan(run: Run) -> RecoveryPlan:
+    """What ``abort`` would do, from the journal alone (``celeryops status``, the console's recovery panel): as if
+    the pool update the journal records took effect (``abort`` asks Cloud Run first)."""
+    decided = decide(run, PoolNow(reconciling=True, count=None, served={}), resume=False)
+    stopped = stopped_map(progress_of(run).old_stopped)
+    if decided.step in ("done", "nothing"):
+        return RecoveryPlan("nothing", {}, decided.explanation, [] if run.finished else [ABORT],
+                            None if run.finished else "aborted")
+    if decided.step == "cutover":
+        return RecoveryPlan("cutover", {}, decided.explanation, [RESUME, ABORT])
+    return RecoveryPlan("retire", stopped, decided.explanation + f" (`{RESUME}` continues the deploy instead.)",
+                        [ABORT, RESUME])
+
+
+def stopped_map(stopped: Mapping[str, Iterable[str]]) -> dict[str, list[str]]:
+    return {w: sorted(q) for w, q in sorted(stopped.items())}
+
+
+def describe_split(split: Mapping[str, int] | Sequence[tuple[str, int]]) -> str:
+    pairs = split.items() if isinstance(split, Mapping) else split
+    return ", ".join(f"{rev or 'latest'} {pct}%" for rev, pct in pairs if pct > 0) or "no revision"
