@@ -17,14 +17,13 @@ import pytest
 from celeryops.adapters.fleet import Fleet
 from celeryops.ops.drain.membership import gone_now
 from celeryops_harness.workers import control_app, wait_for
-from conftest import AMQP_HOST
 
 pytestmark = [pytest.mark.amqp, pytest.mark.slow]
 
 
 def test_a_worker_whose_pidbox_queue_vanished_with_a_broker_restart_is_unconfirmed_not_gone(
-        amqp_vhost: str, redis_url: str, start_workers: Any, queue_name: str) -> None:
-    url = f"amqp://guest:guest@{AMQP_HOST}/{amqp_vhost}"
+        amqp_vhost: str, amqp_url: str, redis_url: str, start_workers: Any, queue_name: str) -> None:
+    url = amqp_url
     (worker,) = start_workers(url, queues=[queue_name])
     name = worker.nodename
     pidbox = f"{name}.celery.pidbox"
