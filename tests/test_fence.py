@@ -489,3 +489,31 @@ def test_queue_restored_by_add_consumer_survives_a_broker_reconnect(
         app.close()
     ids = publish(own_redis.url, queue_name, 2)
     wait_for(lambda: all_finished(redis_client, ids), WAIT, "tasks after the reconnect")
+
+
+def test_a_restore_right_after_the_lift_is_not_undone_by_a_stale_fence(
+    redis_url: str, redis_client: redis.Redis, start_workers: Any, queue_name: str
+) -> None:
+    """``abort`` lifts the fence, then adds the queues back and confirms them, faster than a plugin worker's next
+    fence read (chaos seeds 7, 16): the plugin must read the fence again before it stops a queue that came back,
+    or it cancels the restored queue with its stale decision and ``status`` finds the worker consuming nothing."""
+    store = FenceStore(redis_client)
+    store.raise_fence("run-r", [queue_name], "test", ttl=60)
+    # A long interval (the default's order): the reader thread's decision stays stale for seconds.
+    (worker,) = start_workers(redis_url, app=FENCE_APP, queues=[queue_name],
+                              env={"CELERYOPS_FENCE_INTERVAL": "3", "CELERYOPS_FENCE_REDIS_URL": redis_url})
+    held = wait_entry(redis_client, worker, "held", lambda i: i.state == "held")
+    stops = worker.log_path.read_text().count("stopped consuming it")
+    assert stops == 1, worker.log_path.read_text()[-2000:]
+    app = control_app(redis_url)
+    try:
+        assert store.lift("run-r")
+        app.control.add_consumer(queue_name, destination=[worker.nodename], reply=True, timeout=5, limit=1)
+        # Two more heartbeats: the consumer timer has applied a decision at least once since the restore.
+        wait_entry(redis_client, worker, "two more heartbeats", lambda i: i.beats >= held.beats + 2)
+        log = worker.log_path.read_text()
+        assert log.count("stopped consuming it") == stops, log[-2000:]
+        replies = app.control.inspect(destination=[worker.nodename], timeout=5).active_queues() or {}
+        assert [q["name"] for q in replies.get(worker.nodename, [])] == [queue_name], replies
+    finally:
+        app.close()

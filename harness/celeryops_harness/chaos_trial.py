@@ -246,8 +246,9 @@ class Trial:
         elif seen.get("stranded") or seen.get("unconfirmed"):  # status says: run `celeryops abort`
             rc, _, err = self.cli("abort")
             if rc != 0:
-                self.result.anomalies.append(f"status named stranded or unconfirmed consumers, but abort exited "
-                                             f"{rc}: {err.strip()[-200:]}")
+                named = {"stranded": seen.get("stranded"), "unconfirmed": seen.get("unconfirmed")}
+                self.result.anomalies.append(f"status named stranded or unconfirmed consumers ({named}), but abort "
+                                             f"exited {rc}: {err.strip()[-200:]}")
 
     def new_revision_serves(self) -> bool:
         latest = self.lab.standin.resource(self.service).latest_ready_revision

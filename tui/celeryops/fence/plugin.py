@@ -183,6 +183,12 @@ class FenceGuard:
             # reader thread may not have seen it yet) to know whether the fence owns this stop.
             self.refresh()
             hold = self._hold
+        elif hold is not None and hold is not UNKNOWN_HOLD and hold.selects(consuming):
+            # A held queue is consumed again: an abort or a restore lifts the fence before it adds the queues back,
+            # so the decision read up to one interval ago may be stale. Read the fence again before stopping it:
+            # a restore that was just confirmed must not be undone for an interval.
+            self.refresh()
+            hold = self._hold
         if hold is None:
             self._free = dict(consuming)
             to_stop: set[str] = set()
