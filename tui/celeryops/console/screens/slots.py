@@ -1,4 +1,4 @@
-"""Slots: every slot pool, each host first (a gauge and a usage sparkline per resource type, a type with no capacity
+"""Slots: every slot pool, each host first (a gauge and a usage strip per resource type, a type with no capacity
 reading ``none``, and under a device-bound type one row per device: free, or held by which task for how long), then
 the global pool of the shared types with the hosts that contribute to it; the leases held (pool, task, worker, slots
 and devices, age, lease time left; expired leases flagged) and the reservations waiting (a request no live host
@@ -10,10 +10,11 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
-from textual.widgets import DataTable, Sparkline, Static
+from textual.widgets import DataTable, Static
 
 from celeryops.console.fmt import gauge, left, shorten, since, slots_text
 from celeryops.console.screens.base import ConsoleScreen, Row, refill
+from celeryops.console.widgets.usage import UsageStrip
 from celeryops.ops.backend.views import DeviceView, PoolView, SlotHolder, SlotsView, SlotWaiter
 
 
@@ -137,7 +138,7 @@ class SlotsScreen(ConsoleScreen):
                 span = since(view.sample_interval * max(len(res.history) - 1, 0))
                 rows.append(Horizontal(Static(gauge(res.name, res.used, res.total, 26 - name_width, name_width),
                                               classes="gauge"),
-                                       Sparkline(list(res.history) or [0], classes="usage"),
+                                       UsageStrip(res.history, res.total, classes="usage"),
                                        Static(Text(f" last {span}", style="dim"), classes="span"),
                                        classes="resource"))
                 rows += [Static(device_line(d, width), classes="device") for d in pool.devices if d.type == res.name]
