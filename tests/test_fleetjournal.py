@@ -78,6 +78,30 @@ def test_another_machine_adopts_the_run_and_the_first_learns_its_end(tmp_path: P
     assert len(back.records) == 8  # its own 5 records, and the teammate's 3 (told apart by uid)
 
 
+def test_a_run_a_teammate_went_on_with_comes_home_whole_while_still_open(tmp_path: Path,
+                                                                        store: FleetStore) -> None:
+    """The owner's deploy is killed; a teammate resumes it and stops more consumers, and is killed in turn; the
+    owner resumes. What the owner's journal says the run stopped must include the teammate's stops (an overlap
+    resume found the old revision 'consuming no queue' and failed, CI on 2026-12-04)."""
+    owner = journal(tmp_path / "owner", store)
+    run_id, _ = started_drain(owner)
+    other = journal(tmp_path / "other", store)
+    assert [r.id for r in other.unfinished_runs("f")] == [run_id]
+    intent = other.intend_cancel_consumers(run_id, {"w2": ["c"]}, {"w2": ["c"]})
+    other.settle(intent, {"replies": 1})
+    assert owner.get(run_id).stopped_consumers() == {"w1": {"a"}, "*": {"a"}}  # not read yet: the local copy
+    (again,) = owner.unfinished_runs("f")
+    assert again.stopped_consumers() == {"w1": {"a"}, "*": {"a"}, "w2": {"c"}}
+    home = owner.get(run_id)
+    assert home.stopped_consumers() == again.stopped_consumers() and len(home.records) == len(again.records)
+    # Read again: nothing is brought twice (told apart by uid), and the owner's next record reaches both copies.
+    owner.unfinished_runs("f")
+    assert len(owner.get(run_id).records) == len(again.records)
+    owner.note(run_id, {"text": "the owner goes on"})
+    held = store.read(run_id)
+    assert held is not None and len(held.run.records) == len(owner.get(run_id).records) == len(again.records) + 1
+
+
 def test_union_prefers_the_fleets_copy(tmp_path: Path, store: FleetStore) -> None:
     owner = journal(tmp_path / "owner", store)
     run_id, _ = started_drain(owner)

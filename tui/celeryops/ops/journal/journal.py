@@ -356,7 +356,23 @@ class Journal:
         if not self.read_only:
             for held in ended:
                 self.fleet_copy.adopt(held)
+            self._bring_home(store, [r for r in runs if r.id in {mine.id for mine in local}], local)
         return runs
+
+    def _bring_home(self, store: FleetStore, shared: list[Run], local: list[Run]) -> None:
+        """An open run both this journal and the fleet's hold, that another machine went on with (a resume from a
+        teammate's machine, killed in turn): its records from there come into this journal too, so that whatever
+        this machine reads of the run (``get``: what it stopped, how far it got) is the whole of it."""
+        mine = {r.id: r for r in local}
+        for run in shared:
+            if len(run.records) <= len(mine[run.id].records):
+                continue
+            try:
+                held = store.read(run.id)
+            except redis.RedisError:
+                continue  # the next read brings them
+            if held is not None:
+                self.fleet_copy.adopt(held)
 
     def history(self, limit: int = 20, fleet: str | None = None) -> list[RunLine]:
         """The latest ``limit`` runs of this journal, newest first."""
