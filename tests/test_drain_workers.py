@@ -57,16 +57,17 @@ def test_long_tasks_finish_before_drained_and_none_lost(broker_url: str, celery_
     assert all(runs(redis_client, t)["runs"] == 1 for t in ids)
 
 
-def test_scale_out_mid_drain_is_stopped_within_one_poll(redis_url: str, celery_app: Celery, start_workers,
+def test_scale_out_mid_drain_is_stopped_within_one_poll(broker_url: str, celery_app: Celery, start_workers,
                                                         redis_client: redis.Redis, queue_name: str,
                                                         env: dict[str, str]) -> None:
-    start_workers(redis_url, n=1, queues=[queue_name], concurrency=1)
-    ids = enqueue(redis_url, queue_name, 1.5, n=12)
+    """On each broker (the workers, the drain and the check all on it): a worker that starts mid-drain stops."""
+    start_workers(broker_url, n=1, queues=[queue_name], concurrency=1)
+    ids = enqueue(broker_url, queue_name, 1.5, n=12)
     wait_for(lambda: started(redis_client, ids), 30, "a task running")
-    drain = CliProcess(["drain", "--broker", redis_url, "-Q", queue_name, "--interval", "1.0", "--streak", "2",
+    drain = CliProcess(["drain", "--broker", broker_url, "-Q", queue_name, "--interval", "1.0", "--streak", "2",
                         "--json"], env)
     drain.wait_event("poll", 30)
-    (late,) = start_workers(redis_url, n=1, queues=[queue_name], concurrency=1)
+    (late,) = start_workers(broker_url, n=1, queues=[queue_name], concurrency=1)
     # Seen first through its pidbox binding, a new worker may not listen to broadcasts yet; once it replies it does,
     # and within one poll of that it consumes nothing any more (the stop is re-sent at the end of every poll).
     joined = drain.wait_event("poll", 60, where=lambda e: e["workers"].get(late.nodename, {}).get("replied"))
