@@ -75,6 +75,9 @@ def old_doing(overlap: OverlapState, model: RunModel) -> Text:
 def new_doing(overlap: OverlapState) -> Text:
     """What the new revision does now: its completed tasks and their rate once it consumes."""
     step = overlap.step
+    if overlap.seen("cut_over"):
+        done = f" · {overlap.completed} done during the overlap" if overlap.completed is not None else ""
+        return Text(f"serves every instance{done}", style="bold green")
     if step == "retired":
         return Text("retired: the pool is back on the old revision", style="dim")
     if step == "holding_new":
@@ -100,7 +103,10 @@ def revision_rows(overlap: OverlapState, model: RunModel) -> list[Row]:
         instances = overlap.instances.get(revision)
         share = overlap.split.get(revision)
         workers = overlap.workers.get(revision)
-        if role == "new" and workers is not None:
+        gone = overlap.seen("cut_over") if role == "old" else overlap.seen("retired")
+        if gone:  # the last progress named its workers; its instances were taken away since
+            who = "gone"
+        elif role == "new" and workers is not None:
             consuming = sum(1 for name in workers if name in overlap.consuming)
             who = f"{consuming} of {len(workers)} consume"
         else:
