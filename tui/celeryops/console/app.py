@@ -463,7 +463,12 @@ class ConsoleApp(App[int]):
         if not self.model.active:
             self.exit(self.model.exit_code())
             return
-        self.push_screen(QuitScreen(self.model.phase or "running"), self._quit_choice)
+        overlap = self.model.overlap
+        label = "Abort and restore consumers"
+        if overlap is not None:
+            label = ("Abort: finish the cutover" if self.model.phase in ("cutting_over", "deployed") else
+                     "Abort: the old revision consumes again, the new one is retired")
+        self.push_screen(QuitScreen(self.model.phase or "running", label), self._quit_choice)
 
     def _quit_choice(self, choice: QuitChoice | None) -> None:
         if choice == "abort":
