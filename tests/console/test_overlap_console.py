@@ -77,7 +77,7 @@ async def test_overlap_deploy_through_the_console(tmp_path: Path, redis_url: str
                     assert (old, overlap().peak) == (pool.old, 2 * pool.count)
                     await app_until(pilot, lambda: cells(app, "new")[2:4] == ["2", "50%"], 10, "the rows")
                     assert cells(app, "old")[1:4] == [old, "2", "50%"], cells(app, "old")
-                    assert "done" in cells(app, "new")[5] and "/s" in cells(app, "new")[5]
+                    assert "2 consume" in cells(app, "new")[5] and "/s" in cells(app, "new")[5], cells(app, "new")
                     tasks = app.screen.query_one(TaskTable)
                     assert any(long_id in str(key.value) for key in tasks.rows), list(tasks.rows)
                     assert pool.instances() == {old: 2, new: 2}  # nothing of the old revision taken away

@@ -64,7 +64,7 @@ def old_doing(overlap: OverlapState, model: RunModel) -> Text:
     if step == "stopping_old":
         if progress is None:
             return Text("told to stop taking tasks", style="yellow")
-        text = Text("stopped: ", style="yellow")
+        text = Text("stopped · ", style="yellow")
         text.append(f"{progress.active} running", style="bold cyan" if progress.active else "dim")
         text.append(" · ")
         text.append(f"{progress.reserved} prefetched", style="bold cyan" if progress.reserved else "dim")
@@ -88,7 +88,9 @@ def new_doing(overlap: OverlapState) -> Text:
         return Text("starting beside the old revision", style="cyan")
     if step == "scaled_up" and not overlap.consuming:
         return Text("started; waiting until its workers consume", style="cyan")
-    text = Text("consuming", style="green")
+    workers = overlap.workers.get(overlap.new)
+    consuming = sum(1 for name in workers if name in overlap.consuming) if workers else len(overlap.consuming)
+    text = Text(f"{consuming} consume" if consuming else "consuming", style="green")
     if overlap.completed is not None:
         text.append(f" · {overlap.completed} done", style="bold")
     if overlap.rate is not None:
@@ -104,13 +106,8 @@ def revision_rows(overlap: OverlapState, model: RunModel) -> list[Row]:
         share = overlap.split.get(revision)
         workers = overlap.workers.get(revision)
         gone = overlap.seen("cut_over") if role == "old" else overlap.seen("retired")
-        if gone:  # the last progress named its workers; its instances were taken away since
-            who = "gone"
-        elif role == "new" and workers is not None:
-            consuming = sum(1 for name in workers if name in overlap.consuming)
-            who = f"{consuming} of {len(workers)} consume"
-        else:
-            who = "-" if workers is None else str(len(workers))
+        # Once its instances were taken away, the workers the last progress named are gone.
+        who = "gone" if gone else "-" if workers is None else str(len(workers))
         rows.append((role, (Text(role, style="bold"), revision or "-", "-" if instances is None else str(instances),
                             "-" if share is None else f"{share}%", who, doing)))
     return rows
@@ -156,7 +153,7 @@ class OverlapScreen(DrainScreen):
     def on_mount(self) -> None:
         table = self.query_one("#revisions", DataTable)
         table.border_title = "Revisions side by side"
-        for key, label in (("role", "Role"), ("revision", "Revision"), ("instances", "Instances"),
+        for key, label in (("role", "Role"), ("revision", "Revision"), ("instances", "Inst."),
                            ("split", "Split"), ("workers", "Workers"), ("doing", "Now")):
             table.add_column(label, key=key)
         super().on_mount()
@@ -171,7 +168,7 @@ class OverlapScreen(DrainScreen):
             word, style = END_BADGE[model.phase]
             title.append(f"  {word} ", style=style)
         if overlap is not None and overlap.peak:
-            title.append(f" · peak {overlap.peak} instances, then {overlap.count or overlap.peak // 2}", style="dim")
+            title.append(f" · peak {overlap.peak} instances", style="dim")
         self.query_one("#overlap-title", Static).update(title)
 
     def render_model(self, model: RunModel) -> None:
