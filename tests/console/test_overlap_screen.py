@@ -119,6 +119,9 @@ async def test_retiring_shows_the_old_revision_back_and_the_new_one_drained(app_
         assert app.screen.query_one(TaskTable).border_title == f"Tasks still running on {sample.NEW_REV}"
         assert app.model.finished is None  # the new revision's drain has just begun: its clock runs
         assert "old consumes again" in str(app.screen.query_one("#overlap-steps").render())
+        assert "New running" in str(app.screen.query_one("#inflight-label").render())
+        await press(pilot, "X")  # the run already retires the new revision: X asks nothing
+        assert isinstance(app.screen, OverlapScreen) and ("abort the run",) not in app.backend.calls
         app.backend.emit(sample.overlap_step("retired", "retired", instances={sample.OLD_REV: 3},
                                              split={sample.OLD_REV: 100}))
         app.backend.emit(PhaseChanged("aborted", "retired"))

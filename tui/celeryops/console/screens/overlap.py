@@ -158,6 +158,14 @@ class OverlapScreen(DrainScreen):
             table.add_column(label, key=key)
         super().on_mount()
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        allowed = super().check_action(action, parameters)
+        overlap = self.console.model.overlap
+        if action == "abort" and allowed and overlap is not None and (
+                overlap.retiring or self.console.model.operator_aborted):
+            return None  # the run already does what X would: the old revision back, the new one retired
+        return allowed
+
     def _show_title(self, model: RunModel) -> None:
         overlap = model.overlap
         title = Text(" ".join(part for part in ("deploy" if model.kind != "rollback" else "rollback", model.release)
@@ -180,7 +188,8 @@ class OverlapScreen(DrainScreen):
         table = self.query_one("#revisions", DataTable)
         if overlap is not None:
             refill(table, revision_rows(overlap, model), fit="doing")
-        self.query_one("#inflight-label", Static).update(Text.assemble(("Old running ", "bold"),
+        whose = "New" if overlap is not None and overlap.drained_revision == overlap.new else "Old"
+        self.query_one("#inflight-label", Static).update(Text.assemble((f"{whose} running ", "bold"),
                                                                        _last(model.inflight)))
         rates = list(overlap.rates) if overlap is not None else []
         spark = self.query_one("#rate", Sparkline)
