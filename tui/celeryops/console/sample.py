@@ -247,20 +247,25 @@ def overlap_progress(completed: int, rate: float | None) -> OverlapStep:
                         completed=completed, rate=rate)
 
 
-def overlap_script() -> list[object]:
-    """An overlap deploy in the middle of the old revision's drain: the new revision consumes and completes tasks."""
-    old: dict[str, tuple[str, ...]] = {w: ("default", "render") for w in OLD_WORKERS}
+def overlap_poll(n_tasks: int = 5, streak: int = 0, elapsed: float = 210.0) -> DrainProgress:
+    """A poll of the old revision's drain: ``n_tasks`` tasks still held by its three workers."""
     ts = tuple(TaskInfo(worker=OLD_WORKERS[i % 3], id=f"{i:08x}-7c1e-4a51-9b0d-{i:012x}",
                         name=TASK_NAMES[i % len(TASK_NAMES)], state="active" if i % 4 else "reserved",
                         args=f"({i}, 'gs://bucket/input/{i:05d}.mp4')",
-                        runtime=float(60 * (7 * i % 45) + 17) if i % 4 else None) for i in range(5))
+                        runtime=float(60 * (7 * i % 45) + 17) if i % 4 else None) for i in range(n_tasks))
     obs = {w: WorkerObs(w, True, sum(1 for t in ts if t.worker == w and t.state == "active"),
                         sum(1 for t in ts if t.worker == w and t.state == "reserved"), 0, (), "stopped", True)
            for w in OLD_WORKERS}
-    poll = DrainProgress(elapsed=210.0, remaining=990.0, streak=0, required=2,
+    return DrainProgress(elapsed=elapsed, remaining=1200.0 - elapsed, streak=streak, required=2,
                          active=sum(1 for t in ts if t.state == "active"),
                          reserved=sum(1 for t in ts if t.state == "reserved"), scheduled=0, unknown=(),
                          workers=obs, tasks=ts)
+
+
+def overlap_script() -> list[object]:
+    """An overlap deploy in the middle of the old revision's drain: the new revision consumes and completes tasks."""
+    old: dict[str, tuple[str, ...]] = {w: ("default", "render") for w in OLD_WORKERS}
+    poll = overlap_poll()
     return [
         overlap_step("planned", f"{NEW_REV} will run beside {OLD_REV}: 3 instance(s) each, 6 at the peak",
                      instances={OLD_REV: 3}, split={OLD_REV: 100}),
