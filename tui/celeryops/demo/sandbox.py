@@ -1,5 +1,9 @@
 """The demo sandbox: every part ``celeryops demo`` needs, on loopback, started in order and torn down on exit.
 
+``strategy="overlap"`` (``celeryops demo --strategy overlap``) makes the ``worker`` target a Cloud Run worker pool whose
+workers all run the fence plugin (what an overlap deploy requires), with ``strategy = "overlap"`` in its config and no
+autoscaler (a worker pool runs its manual instance count).
+
 Parts: a private Redis (:class:`~celeryops.demo.broker.DemoRedis`: ``redis-server`` or the fakeredis fallback, whose
 :attr:`Sandbox.notice` the console shows), the Cloud Run stand-in as the ``worker`` target whose instances are real
 Celery workers (:class:`~celeryops.demo.fleet.DemoFleet`, the fence plugin on some of them; a deploy starts the new
@@ -56,9 +60,9 @@ REGION = "europe-west1"
 SERVICE = "worker"
 IMAGE_NAME = "demo/worker"
 HINT = (f"Press D and Enter to deploy release {RELEASE} · w watches the run · r runs · s slots · ? every action · "
-        "`celeryops demo --strategy overlap`: a deploy without a pause.")
-OVERLAP_HINT = (f"Press D and Enter to deploy release {RELEASE} with the overlap strategy: the new revision consumes "
-                "beside the old one, which drains · w watches the run · r runs · ? every action.")
+        "no pause: celeryops demo --strategy overlap")
+OVERLAP_HINT = (f"Press D and Enter to deploy release {RELEASE} without a pause (the new revision consumes while the "
+                "old one drains) · w watches the run · ? every action.")
 SLOT_TOTALS = {"CPU": 4, "GPU": 1}
 DEMO_HOST = "demo-node"
 
