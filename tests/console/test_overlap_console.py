@@ -13,6 +13,7 @@ import pytest
 import redis
 from test_flows import SIZE, backend_for, console, press, proceed
 from test_flows import until as app_until
+from test_watch_monitor import watcher
 from textual.widgets import DataTable
 
 from celeryops.console.screens.confirm import ConfirmScreen
@@ -25,6 +26,8 @@ from celeryops.core.errors import EXIT_OK
 from celeryops.ops.backend.console import OpsBackend
 from celeryops.ops.journal import Journal
 from celeryops_harness.taskapp import until as hold
+from celeryops_harness.workers import wait_for
+from clihelp import CliProcess
 from drainhelp import runs, started
 from overlaphelp import RELEASE, WAIT, Pool, Producer, all_finished, running_pool
 
@@ -148,3 +151,37 @@ async def test_x_mid_overlap_retires_the_new_revision(tmp_path: Path, redis_url:
         assert pool.instances() == {pool.old: pool.count}
         all_finished(redis_client, [long_id], "the long task to finish")
         assert runs(redis_client, long_id)["runs"] == 1
+
+
+async def test_watcher_follows_an_overlap_run_by_another_process(tmp_path: Path, redis_url: str, queue_name: str,
+                                                                  redis_client: redis.Redis) -> None:
+    """`celeryops deploy --strategy overlap --json` in another process, a read-only console following it: the
+    watcher's overlap screen shows both revisions from the published events, without X or F."""
+    gate = f"{queue_name}:long"
+    with running_pool(tmp_path, redis_url, queue_name, interval=0.3) as pool:
+        with hold.app.connection_for_write(redis_url) as conn:
+            long_id = hold.apply_async(args=(gate,), queue=queue_name, connection=conn).id
+        wait_for(lambda: started(redis_client, [long_id]), WAIT, "the long task to start")
+        proc = CliProcess(pool.args(), pool.env, cwd=pool.dir)
+        backend, app = watcher(redis_url, tmp_path / "watcher", follow_interval=0.2)
+        try:
+            proc.wait_event("poll", WAIT, where=lambda e: e["active"] >= 1)  # the old revision stopped, busy
+            async with app.run_test(size=SIZE) as pilot:
+                await app_until(pilot, lambda: isinstance(app.screen, OverlapScreen) and app.model.overlap is not None
+                                and app.model.overlap.step == "stopping_old" and app.model.progress is not None,
+                                WAIT, "the watcher to show the overlap")
+                overlap = app.model.overlap
+                assert overlap is not None and overlap.old == pool.old
+                await app_until(pilot, lambda: cells(app, "new")[2:4] == ["2", "50%"], WAIT, "the new revision's row")
+                assert cells(app, "old")[1:4] == [pool.old, "2", "50%"]
+                assert not {"X", "F"} & {b.key for _, b in app.screen._bindings}
+                redis_client.set(gate, 1)
+                await app_until(pilot, lambda: overlap.seen("cut_over"), 2 * WAIT, "the cutover, as published")
+                await press(pilot, "q")
+            assert proc.finish(120) == 0, proc.read_stderr()
+        finally:
+            redis_client.set(gate, 1)
+            proc.kill()
+            await backend.close()
+            backend.close_sync()
+        assert pool.instances() == {overlap.new: 2}
