@@ -189,6 +189,31 @@ def test_headless_demo_deploys_on_fakeredis_when_redis_server_is_missing(tmp_pat
 
 
 @pytest.mark.slow
+def test_headless_demo_overlap_deploys_a_worker_pool_without_a_pause(tmp_path: Path) -> None:
+    """``celeryops demo --strategy overlap``: the ``worker`` target is a worker pool whose workers all run the fence
+    plugin; the deploy brings the new revision up beside the old one, drains only the old one, cuts over."""
+    env, mark = demo_env(tmp_path)
+    proc = CliProcess(["demo", "--strategy", "overlap", "--headless", "--json", "--speed", "10"], env, cwd=tmp_path)
+    try:
+        deployed = proc.wait_event("deployed", 180)
+        assert proc.finish(60) == 0, proc.read_stderr()
+    finally:
+        proc.kill()
+    assert deployed["exit_code"] == 0
+    events = proc.events
+    checks = {e["id"]: e["status"] for e in events if e["event"] == "check" and e["status"] != "running"}
+    assert checks["fence"] == "ok" and checks["mixed_versions"] == "warn" and checks["traffic"] == "ok", checks
+    steps = [e["step"] for e in events if e["event"] == "overlap" and e["step"] != "progress"]
+    assert steps == ["planned", "scaling_up", "scaled_up", "consuming", "stopping_old", "old_idle", "cutting_over",
+                     "cut_over"], steps
+    planned = next(e for e in events if e["event"] == "overlap")
+    assert planned["peak"] == 4 and planned["instances"] == {planned["old_revision"]: 2}
+    started = next(e for e in events if e["event"] == "started")
+    assert all(w.startswith("celery@fenced-") for w in started["workers"])
+    assert_nothing_left(mark, tmp_path)
+
+
+@pytest.mark.slow
 def test_ctrl_c_mid_drain_restores_consumers_and_leaves_no_process(tmp_path: Path) -> None:
     env, mark = demo_env(tmp_path)
     proc = CliProcess(["demo", "--headless", "--json", "--speed", "3"], env, cwd=tmp_path)

@@ -236,3 +236,22 @@ def test_home_watch_idle(snap_compare: Any, app_factory: Any) -> None:
 
 def test_home_watch_idle_small(snap_compare: Any, app_factory: Any) -> None:
     assert snap_compare(app_factory(watch_idle_backend()), run_before=keys(), terminal_size=SMALL)
+
+
+def overlap_backend() -> StaticBackend:
+    return StaticBackend(fleet=sample.fleet(), slots=sample.slots(), preflight_script=sample.overlap_preflight_script(),
+                         proceed_script=sample.overlap_script())
+
+
+def test_overlap_confirm(snap_compare: Any, app_factory: Any) -> None:
+    """G on an overlap deploy's checklist: the peak instance count, the old revision drained while the new one
+    consumes, nothing killed; the mixed_versions warning listed like any warning."""
+    assert snap_compare(app_factory(overlap_backend(), start="deploy", release="v2.14.0"), run_before=keys("G"),
+                        terminal_size=SIZE)
+
+
+def test_overlap_deploy(snap_compare: Any, app_factory: Any) -> None:
+    """An overlap deploy mid-run: both revisions side by side (instances, split, the new one's tasks per second),
+    the old revision's drain below (streak, countdown, the tasks it still runs)."""
+    assert snap_compare(app_factory(overlap_backend(), start="deploy", release="v2.14.0"), run_before=keys("G", "y"),
+                        terminal_size=SIZE)

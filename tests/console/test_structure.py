@@ -9,10 +9,10 @@ from textual.binding import Binding
 from textual.screen import Screen
 
 from celeryops.console import app as app_module
-from celeryops.console.screens import base, confirm, deploy, drain, home, preflight, quit, resume, slots
+from celeryops.console.screens import base, confirm, deploy, drain, home, overlap, preflight, quit, resume, slots
 from celeryops.console.stylesheets import styles_dir, stylesheets
 
-SCREEN_MODULES = (home, drain, preflight, deploy, slots, resume)
+SCREEN_MODULES = (home, drain, preflight, deploy, overlap, slots, resume)
 
 
 def screen_classes() -> list[type[Screen]]:

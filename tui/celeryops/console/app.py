@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 Start = Literal["home", "deploy", "drain", "rollback"]
 
 
-RUN_VIEWS: tuple[View, ...] = ("preflight", "drain", "deploy")
+RUN_VIEWS: tuple[View, ...] = ("preflight", "drain", "deploy", "overlap")
 
 
 def run_screen(view: View) -> type[ConsoleScreen]:
@@ -53,6 +53,10 @@ def run_screen(view: View) -> type[ConsoleScreen]:
         from celeryops.console.screens.drain import DrainScreen
 
         return DrainScreen
+    if view == "overlap":
+        from celeryops.console.screens.overlap import OverlapScreen
+
+        return OverlapScreen
     from celeryops.console.screens.deploy import DeployScreen
 
     return DeployScreen
@@ -195,7 +199,7 @@ class ConsoleApp(App[int]):
         if view is None:  # maybe the resume/abort panel was left earlier: the run is still journalled
             self.run_worker(self._offer_unfinished(), group="backend")
             return
-        if not isinstance(self.screen, run_screen(view)):
+        if type(self.screen) is not run_screen(view):  # exactly: an overlap screen is a drain screen too
             self._wanted = view
             self.push_screen(run_screen(view)(self.read_only))
 
@@ -357,18 +361,48 @@ class ConsoleApp(App[int]):
                      "the targets are routed back.", "Start the rollback's preflight",
                      lambda: self.begin_run("rollback", None, rollback_of=run.run_id))
 
+    def _overlap_plan(self) -> str:
+        """What G starts on an overlap deploy: the peak (the ``traffic`` check's finding names it), then the steps."""
+        traffic = self.model.checks.get("traffic")
+        peak = f"Instances: {traffic.detail}.\n" if traffic is not None and traffic.status == "ok" else ""
+        release = f" {self.model.release}" if self.model.release else ""
+        return (f"{peak}The new revision of{release} comes up beside the old one (no old instance is taken away) "
+                "and starts consuming. Only then do the old revision's workers stop taking new tasks: their running "
+                "and prefetched tasks finish while the new revision consumes, so processing never pauses. Once the "
+                "old revision is idle (the drain's empty streak), every instance moves to the new revision, back "
+                "to the original count. Nothing is killed: if the old revision is not idle within max wait, or the "
+                "new one does not consume, the old revision consumes again and the new one is retired.")
+
     def confirm_proceed(self) -> None:
         warned = self.model.warned_checks
+        overlap = self.model.is_overlap and self.model.kind != "drain"
+        plan = self._overlap_plan() if overlap else self._stop_plan()
         if warned:
             listing = "\n".join(f"▲ {c.title}: {c.detail}" for c in warned)
-            self.confirm(f"Proceed despite {len(warned)} warning(s)?", f"{listing}\n\n{self._stop_plan()}",
-                         "Accept warnings and stop consumers",
+            self.confirm(f"Proceed despite {len(warned)} warning(s)?", f"{listing}\n\n{plan}",
+                         "Accept warnings and start the overlap" if overlap else "Accept warnings and stop consumers",
                          lambda: self.call_backend("proceed", self.backend.accept_warnings(), self.backend.proceed()))
+        elif overlap:
+            self.confirm("Start the overlap deploy?", plan, "Start the overlap",
+                         lambda: self.call_backend("proceed", self.backend.proceed()))
         else:
-            self.confirm("Stop consumers and drain?", self._stop_plan(), "Stop consumers",
+            self.confirm("Stop consumers and drain?", plan, "Stop consumers",
                          lambda: self.call_backend("proceed", self.backend.proceed()))
 
     def confirm_abort(self) -> None:
+        overlap = self.model.overlap
+        if overlap is not None and self.model.phase in ("cutting_over", "deployed"):
+            self.confirm("Abort the overlap deploy?", f"The cutover has begun: the old revision {overlap.old} is "
+                         f"idle and its instances are being taken away, so the abort finishes it and {overlap.new} "
+                         "serves every instance. Nothing is killed.", "Abort (finish the cutover)", self._abort)
+            return
+        if overlap is not None:
+            self.confirm("Abort the overlap deploy?", f"The workers of the old revision {overlap.old} consume again "
+                         f"first; then the workers of {overlap.new} stop taking tasks and finish what they run, and "
+                         f"every instance goes back to {overlap.old} at the original count. Nothing is killed; if "
+                         f"{overlap.new} stays busy past max wait, both revisions keep consuming and the run stays "
+                         "open.", "Abort and retire the new revision", self._abort)
+            return
         self.confirm("Abort the run?", "Consumers are added back exactly as they were before the drain and the "
                      "run is marked aborted; nothing is deployed. Tasks already running keep running.",
                      "Abort and restore", self._abort)
@@ -429,7 +463,12 @@ class ConsoleApp(App[int]):
         if not self.model.active:
             self.exit(self.model.exit_code())
             return
-        self.push_screen(QuitScreen(self.model.phase or "running"), self._quit_choice)
+        overlap = self.model.overlap
+        label = "Abort and restore consumers"
+        if overlap is not None:
+            label = ("Abort: finish the cutover" if self.model.phase in ("cutting_over", "deployed") else
+                     "Abort: the old revision consumes again, the new one is retired")
+        self.push_screen(QuitScreen(self.model.phase or "running", label), self._quit_choice)
 
     def _quit_choice(self, choice: QuitChoice | None) -> None:
         if choice == "abort":

@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # imported by apply() with the first event: the console's fir
         DrainProgress,
         DrainStarted,
         Event,
+        OverlapStep,
         PreflightDone,
         RunFinished,
         RunFollowed,
@@ -25,10 +26,14 @@ if TYPE_CHECKING:  # imported by apply() with the first event: the console's fir
     )
     from celeryops.ops.backend.views import DeployTarget, WorkerView
 
-View = Literal["preflight", "drain", "deploy"]
+View = Literal["preflight", "drain", "deploy", "overlap"]
 ACTIVE_PHASES = ("preflight", "ready", "overlapping", "stopping", "draining", "cutting_over", "deploying", "deployed",
                  "retiring")
 DEPLOY_PHASES = ("deploying", "deployed", "overlapping", "cutting_over", "retiring")  # the deploy screen shows them
+OVERLAP_PHASES = ("overlapping", "cutting_over", "retiring")  # only an overlap deploy has them
+#: Preflight checks only an overlap deploy runs (ops/preflight/overlap.py): their ids tell the console, before the
+#: first ``overlap`` event, that G starts an overlap (the new revision beside the old one), not a drain.
+OVERLAP_CHECKS = ("mixed_versions",)
 LEVEL_STYLE = {"info": "", "warning": "yellow", "error": "bold red", "ok": "green"}
 
 
@@ -36,6 +41,62 @@ LEVEL_STYLE = {"info": "", "warning": "yellow", "error": "bold red", "ok": "gree
 class LogLine:
     level: str
     text: str
+
+
+@dataclass
+class OverlapState:
+    """An overlap deploy as its ``overlap`` events told it so far: the two revisions, the last step, and the latest
+    instances, split, workers and the new revision's completed tasks (each kept until an event says otherwise)."""
+
+    target: str
+    old: str
+    new: str
+    step: str = "planned"
+    peak: int = 0
+    instances: dict[str, int] = field(default_factory=dict)
+    split: dict[str, int] = field(default_factory=dict)
+    workers: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    consuming: tuple[str, ...] = ()
+    completed: int | None = None
+    rate: float | None = None
+    rates: deque[float] = field(default_factory=lambda: deque(maxlen=240))  # the new revision's tasks/s, per tick
+    steps: list[str] = field(default_factory=list)  # every step but progress, in order
+    count: int = 0  # the pool's instance count before the deploy (and after it)
+
+    def fold(self, event: OverlapStep) -> None:
+        if event.step != "progress":
+            self.step = event.step
+            self.steps.append(event.step)
+        self.old, self.new = event.old_revision or self.old, event.new_revision or self.new
+        self.peak = event.peak or self.peak
+        if event.instances:
+            self.instances = dict(event.instances)
+            if event.step == "planned":
+                self.count = event.instances.get(self.old, 0)
+        if event.split:
+            self.split = dict(event.split)
+        if event.workers:
+            self.workers = {rev: tuple(names) for rev, names in event.workers.items()}
+        if event.consuming:
+            self.consuming = tuple(event.consuming)
+        if event.completed is not None:
+            self.completed = event.completed
+        if event.rate is not None:
+            self.rate = event.rate
+            self.rates.append(event.rate)
+
+    def seen(self, step: str) -> bool:
+        return step in self.steps
+
+    @property
+    def retiring(self) -> bool:
+        """The new revision is being taken away again (an abort, a timeout, a failure)."""
+        return any(s in self.steps for s in ("retiring", "old_restored", "holding_new", "retired", "kept_both"))
+
+    @property
+    def drained_revision(self) -> str:
+        """Whose workers the drain's polls are about: the new revision's while it is held, else the old one's."""
+        return self.new if self.step == "holding_new" else self.old
 
 
 @dataclass
@@ -57,6 +118,12 @@ class RunModel:
     finished: DrainFinished | None = None
     result: RunFinished | None = None
     operator_aborted: bool = False
+    overlap: OverlapState | None = None  # an overlap deploy (a worker pool), from its ``overlap`` events
+
+    @property
+    def is_overlap(self) -> bool:
+        """An overlap deploy: its events say so, or (before the first) its preflight runs the overlap's checks."""
+        return self.overlap is not None or any(c in self.checks for c in OVERLAP_CHECKS)
 
     @property
     def active(self) -> bool:
@@ -74,8 +141,11 @@ class RunModel:
     @property
     def view(self) -> View | None:
         """The screen that shows the current phase best."""
-        if self.phase in ("preflight", "ready") or (self.phase == "failed" and self.started is None):
+        if self.phase in ("preflight", "ready") or (self.phase == "failed" and self.started is None
+                                                     and self.overlap is None):
             return "preflight"
+        if self.overlap is not None or self.phase in OVERLAP_PHASES:  # both revisions side by side, to the end
+            return "overlap"
         if self.phase in DEPLOY_PHASES or (self.phase in ("done", "failed", "aborted")
                                            and self.deploy is not None) or (
                 self.kind in ("deploy", "rollback") and self.phase == "done"):
@@ -137,6 +207,7 @@ class RunModel:
             DrainProgress,
             DrainStarted,
             FleetBack,
+            OverlapStep,
             PhaseChanged,
             PreflightDone,
             RunFinished,
@@ -152,6 +223,8 @@ class RunModel:
             self.preflight = event
             self.phase = "ready" if not event.failed else "failed"
         elif isinstance(event, DrainStarted):
+            if self.started is not None:  # another drain of the same run (an overlap retiring its new revision)
+                self.finished, self.progress = None, None
             self.started = event
         elif isinstance(event, DrainProgress):
             self._progress(event)
@@ -163,6 +236,11 @@ class RunModel:
             self.deploy = targets
         elif isinstance(event, FleetBack):
             self.fleet_back = tuple(WorkerView(w, "consuming", tuple(q)) for w, q in sorted(event.workers.items()))
+        elif isinstance(event, OverlapStep):
+            if self.overlap is None or (event.new_revision and event.new_revision != self.overlap.new
+                                        and self.overlap.new):
+                self.overlap = OverlapState(event.target, event.old_revision, event.new_revision)
+            self.overlap.fold(event)
         elif isinstance(event, RunFinished):
             self._finished(event)
         elif isinstance(event, RunFollowed):
@@ -184,7 +262,7 @@ class RunModel:
         self.checks, self.preflight, self.started, self.progress = {}, None, None, None
         self.inflight.clear()
         self.deploy, self.fleet_back, self.finished, self.operator_aborted = None, (), None, False
-        self.result = None
+        self.result, self.overlap = None, None
 
     def _progress(self, event: DrainProgress) -> None:
         previous = self.progress

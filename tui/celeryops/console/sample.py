@@ -10,6 +10,7 @@ from celeryops.core.events import (
     DrainProgress,
     DrainStarted,
     Notice,
+    OverlapStep,
     PhaseChanged,
     PreflightDone,
     TaskInfo,
@@ -201,6 +202,88 @@ def drain_script() -> list[object]:
             ConsumersCancelled(("default", "render"), ("celery@worker-1", "celery@worker-2", "celery@worker-3")),
             PhaseChanged("draining"), Notice("warning", "celery@gpu-2 did not reply: counted as unknown, not zero"),
             progress(12, 2, 390.0), progress(12, 1, 420.0)]
+
+
+OLD_REV, NEW_REV = "worker-pool-00041-kol", "worker-pool-4f2ae91-b7c3"
+
+
+def overlap_checks() -> list[CheckUpdate]:
+    """An overlap deploy's preflight: the drain deploy's checks with the overlap's own (peak, fence, mixed code)."""
+    return [
+        CheckUpdate("broker", "Broker reachable", "ok", "redis 7.2, 3 ms"),
+        CheckUpdate("traffic", "Instances on one revision (peak shown)", "ok",
+                    f"all 3 instance(s) of worker pool worker-pool run {OLD_REV}; the deploy runs 3 of {NEW_REV} "
+                    "beside them: 6 instances at the peak (quota, cost), then back to 3"),
+        CheckUpdate("validate", "Cloud Run accepts the scale-up", "ok",
+                    f"Cloud Run accepted the update that runs {NEW_REV} beside {OLD_REV} (6 instances, 50/50; "
+                    "validate only: nothing changed)"),
+        CheckUpdate("fence", "Fence plugin on every worker (required)", "ok",
+                    f"all 3 worker(s) run the fence plugin and report their revision: 3 of {OLD_REV} will be held"),
+        CheckUpdate("mixed_versions", "Old and new code side by side", "warn",
+                    f"the old revision {OLD_REV} and the new one (registry/worker:4f2ae91) consume the same queues "
+                    "side by side until the old one is idle: a task sent by either version may run on the other",
+                    "keep task names and arguments compatible both ways for this deploy (new arguments optional, "
+                    "none removed), accept with --accept-warning mixed_versions, or deploy with --strategy drain"),
+    ]
+
+
+def overlap_preflight_script() -> list[object]:
+    return [PhaseChanged("preflight", "checking before anything changes"), *overlap_checks(),
+            PreflightDone(failed=0, warnings=1)]
+
+
+OLD_WORKERS = ("celery@worker-1", "celery@worker-2", "celery@worker-3")
+NEW_WORKERS = ("celery@worker-4", "celery@worker-5", "celery@worker-6")
+
+
+def overlap_step(step: str, message: str = "", **more: object) -> OverlapStep:
+    return OverlapStep(step=step, target="worker-pool", old_revision=OLD_REV, new_revision=NEW_REV,  # type: ignore[arg-type]
+                       peak=6, message=message, **more)  # type: ignore[arg-type]
+
+
+def overlap_progress(completed: int, rate: float | None) -> OverlapStep:
+    return overlap_step("progress", instances={OLD_REV: 3, NEW_REV: 3}, split={OLD_REV: 50, NEW_REV: 50},
+                        workers={OLD_REV: OLD_WORKERS, NEW_REV: NEW_WORKERS}, consuming=NEW_WORKERS,
+                        completed=completed, rate=rate)
+
+
+def overlap_poll(n_tasks: int = 5, streak: int = 0, elapsed: float = 210.0) -> DrainProgress:
+    """A poll of the old revision's drain: ``n_tasks`` tasks still held by its three workers."""
+    ts = tuple(TaskInfo(worker=OLD_WORKERS[i % 3], id=f"{i:08x}-7c1e-4a51-9b0d-{i:012x}",
+                        name=TASK_NAMES[i % len(TASK_NAMES)], state="active" if i % 4 else "reserved",
+                        args=f"({i}, 'gs://bucket/input/{i:05d}.mp4')",
+                        runtime=float(60 * (7 * i % 45) + 17) if i % 4 else None) for i in range(n_tasks))
+    obs = {w: WorkerObs(w, True, sum(1 for t in ts if t.worker == w and t.state == "active"),
+                        sum(1 for t in ts if t.worker == w and t.state == "reserved"), 0, (), "stopped", True)
+           for w in OLD_WORKERS}
+    return DrainProgress(elapsed=elapsed, remaining=1200.0 - elapsed, streak=streak, required=2,
+                         active=sum(1 for t in ts if t.state == "active"),
+                         reserved=sum(1 for t in ts if t.state == "reserved"), scheduled=0, unknown=(),
+                         workers=obs, tasks=ts)
+
+
+def overlap_script() -> list[object]:
+    """An overlap deploy in the middle of the old revision's drain: the new revision consumes and completes tasks."""
+    old: dict[str, tuple[str, ...]] = {w: ("default", "render") for w in OLD_WORKERS}
+    poll = overlap_poll()
+    return [
+        overlap_step("planned", f"{NEW_REV} will run beside {OLD_REV}: 3 instance(s) each, 6 at the peak",
+                     instances={OLD_REV: 3}, split={OLD_REV: 100}),
+        PhaseChanged("overlapping"),
+        overlap_step("scaling_up", f"6 instances, {OLD_REV} 50% / {NEW_REV} 50%", instances={OLD_REV: 3},
+                     split={OLD_REV: 100}),
+        overlap_step("scaled_up", f"Cloud Run runs {NEW_REV} beside {OLD_REV}", instances={OLD_REV: 3, NEW_REV: 3},
+                     split={OLD_REV: 50, NEW_REV: 50}),
+        overlap_progress(4, None),
+        overlap_step("consuming", f"3 worker(s) of {NEW_REV} consume default, render", consuming=NEW_WORKERS),
+        overlap_step("stopping_old", f"only the workers of {OLD_REV} stop taking tasks; {NEW_REV} consumes"),
+        PhaseChanged("stopping"),
+        DrainStarted(queues=("default", "render"), workers=old, interval=15.0, streak=2, max_wait=1200.0),
+        ConsumersCancelled(("default", "render"), OLD_WORKERS),
+        PhaseChanged("draining"),
+        overlap_progress(31, 1.2), overlap_progress(58, 1.8), overlap_progress(83, 1.6), overlap_progress(117, 2.3),
+        poll,
+    ]
 
 
 def deploy_events(state: str = "rolling") -> list[RolloutEvent]:

@@ -54,8 +54,9 @@ class DemoFleet:
     """The running workers. Thread-safe: the autoscaler and the stand-in both change it."""
 
     def __init__(self, broker: str, *, log_dir: Path, env: Mapping[str, str], reaper: Reaper, cap: int = 3,
-                 concurrency: int = 2) -> None:
+                 concurrency: int = 2, all_fenced: bool = False) -> None:
         self.broker = broker
+        self.all_fenced = all_fenced  # every worker runs the fence plugin (what an overlap deploy requires)
         self.log_dir = log_dir
         self.env = dict(env)
         self.reaper = reaper
@@ -79,9 +80,10 @@ class DemoFleet:
     # -- the stand-in's launcher ----------------------------------------------------------------------------------
 
     def launch(self, spec: InstanceSpec) -> DemoInstance:
-        """Start the instance ``spec`` as one worker (odd instances fenced, even ones plain) and wait until it
-        answers ping; a worker that dies first raises (one line): the stand-in fails the revision."""
-        fenced = spec.number % 2 == 1
+        """Start the instance ``spec`` as one worker (odd instances fenced, even ones plain; every one fenced with
+        ``all_fenced``) and wait until it answers ping; a worker that dies first raises (one line): the stand-in fails
+        the revision."""
+        fenced = self.all_fenced or spec.number % 2 == 1
         short = spec.revision.split("-")[1] if spec.revision.count("-") >= 2 else spec.revision
         tag = spec.image.rsplit("/", 1)[-1]
         env = {**self.env, "CELERYOPS_DEMO_BROKER": self.broker, **spec.env,

@@ -1,5 +1,9 @@
 """The demo sandbox: every part ``celeryops demo`` needs, on loopback, started in order and torn down on exit.
 
+``strategy="overlap"`` (``celeryops demo --strategy overlap``) makes the ``worker`` target a Cloud Run worker pool whose
+workers all run the fence plugin (what an overlap deploy requires), with ``strategy = "overlap"`` in its config and no
+autoscaler (a worker pool runs its manual instance count).
+
 Parts: a private Redis (:class:`~celeryops.demo.broker.DemoRedis`: ``redis-server`` or the fakeredis fallback, whose
 :attr:`Sandbox.notice` the console shows), the Cloud Run stand-in as the ``worker`` target whose instances are real
 Celery workers (:class:`~celeryops.demo.fleet.DemoFleet`, the fence plugin on some of them; a deploy starts the new
@@ -33,7 +37,7 @@ from types import TracebackType
 
 import redis
 
-from celeryops.core.config import Config
+from celeryops.core.config import Config, Strategy
 from celeryops.core.configload import load_config
 from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.demo.autoscaler import Autoscaler
@@ -55,7 +59,10 @@ PROJECT = "demo-project"
 REGION = "europe-west1"
 SERVICE = "worker"
 IMAGE_NAME = "demo/worker"
-HINT = f"Press D and Enter to deploy release {RELEASE} · w watches the run · r runs · s slots · ? every action."
+HINT = (f"Press D and Enter to deploy release {RELEASE} · w watches the run · r runs · s slots · ? every action · "
+        "no pause: celeryops demo --strategy overlap")
+OVERLAP_HINT = (f"Press D and Enter to deploy release {RELEASE} without a pause (the new revision consumes while the "
+                "old one drains) · w watches the run · ? every action.")
 SLOT_TOTALS = {"CPU": 4, "GPU": 1}
 DEMO_HOST = "demo-node"
 
@@ -81,8 +88,11 @@ class Sandbox:
     line per part started (for a readable startup); ``root`` defaults to a fresh temporary directory."""
 
     def __init__(self, timing: Timing | None = None, *, workers: int = 2, cap: int = 3, root: Path | None = None,
-                 keep: bool = False, progress: Progress | None = None) -> None:
+                 keep: bool = False, progress: Progress | None = None, strategy: Strategy = "drain") -> None:
         self.timing = timing or Timing()
+        # "overlap": the ``worker`` target is a Cloud Run worker pool whose workers all run the fence plugin, deployed
+        # with the overlap strategy (no autoscaler: a worker pool runs its manual instance count).
+        self.strategy = strategy
         self.initial_workers = workers
         self.cap = max(cap, workers)
         self._root = Path(root) if root is not None else None  # None: a temporary directory, made by start()
@@ -149,7 +159,12 @@ class Sandbox:
 
     def handoff(self) -> DemoHandoff:
         return DemoHandoff(config=self.config, config_path=self.config_path, repo=self.repo, release=RELEASE,
-                           broker_url=self.url, state_dir=self.state_dir, notice=self.notice, hint=HINT)
+                           broker_url=self.url, state_dir=self.state_dir, notice=self.notice,
+                           hint=OVERLAP_HINT if self.overlap else HINT)
+
+    @property
+    def overlap(self) -> bool:
+        return self.strategy == "overlap"
 
     def env(self) -> dict[str, str]:
         """The variables the sandbox sets in this process (children inherit them)."""
@@ -218,20 +233,25 @@ class Sandbox:
         self.progress(f"registry stand-in on {self.registry.host} holding {IMAGE_NAME}:{self.sha[:7]}")
 
         self.fleet = DemoFleet(self.url, log_dir=self.log_dir, env=self.worker_env(), reaper=self.reaper,
-                               cap=self.cap)
+                               cap=self.cap, all_fenced=self.overlap)
         self.standin = CloudRunStandIn(rollout_seconds=self.timing.rollout, launcher=self.fleet.launch)
         endpoint = self.standin.start()
         self.progress(f"Cloud Run stand-in on {endpoint}")
         self._write_config(endpoint)
         self._config = load_config(str(self.config_path), self.root, self.env())
 
-        # The service's instances are the Celery workers: seeding it starts them (its first revision).
-        self.standin.add_service(PROJECT, REGION, SERVICE, f"{self.registry.host}/{IMAGE_NAME}:old",
-                                 instances=self.initial_workers)
+        # The service's (worker pool's) instances are the Celery workers: seeding it starts them (its first revision).
+        add = self.standin.add_worker_pool if self.overlap else self.standin.add_service
+        add(PROJECT, REGION, SERVICE, f"{self.registry.host}/{IMAGE_NAME}:old", instances=self.initial_workers)
         self.fleet.attach(self.standin, SERVICE)
-        self.progress(f"{PROJECT}/{REGION}/{SERVICE} runs {len(self.fleet.names())} Celery workers: "
+        kind = "worker pool" if self.overlap else "service"
+        self.progress(f"{PROJECT}/{REGION}/{SERVICE} ({kind}) runs {len(self.fleet.names())} Celery workers: "
                       f"{', '.join(self.fleet.names())}")
         self.producer = Producer(self.url, self.timing).start()
+        if self.overlap:  # a worker pool runs its manual instance count: no autoscaler
+            self.progress(f"producer running; the worker pool runs {self.initial_workers} instances, "
+                          f"{2 * self.initial_workers} at the overlap's peak")
+            return
         self.autoscaler = Autoscaler(self.fleet, self.url, every=self.timing.autoscale_every,
                                      on_scale=lambda name, depth: self.progress(
                                          f"autoscaler: {depth} messages waiting, started {name}")).start()
@@ -250,12 +270,15 @@ class Sandbox:
     def _write_config(self, endpoint: str) -> None:
         assert self.registry is not None
         t = self.timing
-        self.config_path.write_text(standin_config(
+        text = standin_config(
             broker=self.url, endpoint=endpoint, image=f"{self.registry.host}/{IMAGE_NAME}:{{sha}}",
             interval=t.drain_interval, max_wait=t.drain_max_wait, project=PROJECT, region=REGION,
             resource=SERVICE, name=SERVICE, state_dir="state", branches="demo-*",
-            comment=f"Written by `celeryops demo`: everything points at the sandbox in {self.root}."),
-            encoding="utf-8")
+            kind="cloudrun-worker-pool" if self.overlap else "cloudrun-service",
+            comment=f"Written by `celeryops demo`: everything points at the sandbox in {self.root}.")
+        if self.overlap:  # the target table is the file's last: its strategy goes at its end
+            text += 'strategy = "overlap"\n'
+        self.config_path.write_text(text, encoding="utf-8")
 
     def wait_busy(self, tasks: int = 2, timeout: float = 60.0) -> bool:
         """Wait until ``tasks`` demo tasks have started (so a drain has something to wait for)."""

@@ -22,7 +22,8 @@ class PreflightScreen(ConsoleScreen):
     DANGEROUS = frozenset({"proceed"})
     BINDINGS = [
         Binding("G", "proceed", "Go", id="preflight.go",
-                tooltip="Stop consumers and drain (then deploy); asks for confirmation first."),
+                tooltip="Go ahead: stop consumers and drain, then deploy (an overlap deploy brings the new revision up "
+                        "first); asks for confirmation first."),
         Binding("h", "app.show_home", "Home", id="preflight.home", tooltip="Back to the fleet."),
     ]
 
@@ -73,6 +74,8 @@ class PreflightScreen(ConsoleScreen):
         if not self.is_mounted:
             return
         what = {"deploy": "deploy " + (model.release or ""), "rollback": "rollback"}.get(model.kind or "", "drain")
+        if model.is_overlap and model.kind != "drain":
+            what += " (overlap: the new revision consumes beside the old one)"
         self.query_one("#preflight-title", Static).update(
             Text.assemble((f"Before the {what}", "bold"), ": nothing has changed yet."))
         box = self.query_one("#checks", VerticalScroll)
@@ -99,6 +102,9 @@ class PreflightScreen(ConsoleScreen):
         elif warned:
             verdict.append(f"{len(warned)} warning(s). ", style="bold yellow")
             verdict.append("Press G to review them and proceed, or q to quit without changing anything.")
+        elif model.is_overlap and model.kind != "drain":
+            verdict.append("All checks passed. ", style="bold green")
+            verdict.append("Press G to start the overlap: the new revision first, then the old one drains.")
         else:
             verdict.append("All checks passed. ", style="bold green")
             verdict.append("Press G to stop consumers and start the drain.")

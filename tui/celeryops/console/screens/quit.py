@@ -18,21 +18,23 @@ class QuitScreen(ModalScreen[QuitChoice]):
 
     BINDINGS = [
         Binding("A", "choose('abort')", "Abort run", id="quit.abort",
-                tooltip="Abort the run and restore consumers exactly as they were, then quit."),
+                tooltip="Abort the run as `celeryops abort` would (a drain: consumers restored exactly as they were; "
+                        "an overlap: the new revision retired), then quit."),
         Binding("d", "choose('detach')", "Detach", id="quit.detach",
                 tooltip="Quit and leave the run for `celeryops resume`; the fence expires if nobody resumes."),
         Binding("s,escape", "choose('stay')", "Stay", id="quit.stay", tooltip="Close this dialog and keep watching."),
     ]
 
-    def __init__(self, phase: str) -> None:
+    def __init__(self, phase: str, abort_label: str = "Abort and restore consumers") -> None:
         super().__init__(classes="dialog")
         self.phase = phase
+        self.abort_label = abort_label  # what A does to this run (an overlap deploy: its new revision is retired)
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
             yield Label(f"A run is in progress ({self.phase})", id="dialog-title")
             yield Static("Quitting does not stop it by itself. What should happen to the run?", id="dialog-body")
-            yield Button("Abort and restore consumers \\[A]", variant="error", id="abort", compact=True)
+            yield Button(f"{self.abort_label} \\[A]", variant="error", id="abort", compact=True)
             yield Button("Detach: leave it for `celeryops resume` \\[d]", variant="warning", id="detach", compact=True)
             yield Button("Stay \\[s]", variant="primary", id="stay", compact=True)
         yield Footer()  # this dialog's keys, over the screen's footer (whose keys wait until it closes)
