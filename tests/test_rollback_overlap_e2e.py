@@ -155,15 +155,24 @@ def orphaned(pool: Pool) -> dict[str, Any]:
     return json.loads(run_cli(["status", "--json"], pool.env, cwd=pool.dir).stdout)  # type: ignore[no-any-return]
 
 
-# Killed right after a record of the rollback, then `celeryops abort`: a cutover begun is finished (every instance on
-# the previous revision); before it, the previous revision is retired again (the deployed one serves, as before).
-KILLS = {"intent:overlap_cutover": "cutover", "settle:overlap_up": "retire", "intent:cancel_consumers": "retire"}
+# Killed right after a record of the rollback, then `celeryops abort` or `resume`, as an overlap deploy is recovered:
+# (the killed point, the command, what status says recovery does, where the pool ends). A cutover begun is finished
+# (every instance on the previous revision); before it, abort retires the previous revision again (the deployed one
+# serves, as before), resume goes on with the rollback.
+CASES = [
+    ("intent:overlap_cutover", "abort", "cutover", "previous"),
+    ("settle:overlap_up", "abort", "retire", "deployed"),
+    ("intent:cancel_consumers", "abort", "retire", "deployed"),
+    ("settle:overlap_up", "resume", "retire", "previous"),
+    ("phase:drained", "resume", "retire", "previous"),
+]
 
 
-@pytest.mark.parametrize("kill_after", sorted(KILLS))
-def test_killed_overlap_rollback_then_abort_leaves_a_consistent_fleet(
+@pytest.mark.parametrize(("kill_after", "command", "action", "ends_on"), CASES,
+                         ids=[f"{k}-{c}" for k, c, _a, _e in CASES])
+def test_killed_overlap_rollback_recovers_to_a_consistent_fleet(
         tmp_path: Path, redis_url: str, queue_name: str, redis_client: redis.Redis, redis_control: Celery,
-        kill_after: str) -> None:
+        kill_after: str, command: str, action: str, ends_on: str) -> None:
     pool = make_pool(tmp_path, redis_url, queue_name, count=1)
     try:
         previous = pool.old
@@ -171,24 +180,50 @@ def test_killed_overlap_rollback_then_abort_leaves_a_consistent_fleet(
         killed = run_cli(ROLLBACK, pool.env, cwd=pool.dir, kill_after=kill_after, timeout=240)
         assert killed.returncode == -signal.SIGKILL, killed.stdout[-2000:] + killed.stderr[-2000:]
         status = orphaned(pool)
-        assert status["run"]["kind"] == "rollback" and status["recovery"]["action"] == KILLS[kill_after], status
+        assert status["run"]["kind"] == "rollback" and status["recovery"]["action"] == action, status
         ids = enqueue(pool.redis_url, pool.queue, 0.1, n=4)  # waiting tasks: whoever consumes at the end runs them
-        aborted = run_cli(["abort", "--json"], pool.env, cwd=pool.dir, timeout=240)
-        assert aborted.returncode == 0, aborted.stdout[-3000:] + aborted.stderr[-3000:]
-        assert "Traceback" not in aborted.stderr
-        final = events_of(aborted.stdout)[-1]
-        assert final["event"] == "abort" and final["action"] == KILLS[kill_after], final
+        recovered = run_cli([command, "--json"], pool.env, cwd=pool.dir, timeout=240)
+        assert recovered.returncode == 0, recovered.stdout[-3000:] + recovered.stderr[-3000:]
+        assert "Traceback" not in recovered.stderr
+        final = events_of(recovered.stdout)[-1]
         history = json_runs(pool)
-        if KILLS[kill_after] == "cutover":  # finished, never undone
+        if ends_on == "previous":  # rolled back: every instance on the previous revision, the split celeryops' own
             serves(pool, redis_control, previous)
             assert split_record(pool)["celeryops/split"] == f"{previous}=100"
             assert (history[0]["kind"], history[0]["phase"]) == ("rollback", "done")
+            if command == "resume":
+                assert final["event"] == "rolled_back" and final["targets"][0]["revision"] == previous, final
+                assert final["targets"][0]["rolled_back"] is True and final["targets"][0]["logs_url"], final
+            else:
+                assert final["event"] == "abort" and final["action"] == "cutover", final
         else:  # the previous revision was retired again: the deployed one serves, pinned by celeryops
             serves(pool, redis_control, deployed)
             assert split_record(pool)["celeryops/split"] == f"{deployed}=100"
-            assert "the previous revision" in final["message"] and "was retired" in final["message"], final
+            assert final["event"] == "abort" and final["action"] == "retire", final
+            assert final["message"].startswith(f"The previous revision {previous} was retired"), final
             assert (history[0]["kind"], history[0]["phase"]) == ("rollback", "aborted")
         all_finished(redis_client, ids, "the waiting tasks to run")
         assert all(runs(redis_client, t)["runs"] == 1 for t in ids)
     finally:
         close_pool(pool)
+
+
+def test_service_target_is_refused_in_one_sentence(tmp_path: Path, redis_url: str) -> None:
+    """A service splits requests, not queue consumers: ``rollback --strategy overlap`` on a service target, or
+    strategy = "overlap" in its table (the configuration refuses it), is refused before anything is contacted."""
+    from celeryops.demo.standins.cloudrun import standin_config
+    from clihelp import cli_env
+
+    config = tmp_path / "celeryops.toml"
+    config.write_text(standin_config(broker=redis_url, endpoint="127.0.0.1:9", image="img:{sha}"))
+    env = cli_env(tmp_path / "state")
+    flag = run_cli(["rollback", "--strategy", "overlap", "--yes", "--json"], env, cwd=tmp_path)
+    config.write_text(config.read_text().replace("insecure = true", 'insecure = true\nstrategy = "overlap"'))
+    table = run_cli(["rollback", "--yes", "--json"], env, cwd=tmp_path)
+    for result in (flag, table):
+        assert result.returncode == 2, result.stdout + result.stderr
+        lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and "worker pool" in lines[0] and "service" in lines[0], result.stderr
+        assert "Traceback" not in result.stderr
+    assert "roll it back with --strategy drain" in flag.stderr, flag.stderr
+    assert not (tmp_path / "state" / "journal.sqlite3").exists()  # nothing was started
