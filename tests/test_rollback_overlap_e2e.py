@@ -120,8 +120,12 @@ def test_overlap_rollback_never_pauses_and_the_next_deploy_moves_on(
         assert {"revision", "permissions", "traffic", "validate", "fence", "mixed_versions"} <= set(checks), checks
         assert checks["mixed_versions"] == "warn" and checks["fence"] == "ok" and checks["traffic"] == "ok"
         assert not {"branch", "image", "freshness"} & set(checks)  # nothing is built
-        traffic = next(e for e in events if e["event"] == "check" and e["id"] == "traffic" and e["status"] == "ok")
-        assert "4 instances at the peak" in traffic["detail"], traffic
+        detail = {e["id"]: e["detail"] for e in events if e["event"] == "check" and e["status"] != "running"}
+        assert "the rollback runs 2 of" in detail["traffic"] and "4 instances at the peak" in detail["traffic"]
+        assert detail["mixed_versions"].startswith(f"the deployed revision {deployed} and the previous one")
+        # Both pool updates route to existing revisions: nothing is rolled out.
+        assert [e["step"] for e in events if e["event"] == "deploy" and e["step"] in ("started", "routing")] == [
+            "routing", "routing"]
         history = json_runs(pool)
         assert [(r["kind"], r["phase"]) for r in history[:2]] == [("rollback", "done"), ("deploy", "done")]
 

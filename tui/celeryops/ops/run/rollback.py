@@ -160,14 +160,12 @@ class OverlapStrategy:
                 read.append(asyncio.ensure_future(deployer.current(target)))
             return PoolView(await asyncio.shield(read[0]))
 
-        async def validate(change: PoolUpdate) -> None:
-            # The revision exists: the scale-up sets only the count and the split (no image, no new revision).
-            await deployer.validate_pool_update(target, PoolUpdate(instance_count=change.instance_count,
-                                                                   split=change.split))
+        async def validate(change: PoolUpdate) -> None:  # the revision exists: only the count and the split
+            await deployer.validate_pool_update(target, change)
 
         own = overlap_checks(target, read_pool, validate, step.image or step.revision, step.revision,
                              app=runner.fleet.app, fleet=runner.fleet_name, known=runner.fleet.members,
-                             has_registry=runner.coord is not None)
+                             has_registry=runner.coord is not None, rollback=True)
         replaced = {c.id for c in own}
         return [*rollback.checks(steps), *(c for c in rollback.session._fleet_checks() if c.id not in replaced), *own]
 
