@@ -26,7 +26,11 @@ Interrupted (Ctrl-C, SIGTERM, SIGHUP), the flow applies the abort's rules before
 
 Entry points, from :class:`~celeryops.ops.run.session.RunSession`: :meth:`OverlapDeploy.deploy`, ``resume``,
 ``abort``; :meth:`OverlapDeploy.move` takes what the pool moves to (:class:`Destination`: a new revision made from
-an image, or an existing revision) for a flow that has its own preflight (a rollback).
+an image, or an existing revision) for a flow that has its own preflight (a rollback:
+:class:`~celeryops.ops.run.rollback.OverlapStrategy`). A rollback run (``kind`` rollback in its settings) is told as
+one (:class:`Words`: the deployed revision, the previous one; outcomes ``rolled_back`` / ``rollback_failed``, a
+``target`` event with ``"rolled_back": true``), and the split its cutover pins is recorded as celeryops' own, as is
+the one a retirement pins.
 """
 
 from __future__ import annotations
