@@ -212,6 +212,30 @@ def test_killed_overlap_rollback_recovers_to_a_consistent_fleet(
         close_pool(pool)
 
 
+def test_interrupted_overlap_rollback_retires_the_previous_revision_before_exiting(
+        tmp_path: Path, redis_url: str, queue_name: str, redis_control: Celery) -> None:
+    """Ctrl-C once the previous revision consumes beside the deployed one: the abort's rules run before the process
+    exits 130 (the previous revision is retired again), and the deployed revision serves as before."""
+    pool = make_pool(tmp_path, redis_url, queue_name, count=1)
+    try:
+        deployed = deployed_with_overlap(pool)
+        proc = CliProcess(ROLLBACK, pool.env, cwd=pool.dir)
+        try:
+            proc.wait_event("overlap", 240, where=lambda e: e["step"] == "consuming")
+            proc.signal(signal.SIGINT)
+            assert proc.finish(240) == 130, proc.read_stderr()
+        finally:
+            proc.kill()
+        final = proc.events[-1]
+        assert final["event"] == "interrupted" and final["recovered"] is True, final
+        assert steps(proc.events)[-1] == "retired", steps(proc.events)
+        notices = [e["message"] for e in proc.events if e["event"] == "notice"]
+        assert any(n.startswith("Interrupted: applying the overlap rollback's recovery rules") for n in notices)
+        serves(pool, redis_control, deployed)
+        assert json_runs(pool)[0]["kind"] == "rollback" and json_runs(pool)[0]["phase"] == "aborted"
+    finally:
+        close_pool(pool)
+
 def test_service_target_is_refused_in_one_sentence(tmp_path: Path, redis_url: str) -> None:
     """A service splits requests, not queue consumers: ``rollback --strategy overlap`` on a service target, or
     strategy = "overlap" in its table (the configuration refuses it), is refused before anything is contacted."""
