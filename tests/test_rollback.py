@@ -16,12 +16,12 @@ from google.cloud import run_v2
 from google.cloud.run_v2.services.services.transports import ServicesGrpcTransport
 
 from celeryops.adapters.deploy import CloudRunDeployer, DeployError, RouteStarted
-from celeryops.adapters.deploy.base import RolloutState
+from celeryops.adapters.deploy.base import PoolUpdate, RevisionInfo, RolloutState
 from celeryops.core.config import Config, Target
 from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.demo.standins.cloudrun import CloudRunStandIn
 from celeryops.ops.fleetwide.publish import Publisher, read_status, status_key
-from celeryops.ops.journal import Journal
+from celeryops.ops.journal import OVERLAP_CUTOVER, OVERLAP_UP, Journal
 from celeryops.ops.preflight import traffic_check
 from celeryops.ops.run.rollback_plan import (
     RollbackRequest,
@@ -243,3 +243,99 @@ def test_watchers_see_a_rollback_as_one(redis_client: redis.Redis) -> None:
     redis_client.hdel(status_key("prod"), "kind")
     older = read_status(redis_client, "prod")
     assert older is not None and older.run_kind == "deploy"
+
+
+# -- the overlap strategy: one worker pool, one revision; what an overlap deploy replaced ----------------------
+
+
+POOL_TARGET = Target(name="gpu", kind="cloudrun-worker-pool", project="p", region="r", resource="gpu",
+                     image="gpu:{sha}")
+
+
+def test_overlap_rollbacks_are_refused_in_one_sentence_before_anything_is_read() -> None:
+    """A service, several targets, or targets whose strategies differ: refused before the journal or Cloud Run is
+    read (the flag wins over a target's ``strategy``)."""
+    other_pool = replace(POOL_TARGET, name="cpu", resource="cpu")
+    overlap_pool = replace(POOL_TARGET, strategy="overlap")
+    cases = [
+        (_config(SVC), RollbackRequest(strategy="overlap"), "The overlap strategy is refused: target 'web' is a "
+                                                            "Cloud Run service"),
+        (_config(replace(SVC, strategy="overlap")), RollbackRequest(), "The overlap strategy is refused"),
+        (_config(POOL_TARGET, other_pool), RollbackRequest(strategy="overlap"),
+         "An overlap rollback moves one worker pool at a time and 2 targets were chosen (gpu, cpu)"),
+        (_config(overlap_pool, SVC), RollbackRequest(), "The targets ask for different strategies (drain, overlap)"),
+    ]
+    for config, request, words in cases:
+        with pytest.raises(UserError) as info:
+            chosen_targets(config, request, None)
+        message = str(info.value)
+        assert info.value.exit_code == EXIT_USAGE and message.startswith(words), message
+        assert "nothing was changed" in message and "\n" not in message, message
+    assert chosen_targets(_config(overlap_pool, SVC), RollbackRequest(strategy="drain"), None) == (overlap_pool, SVC)
+    assert chosen_targets(_config(overlap_pool), RollbackRequest(), None) == (overlap_pool,)
+    assert chosen_targets(_config(POOL_TARGET), RollbackRequest(strategy="overlap"), None) == (POOL_TARGET,)
+
+
+def test_an_overlap_rollback_goes_back_to_one_revision() -> None:
+    revisions = [RevisionInfo(name=n, state="succeeded", image=f"gpu:{n[-1]}") for n in ("gpu-2", "gpu-1", "gpu-0")]
+    now = RolloutState(resource="gpu", latest_ready_revision="gpu-2", traffic_statuses=(("gpu-2", 100),))
+    split = (("gpu-1", 50), ("gpu-0", 50))
+    with pytest.raises(UserError) as info:
+        checked_step(POOL_TARGET, split, "replaced by run x", now, revisions, "overlap")
+    assert "moves every instance of" in str(info.value) and "--to REVISION" in str(info.value)
+    assert checked_step(POOL_TARGET, split, "replaced by run x", now, revisions, "drain").split == split
+    step = checked_step(POOL_TARGET, (("gpu-1", 100),), "replaced by run x", now, revisions, "overlap")
+    assert (step.revision, step.was, step.image, step.strategy) == ("gpu-1", "gpu-2", "gpu:1", "overlap")
+
+
+def _overlap_deploy(journal: Journal, *, cut_over: bool) -> str:
+    """An overlap deploy of pool ``gpu`` from gpu-1 (2 instances) to gpu-2, cut over, or retired before that."""
+    run = journal.create_run(fleet="default", broker="redis://x", release="r-3",
+                             settings={"strategy": "overlap", "targets": ["gpu"]})
+    up = journal.intend(run.id, OVERLAP_UP, {"target": "gpu", "old_revision": "gpu-1", "new_revision": "gpu-2",
+                                             "count": 2, "before": {"count": 2, "split": [["", 100]],
+                                                                    "served": {"gpu-1": 100}}})
+    journal.settle(up, {"ok": True})
+    journal.advance(run.id, "overlapping")
+    if not cut_over:
+        journal.advance(run.id, "retiring")
+        journal.advance(run.id, "aborted")
+        return run.id
+    for phase in ("stopping", "draining", "drained", "cutting_over"):
+        journal.advance(run.id, phase)  # type: ignore[arg-type]
+    cut = journal.intend(run.id, OVERLAP_CUTOVER, {"target": "gpu", "split": [["", 100]]})
+    journal.settle(cut, {"ok": True})
+    journal.advance(run.id, "deployed")
+    journal.advance(run.id, "done")
+    return run.id
+
+
+def test_what_an_overlap_deploy_replaced_is_in_its_journal(tmp_path: Path) -> None:
+    """An overlap deploy writes ``overlap_up`` (what served before), not ``deploy_start``: it is what a rollback goes
+    back to once its cutover took effect; a deploy whose new revision was retired again replaced nothing. The
+    console's B on the overlap deploy's run names its pool."""
+    with Journal(state_dir=tmp_path / "state") as journal:
+        deployed = _overlap_deploy(journal, cut_over=True)
+        _overlap_deploy(journal, cut_over=False)  # later, retired: not what the pool runs now
+        config = _config(POOL_TARGET)
+        assert replaced_split(config, journal, POOL_TARGET) == ((("gpu-1", 100),), f"replaced by run {deployed}, "
+                                                                                    "release r-3")
+        assert chosen_targets(config, RollbackRequest(run_id=deployed), journal) == (POOL_TARGET,)
+
+
+async def test_a_pool_update_records_its_split_as_celeryops_own_only_when_told(
+        standin: CloudRunStandIn, pool: Target, deployer: CloudRunDeployer) -> None:
+    """An overlap rollback's cutover pins the previous revision by name and records it as celeryops' own in the same
+    update (``owned_by``); a later update that sets a split without it (the next overlap deploy's scale-up) drops
+    the record, so a split pinned later in the console is never taken for celeryops' own."""
+    target = pool
+    first = short((await deployer.current(target)).latest_ready_revision)
+    second = short((await deployer.deploy(target, "gpu:2", lambda e: None)).revision)
+    await deployer.update_worker_pool(target, PoolUpdate(split=((first, 100),), owned_by="rollback run r-9"),
+                                      lambda e: None)
+    state = await deployer.current(target)
+    assert state.served_split == ((first, 100),) and state.pinned and state.owned
+    assert standin.resource(POOL).annotations["celeryops/split-by"] == "rollback run r-9"
+    await deployer.update_worker_pool(target, PoolUpdate(split=((first, 50), (second, 50))), lambda e: None)
+    state = await deployer.current(target)
+    assert not state.owned and not {"celeryops/split", "celeryops/split-by"} & set(standin.resource(POOL).annotations)

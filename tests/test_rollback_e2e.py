@@ -93,6 +93,7 @@ def test_rollback_drains_routes_back_and_the_next_deploy_moves_on(setup, redis_u
     drained = proc.wait_event("drained", 90)
     done = proc.wait_event("rolled_back", 90)
     assert proc.finish() == 0, proc.read_stderr()
+    assert drained["message"] == "Drained: no task is running; rolling back next.", drained
 
     # Nothing was killed: what ran on the deployed revision finished before the drained verdict.
     for tid in started(redis_client, ids):

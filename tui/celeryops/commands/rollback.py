@@ -1,4 +1,6 @@
-"""``celeryops rollback``: preflight -> stop consumers -> drain -> route each target back -> done (headless mode)."""
+"""``celeryops rollback``: preflight -> stop consumers -> drain -> route each target back -> done (headless mode);
+with the overlap strategy, one worker pool: the previous revision beside the deployed one -> drain the deployed one
+-> every instance back."""
 
 from __future__ import annotations
 
@@ -19,7 +21,9 @@ from celeryops.core.errors import EXIT_USAGE, UserError
 @click.option("--to", "to", default="", metavar="REVISION",
               help="Go back to this revision of the one target (default: what its last deploy replaced).")
 @click.option("--strategy", type=click.Choice(STRATEGIES), default=None,
-              help="How the revision is brought to serve (default: the target's strategy, else drain).")
+              help="How the revision is brought to serve: drain (stop everything, wait, route back) or overlap (one "
+                   "Cloud Run worker pool: the previous revision comes up beside the deployed one, which stops once "
+                   "idle; no pause). Default: the target's strategy, else drain.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before stopping consumers and before routing back.")
 @click.option("--accept-warnings", is_flag=True, help="Go ahead although preflight checks warned (all of them).")
 @click.option("--accept-warning", "accept", multiple=True, metavar="ID",
@@ -30,8 +34,9 @@ from celeryops.core.errors import EXIT_USAGE, UserError
 def rollback(fleet: FleetSpec, targets: tuple[str, ...], to: str, strategy: str | None, yes: bool,
              accept_warnings: bool, accept: tuple[str, ...], as_json: bool, headless: bool,
              state_dir: str | None) -> None:
-    """Route each target back to the revision its last deploy replaced (or --to REVISION): preflight, drain, route
-    back, verify; no new image. In a terminal (without --json or --headless) it opens the console on its preflight."""
+    """Route each target back to the revision its last deploy replaced (or --to REVISION): preflight, drain (or
+    overlap), route back, verify; no new image. In a terminal (without --json or --headless) it opens the console on
+    its preflight."""
     from celeryops.ops.preflight.accept import check_accept_ids
     from celeryops.ops.run.rollback import Rollback
     from celeryops.ops.run.rollback_plan import RollbackRequest, chosen_targets

@@ -257,12 +257,16 @@ class PoolUpdate:
     """One update of a worker pool, sent whole: a new ``image`` (None: unchanged), the new revision's name named up
     front (``revision``; empty: Cloud Run names it, or no new revision without an image),
     ``instance_count`` (``scaling.manual_instance_count``; None: unchanged) and ``split`` (``(revision, percent)``
-    pairs, ``""`` = the latest ready revision, which the new one becomes once ready; None: unchanged)."""
+    pairs, ``""`` = the latest ready revision, which the new one becomes once ready; None: unchanged).
+    ``owned_by``: the split is recorded as celeryops' own, left by ``owned_by`` (``celeryops/split``, as a rollback's
+    route does), so a later deploy moves everything to its new revision; empty: a split this update sets is not
+    celeryops' own (a recorded one is dropped)."""
 
     image: str | None = None
     revision: str = ""
     instance_count: int | None = None
     split: tuple[tuple[str, int], ...] | None = None
+    owned_by: str = ""
 
 
 @dataclass(frozen=True)

@@ -242,7 +242,13 @@ class CloudRunDeployer:
             prepare_pool_update(target, resource, change)
 
         before, asked, operation = await self._send(clients, target, prepare, force_new_revision=new_revision)
-        on_progress(RolloutStarted(target.name, asked.image, operation, before.latest_ready_revision))
+        if not new_revision and change.split and all(rev for rev, _pct in change.split):
+            # Existing revisions by name (an overlap rollback, a retirement): routed, not rolled out (no image).
+            main = short_revision(max(change.split, key=lambda entry: entry[1])[0])
+            previous = before.served_split[0][0] if before.served_split else ""
+            on_progress(RouteStarted(target.name, main, describe_split(change.split), operation, previous))
+        else:
+            on_progress(RolloutStarted(target.name, asked.image, operation, before.latest_ready_revision))
         return await self._watch(clients, target, asked.image, operation, before, on_progress,
                                  split=asked.traffic or (("", 100),), new_revision=new_revision)
 

@@ -225,7 +225,8 @@ def no_instances(target: Target) -> DeployError:
 def prepare_pool_update(target: Target, pool: Any, change: PoolUpdate) -> None:
     """``change`` written into the WorkerPool message ``pool`` (sent whole by the update): the image into the
     chosen container, the new revision's name, the instance count, the split (``""`` entries follow the latest
-    revision). Raises DeployError (nothing sent) for a negative count or a split that does not add up to 100."""
+    revision; recorded as celeryops' own with ``owned_by``, else any such record dropped). Raises DeployError (nothing
+    sent) for a negative count or a split that does not add up to 100."""
     if change.image is not None:
         _set_image(target, pool, change.image)  # clears the template's revision name: Cloud Run names the new one
     if change.revision:
@@ -245,6 +246,12 @@ def prepare_pool_update(target: Target, pool: Any, change: PoolUpdate) -> None:
             else InstanceSplit(type_=InstanceSplitAllocationType.INSTANCE_SPLIT_ALLOCATION_TYPE_REVISION,
                                revision=short_revision(rev), percent=pct)
             for rev, pct in change.split]
+        if change.owned_by:
+            pool.annotations[SPLIT_ANNOTATION] = format_split(change.split)
+            pool.annotations[SPLIT_BY_ANNOTATION] = change.owned_by
+        else:
+            for key in (SPLIT_ANNOTATION, SPLIT_BY_ANNOTATION):
+                pool.annotations.pop(key, None)
 
 
 def prepare_update(target: Target, resource: Any, image: str, before: RolloutState) -> None:

@@ -48,8 +48,13 @@ class PoolView:
 def overlap_checks(target: Target, read_pool: Callable[[], Awaitable[PoolView]],
                    validate: Callable[[PoolUpdate], Awaitable[None]], image: str, new_revision: str, *,
                    app: Celery, fleet: str, known: Callable[[], Awaitable[Collection[str]]],
-                   has_registry: bool) -> list[Check]:
-    """``read_pool``: the pool now (shared by the checks); ``validate``: sends an update with validate_only."""
+                   has_registry: bool, rollback: bool = False) -> list[Check]:
+    """``read_pool``: the pool now (shared by the checks); ``validate``: sends an update with validate_only.
+    ``rollback``: the checks of an overlap rollback (``new_revision`` exists already: the scale-up sets no image),
+    told in its words."""
+    flow, alternative = ("rollback", "roll back") if rollback else ("deploy", "deploy")
+    old_one, new_one, idle = ("the deployed revision", "the previous one", "the deployed one") if rollback else \
+        ("the old revision", "the new one", "the old one")
 
     async def traffic() -> CheckResult:
         pool = await read_pool()
@@ -64,7 +69,7 @@ def overlap_checks(target: Target, read_pool: Callable[[], Awaitable[PoolView]],
             return CheckResult("traffic", "", "fail", f"{where} runs no instance (manual_instance_count 0)",
                                f"give it instances (gcloud run worker-pools update {target.resource} --instances N) "
                                "and deploy again")
-        return CheckResult("traffic", "", "ok", f"all {pool.count} instance(s) of {where} run {pool.old}; the deploy "
+        return CheckResult("traffic", "", "ok", f"all {pool.count} instance(s) of {where} run {pool.old}; the {flow} "
                            f"runs {pool.count} of {new_revision} beside them: {2 * pool.count} instances at the peak "
                            "(quota, cost), then back to "
                            f"{pool.count}")
@@ -74,8 +79,8 @@ def overlap_checks(target: Target, read_pool: Callable[[], Awaitable[PoolView]],
         if not pool.old or pool.count <= 0:
             return CheckResult("validate", "", "fail", "there is no update to validate (see the traffic check)",
                                "fix what the traffic check says, then run preflight again")
-        change = PoolUpdate(image=image, revision=new_revision, instance_count=2 * pool.count,
-                            split=((pool.old, 50), (new_revision, 50)))
+        change = PoolUpdate(image=None if rollback else image, revision="" if rollback else new_revision,
+                            instance_count=2 * pool.count, split=((pool.old, 50), (new_revision, 50)))
         try:
             await validate(change)
         except DeployError as err:
@@ -95,8 +100,8 @@ def overlap_checks(target: Target, read_pool: Callable[[], Awaitable[PoolView]],
         if not has_registry:
             return CheckResult("fence", "", "fail", "no Redis holds the fleet's fence and its registry (the broker "
                                "is not Redis), so the old revision's workers cannot be held apart from the new ones",
-                               "set CELERYOPS_REDIS_URL to the Redis the workers' fence plugin uses, or deploy with "
-                               "--strategy drain")
+                               "set CELERYOPS_REDIS_URL to the Redis the workers' fence plugin uses, or "
+                               f"{alternative} with --strategy drain")
         pool = await read_pool()
         destination = sorted(await known())
         replies = await asyncio.to_thread(fence_status, app, destination or None)
@@ -118,10 +123,10 @@ def overlap_checks(target: Target, read_pool: Callable[[], Awaitable[PoolView]],
         if no_revision:
             problems.append(f"{len(no_revision)} worker(s) report no Cloud Run revision: {_names(no_revision)}")
         if problems:
-            return CheckResult("fence", "", "fail", "; ".join(problems) + ": an overlap deploy tells the old "
-                               "revision's workers apart by their fence plugin, and stops only them",
+            return CheckResult("fence", "", "fail", "; ".join(problems) + f": an overlap {flow} tells {old_one}'s "
+                               "workers apart by their fence plugin, and stops only them",
                                "install celeryops.fence (this version) in the worker app of every worker, with the "
-                               "fleet's CELERYOPS_FLEET, or deploy with --strategy drain")
+                               f"fleet's CELERYOPS_FLEET, or {alternative} with --strategy drain")
         old = sorted(w for w, r in replies.items() if pool.old and r.revision == pool.old)
         if pool.old and not old:
             return CheckResult("fence", "", "fail", f"no worker of revision {pool.old} answered, so the old "
@@ -134,12 +139,12 @@ def overlap_checks(target: Target, read_pool: Callable[[], Awaitable[PoolView]],
 
     async def mixed() -> CheckResult:
         pool = await read_pool()
-        return CheckResult("mixed_versions", "", "warn", f"the old revision {pool.old or '(unknown)'} and the new "
-                           f"one ({image}) consume the same queues side by side until the old one is idle: a task "
+        return CheckResult("mixed_versions", "", "warn", f"{old_one} {pool.old or '(unknown)'} and {new_one} "
+                           f"({image}) consume the same queues side by side until {idle} is idle: a task "
                            "sent by either version may run on the other",
-                           "keep task names and arguments compatible both ways for this deploy (new arguments "
-                           "optional, none removed), accept with --accept-warning mixed_versions, or deploy with "
-                           "--strategy drain")
+                           f"keep task names and arguments compatible both ways for this {flow} (new arguments "
+                           "optional, none removed), accept with --accept-warning mixed_versions, or "
+                           f"{alternative} with --strategy drain")
 
     return [Check("traffic", "Instances on one revision (peak shown)", traffic, timeout=30),
             Check("validate", "Cloud Run accepts the scale-up", validated, timeout=30),

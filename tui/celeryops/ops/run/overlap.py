@@ -26,7 +26,11 @@ Interrupted (Ctrl-C, SIGTERM, SIGHUP), the flow applies the abort's rules before
 
 Entry points, from :class:`~celeryops.ops.run.session.RunSession`: :meth:`OverlapDeploy.deploy`, ``resume``,
 ``abort``; :meth:`OverlapDeploy.move` takes what the pool moves to (:class:`Destination`: a new revision made from
-an image, or an existing revision) for a flow that has its own preflight (a rollback).
+an image, or an existing revision) for a flow that has its own preflight (a rollback:
+:class:`~celeryops.ops.run.rollback.OverlapStrategy`). A rollback run (``kind`` rollback in its settings) is told as
+one (:class:`Words`: the deployed revision, the previous one; outcomes ``rolled_back`` / ``rollback_failed``, a
+``target`` event with ``"rolled_back": true``), and the split its cutover pins is recorded as celeryops' own, as is
+the one a retirement pins.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ from celeryops.core.events import (
     RunOutcome,
     StageStarted,
     TargetDeployed,
+    TargetRolledBack,
 )
 from celeryops.ops.drain.engine import Drain, DrainResult
 from celeryops.ops.drain.membership import held_by
@@ -79,6 +84,27 @@ if TYPE_CHECKING:
     from celeryops.ops.run.session import RunSession
 
 GONE_WAIT = 60.0  # seconds to wait for a retired revision's workers to leave (Cloud Run: SIGKILL 10 s after SIGTERM)
+
+
+@dataclass(frozen=True)
+class Words:
+    """How the operator reads the flow: what it is (``flow``), the revision it moves away from (``old``) and the one
+    it moves to (``new``). A deploy's old and new revision; a rollback's deployed revision and the previous one it
+    goes back to."""
+
+    flow: str = "deploy"
+    old: str = "the old revision"
+    new: str = "the new revision"
+
+
+def _cap(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+DEPLOY_WORDS = Words()
+ROLLBACK_WORDS = Words(flow="rollback", old="the deployed revision", new="the previous revision")
+#: A rollback run's outcomes (the ``--json`` events a drain rollback ends with).
+ROLLBACK_OUTCOMES: dict[str, RunOutcome] = {"deployed": "rolled_back", "deploy_failed": "rollback_failed"}
 
 
 @dataclass(frozen=True)
@@ -164,6 +190,7 @@ class OverlapDeploy:
 
     session: RunSession
     _completed: tuple[float, int] | None = field(default=None, init=False)
+    _words: Words = field(default=DEPLOY_WORDS, init=False)  # a rollback run's: see :meth:`_kind`
 
     # -- entry points ------------------------------------------------------------------------------------------
 
@@ -217,6 +244,7 @@ class OverlapDeploy:
             "strategy": "overlap", "targets": [target.name], "new_revision": destination.revision,
             "image": destination.image, "queues": [], "forget": [], "interval": drain.interval,
             "streak": drain.streak, "max_wait": drain.max_wait, **dict(settings or {})})
+        self._kind(run)
         try:
             ending = await self._guarded(run, target, lambda: self._forward(run, target, destination, "up"))
         finally:
@@ -240,6 +268,7 @@ class OverlapDeploy:
     async def _recover(self, run: Run, *, resume: bool) -> Ending:
         """Take the interrupted run's lease (refused while its owner lives), apply the rules, give the lease back."""
         target = self._target_of(run)
+        self._kind(run)
         await self.runner.hold(run)
         try:
             return await self._guarded(run, target, lambda: self._continue(run, target, resume=resume))
@@ -279,8 +308,14 @@ class OverlapDeploy:
         await self.runner.release_lease()
         await self.session._rollouts.close()
 
+    def _kind(self, run: Run) -> None:
+        """A rollback run (routed back to an existing revision) is told as one: its words and outcomes."""
+        self._words = ROLLBACK_WORDS if run.kind == "rollback" else DEPLOY_WORDS
+
     def _finish(self, ending: Ending) -> RunFinished:
-        return self.session._finish(ending.outcome, ending.code, ending.message, targets=ending.targets,
+        outcome = ROLLBACK_OUTCOMES.get(ending.outcome, ending.outcome) if self._words.flow == "rollback" \
+            else ending.outcome
+        return self.session._finish(outcome, ending.code, ending.message, targets=ending.targets,
                                     logs_url=ending.logs_url)
 
     async def _phase(self, run: Run, to: Phase, reason: str | None = None) -> None:
@@ -304,8 +339,9 @@ class OverlapDeploy:
             return await work()
         except asyncio.CancelledError:
             if not self.runner.detached:
-                self.emit(Notice(level="warning", message="Interrupted: applying the overlap deploy's recovery "
-                                                          "rules (those of `celeryops abort`) before exiting."))
+                self.emit(Notice(level="warning", message=f"Interrupted: applying the overlap {self._words.flow}'s "
+                                                          "recovery rules (those of `celeryops abort`) before "
+                                                          "exiting."))
                 with contextlib.suppress(Exception):  # the interruption is what the caller must see
                     await uncut(self._continue(run, target, resume=False))
             raise
@@ -324,8 +360,9 @@ class OverlapDeploy:
             await self.runner.advance(run.id, "aborted", reason=f"error: {exc}")
             return
         await self._give_back(run)
-        self.emit(Notice(level="error", message=f"The overlap deploy stopped on an error; run {run.id} stays open "
-                                                "with nothing stopped: `celeryops abort` retires the new revision, "
+        w = self._words
+        self.emit(Notice(level="error", message=f"The overlap {w.flow} stopped on an error; run {run.id} stays open "
+                                                f"with nothing stopped: `celeryops abort` retires {w.new}, "
                                                 "`celeryops resume` goes on."))
 
     async def _give_back(self, run: Run) -> None:
@@ -435,7 +472,7 @@ class OverlapDeploy:
             return await self._finish_cutover(run, target, plan)
         sentence, done = await self._retire(run, target, plan)
         if resume:  # the new revision failed to start, or a retirement was begun: the deploy did not happen
-            return Ending("deploy_failed", EXIT_DEPLOY, f"The deploy did not take place: {sentence}")
+            return Ending("deploy_failed", EXIT_DEPLOY, f"The {self._words.flow} did not take place: {sentence}")
         return Ending("aborted" if done else "deploy_failed", EXIT_OK if done else EXIT_DEPLOY, sentence,
                       action="retire" if done else "ask")
 
@@ -450,14 +487,14 @@ class OverlapDeploy:
                 await self._settled(target)
                 pool = await self._pool(target)
                 if pool is not None and pool.revisions.get(plan.new) == "failed":
-                    raise _Stop(f"The new revision {plan.new} failed to start.")
+                    raise _Stop(f"{_cap(self._words.new)} {plan.new} failed to start.")
             async with self._ticker(run, target, plan):
                 if start != "drain":
                     await self._wait_new(run, plan)
                 drained = await self._drain_old(run, plan)
             if drained is not None:
                 sentence, _done = await self._retire(run, target, plan)
-                return Ending("timeout", EXIT_TIMEOUT, f"The old revision {plan.old} was not idle within "
+                return Ending("timeout", EXIT_TIMEOUT, f"{_cap(self._words.old)} {plan.old} was not idle within "
                               f"{self._settings(run).max_wait:g} s ({drained}): nothing was killed, its consumers were "
                               f"restored; {sentence}")
             return await self._cutover(run, target, plan)
@@ -525,7 +562,7 @@ class OverlapDeploy:
                 break
             if time.monotonic() > deadline:
                 missing = f"; nobody consumes {', '.join(sorted(wanted - covered))}" if wanted - covered else ""
-                raise _Stop(f"The new revision {plan.new} did not consume within {settings.max_wait:g} s "
+                raise _Stop(f"{_cap(self._words.new)} {plan.new} did not consume within {settings.max_wait:g} s "
                             f"({len(consuming)} of {plan.count} worker(s) consume{missing}; a crash loop? read the "
                             "revision's logs).")
             await asyncio.sleep(min(settings.interval, 1.0))
@@ -536,7 +573,8 @@ class OverlapDeploy:
     async def _drain_old(self, run: Run, plan: Plan) -> str | None:
         """Step 4: stop and drain the old revision's workers alone. None: drained (they stay held); else what held
         the drain at max wait (their consumers restored: the caller retires the new revision)."""
-        self.emit(StageStarted(stage="drain", detail=f"the old revision {plan.old}"))
+        w = self._words
+        self.emit(StageStarted(stage="drain", detail=f"{w.old} {plan.old}"))
         self._step("stopping_old", plan, f"only the workers of {plan.old} stop taking tasks; {plan.new} consumes")
         prior = progress_of(await self.runner.journal.aio.get(run.id)).old_stopped
         if not await self._past(run, "stopping"):
@@ -546,14 +584,14 @@ class OverlapDeploy:
             await self._phase(run, "drained")
             self._step("old_idle", plan, f"the workers of {plan.old} are idle")
             self.emit(DrainFinished(outcome="drained", elapsed=result.elapsed, message=(
-                f"The old revision {plan.old} is idle: every instance moves to {plan.new} next.")))
+                f"{_cap(w.old)} {plan.old} is idle: every instance moves to {plan.new} next.")))
             return None
         what = held_by(result.last)
         await uncut(self.runner.lift_fence(run.id))
         await uncut(drain.restore())
         self.emit(DrainFinished(outcome="timeout", elapsed=result.elapsed, message=(
-            f"The old revision {plan.old} was not idle within {self._settings(run).max_wait:g} s, held by {what}: "
-            "nothing was killed, its consumers were restored; the new revision is retired next.")))
+            f"{_cap(w.old)} {plan.old} was not idle within {self._settings(run).max_wait:g} s, held by {what}: "
+            f"nothing was killed, its consumers were restored; {w.new} is retired next.")))
         return what
 
     async def _drain(self, run: Run, revision: str, exempt: str, prior: Mapping[str, Iterable[str]], *,
@@ -588,7 +626,10 @@ class OverlapDeploy:
     async def _cutover(self, run: Run, target: Target, plan: Plan) -> Ending:
         """Step 5: every instance to the new revision at the original count (the old workers, idle and held, are
         taken away), the fence lifted once they left, the fleet verified."""
-        self.emit(StageStarted(stage="deploy", detail=f"every instance of {target.name} to {plan.new}"))
+        w = self._words
+        rollback = w.flow == "rollback"
+        self.emit(StageStarted(stage="rollback" if rollback else "deploy",
+                               detail=f"every instance of {target.name} to {plan.new}"))
         await self._phase(run, "cutting_over")
         await self.runner.park_fence()  # the old revision stays held even if this process dies meanwhile
         deployer = self.deployer(target)
@@ -600,12 +641,14 @@ class OverlapDeploy:
             intent = await self.runner.journal.aio.intend(run.id, OVERLAP_CUTOVER, plan.payload(
                 before={"count": state.instance_count, "served": state.served}, split=[list(e) for e in split],
                 count_after=plan.count))
+            # A rollback pins the previous revision by name: recorded as celeryops' own, so the next deploy moves on.
+            owner = f"rollback run {run.id}" if rollback and split[0][0] else ""
             try:
-                await self._update(target, PoolUpdate(instance_count=plan.count, split=split))
+                await self._update(target, PoolUpdate(instance_count=plan.count, split=split, owned_by=owner))
             except DeployError as err:
                 await self.runner.journal.aio.settle(intent, {"ok": False, "error": str(err)})
-                return Ending("deploy_failed", EXIT_DEPLOY, f"Could not move every instance to {plan.new}: {err} The "
-                              f"old revision {plan.old} is idle and held, {plan.new} consumes: nothing is lost; run "
+                return Ending("deploy_failed", EXIT_DEPLOY, f"Could not move every instance to {plan.new}: {err} "
+                              f"{_cap(w.old)} {plan.old} is idle and held, {plan.new} consumes: nothing is lost; run "
                               "`celeryops resume` to finish the cutover.", action="ask", logs_url=err.logs_url)
             await self.runner.journal.aio.settle(intent, {"ok": True})
         await self._wait_gone(plan.old)
@@ -613,15 +656,18 @@ class OverlapDeploy:
                    instances=await self._instances(target, plan), split={plan.new: 100})
         await self.runner.lift_fence(run.id)
         await self._phase(run, "deployed")
-        deployed = TargetDeployed(target=target.name, revision=plan.new, image=plan.image or "",
-                                  previous_revision=plan.old, console_url=target.console_url,
-                                  logs_url=await self._logs_url(target, plan.new))
+        kind = TargetRolledBack if rollback else TargetDeployed  # a rollback's: "rolled_back": true, its image read
+        image = plan.image or (await self._image_of(target, plan.new) if rollback else "")
+        deployed = kind(target=target.name, revision=plan.new, image=image, previous_revision=plan.old,
+                        console_url=target.console_url, logs_url=await self._logs_url(target, plan.new))
         self.emit(deployed)
         self.emit(StageStarted(stage="verify", detail="waiting for the fleet to answer"))
         workers = await self.session._rollouts.fleet_back()
         self.emit(FleetBack(workers=workers))
         await self.runner.advance(run.id, "done")
         what = f"Release {run.release} deployed" if run.release else f"{target.name} moved to {plan.new}"
+        if rollback:
+            what = f"Rolled back ({target.name} serves revision {plan.new})"
         return Ending("deployed", EXIT_OK, f"{what} without a pause: {plan.count} instance(s) of {plan.new} serve "
                       f"and {plan.old} was retired once idle; {len(workers)} worker(s) consume.", action="cutover",
                       targets=(deployed,))
@@ -633,13 +679,14 @@ class OverlapDeploy:
         state = await self.deployer(target).current(target)
         if state.served != {plan.new: 100} or state.instance_count != plan.count:
             prior = progress_of(await self.runner.journal.aio.get(run.id)).old_stopped
-            self.emit(StageStarted(stage="drain", detail=f"the old revision {plan.old}, before the cutover again"))
+            w = self._words
+            self.emit(StageStarted(stage="drain", detail=f"{w.old} {plan.old}, before the cutover again"))
             drain, result = await self._drain(run, plan.old, plan.new, prior, phases=False)
             if result.outcome != "drained":
                 await uncut(self.runner.lift_fence(run.id))
                 await uncut(drain.restore())
-                return Ending("deploy_failed", EXIT_DEPLOY, f"The cutover to {plan.new} never took effect and the old "
-                              f"revision {plan.old} is busy again ({held_by(result.last)}): nothing was killed, both "
+                return Ending("deploy_failed", EXIT_DEPLOY, f"The cutover to {plan.new} never took effect and "
+                              f"{w.old} {plan.old} is busy again ({held_by(result.last)}): nothing was killed, both "
                               "consume; run `celeryops resume` again later.", action="ask")
         return await self._cutover(run, target, plan)
 
@@ -649,7 +696,8 @@ class OverlapDeploy:
         and whether it was retired (False: the new revision stayed busy, both consume, the run stays open)."""
         run = await self.runner.journal.aio.get(run.id)
         progress = progress_of(run)
-        self.emit(StageStarted(stage="retire", detail=f"the new revision {plan.new}"))
+        w = self._words
+        self.emit(StageStarted(stage="retire", detail=f"{w.new} {plan.new}"))
         await self._phase(run, "retiring")
         reverts = run.intents(OVERLAP_REVERT)
         if reverts and run.settlement(reverts[-1].seq) is None:
@@ -672,26 +720,28 @@ class OverlapDeploy:
                 await uncut(self.runner.lift_fence(run.id))
                 await uncut(drain.restore())
                 await self.runner.journal.aio.settle(intent, {"ok": False, "kept": "both"})
-                await self._phase(run, "overlapping", reason="the new revision stayed busy")
-                sentence = (f"the new revision {plan.new} stayed busy ({held_by(result.last)}), so both revisions "
+                await self._phase(run, "overlapping", reason=f"{w.new} stayed busy")
+                sentence = (f"{w.new} {plan.new} stayed busy ({held_by(result.last)}), so both revisions "
                             f"keep consuming at {plan.peak} instances: nothing was lost or stopped; run `celeryops "
-                            "abort` later to retire it, or `celeryops resume` to go on with the deploy.")
+                            f"abort` later to retire it, or `celeryops resume` to go on with the {w.flow}.")
                 self._step("kept_both", plan, sentence)
                 return sentence, False
         await self.runner.park_fence()  # the new revision stays held even if this process dies meanwhile
         state = await self.deployer(target).current(target)
         if state.served != {plan.old: 100} or state.instance_count != plan.count:
             try:
-                await self._update(target, PoolUpdate(instance_count=plan.count, split=((plan.old, 100),)))
+                # Pinned by name, by celeryops: recorded as its own, so the next deploy moves on without asking.
+                await self._update(target, PoolUpdate(instance_count=plan.count, split=((plan.old, 100),),
+                                                      owned_by=f"{w.flow} run {run.id}"))
             except DeployError as err:
                 await self.runner.lift_fence(run.id)
-                raise UserError(f"Could not put {target.display} back on {plan.old}: {err} The old revision "
+                raise UserError(f"Could not put {target.display} back on {plan.old}: {err} {_cap(w.old)} "
                                 f"consumes, so does {plan.new}: nothing is lost; run `celeryops abort` again.",
                                 EXIT_DEPLOY) from None
         await self._wait_gone(plan.new)
         await self.runner.lift_fence(run.id)
         await self.runner.journal.aio.settle(intent, {"ok": True})
-        sentence = (f"the new revision {plan.new} was retired: {plan.count} instance(s) of {plan.old} serve, "
+        sentence = (f"{w.new} {plan.new} was retired: {plan.count} instance(s) of {plan.old} serve, "
                     f"pinned to it by name.")
         self._step("retired", plan, sentence, instances=await self._instances(target, plan), split={plan.old: 100})
         await self.runner.advance(run.id, "aborted", reason=f"retired {plan.new}")
@@ -742,6 +792,13 @@ class OverlapDeploy:
         self._step("progress", plan, instances=instances, split=state.served,
                    workers={rev: registry.get(rev, ()) for rev in (plan.old, plan.new)}, consuming=consuming,
                    completed=completed, rate=rate)
+
+    async def _image_of(self, target: Target, revision: str) -> str:
+        try:
+            found = [r for r in await self.deployer(target).revisions(target) if r.name == revision]
+        except DeployError:
+            return ""
+        return found[0].image if found else ""
 
     async def _logs_url(self, target: Target, revision: str) -> str:
         try:

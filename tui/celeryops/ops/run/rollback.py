@@ -4,19 +4,26 @@ named, as safely as a deploy, on the same :class:`~celeryops.ops.run.session.Run
 1. **What to go back to** (:mod:`celeryops.ops.run.rollback_plan`): from the run journal or ``--to``; the revision
    must exist and be Ready. A bad request is one sentence, exit 2, nothing touched; a target that already serves it
    is left alone.
-2. **Preflight**: the ``revision`` check (read again), ``permissions``, ``validate`` (Cloud Run's validate_only of
-   the exact update that routes back) and the fleet's checks; no branch, image or freshness check: nothing is built
-   and no image is rolled out.
+2. **Preflight**, the strategy's (:meth:`Strategy.checks`): the ``revision`` check (read again), ``permissions``, and
+   ``drain``: ``validate`` (Cloud Run's validate_only of the exact update that routes back) and the fleet's checks;
+   ``overlap``: the overlap deploy's ``traffic`` (the peak), ``validate`` (the scale-up), ``fence`` (required) and
+   ``mixed_versions`` with the fleet's others. No branch, image or freshness check: nothing is built and no image
+   is rolled out.
 3. **A strategy brings the revisions to serve** (:class:`Strategy`, by name in :data:`STRATEGIES`). ``drain``: the
    deploy's drain (the same run journal, lease, fence, Ctrl-C and recovery), then each target routed to its revision
    with one update that makes no revision (written ahead as a ``deploy_start`` intent that names the ``split``),
-   the fleet verified, the fence lifted. ``overlap`` is refused in one sentence until its flow is wired in here.
+   the fleet verified, the fence lifted. ``overlap`` (one worker pool): the overlap deploy's flow
+   (:meth:`~celeryops.ops.run.overlap.OverlapDeploy.move`) to the existing revision: it comes up beside the deployed
+   one and consumes, only the deployed revision's workers stop and are drained, then every instance moves to it at
+   the original count. Processing never pauses.
 4. The split a rollback leaves pins named revisions; it is recorded on the resource as celeryops' own (annotation
    ``celeryops/split``), so the next deploy moves everything to its new revision without ``traffic = "latest"``.
 
-An interrupted rollback recovers like a deploy: :func:`celeryops.ops.run.recovery.plan` with the route's real
-outcome (:meth:`~celeryops.ops.run.rollout.Rollouts.outcome` asks whether each target serves its split);
-``celeryops resume`` continues it here (:meth:`Rollback.resume`), ``celeryops abort`` applies the same rules.
+An interrupted rollback recovers like a deploy of its strategy: ``drain``: :func:`celeryops.ops.run.recovery.plan`
+with the route's real outcome (:meth:`~celeryops.ops.run.rollout.Rollouts.outcome` asks whether each target serves
+its split); ``overlap``: the overlap deploy's rules (:mod:`celeryops.ops.run.overlap_rules`). ``celeryops resume``
+continues it here (:meth:`Rollback.resume`); ``celeryops abort`` applies the same rules (the session dispatches an
+overlap run, rollback or deploy, to its flow).
 """
 
 from __future__ import annotations
@@ -28,12 +35,21 @@ from dataclasses import dataclass
 from typing import Protocol, cast
 
 from celeryops.adapters.deploy import DeployError
-from celeryops.adapters.deploy.base import Deployer, DeployResult, Router, describe_split
+from celeryops.adapters.deploy.base import (
+    Deployer,
+    DeployResult,
+    PoolUpdate,
+    RolloutState,
+    Router,
+    describe_split,
+)
 from celeryops.core.config import Config, Target
 from celeryops.core.errors import EXIT_DEPLOY, EXIT_OK, EXIT_PREFLIGHT, EXIT_TIMEOUT, EXIT_USAGE, UserError
 from celeryops.core.events import Event, Notice, PhaseChanged, RunFinished, StageStarted, TargetRolledBack
 from celeryops.ops.journal import DEPLOY_START, FleetStoreDown, Run
 from celeryops.ops.preflight import Check, CheckResult, permissions_check, validate_check
+from celeryops.ops.preflight.overlap import PoolView, overlap_checks
+from celeryops.ops.run.overlap import Destination, OverlapDeploy
 from celeryops.ops.run.recovery import Rollout
 from celeryops.ops.run.rollback_plan import (
     RollbackRequest,
@@ -51,19 +67,20 @@ from celeryops.ops.run.rollout import DeployFailure, Rollouts
 from celeryops.ops.run.runner import Outcome, Runner
 from celeryops.ops.run.session import RunSession
 
-__all__ = ["STRATEGIES", "DrainStrategy", "Rollback", "RollbackRequest", "RollbackStep", "Strategy", "Unavailable"]
+__all__ = ["STRATEGIES", "DrainStrategy", "OverlapStrategy", "Rollback", "RollbackRequest", "RollbackStep",
+           "Strategy"]
 
 
 class Strategy(Protocol):
-    """How a rollback brings its revisions to serve once preflight passed and the operator said go. ``refusal``:
-    one sentence when this strategy cannot roll ``target`` back (the rollback is refused, exit 2, nothing touched);
-    ``bring``: the whole run from there (the run journal's records, the lease, the recovery on interruption);
-    ``resume``: continue a run of this strategy from its journalled phase."""
+    """How a rollback brings its revisions to serve. What it cannot do is refused before anything is read
+    (:func:`~celeryops.ops.run.rollback_plan.chosen_targets`, :func:`~celeryops.ops.run.rollback_plan.checked_step`).
+    ``checks``: the whole preflight; ``bring``: the whole run once the operator said go (the run journal's records,
+    the lease, the recovery on interruption); ``resume``: continue a run of this strategy from its journal."""
 
     @property
     def name(self) -> str: ...
 
-    def refusal(self, target: Target) -> str | None: ...
+    def checks(self, rollback: Rollback, steps: tuple[RollbackStep, ...]) -> list[Check]: ...
 
     async def bring(self, rollback: Rollback, steps: tuple[RollbackStep, ...]) -> RunFinished: ...
 
@@ -76,8 +93,11 @@ class DrainStrategy:
 
     name: str = "drain"
 
-    def refusal(self, target: Target) -> str | None:
-        return None
+    def checks(self, rollback: Rollback, steps: tuple[RollbackStep, ...]) -> list[Check]:
+        return [*rollback.checks(steps),
+                validate_check([(s.target, cast(Deployer, _RouteValidation(rollback.router(s.target), s.split)), "")
+                                for s in steps], title="Cloud Run accepts the rollback"),
+                *rollback.session._fleet_checks()]
 
     async def bring(self, rollback: Rollback, steps: tuple[RollbackStep, ...]) -> RunFinished:
         label = label_of(steps)
@@ -118,26 +138,49 @@ class DrainStrategy:
 
 
 @dataclass(frozen=True)
-class Unavailable:
-    """A strategy whose rollback flow is not wired in yet: refused in one sentence before anything is touched."""
+class OverlapStrategy:
+    """One worker pool back without a pause, by the overlap deploy's flow to an existing revision (no image, no
+    build): the previous revision comes up beside the deployed one (twice the count at the peak) and consumes, only
+    the deployed revision's workers stop taking tasks and are drained by the drain's rules, then every instance moves
+    to the previous revision at the original count, recorded as celeryops' own split. Every pool update and stop is
+    written ahead; ``abort`` / ``resume`` recover it as they recover an overlap deploy."""
 
-    name: str
+    name: str = "overlap"
 
-    def refusal(self, target: Target) -> str | None:
-        return (f"Rolling back with the {self.name} strategy (target {target.name!r}) is not available yet: nothing "
-                f"was changed; roll back with --strategy drain.")
+    def checks(self, rollback: Rollback, steps: tuple[RollbackStep, ...]) -> list[Check]:
+        """``revision``, ``permissions``, then the overlap deploy's ``traffic``, ``validate`` (the scale-up to the
+        existing revision), ``fence`` and ``mixed_versions`` in place of the fleet's own of those ids."""
+        (step,) = steps  # one worker pool (chosen_targets)
+        target, runner = step.target, rollback.runner
+        deployer = OverlapDeploy(rollback.session).deployer(target)  # one sentence when it cannot run two revisions
+        read: list[asyncio.Future[RolloutState]] = []
+
+        async def read_pool() -> PoolView:
+            if not read:
+                read.append(asyncio.ensure_future(deployer.current(target)))
+            return PoolView(await asyncio.shield(read[0]))
+
+        async def validate(change: PoolUpdate) -> None:  # the revision exists: only the count and the split
+            await deployer.validate_pool_update(target, change)
+
+        own = overlap_checks(target, read_pool, validate, step.image or step.revision, step.revision,
+                             app=runner.fleet.app, fleet=runner.fleet_name, known=runner.fleet.members,
+                             has_registry=runner.coord is not None, rollback=True)
+        replaced = {c.id for c in own}
+        return [*rollback.checks(steps), *(c for c in rollback.session._fleet_checks() if c.id not in replaced), *own]
 
     async def bring(self, rollback: Rollback, steps: tuple[RollbackStep, ...]) -> RunFinished:
-        raise UserError(self.refusal(steps[0].target) or "", EXIT_USAGE)
+        (step,) = steps
+        return await OverlapDeploy(rollback.session).move(step.target, Destination(step.revision, image=None),
+                                                          release=label_of(steps),
+                                                          settings=settings_of(steps, self.name))
 
     async def resume(self, rollback: Rollback, run: Run, steps: tuple[RollbackStep, ...]) -> RunFinished:
-        raise UserError(f"Run {run.id} rolls back with the {self.name} strategy, which this version cannot continue: "
-                        "nothing was changed; run `celeryops abort` to apply the recovery rules.", EXIT_USAGE)
+        return await OverlapDeploy(rollback.session).resume(run)
 
 
-#: The strategies a rollback can use, by name (``--strategy``, a target's ``strategy``). The overlap flow (issue 19)
-#: plugs in here as a Strategy that brings an existing revision to serve beside the old one.
-STRATEGIES: dict[str, Strategy] = {"drain": DrainStrategy(), "overlap": Unavailable("overlap")}
+#: The strategies a rollback can use, by name (``--strategy``, a target's ``strategy``; the flag wins).
+STRATEGIES: dict[str, Strategy] = {"drain": DrainStrategy(), "overlap": OverlapStrategy()}
 
 
 @dataclass(frozen=True)
@@ -193,7 +236,7 @@ class Rollback:
                 message = "Nothing to roll back: every target already serves the revision it would go back to."
                 self.emit(PhaseChanged("done", message))
                 return self.session._finish("rolled_back", EXIT_OK, message + " Nothing was changed.")
-            report = await self.session._preflight([*self.checks(steps), *self.session._fleet_checks()])
+            report = await self.session._preflight(STRATEGIES[steps[0].strategy].checks(self, steps))
             ended = await self.session._review(report, unreachable_exit=EXIT_PREFLIGHT)
             if ended is not None:
                 return ended
@@ -206,15 +249,7 @@ class Rollback:
     async def plan(self, request: RollbackRequest) -> tuple[RollbackStep, ...]:
         """Each target's step (bad input: UserError, exit 2; Cloud Run unreadable: its sentence, exit 5)."""
         journal = self.runner.journal
-        targets = await asyncio.to_thread(chosen_targets, self.config, request, journal)
-        strategies = {strategy_of(request, t) for t in targets}
-        for target in targets:
-            refusal = STRATEGIES[strategy_of(request, target)].refusal(target)
-            if refusal:
-                raise UserError(refusal, EXIT_USAGE)
-        if len(strategies) > 1:
-            raise UserError(f"The targets ask for different strategies ({', '.join(sorted(strategies))}): nothing was "
-                            "changed; roll them back one at a time (--target), or say --strategy.", EXIT_USAGE)
+        targets = await asyncio.to_thread(chosen_targets, self.config, request, journal)  # one strategy
         wanted: list[tuple[Target, Split, str]] = []
         for target in targets:
             if request.to:
@@ -238,11 +273,9 @@ class Rollback:
         return tuple(cast(list[RollbackStep], steps))
 
     def checks(self, steps: Sequence[RollbackStep]) -> list[Check]:
-        """The rollback's own preflight checks (the fleet's come after): revision, permissions, validate."""
+        """The checks every rollback runs first (its strategy adds the rest): revision, permissions."""
         return [self._revision_check(steps),
-                permissions_check([(s.target.name, self._missing(s.target)) for s in steps]),
-                validate_check([(s.target, cast(Deployer, _RouteValidation(self.router(s.target), s.split)), "")
-                                for s in steps], title="Cloud Run accepts the rollback")]
+                permissions_check([(s.target.name, self._missing(s.target)) for s in steps])]
 
     def _missing(self, target: Target) -> Callable[[], Awaitable[list[str]]]:
         return lambda: self.router(target).missing_permissions(target)

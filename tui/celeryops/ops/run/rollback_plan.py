@@ -2,8 +2,9 @@
 (from the run journal) or the revision named with ``--to``, checked against the revisions Cloud Run has. No I/O but
 reading the journal handed in; every refusal is one sentence (:class:`~celeryops.core.errors.UserError`, exit 2).
 
-The journal records, for every deploy, the target's state before it (the ``deploy_start`` intent's ``previous``):
-what served then (``traffic_statuses``: a split, usually one revision at 100%) is what the deploy replaced. Only
+The journal records, for every deploy, the target's state before it (the ``deploy_start`` intent's ``previous``;
+an overlap deploy's ``overlap_up`` intent's ``before``): what served then (``traffic_statuses``: a split, usually one
+revision at 100%) is what the deploy replaced. Only
 deploys that took effect count, and only deploys: a rollback's own routes do not, so rolling back twice leaves the
 target where the first rollback left it (say ``--to`` to go elsewhere)."""
 
@@ -14,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from celeryops.adapters.deploy.base import RevisionInfo, RolloutState, describe_split
-from celeryops.core.config import STRATEGIES, Config, Target
+from celeryops.core.config import STRATEGIES, Config, Target, overlap_refusal
 from celeryops.core.errors import EXIT_USAGE, UserError
-from celeryops.ops.journal import DEPLOY_START, Journal, Record, Run, UnknownRun
+from celeryops.ops.journal import DEPLOY_START, OVERLAP_CUTOVER, OVERLAP_UP, Journal, Record, Run, UnknownRun
 
 Split = tuple[tuple[str, int], ...]
 HISTORY_DEPTH = 200  # how many of the fleet's latest runs are searched for a target's last deploy
@@ -70,14 +71,15 @@ def strategy_of(request: RollbackRequest, target: Target) -> str:
 
 def chosen_targets(config: Config, request: RollbackRequest, journal: Journal | None) -> tuple[Target, ...]:
     """The targets to roll back, checked without touching anything: Cloud Run targets only, ``--to`` for one of
-    them, a known strategy. With ``run_id`` and no targets: the targets that run deployed to."""
+    them, a known strategy, one strategy for all, and the overlap strategy for one worker pool. With ``run_id`` and
+    no targets: the targets that run deployed to."""
     if not config.targets:
         raise UserError("No deploy target is configured, so there is nothing to roll back: nothing was changed; add a "
                         "[[targets]] table to celeryops.toml (see the README).", EXIT_USAGE)
     targets = request.targets
     if not targets and request.run_id and journal is not None:
         run = deploy_run(journal, request.run_id)
-        names = list(dict.fromkeys(str(r.payload.get("target")) for r in run.intents(DEPLOY_START)))
+        names = list(dict.fromkeys(str(r.payload.get("target")) for r in starts(run)))
         targets = tuple(config.target(name) for name in names)
     targets = targets or config.targets
     commands = [t.name for t in targets if not t.is_cloudrun]
@@ -93,6 +95,20 @@ def chosen_targets(config: Config, request: RollbackRequest, journal: Journal | 
     if request.strategy and request.strategy not in STRATEGIES:
         raise UserError(f"--strategy {request.strategy!r} is not a strategy: nothing was changed; use "
                         f"{' or '.join(STRATEGIES)}.", EXIT_USAGE)
+    strategies = {strategy_of(request, t) for t in targets}
+    if len(strategies) > 1:
+        raise UserError(f"The targets ask for different strategies ({', '.join(sorted(strategies))}): nothing was "
+                        "changed; roll them back one at a time (--target), or say --strategy.", EXIT_USAGE)
+    if strategies == {"overlap"}:
+        if len(targets) != 1:
+            chosen = ", ".join(t.name for t in targets)
+            raise UserError(f"An overlap rollback moves one worker pool at a time and {len(targets)} targets were "
+                            f"chosen ({chosen}): nothing was changed; roll the worker pool back alone with --target "
+                            "NAME (the others with --strategy drain).", EXIT_USAGE)
+        refusal = overlap_refusal(targets[0])
+        if refusal:
+            raise UserError(f"The overlap strategy is refused: {refusal}: nothing was changed; roll it back with "
+                            "--strategy drain.", EXIT_USAGE)
     return targets
 
 
@@ -103,14 +119,26 @@ def deploy_run(journal: Journal, run_id: str) -> Run:
     except UnknownRun:
         raise UserError(f"There is no run {run_id!r} in the journal {journal.path}: nothing was changed; pick a "
                         "deployed run from `celeryops runs`.", EXIT_USAGE) from None
-    if run.kind != "deploy" or not run.intents(DEPLOY_START):
+    if run.kind != "deploy" or not starts(run):
         raise UserError(f"Run {run_id} is a {run.kind} run that deployed nothing, so it cannot be rolled back: "
                         "nothing was changed; pick a deployed run.", EXIT_USAGE)
     return run
 
 
+def starts(run: Run) -> list[Record]:
+    """The records that started a deploy of a target, in order: ``deploy_start`` intents (a drain deploy's) and
+    ``overlap_up`` intents (an overlap deploy's, which names the target and what served before)."""
+    return [r for r in run.records if r.kind == "intent" and r.intent in (DEPLOY_START, OVERLAP_UP)]
+
+
 def took_effect(run: Run, start: Record) -> bool:
-    """The deploy this intent started took effect: settled ok, or the run went on to deployed / done."""
+    """The deploy this intent started took effect: settled ok, or the run went on to deployed / done. An overlap
+    deploy: once its cutover took effect (the run went on to deployed / done, or the cutover settled ok); a new
+    revision retired again never served alone."""
+    if start.intent == OVERLAP_UP:
+        cutovers = run.intents(OVERLAP_CUTOVER)
+        return run.phase in ("deployed", "done") or any(
+            (settled := run.settlement(c.seq)) is not None and settled.payload.get("ok", True) for c in cutovers)
     settled = run.settlement(start.seq)
     if settled is not None:
         return bool(settled.payload.get("ok", True))
@@ -118,14 +146,14 @@ def took_effect(run: Run, start: Record) -> bool:
 
 
 def last_deploy(journal: Journal, fleet: str, target: str, run_id: str = "") -> tuple[Run, Record] | None:
-    """The latest deploy of ``target`` that took effect (of run ``run_id`` only, when given), with its
-    ``deploy_start`` intent; None when the journal has none."""
+    """The latest deploy of ``target`` that took effect (of run ``run_id`` only, when given), with the intent that
+    started it (:func:`starts`); None when the journal has none."""
     runs: Iterable[Run] = [deploy_run(journal, run_id)] if run_id else (
         journal.get(line.id) for line in journal.history(HISTORY_DEPTH, fleet))
     for run in runs:
         if run.kind != "deploy":
             continue  # a rollback's own routes are not deploys: rolling back twice stays put
-        for start in reversed(run.intents(DEPLOY_START)):
+        for start in reversed(starts(run)):
             if start.payload.get("target") == target and took_effect(run, start):
                 return run, start
     return None
@@ -140,8 +168,7 @@ def replaced_split(config: Config, journal: Journal, target: Target, run_id: str
                         "there is no revision to go back to: nothing was changed; name one with --to REVISION (its "
                         f"revisions: {target.console_url or target.display}).", EXIT_USAGE)
     run, start = found
-    before = RolloutState.from_dict(dict(start.payload.get("previous") or {}))
-    split = tuple((rev, pct) for rev, pct in before.served_split if rev)
+    split = replaced_by(start)
     if not split:
         raise UserError(f"The deploy of run {run.id} created the first revision of {target.display}, so there is no "
                         "revision before it: nothing was changed; name one with --to REVISION.", EXIT_USAGE)
@@ -149,11 +176,27 @@ def replaced_split(config: Config, journal: Journal, target: Target, run_id: str
     return split, f"replaced by run {run.id}{release}"
 
 
+def replaced_by(start: Record) -> Split:
+    """What served the target when ``start`` began deploying it (its revisions by name, largest share first)."""
+    if start.intent == OVERLAP_UP:
+        before = start.payload.get("before") or {}
+        served = before.get("served") if isinstance(before, Mapping) else None
+        pairs = [(str(rev), int(pct)) for rev, pct in (served or {}).items() if rev and int(pct) > 0]
+        return tuple(sorted(pairs, key=lambda entry: (-entry[1], entry[0])))
+    state = RolloutState.from_dict(dict(start.payload.get("previous") or {}))
+    return tuple((rev, pct) for rev, pct in state.served_split if rev)
+
+
 def checked_step(target: Target, split: Split, source: str, now: RolloutState, revisions: Sequence[RevisionInfo],
                  strategy: str) -> RollbackStep:
-    """The step for ``target``, once every revision of ``split`` exists and Cloud Run can serve it (Ready)."""
+    """The step for ``target``, once every revision of ``split`` exists and Cloud Run can serve it (Ready), and, for
+    the overlap strategy, is one revision (it moves every instance to one)."""
     known = {r.name: r for r in revisions}
     serving = now.served_split
+    if strategy == "overlap" and len(split) != 1:
+        raise UserError(f"An overlap rollback moves every instance of {target.display} to one revision, and what it "
+                        f"would go back to is a split ({describe_split(split)}, {source}): nothing was changed; name "
+                        "one revision with --to REVISION, or roll back with --strategy drain.", EXIT_USAGE)
     for rev, _pct in split:
         info = known.get(rev)
         if info is not None and info.state == "succeeded":

@@ -309,7 +309,8 @@ class Runner:
             raise
         if result.outcome == "drained":
             await phase("drained")
-            message = ("Drained: no task is running; deploying next." if self._deploy_follows else
+            follows = "rolling back next" if run.kind == "rollback" else "deploying next"
+            message = (f"Drained: no task is running; {follows}." if self._deploy_follows else
                        "Drained: no task is running and the consumers stay stopped, ready for a deploy. "
                        "To undo: celeryops abort")
             self.emit(DrainFinished(outcome="drained", elapsed=result.elapsed, message=message))
