@@ -357,8 +357,9 @@ class ConsoleApp(App[int]):
         self.confirm(f"Roll back run {run.run_id}?",
                      f"Each target of run {run.run_id}{release} goes back to the revision that deploy replaced: "
                      "no new image, no new revision. The preflight checklist runs first and names the revisions; "
-                     "nothing changes until you press G there, then the fleet is drained (as for a deploy) and "
-                     "the targets are routed back.", "Start the rollback's preflight",
+                     "nothing changes until you press G there, then, as for a deploy, the fleet is drained (or, "
+                     "on a worker pool whose strategy is overlap, the previous revision comes up beside the current "
+                     "one first) and the targets are routed back.", "Start the rollback's preflight",
                      lambda: self.begin_run("rollback", None, rollback_of=run.run_id))
 
     def _overlap_plan(self) -> str:
@@ -366,6 +367,13 @@ class ConsoleApp(App[int]):
         traffic = self.model.checks.get("traffic")
         peak = f"Instances: {traffic.detail}.\n" if traffic is not None and traffic.status == "ok" else ""
         release = f" {self.model.release}" if self.model.release else ""
+        if self.model.kind == "rollback":  # the "new" revision is the previous one, routed back to
+            return (f"{peak}The previous revision{release} comes up beside the current one (no instance is taken "
+                    "away) and starts consuming. Only then do the current revision's workers stop taking new "
+                    "tasks: their running and prefetched tasks finish while the previous revision consumes, so "
+                    "processing never pauses. Once they are idle, every instance moves back to the previous "
+                    "revision at the original count. Nothing is killed: if the current revision is not idle "
+                    "within max wait, it consumes again and the previous one is retired.")
         return (f"{peak}The new revision of{release} comes up beside the old one (no old instance is taken away) "
                 "and starts consuming. Only then do the old revision's workers stop taking new tasks: their running "
                 "and prefetched tasks finish while the new revision consumes, so processing never pauses. Once the "
@@ -383,25 +391,30 @@ class ConsoleApp(App[int]):
                          "Accept warnings and start the overlap" if overlap else "Accept warnings and stop consumers",
                          lambda: self.call_backend("proceed", self.backend.accept_warnings(), self.backend.proceed()))
         elif overlap:
-            self.confirm("Start the overlap deploy?", plan, "Start the overlap",
+            self.confirm(f"Start the overlap {self._overlap_word()}?", plan, "Start the overlap",
                          lambda: self.call_backend("proceed", self.backend.proceed()))
         else:
             self.confirm("Stop consumers and drain?", plan, "Stop consumers",
                          lambda: self.call_backend("proceed", self.backend.proceed()))
 
+    def _overlap_word(self) -> str:
+        return "rollback" if self.model.kind == "rollback" else "deploy"
+
     def confirm_abort(self) -> None:
         overlap = self.model.overlap
         if overlap is not None and self.model.phase in ("cutting_over", "deployed"):
-            self.confirm("Abort the overlap deploy?", f"The cutover has begun: the old revision {overlap.old} is "
-                         f"idle and its instances are being taken away, so the abort finishes it and {overlap.new} "
-                         "serves every instance. Nothing is killed.", "Abort (finish the cutover)", self._abort)
+            self.confirm(f"Abort the overlap {self._overlap_word()}?",
+                         f"The cutover has begun: the old revision {overlap.old} is idle and its instances are "
+                         f"being taken away, so the abort finishes it and {overlap.new} serves every instance. "
+                         "Nothing is killed.", "Abort (finish the cutover)", self._abort)
             return
         if overlap is not None:
-            self.confirm("Abort the overlap deploy?", f"The workers of the old revision {overlap.old} consume again "
-                         f"first; then the workers of {overlap.new} stop taking tasks and finish what they run, and "
-                         f"every instance goes back to {overlap.old} at the original count. Nothing is killed; if "
-                         f"{overlap.new} stays busy past max wait, both revisions keep consuming and the run stays "
-                         "open.", "Abort and retire the new revision", self._abort)
+            self.confirm(f"Abort the overlap {self._overlap_word()}?",
+                         f"The workers of the old revision {overlap.old} consume again first; then the workers of "
+                         f"{overlap.new} stop taking tasks and finish what they run, and every instance goes back "
+                         f"to {overlap.old} at the original count. Nothing is killed; if {overlap.new} stays busy "
+                         "past max wait, both revisions keep consuming and the run stays open.",
+                         "Abort and retire the new revision", self._abort)
             return
         self.confirm("Abort the run?", "Consumers are added back exactly as they were before the drain and the "
                      "run is marked aborted; nothing is deployed. Tasks already running keep running.",

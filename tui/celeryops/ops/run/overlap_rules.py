@@ -205,7 +205,8 @@ def recovery_plan(run: Run) -> RecoveryPlan:
                             None if run.finished else "aborted")
     if decided.step == "cutover":
         return RecoveryPlan("cutover", {}, decided.explanation, [RESUME, ABORT])
-    return RecoveryPlan("retire", stopped, decided.explanation + f" (`{RESUME}` continues the deploy instead.)",
+    what = "rollback" if run.kind == "rollback" else "deploy"
+    return RecoveryPlan("retire", stopped, decided.explanation + f" (`{RESUME}` continues the {what} instead.)",
                         [ABORT, RESUME])
 
 
