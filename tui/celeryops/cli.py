@@ -49,8 +49,8 @@ COMMAND_TABLE: dict[str, tuple[str, str]] = {
     "resume": ("drain", "Continue the fleet's interrupted run from its phase (same settings): drain again, then "
                         "deploy if it is a deploy run; a deploy already started finishes by the rollout's outcome."),
     "rollback": ("rollback", "Route each target back to the revision its last deploy replaced (or --to REVISION): "
-                             "preflight, drain, route back, verify; no new image. In a terminal (without --json or "
-                             "--headless) it opens the console on its preflight."),
+                             "preflight, drain (or overlap), route back, verify; no new image. In a terminal "
+                             "(without --json or --headless) it opens the console on its preflight."),
     "runs": ("runs", "List the runs recorded in the local journal, newest first. Reads only."),
     "slots": ("slots", "Show CPU/GPU slot pools per host: totals, used, free, each GPU device (free or held by which "
                        "task), the hosts adding to the global pool of shared types, holders and their leases, "
