@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import redis
 from celery import Celery
 
 from celeryops.demo.standins.cloudrun import CloudRunStandIn, InstanceSpec
@@ -91,12 +92,20 @@ def aof_redis_server(directory: Path) -> str:
 
 class TrialInstance:
     """A worker as the stand-in's instance handle: a SIGTERM from the stand-in (it took the instance away) is
-    recorded, so the verdict knows the worker is on its way out, not stranded."""
+    recorded, so the verdict knows the worker is on its way out, not stranded. A SIGTERM or SIGKILL from the
+    stand-in while a task of the trial runs on the worker (started, not finished, in the record Redis) is recorded
+    in ``fleet.taken_busy``: an instance taken away while busy."""
 
     def __init__(self, fleet: TrialFleet, worker: WorkerProcess) -> None:
         self.fleet, self.worker = fleet, worker
 
     def signal(self, sig: int) -> None:
+        if self.worker.alive():
+            running = self.fleet.running_on(self.worker.nodename)
+            if running:
+                with self.fleet._lock:
+                    self.fleet.taken_busy.append(f"{signal.Signals(sig).name} to {self.worker.nodename} while "
+                                                 f"{', '.join(t[:8] for t in running)} ran on it")
         if sig == signal.SIGTERM:
             with self.fleet._lock:
                 self.fleet.terminated.append(self.worker)
@@ -120,6 +129,8 @@ class TrialFleet:
         self.revision: dict[str, str] = {}
         self.terminated: list[WorkerProcess] = []  # sent SIGTERM by the stand-in: on their way out, not "stranded"
         self.killed: list[WorkerProcess] = []  # SIGKILLed by a worker_kill fault
+        self.ids: list[str] = []  # the trial's task ids (the trial shares its list)
+        self.taken_busy: list[str] = []  # instances the stand-in signalled while a task ran on them
         self.app = Celery("celeryops_chaos_control", broker=broker, set_as_current=False)
         self.app.conf.broker_connection_retry_on_startup = True
         self.app.conf.broker_connection_timeout = 2
@@ -151,6 +162,25 @@ class TrialFleet:
                 env["CELERYOPS_FENCE_REDIS_URL"] = self.coord
         return WorkerProcess(self.broker, app=FENCED_APP if fenced else PLAIN_APP, queues=[self.queue],
                              log_dir=self.log_dir, env=env)
+
+    def running_on(self, nodename: str) -> list[str]:
+        """Ids of the trial's tasks that started on ``nodename`` and have not finished (the record Redis)."""
+        ids = list(self.ids)
+        if not ids:
+            return []
+        client = redis.Redis.from_url(self.record, socket_timeout=5, decode_responses=True)
+        try:
+            pipe = client.pipeline()
+            for tid in ids:
+                pipe.hmget(f"ct:run:{tid}", "worker", "started", "finished")
+            rows = pipe.execute()
+        except redis.RedisError as exc:
+            self.errors.append(f"could not read the task records: {exc}")
+            return []
+        finally:
+            client.close()
+        return [tid for tid, (worker, started, finished) in zip(ids, rows, strict=True)
+                if worker == nodename and started and not finished]
 
     def serving(self) -> list[WorkerProcess]:
         """Live workers the stand-in has not taken away, oldest first."""
