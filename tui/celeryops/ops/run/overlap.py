@@ -653,7 +653,10 @@ class OverlapDeploy:
         await self._phase(run, "retiring")
         reverts = run.intents(OVERLAP_REVERT)
         if reverts and run.settlement(reverts[-1].seq) is None:
-            intent = reverts[-1].seq
+            # Settled below by its number in this journal: a run only the fleet's Redis held (its operator's machine
+            # is gone) numbers its records as Redis does until a write brings it here; the note makes that write.
+            await self.runner.journal.aio.note(run.id, {"resumes": OVERLAP_REVERT})
+            intent = (await self.runner.journal.aio.get(run.id)).intents(OVERLAP_REVERT)[-1].seq
         else:
             state = await self.deployer(target).current(target)
             intent = await self.runner.journal.aio.intend(run.id, OVERLAP_REVERT, plan.payload(
