@@ -6,7 +6,7 @@ consumes its queue again; the deploy's exit code is the one its faults call for.
 The seeds are fixed (chosen so that every fault kind is hit: scale-out, SIGKILL after a journal record followed by
 ``resume`` or ``abort`` (once with the operator's machine lost: its state dir deleted, the recovery from a fresh
 one), SIGINT, broker crash, late SIGTERM of a replaced worker, failed rollout); ``make chaos`` runs
-100 consecutive seeds. A failing seed replays alone: ``python tools/chaos.py --seed N --keep-logs``.
+100 consecutive seeds. A failing seed replays alone: ``python tools/chaos.py --strategy drain --seed N --keep-logs``.
 
 Some seeds also SIGKILL a worker before the deploy or while it drains (its pidbox binding stays in Redis: the drain
 sees it gone by evidence instead of timing out on it). Two seeds replay on RabbitMQ with a mixed fleet.
@@ -16,8 +16,9 @@ without a broker crash too: after a crash that follows a restore, Celery 5.6 reb
 without the restored queue (README, "Known limitations"), which no controller-side command can prevent.
 
 Overlap trials (issue 19): a Cloud Run worker pool deployed with ``--strategy overlap``, faults drawn from the
-overlap's own steps (``make chaos CHAOS_ARGS="--strategy overlap"``); on top of the verdict above, no instance may be
-taken away (SIGTERM or SIGKILL from the stand-in) while a task runs on it. Two seeds replay here.
+overlap's own steps (``make chaos`` runs 40 after the drain trials; ``python tools/chaos.py --strategy overlap --seed
+N`` replays one); on top of the verdict above, no instance may be taken away (SIGTERM or SIGKILL from the stand-in)
+while a task runs on it. Two seeds replay here.
 """
 
 from __future__ import annotations

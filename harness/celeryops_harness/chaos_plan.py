@@ -116,8 +116,8 @@ class TrialPlan:
         stop for a deploy), one or two faults of ``OVERLAP_FAULT_KINDS``, maybe a worker SIGKILL."""
         rng = random.Random(f"overlap:{seed}")
 
-        def duration() -> float:
-            return round(rng.uniform(0.1, 0.5) if rng.random() < 0.6 else rng.uniform(1.0, 3.0), 2)
+        def duration() -> float:  # long ones outlast the scale-up: the old revision's drain waits for them
+            return round(rng.uniform(0.1, 0.5) if rng.random() < 0.6 else rng.uniform(2.0, 8.0), 2)
 
         early = tuple(duration() for _ in range(rng.randint(4, 8)))
         late = tuple((round(rng.uniform(0.0, 10.0), 2), duration()) for _ in range(rng.randint(3, 8)))
