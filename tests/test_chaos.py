@@ -156,25 +156,27 @@ def test_overlap_trial_loses_nothing_and_takes_no_busy_instance(overlap_lab: Cha
 
 def test_an_instance_taken_away_busy_is_recorded(tmp_path: Path, redis_url: str,
                                                  redis_client: redis.Redis) -> None:
-    """The check behind "no instance taken away while busy" sees one: a worker pool instance running a trial's task
-    is taken away (SIGTERM, then SIGKILL 1 s later while the task still runs): both signals are recorded, naming
-    the worker; the idle instance taken away with it is not."""
+    """The check behind "no instance taken away while busy" sees one: a worker pool instance (2 threads, prefetch
+    1) running two of a trial's tasks and holding a third is taken away (SIGTERM, then SIGKILL 1 s later while they
+    still run): both signals are recorded, naming the worker, the tasks it ran and the one it held."""
     queue = f"busy-{uuid.uuid4().hex[:6]}"
     fleet = TrialFleet(redis_url, redis_url, queue, tmp_path, kind="plain")
     standin = CloudRunStandIn(launcher=fleet, grace=1.0)
     try:
-        standin.add_worker_pool("proj", "europe-west1", "busy", "img:old", instances=2)
+        standin.add_worker_pool("proj", "europe-west1", "busy", "img:old", instances=1)
+        (worker,) = fleet.workers
         with sleep.app.connection_for_write(redis_url) as conn:
-            tid = sleep.apply_async(args=(60.0, "busy"), queue=queue, connection=conn).id
-        fleet.ids.append(tid)
-        wait_for(lambda: redis_client.hget(f"ct:run:{tid}", "worker"), 60, "the task to start")
-        busy = redis_client.hget(f"ct:run:{tid}", "worker")
-        instances = [i for found in standin.instances("busy").values() for i in found]
-        standin.instance_set.take_away(instances)
+            ids = [sleep.apply_async(args=(60.0, "busy"), queue=queue, connection=conn).id for _ in range(3)]
+        fleet.ids.extend(ids)
+        wait_for(lambda: [len(found) for found in fleet.busy_on(worker)] == [2, 1], 60,
+                 "two tasks to run and the third to wait on the worker")
+        (held,) = fleet.busy_on(worker)[1]
+        standin.instance_set.take_away([i for found in standin.instances("busy").values() for i in found])
         wait_for(lambda: len(fleet.taken_busy) == 2, 60, "the SIGKILL 1 s after the SIGTERM")
         assert [entry.split(" while ")[0] for entry in fleet.taken_busy] == [
-            f"{signal.SIGTERM.name} to {busy}", f"{signal.SIGKILL.name} to {busy}"], fleet.taken_busy
-        assert all(tid[:8] in entry for entry in fleet.taken_busy)
+            f"{signal.SIGTERM.name} to {worker.nodename}", f"{signal.SIGKILL.name} to {worker.nodename}"]
+        first = fleet.taken_busy[0]
+        assert f"{held[:8]} waited on it" in first and all(t[:8] in first for t in ids), first
     finally:
         standin.stop()
         fleet.stop()
