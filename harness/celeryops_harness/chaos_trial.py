@@ -351,6 +351,7 @@ class Trial:
                                kill_after=kill.point if kill is not None else None)
         rc = self._deploy.wait(180)
         self.result.commands.append(("deploy", rc))
+        (self.dir / "deploy.stderr").write_text(self._deploy.stderr)  # kept with the logs of a failing trial
         self._mark("deploy")
         # Timed faults whose moment never came still hit the fleet (during the recovery), except a SIGINT.
         for index, fault in enumerate(plan.faults):
