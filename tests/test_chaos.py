@@ -6,7 +6,7 @@ consumes its queue again; the deploy's exit code is the one its faults call for.
 The seeds are fixed (chosen so that every fault kind is hit: scale-out, SIGKILL after a journal record followed by
 ``resume`` or ``abort`` (once with the operator's machine lost: its state dir deleted, the recovery from a fresh
 one), SIGINT, broker crash, late SIGTERM of a replaced worker, failed rollout); ``make chaos`` runs
-100 consecutive seeds. A failing seed replays alone: ``python tools/chaos.py --seed N --keep-logs``.
+100 consecutive seeds. A failing seed replays alone: ``python tools/chaos.py --strategy drain --seed N --keep-logs``.
 
 Some seeds also SIGKILL a worker before the deploy or while it drains (its pidbox binding stays in Redis: the drain
 sees it gone by evidence instead of timing out on it). Two seeds replay on RabbitMQ with a mixed fleet.
@@ -14,24 +14,36 @@ sees it gone by evidence instead of timing out on it). Two seeds replay on Rabbi
 The workers run the ``celeryops.fence`` plugin, as the README recommends. Plain Celery workers replay the seeds
 without a broker crash too: after a crash that follows a restore, Celery 5.6 rebuilds a plain worker's consumer
 without the restored queue (README, "Known limitations"), which no controller-side command can prevent.
+
+Overlap trials (issue 19): a Cloud Run worker pool deployed with ``--strategy overlap``, faults drawn from the
+overlap's own steps (``make chaos`` runs 40 after the drain trials; ``python tools/chaos.py --strategy overlap --seed
+N`` replays one); on top of the verdict above, no instance may be taken away (SIGTERM or SIGKILL from the stand-in)
+while a task runs on it. Two seeds replay here.
 """
 
 from __future__ import annotations
 
+import signal
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
+from celeryops.demo.standins.cloudrun import CloudRunStandIn
 from celeryops_harness.chaos import (
     FAULT_KINDS,
     WORKER_KILL,
     WORKER_KILL_MOMENTS,
     ChaosLab,
+    TrialFleet,
     TrialPlan,
     TrialResult,
     summary,
 )
+from celeryops_harness.taskapp import sleep
+from celeryops_harness.workers import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -107,3 +119,64 @@ def check(result: TrialResult) -> None:
     assert result.stranded == [], f"live workers not consuming: {detail}"
     assert result.once + result.queued == result.tasks, detail
     assert result.anomalies == [], detail
+
+
+#: 6: the new revision fails to start, an old worker SIGKILLed before the deploy, the broker restarted, celeryops
+#: SIGKILLed right after overlap_revert with the operator's machine lost, then abort from a teammate's (it found a
+#: bug: that abort exited 1, the run stayed open in phase retiring). 15: an old worker SIGKILLed while the old
+#: revision drains, celeryops SIGKILLed right after overlap_cutover with the machine lost, then abort; the old
+#: instances taken away late.
+OVERLAP_SEEDS = (6, 15)
+
+
+def test_the_overlap_seeds_hit_distinct_faults() -> None:
+    plans = [TrialPlan.draw(seed, "overlap") for seed in OVERLAP_SEEDS]
+    assert all(p.strategy == "overlap" for p in plans)
+    assert [{f.point for f in p.faults if f.kind == "kill"} for p in plans] == [{"intent:overlap_revert"},
+                                                                              {"intent:overlap_cutover"}]
+    kinds = [{f.kind for f in p.faults} for p in plans]
+    assert kinds[0] >= {"fail_rollout", "redis_restart", WORKER_KILL} and "late_sigterm" in kinds[1]
+    assert TrialPlan.draw(SEEDS[0]) == TrialPlan.draw(SEEDS[0], "drain")  # drain seeds draw as before
+
+
+@pytest.fixture(scope="module")
+def overlap_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChaosLab]:
+    with ChaosLab(Path(tmp_path_factory.mktemp("chaos-overlap")), strategy="overlap") as lab:
+        yield lab
+        print("\n" + summary(lab.results))
+
+
+@pytest.mark.parametrize("seed", OVERLAP_SEEDS)
+def test_overlap_trial_loses_nothing_and_takes_no_busy_instance(overlap_lab: ChaosLab, seed: int) -> None:
+    result = overlap_lab.run(seed)
+    assert result.strategy == "overlap"
+    assert result.busy == [], result.line()
+    check(result)
+
+
+def test_an_instance_taken_away_busy_is_recorded(tmp_path: Path, redis_url: str,
+                                                 redis_client: redis.Redis) -> None:
+    """The check behind "no instance taken away while busy" sees one: a worker pool instance (2 threads, prefetch
+    1) running two of a trial's tasks and holding a third is taken away (SIGTERM, then SIGKILL 1 s later while they
+    still run): both signals are recorded, naming the worker, the tasks it ran and the one it held."""
+    queue = f"busy-{uuid.uuid4().hex[:6]}"
+    fleet = TrialFleet(redis_url, redis_url, queue, tmp_path, kind="plain")
+    standin = CloudRunStandIn(launcher=fleet, grace=1.0)
+    try:
+        standin.add_worker_pool("proj", "europe-west1", "busy", "img:old", instances=1)
+        (worker,) = fleet.workers
+        with sleep.app.connection_for_write(redis_url) as conn:
+            ids = [sleep.apply_async(args=(60.0, "busy"), queue=queue, connection=conn).id for _ in range(3)]
+        fleet.ids.extend(ids)
+        wait_for(lambda: [len(found) for found in fleet.busy_on(worker)] == [2, 1], 60,
+                 "two tasks to run and the third to wait on the worker")
+        (held,) = fleet.busy_on(worker)[1]
+        standin.instance_set.take_away([i for found in standin.instances("busy").values() for i in found])
+        wait_for(lambda: len(fleet.taken_busy) == 2, 60, "the SIGKILL 1 s after the SIGTERM")
+        assert [entry.split(" while ")[0] for entry in fleet.taken_busy] == [
+            f"{signal.SIGTERM.name} to {worker.nodename}", f"{signal.SIGKILL.name} to {worker.nodename}"]
+        first = fleet.taken_busy[0]
+        assert f"{held[:8]} waited on it" in first and all(t[:8] in first for t in ids), first
+    finally:
+        standin.stop()
+        fleet.stop()

@@ -205,3 +205,15 @@ def test_fence_record_without_the_scope_field_reads_as_before() -> None:
     assert old.only_revisions == () and old.hold_for("rev", "") is not None
     scoped = FenceRecord.from_hash({"run_id": "r", "queues": "[]", "only_revisions": f'["{OLD}"]'}, 5000)
     assert scoped.only_revisions == (OLD,) and scoped.hold_for(NEW, "") is None
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_stopped_between_the_cutover_phase_and_its_intent_finishes_the_cutover(resume: bool) -> None:
+    """The run entered cutting_over (a phase it cannot leave but to deployed) and stopped before the cutover's intent
+    was written (an error, a SIGKILL): abort and resume finish the cutover, never retire (chaos overlap seed 51:
+    every abort exited 1, "cannot go from cutting_over to retiring")."""
+    rec = up()
+    stop(rec, OLD)
+    run = rec.run("cutting_over")
+    assert decide(run, UP, resume=resume).step == "cutover"
+    assert recovery_plan(run).action == "cutover"

@@ -1,13 +1,16 @@
-"""``make chaos``: N seeded chaos trials of ``celeryops deploy`` with real workers, then the summary table.
+"""``make chaos``: seeded chaos trials of ``celeryops deploy`` with real workers, then the summary tables.
 
-    python tools/chaos.py                  # 100 trials, seeds 1..100
+    python tools/chaos.py                  # 100 drain trials (seeds 1..100), then 40 overlap trials (seeds 1..40)
     python tools/chaos.py -n 20 --first 500
     python tools/chaos.py --seed 17 --seed 42 --keep-logs   # replay failing seeds, keep every trial's logs
     python tools/chaos.py --fleet plain    # workers without the celeryops.fence plugin (see README limitations)
     python tools/chaos.py --broker amqp    # RabbitMQ on 127.0.0.1:5672 (a vhost per trial; Redis keeps lease, fence)
+    python tools/chaos.py --strategy overlap   # only the 40 overlap trials: a worker pool, --strategy overlap
+    python tools/chaos.py --strategy drain     # only the 100 drain trials
 
 Exit status 1 when any trial lost a task, ran one twice, left a live worker not consuming, or hit an anomaly (an
-exit code its faults do not explain, a recovery that leaves a run open or consumers stopped).
+exit code its faults do not explain, a recovery that leaves a run open or consumers stopped; in overlap trials, an
+instance the stand-in took away, SIGTERM or SIGKILL, while a task ran on it).
 """
 
 from __future__ import annotations
@@ -18,12 +21,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-from celeryops_harness.chaos import BROKERS, FLEET_KINDS, ChaosLab, summary
+from celeryops_harness.chaos import BROKERS, FLEET_KINDS, STRATEGIES, ChaosLab, summary
+
+#: Trials per strategy when -n is not given: 100 drain deploys of a service, 40 overlap deploys of a worker pool.
+DEFAULT_TRIALS = {"drain": 100, "overlap": 40}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-n", "--trials", type=int, default=100, help="How many trials (default 100).")
+    parser.add_argument("-n", "--trials", type=int, default=None,
+                        help="How many trials per strategy (default 100 drain, 40 overlap).")
     parser.add_argument("--first", type=int, default=1, help="The first seed (seeds are consecutive).")
     parser.add_argument("--seed", type=int, action="append", default=[], help="Run exactly these seeds.")
     parser.add_argument("--keep-logs", action="store_true", help="Keep the logs of passing trials too.")
@@ -32,21 +39,38 @@ def main(argv: list[str] | None = None) -> int:
                         help="What the workers run: the celeryops.fence plugin (default), plain Celery, or both.")
     parser.add_argument("--broker", choices=BROKERS, default="redis",
                         help="The fleet's broker: a private redis-server per trial (default), or RabbitMQ.")
+    parser.add_argument("--strategy", choices=(*STRATEGIES, "both"), default=None,
+                        help="drain: a service deployed with a drain; overlap: a worker pool deployed with "
+                             "--strategy overlap (fence-plugin workers on Redis only); both, one after the other "
+                             "(the default; drain only with --fleet or --broker).")
     args = parser.parse_args(argv)
+    defaults = args.fleet == "fenced" and args.broker == "redis"
+    if args.strategy in ("overlap", "both") and not defaults:
+        parser.error("--strategy overlap runs fence-plugin workers on Redis: the overlap requires the plugin on "
+                     "every worker; drop --fleet / --broker.")
+    chosen = args.strategy or ("both" if defaults else "drain")
+    strategies = STRATEGIES if chosen == "both" else (chosen,)
     # SIGTERM (a CI timeout) unwinds like Ctrl-C, so every worker and redis-server of the lab is stopped.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
-    seeds = args.seed or list(range(args.first, args.first + args.trials))
     root = args.dir or Path(tempfile.mkdtemp(prefix="celeryops-chaos-"))
-    with ChaosLab(root, keep_logs=args.keep_logs, fleet=args.fleet, broker=args.broker) as lab:
-        for seed in seeds:
-            result = lab.run(seed)
-            print(result.line(), flush=True)
-            if not result.ok or result.anomalies:
-                print(f"  logs kept in {result.log_dir}", flush=True)
-    print()
-    print(summary(lab.results))
-    return 0 if all(r.ok and not r.anomalies for r in lab.results) else 1
-
+    labs: list[ChaosLab] = []
+    for strategy in strategies:
+        trials = args.trials if args.trials is not None else DEFAULT_TRIALS[strategy]
+        seeds = args.seed or list(range(args.first, args.first + trials))
+        if len(strategies) > 1:
+            print(f"== {strategy} trials", flush=True)
+        with ChaosLab(root / strategy, keep_logs=args.keep_logs, fleet=args.fleet, broker=args.broker,
+                      strategy=strategy) as lab:
+            labs.append(lab)
+            for seed in seeds:
+                result = lab.run(seed)
+                print(result.line(), flush=True)
+                if not result.ok or result.anomalies:
+                    print(f"  logs kept in {result.log_dir}", flush=True)
+    for lab in labs:
+        print()
+        print(summary(lab.results))
+    return 0 if all(r.ok and not r.anomalies for lab in labs for r in lab.results) else 1
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -42,6 +42,10 @@ from celeryops_harness.chaos_plan import (
     FAULT_KINDS,
     KILL_POINTS,
     MOMENTS,
+    OVERLAP_FAULT_KINDS,
+    OVERLAP_KILL_POINTS,
+    OVERLAP_MOMENTS,
+    STRATEGIES,
     WORKER_KILL,
     WORKER_KILL_MOMENTS,
     Fault,
@@ -53,18 +57,27 @@ from celeryops_harness.chaos_trial import PROJECT, REGION, RELEASE, RESUMABLE, T
 from celeryops_harness.chaos_verdict import TrialResult, Verdict, summary
 
 __all__ = [
-    "BROKERS", "CLI", "FAULT_KINDS", "FENCED_APP", "FLEET_KINDS", "KILL_POINTS", "MOMENTS", "PLAIN_APP", "PROJECT",
-    "REGION", "RELEASE", "RESUMABLE", "WORKER_KILL", "WORKER_KILL_MOMENTS", "ChaosLab", "CliRun", "Fault", "Trial",
-    "TrialFleet", "TrialPlan", "TrialResult", "Verdict", "machine_lost", "summary",
+    "BROKERS", "CLI", "FAULT_KINDS", "FENCED_APP", "FLEET_KINDS", "KILL_POINTS", "MOMENTS", "OVERLAP_FAULT_KINDS",
+    "OVERLAP_KILL_POINTS", "OVERLAP_MOMENTS", "PLAIN_APP", "PROJECT", "REGION", "RELEASE", "RESUMABLE", "STRATEGIES",
+    "WORKER_KILL", "WORKER_KILL_MOMENTS", "ChaosLab", "CliRun", "Fault", "Trial", "TrialFleet", "TrialPlan",
+    "TrialResult", "Verdict", "machine_lost", "summary",
 ]
 
 BROKERS = ("redis", "amqp")  # amqp: RabbitMQ (a vhost per trial); the trial's redis-server holds lease and fence
 
 
 class ChaosLab:
-    """What every trial shares. ``with ChaosLab(root) as lab: lab.run(seed)``."""
+    """What every trial shares. ``with ChaosLab(root) as lab: lab.run(seed)``. ``strategy="overlap"``: each trial's
+    resource is a worker pool deployed with ``--strategy overlap`` (the fleet runs the fence plugin, on Redis)."""
 
-    def __init__(self, root: Path, *, keep_logs: bool = False, fleet: str = "fenced", broker: str = "redis") -> None:
+    def __init__(self, root: Path, *, keep_logs: bool = False, fleet: str = "fenced", broker: str = "redis",
+                 strategy: str = "drain") -> None:
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}")
+        if strategy == "overlap" and (fleet != "fenced" or broker != "redis"):
+            raise ValueError("overlap trials run fence-plugin workers on a Redis broker (the overlap requires the "
+                             "plugin on every worker)")
+        self.strategy = strategy
         if fleet not in FLEET_KINDS:
             raise ValueError(f"fleet must be one of {', '.join(FLEET_KINDS)}, not {fleet!r}")
         if broker not in BROKERS:
@@ -107,7 +120,7 @@ class ChaosLab:
         return fleet(spec) if fleet is not None else None
 
     def run(self, seed: int) -> TrialResult:
-        result = Trial(self, TrialPlan.draw(seed)).run()
+        result = Trial(self, TrialPlan.draw(seed, self.strategy)).run()
         self.results.append(result)
         return result
 

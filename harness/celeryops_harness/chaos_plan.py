@@ -6,6 +6,12 @@ with it), or SIGINT; the broker crashes and comes back; an old worker is SIGTERM
 up; the rollout fails. Timed faults fire a random delay after the deploy reports one of ``MOMENTS``. A worker
 SIGKILL (``WORKER_KILL``) and the lost machine are drawn from their own random streams, so adding them left the
 other draws of every seed as they were.
+
+Overlap trials (``strategy="overlap"``, a Cloud Run worker pool deployed with ``--strategy overlap``, issue 19) draw
+from their own lists: the deploy SIGKILLed right after each write-ahead record of the overlap flow
+(``OVERLAP_KILL_POINTS``) or SIGINTed at one of its steps (``OVERLAP_MOMENTS``), the broker restarted, the new
+revision failing to start, the old instances taken away late; a worker SIGKILLed as above. A worker pool has no
+autoscaler: no scale-out.
 """
 
 from __future__ import annotations
@@ -24,6 +30,17 @@ KILL_POINTS = ("created", "phase:stopping", "intent:cancel_consumers", "phase:dr
                "phase:deploying", "intent:deploy_start", "settle:deploy_start", "phase:deployed")
 #: Moments a timed fault waits for, as seen in the deploy's --json events.
 MOMENTS = ("preflight", "draining", "drained", "deploying")
+
+STRATEGIES = ("drain", "overlap")
+OVERLAP_FAULT_KINDS = ("kill", "sigint", "redis_restart", "fail_rollout", "late_sigterm")
+#: The first fault of an overlap trial is drawn with these weights (a kill most often: six points to cover).
+OVERLAP_WEIGHTS = (6, 3, 3, 1, 1)
+#: The overlap flow's write-ahead records (``intent:overlap_revert`` is reached only when the new revision is
+#: retired: a trial killed there also gets a new revision that fails to start).
+OVERLAP_KILL_POINTS = ("intent:overlap_up", "settle:overlap_up", "intent:cancel_consumers", "phase:drained",
+                       "intent:overlap_cutover", "intent:overlap_revert")
+#: The steps of an overlap deploy a timed fault waits for (its --json ``overlap`` steps, ``poll``, ``drained``).
+OVERLAP_MOMENTS = ("scaling_up", "consuming", "draining", "drained", "cutting_over")
 
 
 @dataclass(frozen=True)
@@ -60,9 +77,12 @@ class TrialPlan:
     early: tuple[float, ...]  # durations of the tasks enqueued before the deploy
     late: tuple[tuple[float, float], ...]  # (seconds after the deploy started, duration) of the others
     faults: tuple[Fault, ...]
+    strategy: str = "drain"
 
     @classmethod
-    def draw(cls, seed: int) -> TrialPlan:
+    def draw(cls, seed: int, strategy: str = "drain") -> TrialPlan:
+        if strategy == "overlap":
+            return cls.draw_overlap(seed)
         rng = random.Random(seed)
 
         def duration() -> float:
@@ -89,6 +109,40 @@ class TrialPlan:
         if extra.random() < 0.4:
             faults.append(Fault(WORKER_KILL, at=extra.choice(WORKER_KILL_MOMENTS), delay=round(extra.uniform(0, 1), 2)))
         return cls(seed, early, late, tuple(faults))
+
+    @classmethod
+    def draw_overlap(cls, seed: int) -> TrialPlan:
+        """An overlap trial: long and short tasks before the deploy, short ones while it runs (the producers do not
+        stop for a deploy), one or two faults of ``OVERLAP_FAULT_KINDS``, maybe a worker SIGKILL."""
+        rng = random.Random(f"overlap:{seed}")
+
+        def duration() -> float:  # long ones outlast the scale-up: the old revision's drain waits for them
+            return round(rng.uniform(0.1, 0.5) if rng.random() < 0.6 else rng.uniform(2.0, 8.0), 2)
+
+        early = tuple(duration() for _ in range(rng.randint(4, 8)))
+        late = tuple((round(rng.uniform(0.0, 10.0), 2), duration()) for _ in range(rng.randint(3, 8)))
+        kinds = rng.choices(OVERLAP_FAULT_KINDS, weights=OVERLAP_WEIGHTS)
+        if rng.random() < 0.4:
+            others = [k for k in OVERLAP_FAULT_KINDS if k not in kinds and not {k, *kinds} >= {"kill", "sigint"}]
+            kinds.append(rng.choice(others))
+        faults = []
+        for kind in kinds:
+            if kind == "kill":
+                point = rng.choice(OVERLAP_KILL_POINTS)
+                faults.append(Fault(kind, point=point, then=rng.choice(("abort", "resume")), lost=machine_lost(seed)))
+                if point == "intent:overlap_revert" and "fail_rollout" not in kinds:
+                    faults.append(Fault("fail_rollout"))
+            elif kind in ("sigint", "redis_restart"):
+                faults.append(Fault(kind, at=rng.choice(OVERLAP_MOMENTS), delay=round(rng.uniform(0.0, 1.5), 2),
+                                    downtime=round(rng.uniform(0.2, 1.5), 2) if kind == "redis_restart" else 0.0))
+            elif kind == "late_sigterm":
+                faults.append(Fault(kind, delay=round(rng.uniform(0.0, 1.5), 2)))
+            else:
+                faults.append(Fault(kind))
+        extra = random.Random(f"overlap:{WORKER_KILL}:{seed}")
+        if extra.random() < 0.35:
+            faults.append(Fault(WORKER_KILL, at=extra.choice(WORKER_KILL_MOMENTS), delay=round(extra.uniform(0, 1), 2)))
+        return cls(seed, early, late, tuple(faults), "overlap")
 
     def has(self, kind: str) -> Fault | None:
         return next((f for f in self.faults if f.kind == kind), None)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import shutil
 import signal
 import stat
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import redis
 from celery import Celery
 
 from celeryops.demo.standins.cloudrun import CloudRunStandIn, InstanceSpec
@@ -32,6 +34,7 @@ from celeryops_harness.workers import WorkerProcess
 FLEET_KINDS = ("fenced", "plain", "mixed")
 FENCED_APP, PLAIN_APP = "celeryops_harness.fenceapp", "celeryops_harness.taskapp"
 CLI = [sys.executable, "-m", "celeryops"]
+_RECEIVED = re.compile(r"Task [\w.]+\[([0-9a-f-]+)\] received")  # a worker's log: it holds the task
 
 
 class CliRun:
@@ -91,12 +94,23 @@ def aof_redis_server(directory: Path) -> str:
 
 class TrialInstance:
     """A worker as the stand-in's instance handle: a SIGTERM from the stand-in (it took the instance away) is
-    recorded, so the verdict knows the worker is on its way out, not stranded."""
+    recorded, so the verdict knows the worker is on its way out, not stranded. A SIGTERM or SIGKILL from the
+    stand-in while the worker runs a task of the trial (started there, not finished, in the record Redis) or holds
+    one (its log says it received it, and it never started) is recorded in ``fleet.taken_busy``: an instance taken
+    away while busy."""
 
     def __init__(self, fleet: TrialFleet, worker: WorkerProcess) -> None:
         self.fleet, self.worker = fleet, worker
 
     def signal(self, sig: int) -> None:
+        if self.worker.alive():
+            running, held = self.fleet.busy_on(self.worker)
+            if running or held:
+                what = [f"{', '.join(t[:8] for t in ids)} {verb} on it"
+                        for ids, verb in ((running, "ran"), (held, "waited")) if ids]
+                with self.fleet._lock:
+                    self.fleet.taken_busy.append(f"{signal.Signals(sig).name} to {self.worker.nodename} while "
+                                                 f"{' and '.join(what)}")
         if sig == signal.SIGTERM:
             with self.fleet._lock:
                 self.fleet.terminated.append(self.worker)
@@ -120,6 +134,8 @@ class TrialFleet:
         self.revision: dict[str, str] = {}
         self.terminated: list[WorkerProcess] = []  # sent SIGTERM by the stand-in: on their way out, not "stranded"
         self.killed: list[WorkerProcess] = []  # SIGKILLed by a worker_kill fault
+        self.ids: list[str] = []  # the trial's task ids (the trial shares its list)
+        self.taken_busy: list[str] = []  # instances the stand-in signalled while a task ran on them
         self.app = Celery("celeryops_chaos_control", broker=broker, set_as_current=False)
         self.app.conf.broker_connection_retry_on_startup = True
         self.app.conf.broker_connection_timeout = 2
@@ -151,6 +167,33 @@ class TrialFleet:
                 env["CELERYOPS_FENCE_REDIS_URL"] = self.coord
         return WorkerProcess(self.broker, app=FENCED_APP if fenced else PLAIN_APP, queues=[self.queue],
                              log_dir=self.log_dir, env=env)
+
+    def busy_on(self, worker: WorkerProcess) -> tuple[list[str], list[str]]:
+        """Ids of the trial's tasks that ``worker`` runs (started there, not finished: the record Redis) and holds
+        (its log says it received them, and they never started anywhere)."""
+        ids = list(self.ids)
+        if not ids:
+            return [], []
+        nodename = worker.nodename
+        try:
+            received = set(_RECEIVED.findall(worker.log_path.read_text(errors="replace")))
+        except OSError:
+            received = set()
+        client = redis.Redis.from_url(self.record, socket_timeout=5, decode_responses=True)
+        try:
+            pipe = client.pipeline()
+            for tid in ids:
+                pipe.hmget(f"ct:run:{tid}", "worker", "started", "finished")
+            rows = pipe.execute()
+        except redis.RedisError as exc:
+            self.errors.append(f"could not read the task records: {exc}")
+            return [], []
+        finally:
+            client.close()
+        running = [tid for tid, (ran_on, started, finished) in zip(ids, rows, strict=True)
+                   if ran_on == nodename and started and not finished]
+        held = [tid for tid, (_, started, _) in zip(ids, rows, strict=True) if tid in received and not started]
+        return running, held
 
     def serving(self) -> list[WorkerProcess]:
         """Live workers the stand-in has not taken away, oldest first."""

@@ -51,8 +51,9 @@ class Trial:
         self.service = f"worker-{self.tag}"
         self.queue = f"chaos-{self.tag}"
         self.broker = RedisServer(binary=aof_redis_server(self.dir))
+        self.overlap = plan.strategy == "overlap"  # a worker pool deployed with --strategy overlap
         self.result = TrialResult(seed=plan.seed, faults=[], skipped=[], log_dir=str(self.dir), fleet=lab.fleet,
-                                  broker=lab.broker)
+                                  broker=lab.broker, strategy=plan.strategy)
         self.amqp = ""  # the trial's RabbitMQ vhost URL (lab.broker == "amqp")
         self.ids: list[str] = []
         self.state = self.dir / "state"  # the operator's state dir (a teammate's after a lost machine)
@@ -81,7 +82,8 @@ class Trial:
         lab = self.lab
         (self.dir / "celeryops.toml").write_text(standin_config(
             broker=self.broker_url, endpoint=lab.endpoint, image=f"{lab.registry.host}/proj/worker:{{sha}}",
-            interval=0.3, project=PROJECT, region=REGION, resource=self.service))
+            interval=0.3, project=PROJECT, region=REGION, resource=self.service,
+            kind="cloudrun-worker-pool" if self.overlap else "cloudrun-service"))
 
     def enqueue(self, duration: float) -> None:
         from celeryops_harness.taskapp import sleep
@@ -140,6 +142,10 @@ class Trial:
 
     def _on_event(self, event: dict[str, Any]) -> None:
         kind = event.get("event")
+        if kind == "overlap" and event.get("step") in ("scaling_up", "consuming", "cutting_over"):
+            self._moment = str(event["step"])
+            self._schedule(self._moment)
+            return
         if kind == "stage":
             self._moment = str(event.get("stage"))
         elif kind in ("poll", "drained"):
@@ -192,7 +198,7 @@ class Trial:
             if run is None:
                 return
             wait_for(self._lease_gone_or_orphaned, 60, "the dead deploy's lease to expire", step=0.2)
-            if not resumed and run.phase in RESUMABLE:
+            if not resumed and (run.phase in RESUMABLE or self.overlap):  # an overlap run resumes from any step
                 resumed = True
                 rc, _, err = self.cli("resume")
                 # A deploy run resumes through its deploy: a pending failed rollout then exits 6, as a deploy does.
@@ -313,8 +319,10 @@ class Trial:
             self.amqp = create_vhost(self.tag)
         self.fleet = TrialFleet(self.broker_url, lab.record.url, self.queue, self.dir, kind=lab.fleet,
                                 fleet=f"chaos-{self.tag}", coord=self.broker.url if self.amqp else "")
-        lab.route(self.service, self.fleet)  # the service's two instances: real workers of its first revision
-        lab.standin.add_service(PROJECT, REGION, self.service, f"{lab.registry.host}/proj/worker:old", instances=2)
+        self.fleet.ids = self.ids  # what it checks for tasks still running on an instance taken away
+        lab.route(self.service, self.fleet)  # the resource's two instances: real workers of its first revision
+        add = lab.standin.add_worker_pool if self.overlap else lab.standin.add_service
+        add(PROJECT, REGION, self.service, f"{lab.registry.host}/proj/worker:old", instances=2)
         self.fleet.attach(lab.standin, self.service)
         self._first_revision = lab.standin.revisions(self.service)[0].name
         if self._late is not None:  # the old instances are taken away a while after the new revision is up
@@ -338,11 +346,13 @@ class Trial:
         for p in producers:
             p.daemon = True
             p.start()
-        self._deploy = CliRun(["deploy", RELEASE, "--yes", "--accept-warnings", "--json", "--repo",
+        strategy = ["--strategy", "overlap"] if self.overlap else []
+        self._deploy = CliRun(["deploy", RELEASE, *strategy, "--yes", "--accept-warnings", "--json", "--repo",
                                str(lab.git.work)], self.env(), self.dir, self._on_event,
                                kill_after=kill.point if kill is not None else None)
         rc = self._deploy.wait(180)
         self.result.commands.append(("deploy", rc))
+        (self.dir / "deploy.stderr").write_text(self._deploy.stderr)  # kept with the logs of a failing trial
         self._mark("deploy")
         # Timed faults whose moment never came still hit the fleet (during the recovery), except a SIGINT.
         for index, fault in enumerate(plan.faults):
@@ -371,6 +381,9 @@ class Trial:
         if self._late is not None and any(u[0].endswith(self.service) for u in lab.standin.updates):
             self.result.faults.append(f"late_sigterm+{self._late:.1f}s")
         self.result.anomalies.extend(self.fleet.errors)
+        self.result.busy = list(self.fleet.taken_busy)
+        if self.overlap:  # the overlap's promise: no instance is taken away while it runs a task
+            self.result.anomalies.extend(f"taken away busy: {b}" for b in self.result.busy)
         self.verdict(record)
 
     def _check_interrupted(self, rc: int) -> None:

@@ -43,6 +43,8 @@ class TrialResult:
     timings: dict[str, float] = field(default_factory=dict)  # seconds spent per step (setup, deploy, ...)
     fleet: str = "fenced"  # what the workers ran (FLEET_KINDS)
     broker: str = "redis"  # BROKERS
+    strategy: str = "drain"  # STRATEGIES: a service deployed with a drain, or a worker pool with an overlap
+    busy: list[str] = field(default_factory=list)  # instances the stand-in took away while a task ran on them
 
     @property
     def ok(self) -> bool:
@@ -53,7 +55,8 @@ class TrialResult:
         verdict = "FAIL" if not self.ok else "ANOM" if self.anomalies else "ok"
         return (f"seed {self.seed:>5}  {verdict:<4}  tasks {self.tasks:>2} once {self.once:>2} queued {self.queued} "
                 f"lost {len(self.lost)} dup {len(self.duplicated)} stranded {len(self.stranded)}"
-                + (f" cut {len(self.cut)}" if self.cut else "") + "  "
+                + (f" cut {len(self.cut)}" if self.cut else "")
+                + (f" busy-taken {len(self.busy)}" if self.busy else "") + "  "
                 f"{self.elapsed:5.1f}s  faults [{', '.join(self.faults)}]  {cmds}"
                 + (f"  anomalies: {'; '.join(self.anomalies)}" if self.anomalies else ""))
 
@@ -69,12 +72,15 @@ def summary(results: Iterable[TrialResult]) -> str:
     lines = [r.line() for r in results]
     lines.append("")
     kinds = sorted({r.fleet + ("/amqp" if r.broker == "amqp" else "") for r in results})
-    lines.append(f"trials {len(results)}  workers {'/'.join(kinds) or '-'}  faults injected {sum(faults.values())} "
+    strategies = sorted({r.strategy for r in results})
+    lines.append(f"trials {len(results)}  strategy {'/'.join(strategies) or '-'}  workers {'/'.join(kinds) or '-'}  "
+                 f"faults injected {sum(faults.values())} "
                  f"({', '.join(f'{k} {v}' for k, v in sorted(faults.items()))})")
     lines.append(f"tasks {sum(r.tasks for r in results)}  ran once {sum(r.once for r in results)}  "
                  f"still queued {sum(r.queued for r in results)}  lost {sum(len(r.lost) for r in results)}  "
                  f"duplicated {sum(len(r.duplicated) for r in results)}  "
                  f"stranded workers {sum(len(r.stranded) for r in results)}  "
+                 f"instances taken away busy {sum(len(r.busy) for r in results)}  "
                  f"anomalies {sum(len(r.anomalies) for r in results)}")
     failing = [str(r.seed) for r in results if not r.ok]
     odd = [str(r.seed) for r in results if r.ok and r.anomalies]

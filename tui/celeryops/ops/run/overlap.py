@@ -43,6 +43,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, cast
 
+import redis
+
 from celeryops.adapters.deploy.base import DeployError, PoolDeployer, PoolUpdate, RolloutState, short_revision
 from celeryops.adapters.gitrepo import GitRepo
 from celeryops.adapters.taskevents import start_watch
@@ -271,9 +273,27 @@ class OverlapDeploy:
         self._kind(run)
         await self.runner.hold(run)
         try:
+            await self._bring_home(run)
             return await self._guarded(run, target, lambda: self._continue(run, target, resume=resume))
         finally:
             await self._close()
+
+    async def _bring_home(self, run: Run) -> None:
+        """The fleet's copy of ``run`` into this journal before the rules read it: the records another machine added
+        (a resume or abort from there) are then in what this journal returns (else its own older copy of a run it
+        started hides them: the old revision's stops a teammate made, for one)."""
+        journal = self.runner.journal
+        store = journal.fleet_copy.store_for(run.fleet)
+        if store is None or journal.read_only:
+            return
+
+        def adopt() -> None:
+            held = store.read(run.id)
+            if held is not None:
+                journal.fleet_copy.adopt(held)
+
+        with contextlib.suppress(redis.RedisError):  # Redis down: this journal's copy is all there is
+            await asyncio.to_thread(adopt)
 
     @property
     def runner(self) -> Runner:
@@ -701,7 +721,10 @@ class OverlapDeploy:
         await self._phase(run, "retiring")
         reverts = run.intents(OVERLAP_REVERT)
         if reverts and run.settlement(reverts[-1].seq) is None:
-            intent = reverts[-1].seq
+            # Settled below by its number in this journal: a run only the fleet's Redis held (its operator's machine
+            # is gone) numbers its records as Redis does until a write brings it here; the note makes that write.
+            await self.runner.journal.aio.note(run.id, {"resumes": OVERLAP_REVERT})
+            intent = (await self.runner.journal.aio.get(run.id)).intents(OVERLAP_REVERT)[-1].seq
         else:
             state = await self.deployer(target).current(target)
             intent = await self.runner.journal.aio.intend(run.id, OVERLAP_REVERT, plan.payload(

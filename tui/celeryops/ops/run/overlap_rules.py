@@ -20,7 +20,7 @@ then one update puts the pool back on the old revision.
 | ``overlap_up``, the old revision not stopped | retire the new revision | wait until the new one consumes, go on |
 | ``overlap_up``, the old revision stopped | restore it, retire the new one | drain the old revision again, go on |
 | ``overlap_up``, the new revision failed | retire it | retire it (the deploy cannot go on) |
-| ``overlap_cutover`` | finish the cutover | finish the cutover |
+| ``overlap_cutover`` (or the phase ``cutting_over``) | finish the cutover | finish the cutover |
 | ``overlap_revert`` unsettled | finish the retirement | finish the retirement |
 | ``overlap_revert`` given up (both consume) | retire the new revision | wait until the new one consumes, go on |
 
@@ -164,7 +164,9 @@ def decide(run: Run, pool: PoolNow | None, *, resume: bool) -> Decision:
         return Decision("ask", f"Run {run.id} changed worker pool {plan.target} and Cloud Run does not answer, so "
                                "nothing about the pool was decided (stopped consumers are given back): run "
                                f"`{RESUME}` or `{ABORT}` again when it answers.")
-    if p.cutover:
+    # The phase cutting_over comes a moment before the cutover's intent (the fence is parked between them) and
+    # never goes back: a run that stopped in between finishes the cutover too (the old revision drained again).
+    if p.cutover or run.phase == "cutting_over":
         return Decision("cutover", f"Run {run.id} began moving every instance of {plan.target} to {plan.new} (the "
                                    f"old revision {plan.old} was idle): the cutover is finished, never undone.")
     if p.revert and p.revert_settled is None:
