@@ -365,14 +365,21 @@ class Journal:
         this machine reads of the run (``get``: what it stopped, how far it got) is the whole of it."""
         mine = {r.id: r for r in local}
         for run in shared:
-            if len(run.records) <= len(mine[run.id].records):
-                continue
-            try:
-                held = store.read(run.id)
-            except redis.RedisError:
-                continue  # the next read brings them
-            if held is not None:
-                self.fleet_copy.adopt(held)
+            if len(run.records) > len(mine[run.id].records):
+                self.bring_home(run.id, store)
+
+    def bring_home(self, run_id: str, store: FleetStore | None) -> None:
+        """The fleet's copy of ``run_id`` into this journal (the records other machines added, told apart by uid).
+        Redis down, or a read-only journal: nothing (this journal's copy is all there is; the next read brings
+        them)."""
+        if store is None or self.read_only:
+            return
+        try:
+            held = store.read(run_id)
+        except redis.RedisError:
+            return
+        if held is not None:
+            self.fleet_copy.adopt(held)
 
     def history(self, limit: int = 20, fleet: str | None = None) -> list[RunLine]:
         """The latest ``limit`` runs of this journal, newest first."""

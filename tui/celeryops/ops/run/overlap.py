@@ -43,8 +43,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-import redis
-
 from celeryops.adapters.deploy.base import DeployError, PoolDeployer, PoolUpdate, RolloutState, short_revision
 from celeryops.adapters.gitrepo import GitRepo
 from celeryops.adapters.taskevents import start_watch
@@ -283,17 +281,7 @@ class OverlapDeploy:
         (a resume or abort from there) are then in what this journal returns (else its own older copy of a run it
         started hides them: the old revision's stops a teammate made, for one)."""
         journal = self.runner.journal
-        store = journal.fleet_copy.store_for(run.fleet)
-        if store is None or journal.read_only:
-            return
-
-        def adopt() -> None:
-            held = store.read(run.id)
-            if held is not None:
-                journal.fleet_copy.adopt(held)
-
-        with contextlib.suppress(redis.RedisError):  # Redis down: this journal's copy is all there is
-            await asyncio.to_thread(adopt)
+        await asyncio.to_thread(journal.bring_home, run.id, journal.fleet_copy.store_for(run.fleet))
 
     @property
     def runner(self) -> Runner:
