@@ -145,3 +145,24 @@ async def test_watcher_sees_the_overlap_without_its_dangerous_keys(app_factory: 
         await press(pilot, "X")
         assert not any(call[0] == "refused" for call in watched.calls) and isinstance(app.screen, OverlapScreen)
         assert row(app, "new")[2:4] == ["3", "50%"]
+
+
+def test_a_rollback_names_the_revisions_for_what_they_are() -> None:
+    """On an overlap rollback the revision that comes up is the previous one and the one that drains is the one
+    deployed: the rows read from/to and the steps say so (the screen is the deploy's)."""
+    from celeryops.console.model import RunModel
+    from celeryops.console.screens.overlap import revision_rows, steps_text
+
+    rows = {}
+    for kind in ("deploy", "rollback"):
+        model = RunModel(kind=kind)  # type: ignore[arg-type]
+        for event in sample.overlap_script():
+            model.apply(event)  # type: ignore[arg-type]
+        assert model.overlap is not None
+        rows[kind] = [str(cells[0]) for _, cells in revision_rows(model.overlap, model)]
+        steps = steps_text(model.overlap, model.phase, rollback=kind == "rollback").plain
+        if kind == "rollback":
+            assert "previous revision up" in steps and "deployed drains" in steps and "new" not in steps, steps
+        else:
+            assert "new revision up" in steps and "old drains" in steps, steps
+    assert rows == {"deploy": ["old", "new"], "rollback": ["from", "to"]}

@@ -28,13 +28,25 @@ END_BADGE = {"done": ("DONE", "bold black on green"), "failed": ("FAILED", "bold
              "aborted": ("ABORTED", "bold black on yellow")}
 
 
-def steps_text(overlap: OverlapState | None, phase: str | None) -> Text:
-    """``✔ new revision up → ✔ new consumes → … old drains → · cut over`` (the retirement's steps once it began)."""
+#: A rollback's words for the two revisions: the one routed back to comes up "new", the deployed one drains.
+ROLLBACK_WORDS = (("new revision", "previous revision"), ("new ", "previous "), ("old ", "deployed "))
+
+
+def rollback_words(label: str) -> str:
+    for deploy, rollback in ROLLBACK_WORDS:
+        label = label.replace(deploy, rollback)
+    return label
+
+
+def steps_text(overlap: OverlapState | None, phase: str | None, *, rollback: bool = False) -> Text:
+    """``✔ new revision up → ✔ new consumes → … old drains → · cut over`` (the retirement's steps once it began;
+    ``rollback``: the previous revision comes up, the deployed one drains)."""
     text = Text()
     if overlap is None:
         return Text("waiting for the pool update to be sent", style="dim")
     flow = FLOW if not overlap.retiring else RETIRE_FLOW[:1] + RETIRE_FLOW[2:]
     for i, (label, begins, ends) in enumerate(flow):
+        label = rollback_words(label + " ").strip() if rollback else label
         if i:
             text.append(" → ", style="dim")
         if overlap.seen(ends):
@@ -99,7 +111,9 @@ def new_doing(overlap: OverlapState) -> Text:
 
 
 def revision_rows(overlap: OverlapState, model: RunModel) -> list[Row]:
+    """One row per revision; on a rollback, ``from`` the deployed one ``to`` the previous one."""
     rows: list[Row] = []
+    back = model.kind == "rollback"
     for role, revision, doing in (("old", overlap.old, old_doing(overlap, model)),
                                   ("new", overlap.new, new_doing(overlap))):
         instances = overlap.instances.get(revision)
@@ -108,7 +122,8 @@ def revision_rows(overlap: OverlapState, model: RunModel) -> list[Row]:
         gone = overlap.seen("cut_over") if role == "old" else overlap.seen("retired")
         # Once its instances were taken away, the workers the last progress named are gone.
         who = "gone" if gone else "-" if workers is None else str(len(workers))
-        rows.append((role, (Text(role, style="bold"), revision or "-", "-" if instances is None else str(instances),
+        shown = {"old": "from", "new": "to"}[role] if back else role
+        rows.append((role, (Text(shown, style="bold"), revision or "-", "-" if instances is None else str(instances),
                             "-" if share is None else f"{share}%", who, doing)))
     return rows
 
@@ -184,7 +199,8 @@ class OverlapScreen(DrainScreen):
             return
         super().render_model(model)
         overlap = model.overlap
-        self.query_one("#overlap-steps", Static).update(steps_text(overlap, model.phase))
+        steps = steps_text(overlap, model.phase, rollback=model.kind == "rollback")
+        self.query_one("#overlap-steps", Static).update(steps)
         table = self.query_one("#revisions", DataTable)
         if overlap is not None:
             refill(table, revision_rows(overlap, model), fit="doing")

@@ -74,7 +74,9 @@ class PreflightScreen(ConsoleScreen):
         if not self.is_mounted:
             return
         what = {"deploy": "deploy " + (model.release or ""), "rollback": "rollback"}.get(model.kind or "", "drain")
-        if model.is_overlap and model.kind != "drain":
+        if model.is_overlap and model.kind == "rollback":
+            what += " (overlap: the previous revision consumes beside the deployed one)"
+        elif model.is_overlap and model.kind != "drain":
             what += " (overlap: the new revision consumes beside the old one)"
         self.query_one("#preflight-title", Static).update(
             Text.assemble((f"Before the {what}", "bold"), ": nothing has changed yet."))
