@@ -151,6 +151,8 @@ def test_sigkill_in_each_phase_then_abort_restores_exactly(fleet: SharedFleet, e
                                                            phase: str, stopped: bool) -> None:
     drain = run_cli(["drain", "--broker", fleet.url, *FAST, "--json"], env, kill_after=kill_after)
     assert drain.returncode == -signal.SIGKILL, (drain.returncode, drain.stdout, drain.stderr)
+    if stopped:  # broadcast before the kill: wait for a loaded worker to act on it (the drain would re-send it)
+        wait_for(lambda: fleet.consuming() == fleet.all_stopped(), 30, "the broadcast stop to land", step=0.3)
     assert fleet.consuming() == (fleet.all_stopped() if stopped else fleet.baseline)
 
     run = only_run(env)
@@ -189,7 +191,10 @@ def test_abort_after_a_one_queue_drain_gives_no_worker_a_queue_it_never_had(flee
     drain = run_cli(["drain", "--broker", fleet.url, "-Q", only_w2, *FAST, "--json"], env,
                     kill_after="phase:draining")
     assert drain.returncode == -signal.SIGKILL, (drain.returncode, drain.stdout, drain.stderr)
-    assert fleet.consuming() == {w1: fleet.baseline[w1], w2: fleet.baseline[w2] - {only_w2}}
+    # The stop was broadcast before the kill; a loaded worker may still be on its way to it (the drain would have
+    # re-sent it at its next poll): wait for it to land rather than read the fleet in the same instant.
+    stopped = {w1: fleet.baseline[w1], w2: fleet.baseline[w2] - {only_w2}}
+    wait_for(lambda: fleet.consuming() == stopped, 30, f"{w2} to stop consuming {only_w2}", step=0.3)
     run = only_run(env)
     wait_orphaned(coord, fleet_name, run.id)
     abort = run_cli(["abort", "--broker", fleet.url, "--json"], env)

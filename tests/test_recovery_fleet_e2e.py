@@ -67,7 +67,8 @@ def test_machine_lost_mid_drain_then_status_and_abort_from_another_machine(
         fleet: SharedFleet, owner_env: dict[str, str], other_env: dict[str, str],  # noqa: F811
         coord: redis.Redis, fleet_name: str) -> None:  # noqa: F811
     run_id = lose_machine(fleet, owner_env, "phase:draining")
-    assert fleet.consuming() == fleet.all_stopped()
+    # The stop was broadcast before the kill: wait for a loaded worker to act on it (the drain would re-send it).
+    wait_for(lambda: fleet.consuming() == fleet.all_stopped(), 30, "the broadcast stop to land", step=0.3)
     before = cli_json(["status", "--broker", fleet.url], other_env)
     assert before["run"]["id"] == run_id and before["run"]["phase"] == "draining", before
     assert before["run"]["held_by_fleet"] is True and before["run"]["in_local_journal"] is False
