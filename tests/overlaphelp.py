@@ -173,3 +173,18 @@ def wait_consuming(app: Any, workers: list[WorkerProcess], queue: str) -> None:
 
 def now() -> float:
     return time.time()
+
+
+def wait_lease_orphaned(pool: Pool) -> None:
+    """Until the killed run's lease (fleet ``default``) is orphaned or gone, read in Redis."""
+    from celeryops.ops.fleetwide.lease import read_lease
+
+    client = redis.Redis.from_url(pool.redis_url)
+    try:
+        def expired() -> bool:
+            lease = read_lease(client, "default")
+            return lease is None or lease.orphaned
+
+        wait_for(expired, WAIT, "the killed run's lease to be orphaned", step=0.2)
+    finally:
+        client.close()

@@ -15,7 +15,6 @@ import pytest
 import redis
 from celery import Celery
 
-from celeryops.ops.fleetwide.lease import read_lease
 from celeryops_harness.taskapp import until
 from celeryops_harness.workers import wait_for
 from clihelp import CliProcess, run_cli
@@ -31,6 +30,7 @@ from overlaphelp import (
     running_pool,
     steps,
     wait_consuming,
+    wait_lease_orphaned,
 )
 
 pytestmark = pytest.mark.slow
@@ -51,15 +51,7 @@ def elsewhere(pool: Pool) -> dict[str, str]:
 def orphaned(pool: Pool, env: dict[str, str], *, status: bool = False) -> dict[str, Any]:
     """Wait until the killed run's lease is orphaned (read in Redis); then, with ``status``, ``status --json`` (what
     recovery would do)."""
-    client = redis.Redis.from_url(pool.redis_url)
-    try:
-        def expired() -> bool:
-            lease = read_lease(client, "default")
-            return lease is None or lease.orphaned
-
-        wait_for(expired, WAIT, "the killed run's lease to be orphaned", step=0.2)
-    finally:
-        client.close()
+    wait_lease_orphaned(pool)
     found: dict[str, Any] = json.loads(run_cli(["status", "--json"], env, cwd=pool.dir).stdout) if status else {}
     return found
 

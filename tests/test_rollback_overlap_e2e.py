@@ -15,7 +15,6 @@ import pytest
 import redis
 from celery import Celery
 
-from celeryops.ops.fleetwide.lease import read_lease
 from celeryops_harness.taskapp import until
 from celeryops_harness.workers import wait_for
 from clihelp import CliProcess, run_cli
@@ -30,6 +29,7 @@ from overlaphelp import (
     make_pool,
     steps,
     wait_consuming,
+    wait_lease_orphaned,
 )
 
 pytestmark = pytest.mark.slow
@@ -147,15 +147,7 @@ def json_runs(pool: Pool) -> list[dict[str, Any]]:
 
 def orphaned(pool: Pool) -> dict[str, Any]:
     """Once the killed run's lease is orphaned: ``status --json`` (what recovery would do)."""
-    client = redis.Redis.from_url(pool.redis_url)
-    try:
-        def expired() -> bool:
-            lease = read_lease(client, "default")
-            return lease is None or lease.orphaned
-
-        wait_for(expired, WAIT, "the killed run's lease to be orphaned", step=0.2)
-    finally:
-        client.close()
+    wait_lease_orphaned(pool)
     return json.loads(run_cli(["status", "--json"], pool.env, cwd=pool.dir).stdout)  # type: ignore[no-any-return]
 
 
