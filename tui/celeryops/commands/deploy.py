@@ -49,7 +49,7 @@ def deploy(release: str, fleet: FleetSpec, targets: tuple[str, ...], yes: bool, 
     if strategy is not None:
         chosen = tuple(replace(t, strategy=strategy) for t in chosen)  # type: ignore[arg-type]
     if any(t.strategy == "overlap" for t in chosen):
-        from celeryops.ops.run.overlap import overlap_target
+        from celeryops.ops.run.overlap_rules import overlap_target
 
         overlap_target(chosen)  # one worker pool, or one sentence (exit 2) before anything is contacted
     from celeryops.commands.console import open_console, wants_console

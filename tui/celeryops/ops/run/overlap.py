@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 from celeryops.adapters.deploy.base import DeployError, PoolDeployer, PoolUpdate, RolloutState, short_revision
 from celeryops.adapters.gitrepo import GitRepo
 from celeryops.adapters.taskevents import start_watch
-from celeryops.core.config import DrainSettings, Target, overlap_refusal
+from celeryops.core.config import DrainSettings, Target
 from celeryops.core.errors import EXIT_DEPLOY, EXIT_OK, EXIT_PREFLIGHT, EXIT_TIMEOUT, EXIT_USAGE, UserError
 from celeryops.core.events import (
     DrainFinished,
@@ -73,6 +73,7 @@ from celeryops.ops.run.overlap_rules import (
     Plan,
     PoolNow,
     decide,
+    overlap_target,
     pool_now,
     progress_of,
     stopped_map,
@@ -147,21 +148,6 @@ def new_revision_name(target: Target, sha: str) -> str:
     """The new revision's name, chosen up front: ``<pool>-<short sha>-<4 hex>`` (Cloud Run wants a revision's name
     to start with its resource's)."""
     return f"{target.resource}-{sha[:7] or 'r'}-{secrets.token_hex(2)}"
-
-
-def overlap_target(targets: tuple[Target, ...]) -> Target:
-    """The one worker pool an overlap deploy moves; one sentence (exit 2) for anything else."""
-    if len(targets) != 1:
-        names = ", ".join(t.name for t in targets)
-        raise UserError(f"An overlap deploy moves one worker pool at a time and {len(targets)} targets were chosen "
-                        f"({names}): nothing was changed; deploy the worker pool alone with --target NAME (the others "
-                        "with --strategy drain).", EXIT_USAGE)
-    refusal = overlap_refusal(targets[0])
-    if refusal:
-        raise UserError(f"The overlap strategy is refused: {refusal}: nothing was changed; deploy it with "
-                        "--strategy drain.", EXIT_USAGE)
-    return targets[0]
-
 
 class RevisionHooks(JournalHooks):
     """The drain's write-ahead records, each stop tagged with the revision whose workers it stops."""

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from celeryops.adapters.deploy.base import RevisionInfo, RolloutState
+from celeryops.core.config import Target, overlap_refusal
+from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.ops.journal import CANCEL_CONSUMERS, OVERLAP_CUTOVER, OVERLAP_REVERT, OVERLAP_UP, Run
 from celeryops.ops.run.recovery import RecoveryPlan
 
@@ -219,3 +221,19 @@ def stopped_map(stopped: Mapping[str, Iterable[str]]) -> dict[str, list[str]]:
 def describe_split(split: Mapping[str, int] | Sequence[tuple[str, int]]) -> str:
     pairs = split.items() if isinstance(split, Mapping) else split
     return ", ".join(f"{rev or 'latest'} {pct}%" for rev, pct in pairs if pct > 0) or "no revision"
+
+
+def overlap_target(targets: Sequence[Target], *, rollback: bool = False) -> Target:
+    """The one worker pool an overlap deploy (or rollback) moves; one sentence (exit 2) for anything else."""
+    run, alone, other = (("rollback", "roll the worker pool back alone", "roll it back") if rollback else
+                         ("deploy", "deploy the worker pool alone", "deploy it"))
+    if len(targets) != 1:
+        names = ", ".join(t.name for t in targets)
+        raise UserError(f"An overlap {run} moves one worker pool at a time and {len(targets)} targets were chosen "
+                        f"({names}): nothing was changed; {alone} with --target NAME (the others with --strategy "
+                        "drain).", EXIT_USAGE)
+    refusal = overlap_refusal(targets[0])
+    if refusal:
+        raise UserError(f"The overlap strategy is refused: {refusal}: nothing was changed; {other} with --strategy "
+                        "drain.", EXIT_USAGE)
+    return targets[0]

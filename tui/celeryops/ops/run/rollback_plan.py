@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from celeryops.adapters.deploy.base import RevisionInfo, RolloutState, describe_split
-from celeryops.core.config import STRATEGIES, Config, Target, overlap_refusal
+from celeryops.core.config import STRATEGIES, Config, Target
 from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.ops.journal import DEPLOY_START, OVERLAP_CUTOVER, OVERLAP_UP, Journal, Record, Run, UnknownRun
+from celeryops.ops.run.overlap_rules import overlap_target
 
 Split = tuple[tuple[str, int], ...]
 HISTORY_DEPTH = 200  # how many of the fleet's latest runs are searched for a target's last deploy
@@ -100,15 +101,7 @@ def chosen_targets(config: Config, request: RollbackRequest, journal: Journal | 
         raise UserError(f"The targets ask for different strategies ({', '.join(sorted(strategies))}): nothing was "
                         "changed; roll them back one at a time (--target), or say --strategy.", EXIT_USAGE)
     if strategies == {"overlap"}:
-        if len(targets) != 1:
-            chosen = ", ".join(t.name for t in targets)
-            raise UserError(f"An overlap rollback moves one worker pool at a time and {len(targets)} targets were "
-                            f"chosen ({chosen}): nothing was changed; roll the worker pool back alone with --target "
-                            "NAME (the others with --strategy drain).", EXIT_USAGE)
-        refusal = overlap_refusal(targets[0])
-        if refusal:
-            raise UserError(f"The overlap strategy is refused: {refusal}: nothing was changed; roll it back with "
-                            "--strategy drain.", EXIT_USAGE)
+        overlap_target(targets, rollback=True)
     return targets
 
 
