@@ -8,6 +8,7 @@ import dataclasses
 from typing import Any
 
 import pytest
+from pilothelp import type_filter, until_true
 from textual.widgets import DataTable
 
 from celeryops.console import sample
@@ -184,11 +185,11 @@ async def test_home_filter_by_queue_and_task(app_factory: Any) -> None:
         await settle(pilot)
         table = app.screen.query_one("#workers", DataTable)
         assert table.row_count == 5
-        await press(pilot, "slash", "g", "p", "u")
+        await type_filter(pilot, "gpu")
         assert {str(k.value) for k in table.rows} == {"celery@gpu-1", "celery@gpu-2"}
         await press(pilot, "escape")
-        assert table.row_count == 5
-        await press(pilot, "slash", *"train")  # a task name held by a worker
+        await until_true(pilot, lambda: table.row_count == 5, "Esc to clear the filter")
+        await type_filter(pilot, "train")  # a task name held by a worker
         assert {str(k.value) for k in table.rows} == {"celery@worker-2", "celery@worker-3"}
 
 
@@ -249,7 +250,7 @@ async def test_typing_in_the_filter_does_not_trigger_keys(app_factory: Any) -> N
     app = app_factory()
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
-        await press(pilot, "slash", "s", "q", "S")  # slots / quit / start drain keys, typed as text
+        await type_filter(pilot, "sqS")  # slots / quit / start drain keys, typed as text
         assert isinstance(app.screen, HomeScreen) and app.is_running
         assert app.screen.needle == "sqS"
         assert app.backend.calls == []
@@ -262,7 +263,7 @@ async def test_drain_filter_keeps_only_matching_tasks(app_factory: Any) -> None:
         await press(pilot, "G", "y")
         table = app.screen.query_one(TaskTable)
         assert table.row_count == 12
-        await press(pilot, "slash", *"embed")
+        await type_filter(pilot, "embed")
         names = {table.get_cell(key, "name") for key in table.rows}
         assert names == {"ml.embed_batch"}
         app.sink(sample.progress(20))  # a new poll keeps the filter

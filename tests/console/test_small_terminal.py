@@ -7,6 +7,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from pilothelp import type_filter
 from test_pilot import deploy_backend, press, settle  # the Pilot tests' helpers (tests/console is on sys.path)
 from textual.widgets import DataTable, Footer, Static
 from textual.widgets._footer import FooterKey
@@ -100,7 +101,7 @@ async def test_filter_clear_key_shows_only_while_filtering(app_factory: Any) -> 
     async with app.run_test(size=SMALL) as pilot:
         await settle(pilot)
         assert await footer_shows(pilot, lambda k: "esc" not in k and "/" in k), footer_keys(app)
-        await press(pilot, "slash", "g", "p", "u")
+        await type_filter(pilot, "gpu")
         # typing: / goes into the box
         assert await footer_shows(pilot, lambda k: "esc" in k and "/" not in k), footer_keys(app)
         await press(pilot, "escape")

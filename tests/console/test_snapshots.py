@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from pilothelp import type_filter
 from textual.widgets import DataTable
 
 from celeryops.console import sample
@@ -201,7 +202,12 @@ def test_releases(snap_compare: Any, app_factory: Any) -> None:
 
 
 def test_releases_small(snap_compare: Any, app_factory: Any) -> None:
-    assert snap_compare(app_factory(picker_backend()), run_before=keys("D", "slash", "1", "3"), terminal_size=SMALL)
+    async def run_before(pilot: Any) -> None:
+        await keys("D")(pilot)
+        await type_filter(pilot, "13")
+        await tables_settled(pilot)
+
+    assert snap_compare(app_factory(picker_backend()), run_before=run_before, terminal_size=SMALL)
 
 
 def test_runs(snap_compare: Any, app_factory: Any) -> None:
