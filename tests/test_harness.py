@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import redis
 
-from celeryops.demo.standins.redis_server import RedisServer
+from celeryops.demo.standins.redis_server import PRIVATE_PORTS, PortTaken, RedisServer
 from celeryops_harness.taskapp import sleep
 from celeryops_harness.workers import wait_for
 
@@ -17,6 +18,39 @@ def test_private_redis_restarts_on_same_port(own_redis: RedisServer) -> None:
     assert own_redis.port == port
     assert client.get("k") is None  # nothing persisted: a restart is a clean server
     assert client.ping()
+
+
+def answering_pid(server: RedisServer) -> int:
+    client = redis.Redis.from_url(server.url)
+    try:
+        return int(client.info("server")["process_id"])
+    finally:
+        client.close()
+
+
+def test_private_redis_never_takes_another_servers_port() -> None:
+    """The session's server restarts on its port; if another server took the port meanwhile, the restart must fail
+    loudly, not hand the session the other server (whose test would flush it, stop it, and close our
+    connections). Before its first start a server that picked its port itself moves to another free one."""
+    first = RedisServer()
+    taker = RedisServer(port=first.port)
+    try:
+        assert first.port in PRIVATE_PORTS  # below the ephemeral range that outgoing connections use
+        taker.start()
+        first.start()  # its port was taken before it ever started: it moves
+        assert first.port != taker.port and answering_pid(first) != answering_pid(taker)
+        port = first.port
+        first.stop()
+        taker.stop()
+        taker.port = port  # another server takes the port while the first one is down
+        taker.start()
+        with pytest.raises(PortTaken, match=f"port {port} on 127.0.0.1 is taken by another"):
+            first.start()
+        assert first.port == port and not first.running
+        assert answering_pid(taker) == taker.pid  # the other server is left alone
+    finally:
+        first.close()
+        taker.close()
 
 
 def test_worker_runs_a_task(redis_url: str, redis_client: redis.Redis, start_workers, queue_name: str) -> None:

@@ -21,9 +21,7 @@ from celeryops_harness.workers import wait_for
 
 @pytest.fixture
 def cluster() -> Iterator[RedisCluster]:
-    port = free_port()
-    while port > 55000:  # the cluster bus listens on port + 10000
-        port = free_port()
+    port = free_port(range(20000, 22700))  # the cluster bus listens on port + 10000, below the ephemeral range
     workdir = Path(tempfile.mkdtemp(prefix="celeryops-cluster-"))
     proc = subprocess.Popen(
         ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
