@@ -25,7 +25,7 @@ from celeryops.console.model import RunModel, View
 from celeryops.console.ports import ConsoleBackend
 from celeryops.console.screens.base import ConsoleScreen
 from celeryops.console.screens.home import HomeScreen
-from celeryops.console.stylesheets import stylesheets
+from celeryops.console.stylesheets import screen_css
 from celeryops.console.terminal import driver_class
 from celeryops.core.errors import EXIT_INTERRUPTED, UserError
 from celeryops.core.masking import mask_text
@@ -73,7 +73,9 @@ class ConsoleApp(App[int]):
     """celeryops console. Returns the run's exit code (``errors.EXIT_*``) from ``run()``."""
 
     TITLE = "celeryops"
-    CSS_PATH: ClassVar[list[str | PurePath]] = list(stylesheets())
+    # Each screen brings its own stylesheet (read when it is first shown), but Textual does not read the default
+    # screen's (get_default_screen): the home view's is the application's, with the shared base.
+    CSS_PATH: ClassVar[list[str | PurePath]] = screen_css("base", "home")
     # Every screen gets -narrow or -wide, and -short or -tall: the .tcss files give 80x24 a compact layout.
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
     VERTICAL_BREAKPOINTS = [(0, "-short"), (30, "-tall")]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 from functools import lru_cache
 
-import humanize
 from rich.text import Text
 
 STATE_STYLE = {
@@ -29,6 +28,8 @@ def since(seconds: float | None) -> str:
 
 @lru_cache(maxsize=8192)
 def _since(seconds: int) -> str:
+    import humanize  # loaded with the first duration shown, not before the console's first frame
+
     return str(humanize.naturaldelta(dt.timedelta(seconds=seconds)))
 
 
@@ -36,6 +37,8 @@ def left(seconds: float) -> str:
     """Time left, precise to the second: ``4 minutes and 35 seconds``."""
     if seconds <= 0:
         return "0 seconds"
+    import humanize
+
     return str(humanize.precisedelta(dt.timedelta(seconds=round(seconds)), minimum_unit="seconds", format="%0.0f"))
 
 

@@ -11,6 +11,7 @@ from textual.widgets import DataTable, RichLog, Static
 from celeryops.console.fmt import ROLLOUT_STYLE, state_text
 from celeryops.console.model import LEVEL_STYLE, RunModel
 from celeryops.console.screens.base import ConsoleScreen, Row, refill
+from celeryops.console.stylesheets import screen_css
 
 # Cloud Run condition states, as the ops layer names them (succeeded, ...) or as the API does (CONDITION_...).
 COND_ICON = {"succeeded": ("✔", "green"), "failed": ("✘", "bold red"), "pending": ("…", "cyan"),
@@ -29,6 +30,7 @@ def conditions_text(conditions) -> Text:
 
 
 class DeployScreen(ConsoleScreen):
+    CSS_PATH = screen_css("deploy")
     VIEW_TITLE = "deploy"
     BINDINGS = [
         Binding("h", "app.show_home", "Home", id="deploy.home", tooltip="Back to the fleet; the rollout goes on."),

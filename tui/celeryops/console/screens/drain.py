@@ -12,12 +12,14 @@ from textual.widgets import Input, RichLog, Sparkline, Static
 from celeryops.console.fmt import since
 from celeryops.console.model import LEVEL_STYLE, RunModel
 from celeryops.console.screens.base import ConsoleScreen
+from celeryops.console.stylesheets import screen_css
 from celeryops.console.widgets.meters import Countdown, StreakMeter, WorkerBadges
 from celeryops.console.widgets.task_table import TaskTable
 from celeryops.core.events import DrainProgress
 
 
 class DrainScreen(ConsoleScreen):
+    CSS_PATH = screen_css("drain")
     VIEW_TITLE = "drain"
     DANGEROUS = frozenset({"abort", "forget_unknown"})
     BINDINGS = [

@@ -13,6 +13,7 @@ from textual.widgets import DataTable, Input, Static
 
 from celeryops.console.fmt import gauge, left, since, state_text
 from celeryops.console.screens.base import ConsoleScreen, Row, refill
+from celeryops.console.stylesheets import screen_css
 
 if TYPE_CHECKING:  # annotations only: the first frame does not wait for the ops layer's views
     from celeryops.ops.backend.views import FleetView, RunSummary, SlotsView
@@ -33,6 +34,7 @@ WORKER_COLUMNS = (("name", "Worker"), ("state", "State"), ("active", "Active"), 
 
 
 class HomeScreen(ConsoleScreen):
+    CSS_PATH = screen_css("home")
     VIEW_TITLE = "home"
     DANGEROUS = frozenset({"start_drain", "start_deploy", "restore_again"})
     BINDINGS = [

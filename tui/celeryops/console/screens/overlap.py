@@ -16,6 +16,7 @@ from textual.widgets import DataTable, Input, RichLog, Sparkline, Static
 from celeryops.console.model import OverlapState, RunModel
 from celeryops.console.screens.base import Row, refill
 from celeryops.console.screens.drain import DrainScreen
+from celeryops.console.stylesheets import screen_css
 from celeryops.console.widgets.meters import Countdown, StreakMeter, WorkerBadges
 from celeryops.console.widgets.task_table import TaskTable
 
@@ -129,6 +130,7 @@ def revision_rows(overlap: OverlapState, model: RunModel) -> list[Row]:
 
 
 class OverlapScreen(DrainScreen):
+    CSS_PATH = screen_css("drain", "overlap")
     VIEW_TITLE = "overlap deploy"
     DANGEROUS = frozenset({"abort", "forget_unknown"})
     BINDINGS = [

@@ -13,11 +13,13 @@ from textual.widgets import Static
 from celeryops.console.fmt import CHECK_ICON, CHECK_STYLE
 from celeryops.console.model import RunModel
 from celeryops.console.screens.base import ConsoleScreen
+from celeryops.console.stylesheets import screen_css
 
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 
 
 class PreflightScreen(ConsoleScreen):
+    CSS_PATH = screen_css("preflight")
     VIEW_TITLE = "preflight"
     DANGEROUS = frozenset({"proceed"})
     BINDINGS = [

@@ -11,6 +11,7 @@ from textual.widgets import DataTable, Input, Static
 
 from celeryops.console.fmt import shorten, since
 from celeryops.console.screens.base import ConsoleScreen, Row, refill
+from celeryops.console.stylesheets import screen_css
 from celeryops.core.errors import UserError
 from celeryops.core.masking import mask_text
 from celeryops.ops.backend.views import ReleasesView, ReleaseView
@@ -21,6 +22,7 @@ COLUMNS = (("name", "Release"), ("sha", "Commit"), ("age", "Age"), ("image", "Im
 
 
 class ReleasesScreen(ConsoleScreen):
+    CSS_PATH = screen_css("releases")
     VIEW_TITLE = "deploy: pick a release"
     DANGEROUS = frozenset({"deploy"})
     BINDINGS = [

@@ -11,12 +11,14 @@ from textual.widgets import Static
 
 from celeryops.console.fmt import since
 from celeryops.console.screens.base import ConsoleScreen
+from celeryops.console.stylesheets import screen_css
 from celeryops.ops.backend.views import RunView
 
 CHOICE_KEYS = {"resume": "R", "abort": "X", "detach": "D"}
 
 
 class ResumeScreen(ConsoleScreen):
+    CSS_PATH = screen_css("resume")
     VIEW_TITLE = "unfinished run"
     DANGEROUS = frozenset({"choose"})
     BINDINGS = [

@@ -13,6 +13,7 @@ from textual.widgets import DataTable, RichLog
 from celeryops.console.fmt import since
 from celeryops.console.model import LEVEL_STYLE
 from celeryops.console.screens.base import ConsoleScreen, Row, refill
+from celeryops.console.stylesheets import screen_css
 from celeryops.console.widgets.meters import compact_left
 from celeryops.core.errors import UserError
 from celeryops.core.masking import mask_text
@@ -24,6 +25,7 @@ COLUMNS = (("started", "Started"), ("kind", "Kind"), ("release", "Release"), ("p
 
 
 class RunsScreen(ConsoleScreen):
+    CSS_PATH = screen_css("runs")
     VIEW_TITLE = "runs"
     DANGEROUS = frozenset({"rollback"})
     BINDINGS = [
