@@ -34,7 +34,10 @@ def test_the_watch_reconnects_after_a_broker_restart_and_still_wakes_the_drain(o
             await asyncio.to_thread(watch.start)
             try:
                 await asyncio.to_thread(own_redis.restart)
-                await asyncio.to_thread(wait_for, lambda: watch.reconnects >= 1, WAIT, "the receiver to notice")
+                # No wait on watch.reconnects here: kombu's Redis poller may take the lost connection in its stride
+                # (it drops the dead LISTEN and subscribes again on its next cycle) or raise it to the watch, which
+                # reconnects: either way the restarted server starts with no subscription, so the end event below
+                # can only wake the drain through a receiver that came back.
                 tid = str(uuid.uuid4())
                 watch.on_event(armed_on(tid))
                 with app.connection_for_write() as conn:
