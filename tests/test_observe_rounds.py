@@ -57,8 +57,12 @@ def test_one_round_observes_what_the_standard_inspect_calls_observe(redis_url: s
     fleet = Fleet(app, timeout=5.0)
     try:
         # Different states: one plain worker stopped consuming one of its queues, the plugin worker too.
-        app.control.cancel_consumer("obs-x", destination=[plain[0].nodename], reply=True, timeout=5.0)
-        app.control.cancel_consumer("obs-d", destination=[plugin.nodename], reply=True, timeout=5.0)
+        # Confirmed by their replies: a cancel still queued at a loaded worker would land between the reference
+        # and our rounds.
+        for queue, worker in (("obs-x", plain[0]), ("obs-d", plugin)):
+            replies = app.control.cancel_consumer(queue, destination=[worker.nodename], reply=True, timeout=WAIT,
+                                                  limit=1)
+            assert replies and "ok" in replies[0][worker.nodename], replies
         for worker, queue in ((plain[0], "obs-a"), (plain[1], "obs-b"), (plugin, "obs-c")):
             load(app, worker, queue)
 
