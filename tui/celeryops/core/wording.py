@@ -72,9 +72,9 @@ def say(event: Event) -> Line | None:
         return ("error" if event.failed else "ok"), (f"Preflight: {event.failed} failed, {event.warnings} "
                                                      f"warning(s){accepted}.")
     if isinstance(event, DrainStarted):
-        return "info", (f"Draining {', '.join(event.queues)} on {len(event.workers)} worker(s): poll every "
-                        f"{event.interval:g}s, drained after {event.streak} empty polls in a row, give up after "
-                        f"{duration(event.max_wait)}.")
+        every = f"{round(event.interval, 2):g}s"
+        return "info", (f"Draining {', '.join(event.queues)} on {len(event.workers)} worker(s): poll every {every}, "
+                        f"drained after {event.streak} empty polls in a row, give up after {duration(event.max_wait)}.")
     if isinstance(event, ConsumersCancelled):
         return "info", (f"Consumers stopped on {', '.join(event.queues)} ({len(event.acknowledged)} worker(s) "
                         "confirmed).")
