@@ -629,3 +629,56 @@ def test_the_end_of_a_deploy_prints_each_targets_logs_beside_revision_url_and_co
     assert target["logs_url"] == "https://logs/x" and target["revision"] == "worker-00002-abc"
     assert decode("finished", finished.to_json()) == finished  # what `watch` reads back from the published status
     assert decode("target", deployed.to_json()) == deployed
+
+
+async def test_after_a_failed_revision_split_and_count_updates_finish_and_ready_stays_false(
+        standin: CloudRunStandIn, pool: Target, deployer: CloudRunDeployer) -> None:
+    """Cloud Run after a failed revision: latest created is the failed one, latest ready the last serving one, the
+    pool not Ready. An update of the split or count alone (a retirement, an abort, an overlap rollback) is applied
+    and done when the split statuses and the count say so, not when latest ready == latest created (which never
+    comes): it finishes without waiting out the target's timeout, and Ready stays False."""
+    old = short((await deployer.current(pool)).latest_ready_revision)
+    standin.fail_next_rollout("gpu")
+    with pytest.raises(DeployError) as info:
+        await deployer.update_worker_pool(pool, PoolUpdate(image="gpu:bad", revision="gpu-bad-0001", instance_count=2,
+                                                           split=((old, 50), ("gpu-bad-0001", 50))), ignore)
+    assert info.value.code == "ROLLOUT_FAILED", info.value
+    failed = await deployer.current(pool)
+    assert (short(failed.latest_created_revision), short(failed.latest_ready_revision)) == ("gpu-bad-0001", old)
+    assert failed.terminal_state == "failed" and not failed.settled and failed.served == {old: 100}
+    quick = replace(pool, timeout=30)  # the old rule (latest ready == latest created) ran into this, or failed
+    retired = await deployer.update_worker_pool(quick, PoolUpdate(instance_count=1, split=((old, 100),)), ignore)
+    assert short(retired.revision) == old
+    now = await deployer.current(pool)
+    assert now.served == {old: 100} and now.instance_count == 1 and now.caught_up
+    assert now.terminal_state == "failed" and short(now.latest_created_revision) == "gpu-bad-0001", now
+    assert short(now.latest_ready_revision) == old
+    routed = await deployer.route(quick, ((old, 100),), ignore, by="rollback run test")
+    assert short(routed.revision) == old and await deployer.route_outcome(pool, ((old, 100),)) == "ready"
+    assert (await deployer.current(pool)).terminal_state == "failed"  # Ready stays False until a good revision
+    good = await deployer.update_worker_pool(quick, PoolUpdate(image="gpu:2", split=(("", 100),)), ignore)
+    after = await deployer.current(pool)
+    assert after.ready and short(after.latest_ready_revision) == short(good.revision) != old
+
+
+async def test_revision_permissions_are_tested_and_named_with_their_role(standin: CloudRunStandIn, pool: Target,
+                                                                         deployer: CloudRunDeployer) -> None:
+    """An overlap deploy and a rollback read the pool's revisions: the deployer tests run.revisions.get/list with
+    test_iam_permissions; where Cloud Run does not take revision permissions on the resource (INVALID_ARGUMENT), it
+    finds them by reading. Each is named with the role that grants it."""
+    from celeryops.adapters.deploy.base import role_for
+    from celeryops.demo.standins.cloudrun import ALL_PERMISSIONS
+
+    assert await deployer.missing_revision_permissions(pool) == []
+    standin.grant(ALL_PERMISSIONS - {"run.revisions.list", "run.revisions.get"})
+    assert await deployer.missing_revision_permissions(pool) == ["run.revisions.get", "run.revisions.list"]
+    standin.grant(ALL_PERMISSIONS - {"run.revisions.get"})
+    standin.refuse(grpc.StatusCode.INVALID_ARGUMENT, "Permission run.revisions.get is not valid for this resource.",
+                   rpcs=["TestIamPermissions"], times=1)
+    assert await deployer.missing_revision_permissions(pool) == ["run.revisions.get"]  # found by reading
+    assert role_for("run.revisions.list") == "roles/run.viewer or roles/run.developer"
+    standin.grant(ALL_PERMISSIONS - {"run.revisions.list"})
+    with pytest.raises(DeployError) as info:
+        await deployer.revisions(pool)
+    assert info.value.permission == "run.revisions.list" and "roles/run.viewer or roles/run.developer" in str(
+        info.value)
