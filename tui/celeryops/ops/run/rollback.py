@@ -48,7 +48,7 @@ from celeryops.core.errors import EXIT_DEPLOY, EXIT_OK, EXIT_PREFLIGHT, EXIT_TIM
 from celeryops.core.events import Event, Notice, PhaseChanged, RunFinished, StageStarted, TargetRolledBack
 from celeryops.ops.journal import DEPLOY_START, FleetStoreDown, Run
 from celeryops.ops.preflight import Check, CheckResult, permissions_check, validate_check
-from celeryops.ops.preflight.overlap import PoolView, overlap_checks
+from celeryops.ops.preflight.overlap import PoolView, overlap_checks, revisions_check
 from celeryops.ops.run.overlap import Destination, OverlapDeploy
 from celeryops.ops.run.recovery import Rollout
 from celeryops.ops.run.rollback_plan import (
@@ -275,7 +275,11 @@ class Rollback:
     def checks(self, steps: Sequence[RollbackStep]) -> list[Check]:
         """The checks every rollback runs first (its strategy adds the rest): revision, permissions."""
         return [self._revision_check(steps),
-                permissions_check([(s.target.name, self._missing(s.target)) for s in steps])]
+                permissions_check([(s.target.name, self._missing(s.target)) for s in steps]),
+                revisions_check([(s.target.name, self._unreadable(s.target)) for s in steps])]
+
+    def _unreadable(self, target: Target) -> Callable[[], Awaitable[list[str]]]:
+        return lambda: self.router(target).missing_revision_permissions(target)
 
     def _missing(self, target: Target) -> Callable[[], Awaitable[list[str]]]:
         return lambda: self.router(target).missing_permissions(target)
