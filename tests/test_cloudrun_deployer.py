@@ -668,6 +668,7 @@ async def test_revision_permissions_are_tested_and_named_with_their_role(standin
     finds them by reading. Each is named with the role that grants it."""
     from celeryops.adapters.deploy.base import role_for
     from celeryops.demo.standins.cloudrun import ALL_PERMISSIONS
+    from celeryops.ops.preflight.overlap import revisions_check
 
     assert await deployer.missing_revision_permissions(pool) == []
     standin.grant(ALL_PERMISSIONS - {"run.revisions.list", "run.revisions.get"})
@@ -678,7 +679,46 @@ async def test_revision_permissions_are_tested_and_named_with_their_role(standin
     assert await deployer.missing_revision_permissions(pool) == ["run.revisions.get"]  # found by reading
     assert role_for("run.revisions.list") == "roles/run.viewer or roles/run.developer"
     standin.grant(ALL_PERMISSIONS - {"run.revisions.list"})
+    check = await revisions_check([(pool.name, lambda: deployer.missing_revision_permissions(pool))]).run()
+    assert (check.id, check.status, check.detail) == ("revisions", "fail", "gpu is missing run.revisions.list")
+    assert check.remedy == ("grant the account celeryops runs as roles/run.viewer or roles/run.developer (for "
+                            "run.revisions.list), then run preflight again")
     with pytest.raises(DeployError) as info:
         await deployer.revisions(pool)
     assert info.value.permission == "run.revisions.list" and "roles/run.viewer or roles/run.developer" in str(
         info.value)
+
+
+async def test_a_pool_without_manual_instance_count_is_read_as_one_and_the_overlap_says_so(
+        standin: CloudRunStandIn, pool: Target, deployer: CloudRunDeployer) -> None:
+    """A worker pool that sets no scaling.manual_instance_count runs Cloud Run's default of one instance: celeryops
+    counts 1, the overlap's traffic check says so in one sentence (ok: nothing is stopped), and the count is set
+    explicitly by the next count update (the overlap's cutover)."""
+    from celery import Celery
+
+    from celeryops.ops.preflight.overlap import PoolView, overlap_checks
+
+    state = await deployer.current(pool)  # the fixture's pool was seeded without a count
+    assert state.instance_count == 1 and not state.instance_count_set
+    assert standin.instances(POOL) and sum(len(i) for i in standin.instances(POOL).values()) == 1
+
+    async def read_pool() -> PoolView:
+        return PoolView(state)
+
+    async def validate(_change: PoolUpdate) -> None:
+        pass
+
+    async def known() -> list[str]:
+        return []
+
+    checks = overlap_checks(pool, read_pool, validate, "gpu:2", "gpu-new-0001", app=Celery("t"), fleet="f",
+                            known=known, has_registry=True)
+    traffic = await next(c for c in checks if c.id == "traffic").run()
+    assert traffic.status == "ok", traffic
+    assert traffic.detail.startswith("worker pool gpu sets no scaling.manual_instance_count, which Cloud Run runs as 1 "
+                                     "instance: celeryops counts 1 and sets it to 1 explicitly at the cutover; all 1 "
+                                     "instance(s) of worker pool gpu run "), traffic.detail
+    old = short(state.latest_ready_revision)
+    await deployer.update_worker_pool(pool, PoolUpdate(instance_count=1, split=((old, 100),)), ignore)
+    after = await deployer.current(pool)
+    assert after.instance_count == 1 and after.instance_count_set

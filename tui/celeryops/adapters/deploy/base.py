@@ -115,6 +115,8 @@ class RolloutState:
     #: How many instances run: a worker pool's ``scaling.manual_instance_count`` (1 when unset, Cloud Run's
     #: default), a service's in manual scaling; None for an autoscaled service (or a state from an older journal).
     instance_count: int | None = None
+    #: A worker pool's ``scaling.manual_instance_count`` is set (False: unset, read as Cloud Run's default of 1).
+    instance_count_set: bool = True
     #: The split celeryops itself left on the resource (a rollback's, recorded in its ``celeryops/split``
     #: annotation); empty: none. See :attr:`owned`.
     owned_split: tuple[tuple[str, int], ...] = ()

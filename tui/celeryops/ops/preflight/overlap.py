@@ -74,10 +74,12 @@ def overlap_checks(target: Target, read_pool: Callable[[], Awaitable[PoolView]],
             return CheckResult("traffic", "", "fail", f"{where} runs no instance (manual_instance_count 0)",
                                f"give it instances (gcloud run worker-pools update {target.resource} --instances N) "
                                "and deploy again")
-        return CheckResult("traffic", "", "ok", f"all {pool.count} instance(s) of {where} run {pool.old}; the {flow} "
-                           f"runs {pool.count} of {new_revision} beside them: {2 * pool.count} instances at the peak "
-                           "(quota, cost), then back to "
-                           f"{pool.count}")
+        unset = "" if pool.state.instance_count_set else (
+            f"{where} sets no scaling.manual_instance_count, which Cloud Run runs as 1 instance: celeryops counts 1 "
+            "and sets it to 1 explicitly at the cutover; ")
+        return CheckResult("traffic", "", "ok", f"{unset}all {pool.count} instance(s) of {where} run {pool.old}; the "
+                           f"{flow} runs {pool.count} of {new_revision} beside them: {2 * pool.count} instances at the "
+                           f"peak (quota, cost), then back to {pool.count}")
 
     async def validated() -> CheckResult:
         pool = await read_pool()
