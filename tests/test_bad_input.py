@@ -57,6 +57,7 @@ class World:
     git: GitFixture
     baseline_state: Path
     deployed_state: Path
+    changed_state: Path
 
     def config(self, **edits: str) -> str:
         """A valid celeryops.toml; ``edits`` replace whole lines by their key (``key=None`` text drops nothing)."""
@@ -100,7 +101,8 @@ class Row:
     words: str = ""  # must appear in the error sentence
     config: Callable[[World], str] | None = None  # celeryops.toml text (None: the valid one)
     env: dict[str, str] = field(default_factory=dict)
-    state: str = "journal"  # journal | deployed (a deploy of "worker" whose revision before is gone) | corrupt | none
+    state: str = "journal"  # journal | deployed (a deploy of "worker" whose revision before is gone) | changed (one
+    # whose revision no longer serves) | corrupt | none
     stdin_tty: bool = False
 
 
@@ -196,6 +198,9 @@ ROWS = [
     Row("rollback-target-never-deployed", _rollback("--target", "api"), 2, "has no deploy of target 'api'",
         config=_second_target, state="deployed"),
     Row("rollback-revision-gone", _rollback(), 2, "Revision worker-00000-gon of", state="deployed"),
+    # what serves is not what the recorded deploy left (deployed since from CI or the console): no two steps back
+    Row("rollback-deployed-since", _rollback(), 2, "was changed since by a deploy celeryops did not record",
+        state="changed"),
     Row("rollback-to-missing-revision", _rollback("--to", "worker-00099-zzz"), 2, "does not exist"),
     Row("rollback-strategy-overlap", _rollback("--strategy", "overlap"), 2, "--strategy drain"),
     Row("rollback-without-yes-no-tty", _plain("rollback"), 2, "--yes"),
@@ -277,14 +282,21 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         with Journal(state_dir=deployed) as journal:
             run = journal.create_run(fleet="default", broker=broker.url, release=BRANCH)
             gone = RolloutState(resource="worker", latest_ready_revision="worker-00000-gon").to_dict()
-            journal.settle(journal.intend_deploy(run.id, target="worker", image="img:1", previous=gone), {"ok": True})
+            serving = f"{registry.host}/proj/worker:old"  # what it left: the image that serves now
+            journal.settle(journal.intend_deploy(run.id, target="worker", image=serving, previous=gone), {"ok": True})
+            journal.advance(run.id, "failed", reason="seeded by the test")
+        changed = root / "changed-state"  # a deploy whose revision no longer serves: deployed since by CI or console
+        with Journal(state_dir=changed) as journal:
+            run = journal.create_run(fleet="default", broker=broker.url, release=BRANCH)
+            intent = journal.intend_deploy(run.id, target="worker", image="img:2", previous=gone)
+            journal.settle(intent, {"ok": True, "revision": "worker-00007-new"})
             journal.advance(run.id, "failed", reason="seeded by the test")
         app = Celery("bad-input-control", broker=broker.url)
         worker.wait_ready(app, timeout=60)
         app.close()
         yield World(root=root, broker=broker, secured=secured, down_url=down.url, worker=worker, queue=queue,
                     standin=endpoints[0], denied=endpoints[1], registry=registry.host, git=git, baseline_state=state,
-                    deployed_state=deployed)
+                    deployed_state=deployed, changed_state=changed)
     finally:
         worker.stop()
         for s in (standin, denied):
@@ -310,6 +322,8 @@ def _play(world: World, row: Row) -> Outcome:
         shutil.copytree(world.baseline_state, state)
     elif row.state == "deployed":
         shutil.copytree(world.deployed_state, state)
+    elif row.state == "changed":
+        shutil.copytree(world.changed_state, state)
     elif row.state == "corrupt":
         state.mkdir()
         (state / "journal.sqlite3").write_bytes(b"this is not a sqlite database\n" * 300)

@@ -629,3 +629,96 @@ def test_the_end_of_a_deploy_prints_each_targets_logs_beside_revision_url_and_co
     assert target["logs_url"] == "https://logs/x" and target["revision"] == "worker-00002-abc"
     assert decode("finished", finished.to_json()) == finished  # what `watch` reads back from the published status
     assert decode("target", deployed.to_json()) == deployed
+
+
+async def test_after_a_failed_revision_split_and_count_updates_finish_and_ready_stays_false(
+        standin: CloudRunStandIn, pool: Target, deployer: CloudRunDeployer) -> None:
+    """Cloud Run after a failed revision: latest created is the failed one, latest ready the last serving one, the
+    pool not Ready. An update of the split or count alone (a retirement, an abort, an overlap rollback) is applied
+    and done when the split statuses and the count say so, not when latest ready == latest created (which never
+    comes): it finishes without waiting out the target's timeout, and Ready stays False."""
+    old = short((await deployer.current(pool)).latest_ready_revision)
+    standin.fail_next_rollout("gpu")
+    with pytest.raises(DeployError) as info:
+        await deployer.update_worker_pool(pool, PoolUpdate(image="gpu:bad", revision="gpu-bad-0001", instance_count=2,
+                                                           split=((old, 50), ("gpu-bad-0001", 50))), ignore)
+    assert info.value.code == "ROLLOUT_FAILED", info.value
+    failed = await deployer.current(pool)
+    assert (short(failed.latest_created_revision), short(failed.latest_ready_revision)) == ("gpu-bad-0001", old)
+    assert failed.terminal_state == "failed" and not failed.settled and failed.served == {old: 100}
+    quick = replace(pool, timeout=30)  # the old rule (latest ready == latest created) ran into this, or failed
+    retired = await deployer.update_worker_pool(quick, PoolUpdate(instance_count=1, split=((old, 100),)), ignore)
+    assert short(retired.revision) == old
+    now = await deployer.current(pool)
+    assert now.served == {old: 100} and now.instance_count == 1 and now.caught_up
+    assert now.terminal_state == "failed" and short(now.latest_created_revision) == "gpu-bad-0001", now
+    assert short(now.latest_ready_revision) == old
+    routed = await deployer.route(quick, ((old, 100),), ignore, by="rollback run test")
+    assert short(routed.revision) == old and await deployer.route_outcome(pool, ((old, 100),)) == "ready"
+    assert (await deployer.current(pool)).terminal_state == "failed"  # Ready stays False until a good revision
+    good = await deployer.update_worker_pool(quick, PoolUpdate(image="gpu:2", split=(("", 100),)), ignore)
+    after = await deployer.current(pool)
+    assert after.ready and short(after.latest_ready_revision) == short(good.revision) != old
+
+
+async def test_revision_permissions_are_tested_and_named_with_their_role(standin: CloudRunStandIn, pool: Target,
+                                                                         deployer: CloudRunDeployer) -> None:
+    """An overlap deploy and a rollback read the pool's revisions: the deployer tests run.revisions.get/list with
+    test_iam_permissions; where Cloud Run does not take revision permissions on the resource (INVALID_ARGUMENT), it
+    finds them by reading. Each is named with the role that grants it."""
+    from celeryops.adapters.deploy.base import role_for
+    from celeryops.demo.standins.cloudrun import ALL_PERMISSIONS
+    from celeryops.ops.preflight.overlap import revisions_check
+
+    assert await deployer.missing_revision_permissions(pool) == []
+    standin.grant(ALL_PERMISSIONS - {"run.revisions.list", "run.revisions.get"})
+    assert await deployer.missing_revision_permissions(pool) == ["run.revisions.get", "run.revisions.list"]
+    standin.grant(ALL_PERMISSIONS - {"run.revisions.get"})
+    standin.refuse(grpc.StatusCode.INVALID_ARGUMENT, "Permission run.revisions.get is not valid for this resource.",
+                   rpcs=["TestIamPermissions"], times=1)
+    assert await deployer.missing_revision_permissions(pool) == ["run.revisions.get"]  # found by reading
+    assert role_for("run.revisions.list") == "roles/run.viewer or roles/run.developer"
+    standin.grant(ALL_PERMISSIONS - {"run.revisions.list"})
+    check = await revisions_check([(pool.name, lambda: deployer.missing_revision_permissions(pool))]).run()
+    assert (check.id, check.status, check.detail) == ("revisions", "fail", "gpu is missing run.revisions.list")
+    assert check.remedy == ("grant the account celeryops runs as roles/run.viewer or roles/run.developer (for "
+                            "run.revisions.list), then run preflight again")
+    with pytest.raises(DeployError) as info:
+        await deployer.revisions(pool)
+    assert info.value.permission == "run.revisions.list" and "roles/run.viewer or roles/run.developer" in str(
+        info.value)
+
+
+async def test_a_pool_without_manual_instance_count_is_read_as_one_and_the_overlap_says_so(
+        standin: CloudRunStandIn, pool: Target, deployer: CloudRunDeployer) -> None:
+    """A worker pool that sets no scaling.manual_instance_count runs Cloud Run's default of one instance: celeryops
+    counts 1, the overlap's traffic check says so in one sentence (ok: nothing is stopped), and the count is set
+    explicitly by the next count update (the overlap's cutover)."""
+    from celery import Celery
+
+    from celeryops.ops.preflight.overlap import PoolView, overlap_checks
+
+    state = await deployer.current(pool)  # the fixture's pool was seeded without a count
+    assert state.instance_count == 1 and not state.instance_count_set
+    assert standin.instances(POOL) and sum(len(i) for i in standin.instances(POOL).values()) == 1
+
+    async def read_pool() -> PoolView:
+        return PoolView(state)
+
+    async def validate(_change: PoolUpdate) -> None:
+        pass
+
+    async def known() -> list[str]:
+        return []
+
+    checks = overlap_checks(pool, read_pool, validate, "gpu:2", "gpu-new-0001", app=Celery("t"), fleet="f",
+                            known=known, has_registry=True)
+    traffic = await next(c for c in checks if c.id == "traffic").run()
+    assert traffic.status == "ok", traffic
+    assert traffic.detail.startswith("worker pool gpu sets no scaling.manual_instance_count, which Cloud Run runs as 1 "
+                                     "instance: celeryops counts 1 and sets it to 1 explicitly at the cutover; all 1 "
+                                     "instance(s) of worker pool gpu run "), traffic.detail
+    old = short(state.latest_ready_revision)
+    await deployer.update_worker_pool(pool, PoolUpdate(instance_count=1, split=((old, 100),)), ignore)
+    after = await deployer.current(pool)
+    assert after.instance_count == 1 and after.instance_count_set

@@ -15,6 +15,7 @@ import pytest
 import redis
 from celery import Celery
 
+from celeryops.demo.standins.cloudrun import ALL_PERMISSIONS
 from celeryops_harness.taskapp import until
 from celeryops_harness.workers import wait_for
 from clihelp import CliProcess, run_cli
@@ -123,12 +124,22 @@ def test_killed_at_each_step_then_abort_or_resume(tmp_path: Path, redis_url: str
 
 def test_killed_while_retiring_resume_finishes_the_retirement(small: Pool, redis_control: Celery) -> None:
     """The new revision fails to start, the retirement begins (written ahead) and celeryops dies: resume finishes
-    it (exit 6: the deploy did not take place) and the pool runs the old revision alone."""
+    it (exit 6: the deploy did not take place) and the pool runs the old revision alone. Before that, a resume that
+    may not read the pool's revisions says which permission and which role, changing nothing on the pool."""
     pool = small
     pool.standin.fail_next_rollout("worker")
     killed = run_cli(pool.args(), pool.env, cwd=pool.dir, kill_after="intent:overlap_revert", timeout=240)
     assert killed.returncode == -signal.SIGKILL, killed.stdout[-2000:] + killed.stderr[-2000:]
     orphaned(pool, pool.env)
+    generation = pool.standin.resource("worker").generation
+    pool.standin.grant(ALL_PERMISSIONS - {"run.revisions.list"})
+    denied = run_cli(["resume", "--json"], pool.env, cwd=pool.dir, timeout=240)
+    pool.standin.grant(None)
+    assert denied.returncode == 6 and "Traceback" not in denied.stderr, denied.stdout[-3000:] + denied.stderr[-3000:]
+    message = events_of(denied.stdout)[-1]["message"]
+    assert "may not read it or its revisions (run.revisions.list is missing)" in message, message
+    assert "grant roles/run.viewer or roles/run.developer to the account celeryops runs as" in message, message
+    assert pool.standin.resource("worker").generation == generation  # nothing changed on the pool
     result = run_cli(["resume", "--json"], pool.env, cwd=pool.dir, timeout=240)
     assert result.returncode == 6, result.stdout[-3000:] + result.stderr[-3000:]
     final = events_of(result.stdout)[-1]

@@ -151,6 +151,26 @@ def test_cloud_run_silent_decides_nothing_about_the_pool() -> None:
         assert decided.step == "ask" and "Cloud Run does not answer" in decided.explanation
 
 
+def test_revisions_that_may_not_be_read_are_named_with_their_role() -> None:
+    """Cloud Run refused to show the pool's revisions for want of a permission: one sentence names it and the role
+    that grants it (asking again would get the same refusal), instead of "Cloud Run does not answer"."""
+    from celeryops.adapters.deploy.base import DeployError
+
+    rec = up()
+    stop(rec, OLD)
+    denied = DeployError("The permission run.revisions.list is missing on Cloud Run worker pool worker.",
+                         code="PERMISSION_DENIED", permission="run.revisions.list",
+                         role="roles/run.viewer or roles/run.developer")
+    for resume in (False, True):
+        decided = decide(rec.run("draining"), None, resume=resume, denied=denied)
+        assert decided.step == "ask", decided
+        assert decided.explanation == (
+            "Run r1 changed worker pool worker, and celeryops may not read it or its revisions (run.revisions.list is "
+            "missing), so it cannot tell how far the run got and changed nothing on the pool (stopped consumers are "
+            "given back): grant roles/run.viewer or roles/run.developer to the account celeryops runs as, then run "
+            "`celeryops resume` or `celeryops abort` again.")
+
+
 def test_a_finished_run_has_nothing_left() -> None:
     assert decide(up().run("done"), UP, resume=True).step == "done"
 

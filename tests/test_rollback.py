@@ -6,6 +6,7 @@ in one sentence. Real google-cloud-run clients over gRPC to the stand-in; a real
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,6 +15,8 @@ import pytest
 import redis
 from google.cloud import run_v2
 from google.cloud.run_v2.services.services.transports import ServicesGrpcTransport
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from celeryops.adapters.deploy import CloudRunDeployer, DeployError, RouteStarted
 from celeryops.adapters.deploy.base import PoolUpdate, RevisionInfo, RolloutState
@@ -24,10 +27,13 @@ from celeryops.ops.fleetwide.publish import Publisher, read_status, status_key
 from celeryops.ops.journal import OVERLAP_CUTOVER, OVERLAP_UP, Journal
 from celeryops.ops.preflight import traffic_check
 from celeryops.ops.run.rollback_plan import (
+    Recorded,
     RollbackRequest,
     RollbackStep,
+    changed_since,
     checked_step,
     chosen_targets,
+    recorded_deploy,
     replaced_split,
     settings_of,
     steps_of,
@@ -339,3 +345,63 @@ async def test_a_pool_update_records_its_split_as_celeryops_own_only_when_told(
     await deployer.update_worker_pool(target, PoolUpdate(split=((first, 50), (second, 50))), lambda e: None)
     state = await deployer.current(target)
     assert not state.owned and not {"celeryops/split", "celeryops/split-by"} & set(standin.resource(POOL).annotations)
+
+
+def test_the_previous_revision_comes_from_the_journal_the_fleet_holds(tmp_path: Path,
+                                                                      redis_client: redis.Redis) -> None:
+    """A deploy made on another machine (a CI runner whose disk is gone) is in the fleet's Redis copy of the
+    journal: a rollback on this machine, whose own journal never saw it, goes back to what it replaced. Of a run both
+    journals hold, the copy with more records wins; with Redis down, this machine's journal alone."""
+    from celeryops.ops.journal import FleetStore
+
+    fleet = f"f{uuid.uuid4().hex[:6]}"
+    config = replace(_config(SVC), run=replace(Config().run, fleet=fleet))
+    store = FleetStore(redis_client, fleet, ttl=3600, ended_ttl=600)
+    previous = RolloutState(resource=SERVICE, latest_ready_revision=f"{SERVICE}/revisions/worker-00004-ci")
+    with Journal(state_dir=tmp_path / "ci", fleet_store=store) as ci:
+        run = ci.create_run(fleet=fleet, broker="redis://x", release="r-9")
+        intent = ci.intend_deploy(run.id, target="web", image="app:9", previous=previous.to_dict())
+        ci.settle(intent, {"ok": True, "revision": f"{SERVICE}/revisions/worker-00005-new"})
+        ci.advance(run.id, "aborted", reason="seeded by the test")  # an ended run: the fleet keeps it
+    with Journal(state_dir=tmp_path / "laptop", fleet_store=store) as laptop:
+        assert laptop.history(5, fleet) == []  # this machine never saw it
+        found = recorded_deploy(config, laptop, SVC)
+        assert found.replaced == (("worker-00004-ci", 100),)
+        assert found.source == f"replaced by run {run.id}, release r-9"
+        assert found.left == (("worker-00005-new", 100),) and found.image == "app:9" and found.run == run.id
+    down = redis.Redis(port=1, retry=Retry(NoBackoff(), 0), decode_responses=True)  # nothing listens there
+    with Journal(state_dir=tmp_path / "offline", fleet_store=FleetStore(down, fleet)) as offline:
+        with pytest.raises(UserError) as info:
+            replaced_split(config, offline, SVC)
+        assert "has no deploy of target 'web' that took effect" in str(info.value) and offline.fleet_unread
+
+
+def test_a_deploy_since_the_recorded_one_stops_the_rollback_before_anything_changes() -> None:
+    """What serves now is checked against what the recorded deploy left: the same (or what it replaced: rolled back
+    already) goes on; anything else (CI without celeryops, gcloud, the console deployed since) is one sentence asking
+    for --to, never a silent two steps back. Where the record names no revision, the serving revision's image is
+    compared with the deploy's."""
+    recorded = Recorded(replaced=(("worker-00001-aaa", 100),), source="replaced by run R1", left=(
+        ("worker-00002-bbb", 100),), image="app:2", run="R1")
+
+    def serving(*split: tuple[str, int]) -> RolloutState:
+        return RolloutState(resource=SERVICE, latest_ready_revision=f"{SERVICE}/revisions/{split[0][0]}",
+                            traffic=split, traffic_statuses=split)
+
+    revisions = [RevisionInfo("worker-00003-ci", image="app:3"), RevisionInfo("worker-00002-bbb", image="app:2"),
+                 RevisionInfo("worker-00001-aaa", image="app:1")]
+    changed_since(SVC, recorded, serving(("worker-00002-bbb", 100)), revisions)  # what it left: fine
+    changed_since(SVC, recorded, serving(("worker-00001-aaa", 100)), revisions)  # rolled back already: fine
+    with pytest.raises(UserError) as info:
+        changed_since(SVC, recorded, serving(("worker-00003-ci", 100)), revisions)
+    assert info.value.exit_code == EXIT_USAGE
+    assert str(info.value) == (
+        "Cloud Run service worker in p/r serves worker-00003-ci 100%, not worker-00002-bbb 100% that run R1 left, so "
+        "it was changed since by a deploy celeryops did not record (CI, gcloud or the Cloud console) and going back "
+        "to worker-00001-aaa 100% could skip it: nothing was changed; name the revision to go back to with --to "
+        "REVISION.")
+    by_image = replace(recorded, left=())
+    changed_since(SVC, by_image, serving(("worker-00002-bbb", 100)), revisions)
+    with pytest.raises(UserError) as info:
+        changed_since(SVC, by_image, serving(("worker-00003-ci", 100)), revisions)
+    assert "not the image app:2 that run R1 left" in str(info.value)

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from google.cloud import run_v2
 
 from celeryops_harness.taskapp import until
 from celeryops_harness.workers import wait_for
@@ -63,15 +64,25 @@ def split_record(pool: Pool) -> dict[str, str]:
 
 def test_overlap_rollback_never_pauses_and_the_next_deploy_moves_on(
         tmp_path: Path, redis_url: str, queue_name: str, redis_client: redis.Redis, redis_control: Celery) -> None:
-    """Deployed with overlap, then rolled back with overlap while a long task runs on the deployed revision and a
-    steady stream of short tasks flows: the previous revision comes back beside it (2 -> 4 instances), consumes, the
-    deployed revision's workers stop and are drained (the long task ends where it started), every instance moves
-    back. Every task runs exactly once, and short tasks kept completing throughout."""
+    """Deployed with overlap, then a deploy whose new revision fails (retired: the pool stays not Ready, its latest
+    created revision the failed one, as on Cloud Run), then rolled back with overlap while a long task runs on the
+    deployed revision and a steady stream of short tasks flows: the previous revision comes back beside it (2 -> 4
+    instances), consumes, the deployed revision's workers stop and are drained (the long task ends where it started),
+    every instance moves back; the rollback's updates change only the split and the count, so they finish although
+    the pool is not Ready. Every task runs exactly once, and short tasks kept completing throughout."""
     pool = make_pool(tmp_path, redis_url, queue_name)
     try:
         previous = pool.old
         deployed = deployed_with_overlap(pool)
         deployed_workers = {w.nodename for w in pool.alive(deployed)}
+        pool.standin.fail_next_rollout("worker")
+        failed = run_cli(pool.args(), pool.env, cwd=pool.dir, timeout=240)
+        assert failed.returncode == 6 and steps(events_of(failed.stdout))[-1] == "retired", failed.stdout[-3000:]
+        broken = pool.standin.resource("worker")
+        assert broken.terminal_condition.state == run_v2.Condition.State.CONDITION_FAILED
+        assert broken.latest_ready_revision.endswith(f"/{deployed}") and broken.latest_created_revision != \
+            broken.latest_ready_revision
+        wait_for(lambda: pool.instances() == {deployed: pool.count}, WAIT, "the deployed revision alone again")
         with until.app.connection_for_write(redis_url) as conn:
             long_task = until.apply_async(args=("rollback-test:long",), queue=pool.queue, connection=conn).id
         wait_for(lambda: started(redis_client, [long_task]), WAIT, "the long task to start on the deployed revision")
@@ -107,7 +118,10 @@ def test_overlap_rollback_never_pauses_and_the_next_deploy_moves_on(
 
         # Back on the previous revision: no new revision, no image, no build; the split is celeryops' own.
         serves(pool, redis_control, previous)
-        assert len(pool.standin.revisions("worker")) == 2
+        assert len(pool.standin.revisions("worker")) == 3  # the rollback made none (the third one failed)
+        still = pool.standin.resource("worker")  # still not Ready: only a good revision makes it Ready again
+        assert still.terminal_condition.state == run_v2.Condition.State.CONDITION_FAILED
+        assert still.latest_created_revision == broken.latest_created_revision
         assert split_record(pool) == {"celeryops/split": f"{previous}=100",
                                       "celeryops/split-by": f"rollback run {json_runs(pool)[0]['id']}"}
         (target,) = done["targets"]
@@ -127,7 +141,8 @@ def test_overlap_rollback_never_pauses_and_the_next_deploy_moves_on(
         assert [e["step"] for e in events if e["event"] == "deploy" and e["step"] in ("started", "routing")] == [
             "routing", "routing"]
         history = json_runs(pool)
-        assert [(r["kind"], r["phase"]) for r in history[:2]] == [("rollback", "done"), ("deploy", "done")]
+        assert [(r["kind"], r["phase"]) for r in history[:3]] == [("rollback", "done"), ("deploy", "aborted"),
+                                                                   ("deploy", "done")]
 
         # The next deploy (a drain deploy: it refuses a pinned split that is not celeryops' own) moves on.
         again = run_cli(["deploy", "demo-2", "--strategy", "drain", "--yes", "--accept-warnings", "--json", "--repo",

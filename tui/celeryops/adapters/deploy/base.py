@@ -34,6 +34,10 @@ class DeployError(UserError):
         self.logs_url = logs_url
 
 
+#: What an overlap deploy and a rollback read besides the resource: its revisions (which exist, which are ready,
+#: how many instances each runs). Granted by roles/run.viewer (read only) and by roles/run.developer.
+REVISION_PERMISSIONS: tuple[str, ...] = ("run.revisions.get", "run.revisions.list")
+
 #: The role that grants each permission a deploy needs (``iam.serviceAccounts.actAs`` is granted on the runtime
 #: service account itself, not on the project or the Cloud Run resource).
 PERMISSION_ROLES: dict[str, str] = {
@@ -42,8 +46,8 @@ PERMISSION_ROLES: dict[str, str] = {
     "run.workerpools.get": "roles/run.developer",
     "run.workerpools.update": "roles/run.developer",
     "run.operations.get": "roles/run.developer",
-    "run.revisions.get": "roles/run.developer",
-    "run.revisions.list": "roles/run.developer",
+    "run.revisions.get": "roles/run.viewer or roles/run.developer",
+    "run.revisions.list": "roles/run.viewer or roles/run.developer",
     "iam.serviceAccounts.actAs": "roles/iam.serviceAccountUser",
 }
 
@@ -111,6 +115,8 @@ class RolloutState:
     #: How many instances run: a worker pool's ``scaling.manual_instance_count`` (1 when unset, Cloud Run's
     #: default), a service's in manual scaling; None for an autoscaled service (or a state from an older journal).
     instance_count: int | None = None
+    #: A worker pool's ``scaling.manual_instance_count`` is set (False: unset, read as Cloud Run's default of 1).
+    instance_count_set: bool = True
     #: The split celeryops itself left on the resource (a rollback's, recorded in its ``celeryops/split``
     #: annotation); empty: none. See :attr:`owned`.
     owned_split: tuple[tuple[str, int], ...] = ()
@@ -491,6 +497,10 @@ class Router(Deployer, Protocol):
         """After an interruption: did routing to ``split`` take effect?"""
         ...
 
+    async def missing_revision_permissions(self, target: Target) -> list[str]:
+        """Of :data:`REVISION_PERMISSIONS`, those the caller lacks on the target (empty: it may read revisions)."""
+        ...
+
 
 class PoolDeployer(Deployer, Protocol):
     """A deployer that runs a worker pool's revisions side by side (CloudRunDeployer): an overlap deploy's."""
@@ -507,4 +517,8 @@ class PoolDeployer(Deployer, Protocol):
 
     async def revisions(self, target: Target) -> list[RevisionInfo]:
         """The pool's revisions, newest first, with the instances Cloud Run wants each to run."""
+        ...
+
+    async def missing_revision_permissions(self, target: Target) -> list[str]:
+        """Of :data:`REVISION_PERMISSIONS`, those the caller lacks on the pool (empty: it may read revisions)."""
         ...

@@ -38,6 +38,7 @@ from google.cloud.run_v2 import Service, UpdateServiceRequest, UpdateWorkerPoolR
 from google.longrunning import operations_pb2
 
 from celeryops.adapters.deploy.base import (
+    REVISION_PERMISSIONS,
     DeployError,
     DeployResult,
     Outcome,
@@ -169,6 +170,51 @@ class CloudRunDeployer:
         granted = set(reply.permissions)
         return [p for p in wanted if p not in granted]
 
+    async def missing_revision_permissions(self, target: Target) -> list[str]:
+        """Of ``run.revisions.get`` and ``run.revisions.list`` (what an overlap deploy and a rollback read), those the
+        caller lacks: asked with ``test_iam_permissions`` on the resource; where Cloud Run does not take revision
+        permissions there (INVALID_ARGUMENT), found by reading one revision and listing them."""
+        clients = await self._clients(target)
+        client = clients.services if target.kind == "cloudrun-service" else clients.worker_pools
+        wanted = list(REVISION_PERMISSIONS)
+        try:
+            reply = await client.test_iam_permissions(
+                request={"resource": target.resource_path, "permissions": wanted},
+                retry=self._read_retry(), timeout=self.rpc_timeout)
+        except gexc.InvalidArgument:
+            return await self._probe_revisions(clients, target)
+        except gexc.GoogleAPICallError as exc:
+            raise api_error(target, exc, "check permissions on", permission_for(target, "get")) from None
+        except gexc.RetryError as exc:
+            raise unavailable_error(target, exc, "check permissions on") from None
+        granted = set(reply.permissions)
+        return [p for p in wanted if p not in granted]
+
+    async def _probe_revisions(self, clients: CloudRunClients, target: Target) -> list[str]:
+        """The revision permissions found missing by using them: a listing of one revision, a read of the latest."""
+        missing: list[str] = []
+        try:
+            pager = await clients.revisions.list_revisions(
+                request={"parent": target.resource_path, "page_size": 1}, retry=self._read_retry(),
+                timeout=self.rpc_timeout)
+            latest = next(iter(pager.revisions), None)
+        except gexc.PermissionDenied:
+            missing.append("run.revisions.list")
+            latest = None
+        except gexc.GoogleAPICallError as exc:
+            raise api_error(target, exc, "list the revisions of", "run.revisions.list") from None
+        name = latest.name if latest is not None else (await self.current(target)).latest_created_revision
+        if name:
+            try:
+                await clients.revisions.get_revision(name=name, retry=self._read_retry(), timeout=self.rpc_timeout)
+            except gexc.PermissionDenied:
+                missing.append("run.revisions.get")
+            except gexc.NotFound:
+                pass
+            except gexc.GoogleAPICallError as exc:
+                raise api_error(target, exc, "read a revision of", "run.revisions.get") from None
+        return sorted(missing)
+
     async def validate(self, target: Target, image: str) -> None:
         """Send the update :meth:`deploy` would send with ``validate_only=True``: Cloud Run checks it (actAs on
         the runtime service account included) and changes nothing. Raises DeployError with its refusal, when a
@@ -249,8 +295,12 @@ class CloudRunDeployer:
             on_progress(RouteStarted(target.name, main, describe_split(change.split), operation, previous))
         else:
             on_progress(RolloutStarted(target.name, asked.image, operation, before.latest_ready_revision))
+        # No new revision: done once Cloud Run caught up and serves the split at the count asked, whatever the
+        # latest created revision's state (after a failed revision the pool stays not Ready until a good one comes).
         return await self._watch(clients, target, asked.image, operation, before, on_progress,
-                                 split=asked.traffic or (("", 100),), new_revision=new_revision)
+                                 split=asked.traffic or (("", 100),), new_revision=new_revision,
+                                 route=not new_revision,
+                                 count=asked.instance_count if change.instance_count is not None else None)
 
     async def route(self, target: Target, split: tuple[tuple[str, int], ...], on_progress: ProgressCallback, *,
                     by: str = "") -> DeployResult:
@@ -433,11 +483,12 @@ class CloudRunDeployer:
     async def _watch(self, clients: CloudRunClients, target: Target, image: str, operation: str,
                      before: RolloutState, on_progress: ProgressCallback, *,
                      split: tuple[tuple[str, int], ...] | None = None, new_revision: bool = True,
-                     route: bool = False) -> DeployResult:
+                     route: bool = False, count: int | None = None) -> DeployResult:
         """Poll the operation, then the resource, until it succeeded and serves what was asked: all traffic
         (instances) on the latest revision, or exactly ``split`` (``route``: an update that makes no revision is done
-        once Cloud Run caught up and serves the split, whatever the latest created revision's state). Transient
-        errors and an exhausted quota are retried (the quota with backoff) for ``poll_grace`` seconds."""
+        once Cloud Run caught up and serves the split, and ``count`` instances when given, whatever the latest
+        created revision's state: a failed one keeps the resource not Ready, and is not this update's failure).
+        Transient errors and an exhausted quota are retried (the quota with backoff) for ``poll_grace`` seconds."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + target.timeout
         tracker = ProgressTracker(target.name, before, on_progress)
@@ -504,7 +555,7 @@ class CloudRunDeployer:
                 created = state.latest_created_revision or created
                 if state.succeeded or (route and state.caught_up):
                     served = state.serves(split) if split is not None else state.ready
-                    if served:
+                    if served and (count is None or state.instance_count == count):
                         on_progress(RolloutReady(target.name, state.latest_ready_revision if new_revision else ""))
                         revision = state.latest_ready_revision
                         return DeployResult(target.name, image, revision, before.latest_ready_revision, operation,
@@ -513,7 +564,9 @@ class CloudRunDeployer:
                     if split is None and state.pinned:  # pinned meanwhile (someone else's update)
                         raise traffic_pinned(target, state, image=image)
                     # the split asked for is not reported as served yet: keep polling
-                if not state.reconciling and state.terminal_state == "failed":
+                # A route's update is judged once Cloud Run acted on it: until then a failure it reports is an
+                # earlier revision's (which keeps the resource not Ready), not this update's.
+                if not state.reconciling and state.terminal_state == "failed" and (not route or state.caught_up):
                     raise await self._failed(clients, target, image, before, state.latest_created_revision,
                                              resource.terminal_condition.message or "no message")
             if loop.time() > deadline:

@@ -94,6 +94,7 @@ def state_of(target: Target, resource: Any) -> RolloutState:
         uri=uri,
         service_account=resource.template.service_account,
         instance_count=instance_count(resource),
+        instance_count_set=isinstance(resource, Service) or "manual_instance_count" in resource.scaling,
         owned_split=parse_split(resource.annotations.get(SPLIT_ANNOTATION, "")),
         tagged=tuple((t.tag, short_revision(t.revision)) for t in resource.traffic
                      if t.tag and t.revision and t.type_ != _LATEST_TRAFFIC) if isinstance(resource, Service) else (),

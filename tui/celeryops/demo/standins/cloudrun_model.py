@@ -5,7 +5,10 @@ An update whose template changed (or, for a worker pool, with ``force_new_revisi
 reconciling and a long-running operation is returned whose metadata is the resource being reconciled; after
 ``rollout_seconds`` (per rollout adjustable) the operation finishes with the resource as response, or, for an
 injected failure, with an error while ``latest_ready_revision`` stays the old revision and the terminal condition
-carries the message (several lines with a Logs URL, as Cloud Run writes it).
+carries the message (several lines with a Logs URL, as Cloud Run writes it). As on Cloud Run, after a failed
+revision ``latest_created_revision`` is the failed one and ``latest_ready_revision`` the last serving one, and the
+resource stays not Ready until a revision that becomes ready comes: an update that changes only the split or the
+count is applied (``observed_generation``, the split statuses and the count follow it) and Ready stays False.
 
 An update keeps the resource's ``annotations`` as sent (tools record their own data there). Like Cloud Run, it
 keeps the split of a service's ``traffic`` (a worker pool's ``instance_splits``) on every
@@ -277,11 +280,13 @@ class CloudRunModel:
         msg = res.message
         names = _SERVICE_CONDITIONS if res.is_service else _POOL_CONDITIONS
         msg.reconciling = False
-        if ok:
-            msg.observed_generation = msg.generation
+        msg.observed_generation = msg.generation  # a failed generation was observed too
+        if ok and not self._failed_latest(res):
             msg.latest_ready_revision = msg.latest_created_revision
             msg.terminal_condition = condition("Ready", _State.CONDITION_SUCCEEDED)
             msg.conditions = [condition(n, _State.CONDITION_SUCCEEDED) for n in names]
+            self._route(res)
+        elif ok:  # a split or count alone, while the latest created revision failed: applied, and still not Ready
             self._route(res)
         else:
             msg.terminal_condition = condition("Ready", _State.CONDITION_FAILED, message)
@@ -289,6 +294,14 @@ class CloudRunModel:
                 condition(n, _State.CONDITION_SUCCEEDED) for n in names[1:]]
         msg.etag = f'"{uuid.uuid4().hex[:12]}"'
         msg.update_time = timestamp_now()
+
+    @staticmethod
+    def _failed_latest(res: ResourceRecord) -> bool:
+        """The latest created revision failed: Cloud Run keeps ``latest_ready_revision`` on the last good one, and
+        the resource not Ready (its failure kept), until a revision that becomes ready comes."""
+        latest = next((r for r in res.revisions if r.name == res.message.latest_created_revision), None)
+        return latest is not None and any(c.type_ == "Ready" and c.state == _State.CONDITION_FAILED
+                                          for c in latest.conditions)
 
     # -- splits: a service's traffic, a worker pool's instance_splits ---------------------------------------------
 
@@ -399,7 +412,7 @@ class CloudRunModel:
                 msg.conditions = [condition("ConfigurationsReady", _State.CONDITION_RECONCILING,
                                              f"Creating revision {short}.")] + [
                     condition(n, _State.CONDITION_RECONCILING, f"Waiting for revision {short}.") for n in names[1:]]
-            else:
+            elif not self._failed_latest(res):  # else the failure stays the resource's Ready until a good revision
                 msg.terminal_condition = condition("Ready", _State.CONDITION_RECONCILING, "Routing traffic.")
             msg.etag = f'"{uuid.uuid4().hex[:12]}"'
             msg.update_time = timestamp_now()

@@ -123,6 +123,24 @@ class FleetStore:
         held = self.read(ids[0]) if ids else None
         return held.run if held is not None and held.run.finished else None
 
+    def recent_runs(self, limit: int) -> list[HeldRun]:
+        """The fleet's latest ``limit`` runs still kept, open and ended (an ended one for ``ended_ttl``, the latest
+        100), newest first: what any machine of the fleet did, e.g. the deploy a rollback goes back from."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zrevrange(self._keys("")[2], 0, limit - 1, withscores=True)
+        pipe.zrevrange(self._keys("")[3], 0, limit - 1, withscores=True)
+        scored = {_text(i): float(score) for listing in pipe.execute() for i, score in listing}
+        ids = sorted(scored, key=lambda i: (scored[i], i), reverse=True)[:limit]
+        if not ids:
+            return []
+        for run_id in ids:
+            head, rec, _, _ = self._keys(run_id)
+            pipe.hgetall(head)
+            pipe.lrange(rec, 0, -1)
+        replies = pipe.execute()
+        held = (_held(replies[i], replies[i + 1]) for i in range(0, len(replies), 2))
+        return [h for h in held if h is not None]
+
     def open_runs(self) -> list[HeldRun]:
         """The fleet's open runs, oldest first (ids whose keys expired are skipped)."""
         ids = [_text(i) for i in self.client.zrange(self._keys("")[2], 0, -1)]

@@ -396,6 +396,26 @@ class Journal:
 
         return self.read_sql(work)
 
+    def fleet_history(self, limit: int, fleet: str) -> list[Run]:
+        """The fleet's latest ``limit`` runs, newest first: this journal's and those the fleet's Redis keeps (runs of
+        any machine: a CI runner's deploy; ended ones for the fleet store's ``ended_ttl``). Of a run both hold, the
+        copy with more records. Redis down: this journal's alone (``fleet_unread`` says why)."""
+        runs = {line.id: self.get(line.id) for line in self.history(limit, fleet)}
+        store = self.fleet_copy.store_for(fleet)
+        if store is not None:
+            try:
+                held = store.recent_runs(limit)
+            except redis.RedisError as exc:
+                self.fleet_unread = mask_text(str(exc)).rstrip(".")
+                held = []
+            else:
+                self.fleet_unread = None
+            for copy in held:
+                mine = runs.get(copy.run.id)
+                if mine is None or len(copy.run.records) >= len(mine.records):
+                    runs[copy.run.id] = copy.run
+        return sorted(runs.values(), key=lambda r: (r.created, r.id), reverse=True)[:limit]
+
     def latest_ended(self, fleet: str) -> Run | None:
         """The fleet's latest run if it has ended, of this journal or of the fleet's copy (a run another machine
         ran), whichever began last; None when the latest is open or there is none. Redis down: this journal's."""

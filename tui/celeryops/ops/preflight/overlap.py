@@ -7,7 +7,10 @@ They replace the drain deploy's ``traffic``, ``validate`` and ``fence`` checks a
 - ``validate``: Cloud Run accepts the exact update that brings the new revision up (validate only);
 - ``fence``: FAILS unless every known worker runs the fence plugin of this fleet and can be held by revision: the
   old revision's workers are told apart by it, and only they may stop;
-- ``mixed_versions``: warns that old and new code consume the same queues for a while.
+- ``mixed_versions``: warns that old and new code consume the same queues for a while;
+- ``revisions`` (:func:`revisions_check`, a rollback's too): FAILS unless the caller may read the pool's revisions
+  (``run.revisions.get``, ``run.revisions.list``: roles/run.viewer or roles/run.developer), which every step and
+  every recovery reads.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from celery import Celery
 
 from celeryops.adapters.deploy.base import DeployError, PoolUpdate, RolloutState, role_for
 from celeryops.core.config import Target
+from celeryops.ops.preflight.checks import MissingPermissions, permissions_check
 from celeryops.ops.preflight.framework import Check, CheckResult, one_line
 
 REVISION_SCOPE = "only_revisions"  # the fence plugin feature an overlap needs (celeryops.fence.record.FEATURES)
@@ -48,10 +52,11 @@ class PoolView:
 def overlap_checks(target: Target, read_pool: Callable[[], Awaitable[PoolView]],
                    validate: Callable[[PoolUpdate], Awaitable[None]], image: str, new_revision: str, *,
                    app: Celery, fleet: str, known: Callable[[], Awaitable[Collection[str]]],
-                   has_registry: bool, rollback: bool = False) -> list[Check]:
+                   has_registry: bool, rollback: bool = False,
+                   revisions: MissingPermissions | None = None) -> list[Check]:
     """``read_pool``: the pool now (shared by the checks); ``validate``: sends an update with validate_only.
     ``rollback``: the checks of an overlap rollback (``new_revision`` exists already: the scale-up sets no image),
-    told in its words."""
+    told in its words. ``revisions``: the revision permissions the caller lacks (adds :func:`revisions_check`)."""
     flow, alternative = ("rollback", "roll back") if rollback else ("deploy", "deploy")
     old_one, new_one, idle = ("the deployed revision", "the previous one", "the deployed one") if rollback else \
         ("the old revision", "the new one", "the old one")
@@ -69,10 +74,12 @@ def overlap_checks(target: Target, read_pool: Callable[[], Awaitable[PoolView]],
             return CheckResult("traffic", "", "fail", f"{where} runs no instance (manual_instance_count 0)",
                                f"give it instances (gcloud run worker-pools update {target.resource} --instances N) "
                                "and deploy again")
-        return CheckResult("traffic", "", "ok", f"all {pool.count} instance(s) of {where} run {pool.old}; the {flow} "
-                           f"runs {pool.count} of {new_revision} beside them: {2 * pool.count} instances at the peak "
-                           "(quota, cost), then back to "
-                           f"{pool.count}")
+        unset = "" if pool.state.instance_count_set else (
+            f"{where} sets no scaling.manual_instance_count, which Cloud Run runs as 1 instance: celeryops counts 1 "
+            "and sets it to 1 explicitly at the cutover; ")
+        return CheckResult("traffic", "", "ok", f"{unset}all {pool.count} instance(s) of {where} run {pool.old}; the "
+                           f"{flow} runs {pool.count} of {new_revision} beside them: {2 * pool.count} instances at the "
+                           f"peak (quota, cost), then back to {pool.count}")
 
     async def validated() -> CheckResult:
         pool = await read_pool()
@@ -146,10 +153,18 @@ def overlap_checks(target: Target, read_pool: Callable[[], Awaitable[PoolView]],
                            "optional, none removed), accept with --accept-warning mixed_versions, or "
                            f"{alternative} with --strategy drain")
 
-    return [Check("traffic", "Instances on one revision (peak shown)", traffic, timeout=30),
-            Check("validate", "Cloud Run accepts the scale-up", validated, timeout=30),
-            Check("fence", "Fence plugin on every worker (required)", fence, timeout=20),
-            Check("mixed_versions", "Old and new code side by side", mixed, timeout=30)]
+    checks = [Check("traffic", "Instances on one revision (peak shown)", traffic, timeout=30),
+              Check("validate", "Cloud Run accepts the scale-up", validated, timeout=30),
+              Check("fence", "Fence plugin on every worker (required)", fence, timeout=20),
+              Check("mixed_versions", "Old and new code side by side", mixed, timeout=30)]
+    return checks + ([revisions_check([(target.name, revisions)])] if revisions is not None else [])
+
+
+def revisions_check(targets: list[tuple[str, MissingPermissions]]) -> Check:
+    """``revisions``: fails unless the caller may read each target's revisions (``run.revisions.get`` and
+    ``run.revisions.list``), naming the role that grants them: an overlap deploy and a rollback read them at every
+    step, and their recovery decides from them."""
+    return permissions_check(targets, check_id="revisions", title="Revisions readable (run.revisions.get/list)")
 
 
 def _names(names: list[str], limit: int = 4) -> str:

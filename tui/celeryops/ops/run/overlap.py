@@ -177,6 +177,7 @@ class OverlapDeploy:
     session: RunSession
     _completed: tuple[float, int] | None = field(default=None, init=False)
     _words: Words = field(default=DEPLOY_WORDS, init=False)  # a rollback run's: see :meth:`_kind`
+    _denied: DeployError | None = field(default=None, init=False)  # the pool could not be read: a permission
 
     # -- entry points ------------------------------------------------------------------------------------------
 
@@ -216,7 +217,8 @@ class OverlapDeploy:
 
         own = overlap_checks(target, read_pool, validate, destination.image or destination.revision,
                              destination.revision, app=runner.fleet.app, fleet=runner.fleet_name,
-                             known=runner.fleet.members, has_registry=runner.coord is not None)
+                             known=runner.fleet.members, has_registry=runner.coord is not None,
+                             revisions=lambda: deployer.missing_revision_permissions(target))
         replaced = {c.id for c in own}
         return [*(c for c in session._release_checks(release, sha, (target,)) if c.id not in replaced),
                 *(c for c in session._fleet_checks() if c.id not in replaced), *own]
@@ -377,6 +379,7 @@ class OverlapDeploy:
         try:
             state, revisions = await asyncio.gather(deployer.current(target), deployer.revisions(target))
         except DeployError as err:
+            self._denied = err if err.permission else None
             self.emit(Notice(level="warning", message=f"Cloud Run did not say how the pool is: {err}"))
             return None
         return pool_now(state, revisions)
@@ -445,7 +448,7 @@ class OverlapDeploy:
         """Abort (``resume`` False) or resume ``run`` by the rules, from its journal and the pool now."""
         run = await self.runner.journal.aio.get(run.id)
         pool = None if progress_of(run).plan is None else await self._pool(target)
-        decision = decide(run, pool, resume=resume)
+        decision = decide(run, pool, resume=resume, denied=self._denied)
         self.emit(Notice(level="info", message=decision.explanation))
         plan = progress_of(run).plan
         if decision.step == "done":

@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from celeryops.adapters.deploy.base import RevisionInfo, RolloutState
+from celeryops.adapters.deploy.base import DeployError, RevisionInfo, RolloutState, role_for
 from celeryops.core.config import Target, overlap_refusal
 from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.ops.journal import CANCEL_CONSUMERS, OVERLAP_CUTOVER, OVERLAP_REVERT, OVERLAP_UP, Run
@@ -150,9 +150,10 @@ class Decision:
     explanation: str
 
 
-def decide(run: Run, pool: PoolNow | None, *, resume: bool) -> Decision:
+def decide(run: Run, pool: PoolNow | None, *, resume: bool, denied: DeployError | None = None) -> Decision:
     """The next step of ``abort`` (``resume`` False) or ``resume`` for the overlap run ``run``, given the pool now
-    (None: Cloud Run could not be asked)."""
+    (None: Cloud Run could not be asked; ``denied``: it refused for want of a permission, which the sentence names
+    with its role: asking again changes nothing until it is granted)."""
     p = progress_of(run)
     if run.finished:
         return Decision("done", f"Run {run.id} already ended ({run.outcome or run.phase}): there is nothing to do.")
@@ -162,6 +163,12 @@ def decide(run: Run, pool: PoolNow | None, *, resume: bool) -> Decision:
         return Decision("nothing", f"Run {run.id} was interrupted before it changed the worker pool: there is "
                                    "nothing to undo; it will be marked aborted.")
     plan = p.plan
+    if pool is None and denied is not None:
+        return Decision("ask", f"Run {run.id} changed worker pool {plan.target}, and celeryops may not read it or "
+                               f"its revisions ({denied.permission} is missing), so it cannot tell how far the run got "
+                               "and changed nothing on the pool (stopped consumers are given back): grant "
+                               f"{denied.role or role_for(denied.permission)} to the account celeryops runs as, then "
+                               f"run `{RESUME}` or `{ABORT}` again.")
     if pool is None:
         return Decision("ask", f"Run {run.id} changed worker pool {plan.target} and Cloud Run does not answer, so "
                                "nothing about the pool was decided (stopped consumers are given back): run "

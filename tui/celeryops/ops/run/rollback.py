@@ -48,17 +48,19 @@ from celeryops.core.errors import EXIT_DEPLOY, EXIT_OK, EXIT_PREFLIGHT, EXIT_TIM
 from celeryops.core.events import Event, Notice, PhaseChanged, RunFinished, StageStarted, TargetRolledBack
 from celeryops.ops.journal import DEPLOY_START, FleetStoreDown, Run
 from celeryops.ops.preflight import Check, CheckResult, permissions_check, validate_check
-from celeryops.ops.preflight.overlap import PoolView, overlap_checks
+from celeryops.ops.preflight.overlap import PoolView, overlap_checks, revisions_check
 from celeryops.ops.run.overlap import Destination, OverlapDeploy
 from celeryops.ops.run.recovery import Rollout
 from celeryops.ops.run.rollback_plan import (
+    Recorded,
     RollbackRequest,
     RollbackStep,
     Split,
+    changed_since,
     checked_step,
     chosen_targets,
     label_of,
-    replaced_split,
+    recorded_deploy,
     settings_of,
     steps_of,
     strategy_of,
@@ -250,20 +252,22 @@ class Rollback:
         """Each target's step (bad input: UserError, exit 2; Cloud Run unreadable: its sentence, exit 5)."""
         journal = self.runner.journal
         targets = await asyncio.to_thread(chosen_targets, self.config, request, journal)  # one strategy
-        wanted: list[tuple[Target, Split, str]] = []
+        wanted: list[tuple[Target, Split, str, Recorded | None]] = []
         for target in targets:
             if request.to:
-                wanted.append((target, ((request.to, 100),), "named with --to"))
+                wanted.append((target, ((request.to, 100),), "named with --to", None))
             else:
-                split, source = await asyncio.to_thread(replaced_split, self.config, journal, target, request.run_id)
-                wanted.append((target, split, source))
+                record = await asyncio.to_thread(recorded_deploy, self.config, journal, target, request.run_id)
+                wanted.append((target, record.replaced, record.source, record))
 
-        async def step(target: Target, split: Split, source: str) -> RollbackStep:
+        async def step(target: Target, split: Split, source: str, recorded: Recorded | None) -> RollbackStep:
             router = self.router(target)
             try:
                 now, revisions = await asyncio.gather(router.current(target), router.revisions(target))
             except DeployError as err:
                 raise UserError(str(err), EXIT_PREFLIGHT) from None
+            if recorded is not None:  # what serves now must be what the recorded deploy left: no two steps back
+                changed_since(target, recorded, now, revisions)
             return checked_step(target, split, source, now, revisions, strategy_of(request, target))
 
         steps = await asyncio.gather(*(step(*w) for w in wanted), return_exceptions=True)  # every read ends here
@@ -275,7 +279,11 @@ class Rollback:
     def checks(self, steps: Sequence[RollbackStep]) -> list[Check]:
         """The checks every rollback runs first (its strategy adds the rest): revision, permissions."""
         return [self._revision_check(steps),
-                permissions_check([(s.target.name, self._missing(s.target)) for s in steps])]
+                permissions_check([(s.target.name, self._missing(s.target)) for s in steps]),
+                revisions_check([(s.target.name, self._unreadable(s.target)) for s in steps])]
+
+    def _unreadable(self, target: Target) -> Callable[[], Awaitable[list[str]]]:
+        return lambda: self.router(target).missing_revision_permissions(target)
 
     def _missing(self, target: Target) -> Callable[[], Awaitable[list[str]]]:
         return lambda: self.router(target).missing_permissions(target)

@@ -2,11 +2,14 @@
 (from the run journal) or the revision named with ``--to``, checked against the revisions Cloud Run has. No I/O but
 reading the journal handed in; every refusal is one sentence (:class:`~celeryops.core.errors.UserError`, exit 2).
 
-The journal records, for every deploy, the target's state before it (the ``deploy_start`` intent's ``previous``;
-an overlap deploy's ``overlap_up`` intent's ``before``): what served then (``traffic_statuses``: a split, usually one
-revision at 100%) is what the deploy replaced. Only
+The journal read is the one the fleet holds (its Redis copy: any machine's deploys, a CI runner's too) as well as this
+machine's. The journal records, for every deploy, the target's state before it (the ``deploy_start`` intent's
+``previous``; an overlap deploy's ``overlap_up`` intent's ``before``): what served then (``traffic_statuses``: a split,
+usually one revision at 100%) is what the deploy replaced. Only
 deploys that took effect count, and only deploys: a rollback's own routes do not, so rolling back twice leaves the
-target where the first rollback left it (say ``--to`` to go elsewhere)."""
+target where the first rollback left it (say ``--to`` to go elsewhere). What serves now is checked against what that
+deploy left (:func:`changed_since`): a deploy since then that the journal does not know stops the rollback before
+anything changes, asking for ``--to``: never a silent two steps back."""
 
 from __future__ import annotations
 
@@ -14,11 +17,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from celeryops.adapters.deploy.base import RevisionInfo, RolloutState, describe_split
+from celeryops.adapters.deploy.base import RevisionInfo, RolloutState, describe_split, short_revision
 from celeryops.core.config import STRATEGIES, Config, Target
 from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.ops.journal import DEPLOY_START, OVERLAP_CUTOVER, OVERLAP_UP, Journal, Record, Run, UnknownRun
-from celeryops.ops.run.overlap_rules import overlap_target
+from celeryops.ops.run.overlap_rules import Plan, overlap_target
 
 Split = tuple[tuple[str, int], ...]
 HISTORY_DEPTH = 200  # how many of the fleet's latest runs are searched for a target's last deploy
@@ -140,9 +143,9 @@ def took_effect(run: Run, start: Record) -> bool:
 
 def last_deploy(journal: Journal, fleet: str, target: str, run_id: str = "") -> tuple[Run, Record] | None:
     """The latest deploy of ``target`` that took effect (of run ``run_id`` only, when given), with the intent that
-    started it (:func:`starts`); None when the journal has none."""
-    runs: Iterable[Run] = [deploy_run(journal, run_id)] if run_id else (
-        journal.get(line.id) for line in journal.history(HISTORY_DEPTH, fleet))
+    started it (:func:`starts`); None when the journal has none. Read from the journal the fleet holds (any
+    machine's deploys: a CI runner's too) as well as this machine's."""
+    runs: Iterable[Run] = [deploy_run(journal, run_id)] if run_id else journal.fleet_history(HISTORY_DEPTH, fleet)
     for run in runs:
         if run.kind != "deploy":
             continue  # a rollback's own routes are not deploys: rolling back twice stays put
@@ -152,8 +155,27 @@ def last_deploy(journal: Journal, fleet: str, target: str, run_id: str = "") -> 
     return None
 
 
+@dataclass(frozen=True)
+class Recorded:
+    """The last deploy of a target as the fleet's journal records it: ``replaced`` (the split that served before
+    it), ``source`` (in words), and what it left serving: ``left`` (its revision at 100%; empty when the record does
+    not name it) and ``image``."""
+
+    replaced: Split
+    source: str
+    left: Split = ()
+    image: str = ""
+    run: str = ""
+
+
 def replaced_split(config: Config, journal: Journal, target: Target, run_id: str = "") -> tuple[Split, str]:
     """What the last deploy of ``target`` replaced, as the split that served then, and where it came from."""
+    found = recorded_deploy(config, journal, target, run_id)
+    return found.replaced, found.source
+
+
+def recorded_deploy(config: Config, journal: Journal, target: Target, run_id: str = "") -> Recorded:
+    """The last deploy of ``target`` (:class:`Recorded`): what it replaced, and what it left serving."""
     found = last_deploy(journal, config.run.fleet, target.name, run_id)
     if found is None:
         where = f"run {run_id}" if run_id else f"the journal {journal.path}"
@@ -166,7 +188,42 @@ def replaced_split(config: Config, journal: Journal, target: Target, run_id: str
         raise UserError(f"The deploy of run {run.id} created the first revision of {target.display}, so there is no "
                         "revision before it: nothing was changed; name one with --to REVISION.", EXIT_USAGE)
     release = f", release {run.release}" if run.release else ""
-    return split, f"replaced by run {run.id}{release}"
+    return Recorded(split, f"replaced by run {run.id}{release}", *left_by(run, start), run=run.id)
+
+
+def left_by(run: Run, start: Record) -> tuple[Split, str]:
+    """What the deploy ``start`` began left serving: its revision at 100% (an overlap deploy's new revision; a drain
+    deploy's settled revision; empty when not recorded) and its image."""
+    image = str(start.payload.get("image") or "")
+    if start.intent == OVERLAP_UP:
+        plan = Plan.from_payload(start.payload)
+        return ((plan.new, 100),) if plan.new else (), plan.image or image
+    settled = run.settlement(start.seq)
+    revision = str(settled.payload.get("revision") or "") if settled is not None else ""
+    return (((short_revision(revision), 100),) if revision else ()), image
+
+
+def changed_since(target: Target, recorded: Recorded, now: RolloutState,
+                  revisions: Sequence[RevisionInfo]) -> None:
+    """Refuse (one sentence, exit 2, nothing changed) when what serves now is neither what the recorded deploy left
+    nor what it replaced (a rollback already done): a deploy since then that the fleet's journal does not know (CI
+    without celeryops, gcloud, the Cloud console) would be skipped by going back to what the recorded one replaced."""
+    serving = dict(now.served_split)
+    if not serving or serving == dict(recorded.replaced):
+        return
+    if recorded.left:
+        if serving == dict(recorded.left):
+            return
+    else:
+        images = {r.name: r.image for r in revisions}
+        main = now.served_split[0][0]
+        if not recorded.image or images.get(main, recorded.image) == recorded.image:
+            return
+    left = describe_split(recorded.left) if recorded.left else f"the image {recorded.image}"
+    raise UserError(f"{target.display} serves {describe_split(now.served_split)}, not {left} that run "
+                    f"{recorded.run} left, so it was changed since by a deploy celeryops did not record (CI, gcloud or "
+                    f"the Cloud console) and going back to {describe_split(recorded.replaced)} could skip it: nothing "
+                    "was changed; name the revision to go back to with --to REVISION.", EXIT_USAGE)
 
 
 def replaced_by(start: Record) -> Split:
