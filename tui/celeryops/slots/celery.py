@@ -22,8 +22,9 @@ gives up. Slots are work-conserving (the handoff): a release, or the reaping of 
 slots to the oldest parked task that now fits, in the same Lua script, and a waker thread of any worker of the pool
 sends that task to the pool's wake queue (``celeryops.slots.<prefix>.<pool>``, which every worker of the pool
 consumes) at once. The countdown retry stays as the fallback for a lost wake-up (a worker killed with it, Redis
-restarted). Both copies carry the wait's ticket (the ``celeryops_slot_ticket`` header): the first to claim the slots
-runs, the other acknowledges and drops itself (``Ignore``), so a task runs once. ``CELERYOPS_SLOTS_HANDOFF=0``
+restarted), spread by +-20 % and doubled at each new wait of the same task, up to 6x. Both copies carry the wait's
+ticket (the ``celeryops_slot_ticket`` header): the first to claim the slots runs, the other acknowledges and drops
+itself (``Ignore``), so a task runs once. ``CELERYOPS_SLOTS_HANDOFF=0``
 turns the handoff off (retries only).
 Slots are released in ``finally``; ``after_return`` is the safety net (skipping RETRY): it releases whatever the
 task's id still holds in this process, such as slots a task body acquired itself through ``runtime(app)`` (the
@@ -52,6 +53,7 @@ import base64
 import json
 import logging
 import os
+import random
 import threading
 import uuid
 from collections.abc import Iterable, Mapping
@@ -70,6 +72,8 @@ from celeryops.slots.worker import Dropped, Holding, LeaseLost, SlotRuntime, cla
 log = logging.getLogger("celeryops.slots")
 TICKET_HEADER = "celeryops_slot_ticket"
 POOL_HEADER = "celeryops_slot_pool"
+WAITS_HEADER = "celeryops_slot_waits"  # how many times the task was parked: its fallback retry backs off
+FALLBACK_BACKOFF_MAX = 6
 
 __all__ = ["ENV_PREFIX", "RESERVED", "Holding", "LeaseLost", "SlotRuntime", "SlotSettings", "SlotTask", "SlotsBusy",
            "install", "runtime", "settings_from_env", "slot_task", "static_needs"]
@@ -197,12 +201,13 @@ class SlotTask(Task):  # type: ignore[misc]
         req = self.request
         lease_id = req.id or f"direct-{uuid.uuid4()}"  # a task called as a function has no id
         ticket, ticket_pool = _take_ticket(req)
+        waits = _int(_take(req, WAITS_HEADER))
         holding: Holding | Dropped | None = None
         if not ticket or not rt.settings.handoff:  # a woken or retried copy goes straight to the parking acquire
             holding = rt.acquire(lease_id, needs, name=self.name, worker=req.hostname or "", ticket=ticket,
                                  ticket_pool=ticket_pool)
         if holding is None:
-            holding = self._wait_for_slots(rt, lease_id, needs, ticket, ticket_pool)
+            holding = self._wait_for_slots(rt, lease_id, needs, ticket, ticket_pool, waits)
         if isinstance(holding, Dropped):
             log.info("slots: task %s[%s] dropped: another copy of it %s", self.name, lease_id,
                      {"running": "runs", "done": "ran", "stale": "waits under a newer ticket"}.get(holding.why,
@@ -227,7 +232,7 @@ class SlotTask(Task):  # type: ignore[misc]
         return {t: list(d) for t, d in devices.items()}
 
     def _wait_for_slots(self, rt: SlotRuntime, lease_id: str, needs: Mapping[str, int],
-                        ticket: str, ticket_pool: str) -> Holding | Dropped:
+                        ticket: str, ticket_pool: str, waits: int) -> Holding | Dropped:
         """Park the request (the pool that refuses it keeps the message that wakes it) and send the fallback retry;
         the holding if the parking acquire got the slots after all."""
         req = self.request
@@ -236,13 +241,18 @@ class SlotTask(Task):  # type: ignore[misc]
         countdown = self.slot_retry_countdown if self.slot_retry_countdown is not None else rt.settings.retry_countdown
         opts: dict[str, Any] = {"retries": req.retries}
         if rt.settings.handoff:
+            # the retry is only the fallback of a parked task: spread (so the retries of a backlog do not come all
+            # at once and hold the worker's processes just when a woken task needs one) and backed off, up to 6x
+            window = min(claim_window(rt.settings), countdown + 5.0)
+            countdown *= min(2 ** waits, FALLBACK_BACKOFF_MAX) * random.uniform(0.8, 1.2)
+            waits += 1
             new_ticket = uuid.uuid4().hex
             parked_in: list[str] = []
-            window = min(claim_window(rt.settings), countdown + 5.0)
 
             def park(pool: str) -> Park:
                 parked_in[:] = [pool]  # the pool that refuses it keeps it (acquire stops at the first refusal)
-                headers = {**(req.headers or {}), TICKET_HEADER: new_ticket, POOL_HEADER: pool}
+                headers = {**(req.headers or {}), TICKET_HEADER: new_ticket, POOL_HEADER: pool,
+                           WAITS_HEADER: waits}
                 woken = self.signature_from_request(req, queue=wake_queue(rt.settings, pool), headers=headers,
                                                     **opts)
                 return Park(new_ticket, encode_message(woken, self.serializer), window)
@@ -252,7 +262,8 @@ class SlotTask(Task):  # type: ignore[misc]
             if holding is not None:
                 return holding
             if parked_in:
-                opts["headers"] = {**(req.headers or {}), TICKET_HEADER: new_ticket, POOL_HEADER: parked_in[0]}
+                opts["headers"] = {**(req.headers or {}), TICKET_HEADER: new_ticket, POOL_HEADER: parked_in[0],
+                                   WAITS_HEADER: waits}
         sig = self.signature_from_request(req, countdown=countdown, **opts)
         sig.apply_async()
         raise Retry(f"waiting for slots {dict(needs)}", when=countdown, sig=sig)
@@ -267,16 +278,24 @@ class SlotTask(Task):  # type: ignore[misc]
         super().after_return(status, retval, task_id, args, kwargs, einfo)
 
 
-def _take_ticket(req: Any) -> tuple[str, str]:
-    """This copy's handoff ticket and the pool it waited in, taken off the request: a retry the task body asks for
-    is a new run, not a copy."""
+def _take(req: Any, name: str) -> Any:
+    """A handoff header, taken off the request: a retry the task body asks for is a new run, not a copy."""
     headers = req.headers if isinstance(req.headers, dict) else {}
-    out = []
-    for name in (TICKET_HEADER, POOL_HEADER):
-        value = headers.pop(name, None) or req.__dict__.get(name)
-        req.__dict__.pop(name, None)
-        out.append(str(value or ""))
-    return out[0], out[1]
+    value = headers.pop(name, None) or req.__dict__.get(name)
+    req.__dict__.pop(name, None)
+    return value
+
+
+def _take_ticket(req: Any) -> tuple[str, str]:
+    """This copy's handoff ticket and the pool it waited in."""
+    return str(_take(req, TICKET_HEADER) or ""), str(_take(req, POOL_HEADER) or "")
+
+
+def _int(value: Any) -> int:
+    try:
+        return max(0, int(value or 0))
+    except (TypeError, ValueError):
+        return 0
 
 
 def slot_task(app: Celery, slots: Mapping[str, int] | None = None, **options: Any) -> Any:
