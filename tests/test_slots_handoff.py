@@ -263,3 +263,18 @@ def test_copies_in_any_order_run_each_task_exactly_once(redis_server: RedisServe
         Handoff.TestCase().runTest()
     finally:
         client.close()
+
+
+def test_a_retry_the_task_body_asks_for_carries_no_ticket() -> None:
+    """The woken copy's ticket is taken off its request: ``self.retry()`` (a new run, the same task id) is never
+    taken for a late copy of the wait and dropped."""
+    from celery.app.task import Context
+
+    from celeryops.slots.celery import POOL_HEADER, TICKET_HEADER, WAITS_HEADER, _take, _take_ticket
+
+    req = Context({"id": "x", TICKET_HEADER: "T1", POOL_HEADER: "host:h1", WAITS_HEADER: 2, "mine": "kept"})
+    assert req.headers == {TICKET_HEADER: "T1", POOL_HEADER: "host:h1", WAITS_HEADER: 2, "mine": "kept"}
+    assert _take_ticket(req) == ("T1", "host:h1") and _take(req, WAITS_HEADER) == 2
+    assert req.headers == {"mine": "kept"}  # what signature_from_request copies into a retry
+    assert not hasattr(req, TICKET_HEADER) and not hasattr(req, WAITS_HEADER)
+    assert _take_ticket(Context({"id": "y"})) == ("", "")
