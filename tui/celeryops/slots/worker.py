@@ -185,10 +185,12 @@ class SlotRuntime:
             t.start()
 
     def stop_wakers(self) -> None:
+        """Ask the wakers to stop; a waker blocked on its list ends within WAKE_BLOCK seconds by itself (a daemon
+        thread: a stopping worker does not wait for it; a message it pops meanwhile is left to the task's retry)."""
         self._waker_stop.set()
         for t in self._wakers:
             if t is not threading.current_thread():
-                t.join(timeout=WAKE_BLOCK + 3)
+                t.join(timeout=0.2)
         self._wakers = []
 
     def _wake_loop(self, pool: str, publish: Callable[[str, str], None]) -> None:
