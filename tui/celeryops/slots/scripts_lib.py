@@ -256,6 +256,10 @@ local function lib()
   function M.handoff(now, skip)
     if not call('HGET', P, 'waiters') then return 0 end
     local ids = call('ZRANGE', Q, 0, 99)
+    if #ids == 0 and call('ZCARD', X) == 0 then  -- nobody waits any more: the wakers stop looking at expiries
+      call('HDEL', P, 'waiters')
+      return 0
+    end
     local st, granted = {}, 0
     local function state(typ)
       local s = st[typ]
