@@ -1,8 +1,9 @@
 """SlotStore: the Redis side of slot leases (acquire, renew, adopt, release, reap, totals, host contributions,
 snapshot).
 
-One store = one pool. Pool keys are ``<prefix>:{<pool>}:pool|leases|waitq|waitx|hosts|hostinfo`` (hash tag on by
-default, so one pool lives in one Redis Cluster slot; the layout is described in ``scripts.py``); the set
+One store = one pool. Pool keys are ``<prefix>:{<pool>}:pool|leases|waitq|waitx|hosts|hostinfo|wake`` and the
+tickets ``<prefix>:{<pool>}:w:<id>`` of tasks that waited (hash tag on by default, so one pool lives in one Redis
+Cluster slot; the layout and the handoff are described in ``scripts.py``); the set
 ``<prefix>:pools`` lists the pools for readers. A pool's total of a type is either explicit (``set_totals``) or the
 sum of what the live hosts contribute (``contribute``, renewed by each worker's heartbeat; a contribution that is
 not renewed expires by Redis TIME).
