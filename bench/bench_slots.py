@@ -21,12 +21,22 @@ commands, network I/O, event loop), Redis command time (INFO commandstats, the c
 the whole script including its redis.call()s), and the clients' own CPU (process time: redis-py and the kernel's
 socket work on their side).
 
-Usage: .venv/bin/python bench/bench_slots.py [--slice 0.3] [--cycles 20] [--clients 1,32]
+Handoff case (``--case handoff``, issue 29): a 1-GPU host (CELERYOPS_SLOTS_GPU=1), one prefork worker with 3
+processes, a backlog of 20 GPU tasks of 0.5 s sent at once; run twice in the same run, ``before`` (the handoff off:
+a refused task waits for its countdown retry, as before issue 29) and ``after`` (the handoff on). Columns: wall time
+from the first start to the last end, the GPU's busy share over that time (target >= 95 %), the gaps between one
+task's end and the next one's start (p50 / p95 / max; target p95 <= 0.25 s, max <= 0.5 s), and the slot Lua calls
+per task (EVALSHA in INFO commandstats from the first send to the last end, heartbeats and wakers included; target
+<= 8). Times are the tasks' own records (Redis TIME at the start and the end of each body, inside its slots).
+
+Usage: .venv/bin/python bench/bench_slots.py [--case all|hotpath|handoff] [--slice 0.3] [--cycles 20]
+       [--clients 1,32] [--backlog 20] [--countdown 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import multiprocessing
 import os
 import re
@@ -41,6 +51,7 @@ import redis
 
 from celeryops.demo.standins.redis_server import RedisServer
 from celeryops.slots import SlotStore
+from celeryops_harness.workers import WorkerProcess, control_app, wait_for
 
 DEVICES = 64  # more than clients: every pair is granted
 KINDS = (("slots1", "slots, 1 type"), ("slots2", "slots, 2 types"), ("lock", "redis-py Lock"),
@@ -206,13 +217,81 @@ def vs_lock(cases: dict[str, Case], kind: str, target: float, anchor: str = "loc
         "met)" if mid >= target else "NOT met)")
 
 
+def handoff_run(server: RedisServer, handoff: bool, backlog: int, seconds: float,
+                countdown: float) -> tuple[float, float, list[float], float, int]:
+    """One backlog on a fresh worker: (wall s, busy share, gaps s, Lua calls per task, runs seen)."""
+    from celeryops_harness.slotapp import send, slot_gpu  # the broker comes from the environment: set it first
+
+    admin = redis.Redis.from_url(server.url, decode_responses=True)
+    admin.flushall()
+    env = {"CELERYOPS_SLOTS_GPU": "1", "CELERYOPS_SLOTS_CPU": "8", "CELERYOPS_SLOTS_DETECT": "0",
+           "CELERYOPS_SLOTS_HOST": "bench-handoff", "CELERYOPS_SLOTS_HANDOFF": "1" if handoff else "0",
+           "CELERYOPS_TEST_SLOT_COUNTDOWN": str(countdown), "CELERYOPS_TEST_RECORD": server.url}
+    queue = f"bench-handoff-{int(handoff)}"
+    worker = WorkerProcess(server.url, app="celeryops_harness.slotapp", pool="prefork", concurrency=3,
+                           queues=[queue], env=env).start()
+    control = control_app(server.url)
+    try:
+        worker.wait_ready(control, timeout=60)
+        admin.config_resetstat()
+        ids = [send(slot_gpu, server.url, queue, seconds, f"t{i}") for i in range(backlog)]
+        wait_for(lambda: admin.llen("ct:finishes") >= backlog, 30 + backlog * (countdown + seconds) * 2,
+                 "the backlog to finish")
+        calls = int(admin.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+        runs = [(float(admin.hget(f"ct:run:{i}", "started") or 0), float(admin.hget(f"ct:run:{i}", "finished") or 0))
+                for i in ids]
+        seen = sum(int(admin.get(f"ct:runs:{i}") or 0) for i in ids)
+    finally:
+        control.close()
+        worker.stop()
+        admin.close()
+    runs.sort()
+    wall = runs[-1][1] - runs[0][0]
+    busy = sum(end - start for start, end in runs) / wall
+    gaps = [max(0.0, b[0] - a[1]) for a, b in itertools.pairwise(runs)]
+    if os.environ.get("BENCH_GAPS"):
+        print("  gaps (s after the first start, gap):",
+              " ".join(f"{b[0] - runs[0][0]:.1f}:{g:.3f}" for (a, b), g in zip(itertools.pairwise(runs), gaps,
+                                                                                  strict=True)))
+    return wall, busy, gaps, calls / backlog, seen
+
+
+def handoff_case(backlog: int, seconds: float, countdown: float) -> None:
+    print(f"\nhandoff: 1 GPU, one prefork worker (3 processes), {backlog} tasks of {seconds} s sent at once, "
+          f"retry countdown {countdown} s")
+    print(f"{'case':<34}{'wall s':>8}{'busy':>7}{'gap p50':>9}{'gap p95':>9}{'gap max':>9}{'Lua/task':>10}{'runs':>6}")
+    with RedisServer() as server:
+        os.environ["CELERYOPS_TEST_BROKER"] = server.url
+        for handoff, label in ((False, "before (countdown retry only)"), (True, "after (handoff)")):
+            wall, busy, gaps, calls, seen = handoff_run(server, handoff, backlog, seconds, countdown)
+            q = sorted(gaps)
+            p95 = q[min(len(q) - 1, int(len(q) * 0.95))]
+            print(f"{label:<34}{wall:>8.1f}{busy:>7.1%}{statistics.median(q):>9.3f}{p95:>9.3f}{q[-1]:>9.3f}"
+                  f"{calls:>10.1f}{seen:>4}/{backlog}")
+    print("targets: busy >= 95 %, gap p95 <= 0.25 s and max <= 0.5 s, <= 8 Lua calls per task; runs = runs "
+          f"recorded (exactly once: {backlog}/{backlog}); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} "
+          "CPUs")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--case", choices=("all", "hotpath", "handoff"), default="all")
     ap.add_argument("--slice", type=float, default=0.3, help="seconds of one case at a time")
     ap.add_argument("--cycles", type=int, default=20, help="cycles; every case runs one slice per cycle")
     ap.add_argument("--limit-runs", type=int, default=4, help="redis-benchmark runs per client count")
     ap.add_argument("--clients", default="1,32")
+    ap.add_argument("--backlog", type=int, default=20, help="handoff: tasks sent at once")
+    ap.add_argument("--seconds", type=float, default=0.5, help="handoff: each task's run time")
+    ap.add_argument("--countdown", type=float, default=3.0, help="handoff: the retry countdown (default 10 s in "
+                    "production; 3 s keeps the 'before' run near a minute)")
     args = ap.parse_args()
+    if args.case in ("all", "hotpath"):
+        hot_path(args)
+    if args.case in ("all", "handoff"):
+        handoff_case(args.backlog, args.seconds, args.countdown)
+
+
+def hot_path(args: argparse.Namespace) -> None:
     with RedisServer() as server:
         admin = redis.Redis.from_url(server.url, decode_responses=True)
         for kind in ("slots1", "slots2"):  # a host with 64 GPUs, listed: every grant is bound to a device

@@ -2,7 +2,8 @@
 
 Configured from the environment like ``taskapp`` (CELERYOPS_TEST_BROKER, CELERYOPS_TEST_RECORD,
 CELERYOPS_TEST_PREFETCH) plus the slots contract (CELERYOPS_SLOTS_*, read by ``install``).
-CELERYOPS_TEST_SLOT_COUNTDOWN sets the retry countdown of a task refused for lack of slots.
+CELERYOPS_TEST_SLOT_COUNTDOWN sets the retry countdown of a task refused for lack of slots; CELERYOPS_TEST_ACKS_LATE=1
+turns task_acks_late on.
 
 Every slot task run records, in the record Redis, besides taskapp's ct:run:<id>/ct:starts/ct:finishes:
   ct:slots:running   tasks currently inside their slots (INCR at start, DECR at the end)
@@ -31,7 +32,7 @@ BROKER = os.environ.get("CELERYOPS_TEST_BROKER", "redis://127.0.0.1:6379/0")
 
 app = Celery("celeryops_slots_testing", broker=BROKER)
 app.conf.update(
-    task_acks_late=False,
+    task_acks_late=os.environ.get("CELERYOPS_TEST_ACKS_LATE") == "1",
     worker_prefetch_multiplier=int(os.environ.get("CELERYOPS_TEST_PREFETCH", "1")),
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,

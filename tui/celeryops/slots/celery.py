@@ -15,8 +15,17 @@ Use::
     @app.task(base=SlotTask)                          # or the seed's way, from kwargs
     def process(..., resource_type="cpu", resource_slots=4): ...
 
-A task that cannot get its slots is sent again with a countdown (default 10 s) and the worker moves on; the wait
-does not count against ``max_retries`` (the message is re-sent with the same retries), so it never gives up.
+A task that cannot get its slots never holds a worker process while it waits: it is parked in the pool (its
+waiting entry carries the message that wakes it) and sent again with a countdown (default 10 s), and the worker moves
+on; the wait does not count against ``max_retries`` (the message is re-sent with the same retries), so it never
+gives up. Slots are work-conserving (the handoff): a release, or the reaping of an expired lease, hands the freed
+slots to the oldest parked task that now fits, in the same Lua script, and a waker thread of any worker of the pool
+sends that task to the pool's wake queue (``celeryops.slots.<prefix>.<pool>``, which every worker of the pool
+consumes) at once. The countdown retry stays as the fallback for a lost wake-up (a worker killed with it, Redis
+restarted), spread by +-20 % and doubled at each new wait of the same task, up to 6x. Both copies carry the wait's
+ticket (the ``celeryops_slot_ticket`` header): the first to claim the slots runs, the other acknowledges and drops
+itself (``Ignore``), so a task runs once. ``CELERYOPS_SLOTS_HANDOFF=0``
+turns the handoff off (retries only).
 Slots are released in ``finally``; ``after_return`` is the safety net (skipping RETRY): it releases whatever the
 task's id still holds in this process, such as slots a task body acquired itself through ``runtime(app)`` (the
 seed's way) and never gave back. A heartbeat thread renews every lease every TTL/3; a lease found gone (expired and
@@ -40,20 +49,31 @@ process's runtime.
 
 from __future__ import annotations
 
+import base64
+import json
+import logging
 import os
+import random
 import threading
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from typing import Any, NoReturn
+from typing import Any
 
-from celery import Celery, Task, signals, states
-from celery.exceptions import Retry
+from celery import Celery, Task, bootsteps, signals, states
+from celery.exceptions import Ignore, Retry
+from kombu import serialization
 
 from celeryops.slots.detect import DeviceId
 from celeryops.slots.settings import ENV_PREFIX, RESERVED, SlotSettings, settings_from_env
-from celeryops.slots.store import Scope
-from celeryops.slots.worker import Holding, LeaseLost, SlotRuntime
+from celeryops.slots.store import Park, Scope
+from celeryops.slots.worker import Dropped, Holding, LeaseLost, SlotRuntime, claim_window, wake_queue
+
+log = logging.getLogger("celeryops.slots")
+TICKET_HEADER = "celeryops_slot_ticket"
+POOL_HEADER = "celeryops_slot_pool"
+WAITS_HEADER = "celeryops_slot_waits"  # how many times the task was parked: its fallback retry backs off
+FALLBACK_BACKOFF_MAX = 6
 
 __all__ = ["ENV_PREFIX", "RESERVED", "Holding", "LeaseLost", "SlotRuntime", "SlotSettings", "SlotTask", "SlotsBusy",
            "install", "runtime", "settings_from_env", "slot_task", "static_needs"]
@@ -99,6 +119,7 @@ def install(app: Celery, *, totals: Mapping[str, int] | None = None, lease_ttl: 
             rt = runtime(app)
             rt.on_worker_start(str(getattr(sender, "hostname", "") or ""))
             rt.warn_missing(static_needs(app))
+            rt.start_wakers(lambda pool, message: send_woken(app, message))
 
     def on_stop(**_: Any) -> None:
         if _runtime is not None and _runtime.pid == os.getpid():
@@ -108,7 +129,41 @@ def install(app: Celery, *, totals: Mapping[str, int] | None = None, lease_ttl: 
     signals.worker_init.connect(on_init, weak=False, dispatch_uid=uid + ".init")
     signals.worker_shutdown.connect(on_stop, weak=False, dispatch_uid=uid + ".shutdown")
     signals.worker_process_shutdown.connect(on_stop, weak=False, dispatch_uid=uid + ".pshutdown")
+    if settings.handoff and not any(isinstance(s, type) and issubclass(s, WakeQueues) for s in app.steps["consumer"]):
+        app.steps["consumer"].add(WakeQueues)
     return settings
+
+
+class WakeQueues(bootsteps.StartStopStep):  # type: ignore[misc]
+    """Consumer bootstep: the worker also consumes the wake queues of its pools (its host's, the global one with
+    shared types), where the waker threads send the tasks the handoff woke."""
+
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def start(self, c: Any) -> None:
+        if _settings is None or not _settings.handoff:
+            return
+        rt = runtime(c.app)
+        for pool in rt.wake_pools():
+            name = wake_queue(rt.settings, pool)
+            if c.task_consumer is not None and not c.task_consumer.consuming_from(name):
+                c.add_task_queue(name)
+
+
+def encode_message(sig: Any, serializer: str) -> str:
+    """A signature as the text a parked request keeps (the task's own serializer; binary ones in base64)."""
+    ctype, enc, data = serialization.dumps(dict(sig), serializer=serializer)  # type: ignore[no-untyped-call]
+    if isinstance(data, bytes):
+        return json.dumps([ctype, enc, "b64", base64.b64encode(data).decode()])
+    return json.dumps([ctype, enc, "", data])
+
+
+def send_woken(app: Celery, message: str) -> None:
+    """Send a task the handoff woke (its signature names the pool's wake queue, its task id and its ticket)."""
+    ctype, enc, how, data = json.loads(message)
+    raw: Any = base64.b64decode(data) if how == "b64" else data
+    body = serialization.loads(raw, ctype, enc, accept=[ctype])  # type: ignore[no-untyped-call]
+    app.signature(body).apply_async()
 
 
 def static_needs(app: Celery) -> dict[str, list[str]]:
@@ -145,9 +200,19 @@ class SlotTask(Task):  # type: ignore[misc]
         rt = runtime(self.app)
         req = self.request
         lease_id = req.id or f"direct-{uuid.uuid4()}"  # a task called as a function has no id
-        holding = rt.acquire(lease_id, needs, name=self.name, worker=req.hostname or "")
+        ticket, ticket_pool = _take_ticket(req)
+        waits = _int(_take(req, WAITS_HEADER))
+        holding: Holding | Dropped | None = None
+        if not ticket or not rt.settings.handoff:  # a woken or retried copy goes straight to the parking acquire
+            holding = rt.acquire(lease_id, needs, name=self.name, worker=req.hostname or "", ticket=ticket,
+                                 ticket_pool=ticket_pool)
         if holding is None:
-            self._wait_for_slots(rt, needs)
+            holding = self._wait_for_slots(rt, lease_id, needs, ticket, ticket_pool, waits)
+        if isinstance(holding, Dropped):
+            log.info("slots: task %s[%s] dropped: another copy of it %s", self.name, lease_id,
+                     {"running": "runs", "done": "ran", "stale": "waits under a newer ticket"}.get(holding.why,
+                                                                                                    holding.why))
+            raise Ignore()
         try:
             # on a request of this call alone (the stack is per thread): Task.__call__ pushes the next one from it
             self.push_request(slot_devices={t: list(d) for t, d in holding.devices.items()})
@@ -166,12 +231,40 @@ class SlotTask(Task):  # type: ignore[misc]
         devices = getattr(self.request, "slot_devices", None) or {}
         return {t: list(d) for t, d in devices.items()}
 
-    def _wait_for_slots(self, rt: SlotRuntime, needs: Mapping[str, int]) -> NoReturn:
+    def _wait_for_slots(self, rt: SlotRuntime, lease_id: str, needs: Mapping[str, int],
+                        ticket: str, ticket_pool: str, waits: int) -> Holding | Dropped:
+        """Park the request (the pool that refuses it keeps the message that wakes it) and send the fallback retry;
+        the holding if the parking acquire got the slots after all."""
         req = self.request
         if req.called_directly or req.is_eager:
             raise SlotsBusy(f"no free slots for {dict(needs)} in pool {rt.store.pool}")
         countdown = self.slot_retry_countdown if self.slot_retry_countdown is not None else rt.settings.retry_countdown
-        sig = self.signature_from_request(req, countdown=countdown, retries=req.retries)
+        opts: dict[str, Any] = {"retries": req.retries}
+        if rt.settings.handoff:
+            # the retry is only the fallback of a parked task: spread (so the retries of a backlog do not come all
+            # at once and hold the worker's processes just when a woken task needs one) and backed off, up to 6x
+            window = min(claim_window(rt.settings), countdown + 5.0)
+            countdown *= min(2 ** waits, FALLBACK_BACKOFF_MAX) * random.uniform(0.8, 1.2)
+            waits += 1
+            new_ticket = uuid.uuid4().hex
+            parked_in: list[str] = []
+
+            def park(pool: str) -> Park:
+                parked_in[:] = [pool]  # the pool that refuses it keeps it (acquire stops at the first refusal)
+                headers = {**(req.headers or {}), TICKET_HEADER: new_ticket, POOL_HEADER: pool,
+                           WAITS_HEADER: waits}
+                woken = self.signature_from_request(req, queue=wake_queue(rt.settings, pool), headers=headers,
+                                                    **opts)
+                return Park(new_ticket, encode_message(woken, self.serializer), window)
+
+            holding = rt.acquire(lease_id, needs, name=self.name, worker=req.hostname or "", ticket=ticket,
+                                 ticket_pool=ticket_pool, park=park)
+            if holding is not None:
+                return holding
+            if parked_in:
+                opts["headers"] = {**(req.headers or {}), TICKET_HEADER: new_ticket, POOL_HEADER: parked_in[0],
+                                   WAITS_HEADER: waits}
+        sig = self.signature_from_request(req, countdown=countdown, **opts)
         sig.apply_async()
         raise Retry(f"waiting for slots {dict(needs)}", when=countdown, sig=sig)
 
@@ -183,6 +276,26 @@ class SlotTask(Task):  # type: ignore[misc]
         if status != states.RETRY:
             runtime(self.app).release(task_id)
         super().after_return(status, retval, task_id, args, kwargs, einfo)
+
+
+def _take(req: Any, name: str) -> Any:
+    """A handoff header, taken off the request: a retry the task body asks for is a new run, not a copy."""
+    headers = req.headers if isinstance(req.headers, dict) else {}
+    value = headers.pop(name, None) or req.__dict__.get(name)
+    req.__dict__.pop(name, None)
+    return value
+
+
+def _take_ticket(req: Any) -> tuple[str, str]:
+    """This copy's handoff ticket and the pool it waited in."""
+    return str(_take(req, TICKET_HEADER) or ""), str(_take(req, POOL_HEADER) or "")
+
+
+def _int(value: Any) -> int:
+    try:
+        return max(0, int(value or 0))
+    except (TypeError, ValueError):
+        return 0
 
 
 def slot_task(app: Celery, slots: Mapping[str, int] | None = None, **options: Any) -> Any:

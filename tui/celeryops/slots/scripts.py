@@ -1,7 +1,7 @@
 """The slot pools' Lua scripts (run atomically inside Redis): the key layout they share, and each script by name.
 
-Every script touches only the six keys of one pool, passed in KEYS in this order (release, which never touches
-the last two, gets the first four):
+Every script touches only the keys of one pool: the seven below, passed in KEYS in this order, and the tickets
+``<prefix>:{<pool>}:w:<id>`` (same hash tag, so the same Redis Cluster slot):
 
   1 pool    HASH  total:<type>  slots this pool has: hostinfo's fixed:<type> if set, else the sum of the live
                                 hosts' contributions (counted by the scripts that change them; acquire reads it)
@@ -31,6 +31,14 @@ the last two, gets the first four):
                   dtypes        the types with a device list at the last count
                   (kept out of the pool hash: a small hash is a listpack, every field there slows the hot path's
                   HMGET/HSET/HINCRBY down)
+  7 wake    LIST  messages of parked requests the handoff granted slots to: a worker's waker thread pops each and
+                  sends it to the pool's wake queue (``celeryops.slots.wake``)
+  w:<id>    STRING  the ticket of a task that waited (expires: PX): "p|ticket|starvation ms|claim ms|message"
+                  parked, "g|ticket" handed a lease (flag 2: granted, not claimed yet, for the claim window only),
+                  "c|ticket" claimed by the first copy that came (its lease has flag 3), "d|ticket" that run is done,
+                  "x|ticket" a copy went to another pool's worker and took the task out of this pool (unpark).
+                  A copy of the task carries its ticket (a message header): a copy whose ticket is not the current
+                  one, or whose ticket was claimed by a copy that runs or ran, drops itself (exactly once).
 
 Expiry is decided by Redis ``TIME`` only. Expired leases and contributions are reaped (``ZRANGEBYSCORE leases -inf
 now``, O(expired), no scan) before acquire, renew, adopt, set_totals, contribute and reap do their work, so ``used``
@@ -47,11 +55,12 @@ shared Lua of ``scripts_lib``; ``SNAPSHOT`` (below) reads a pool. ``ALL`` maps e
 
 from __future__ import annotations
 
-from celeryops.slots.scripts_leases import ACQUIRE, ADOPT, REAP, RELEASE, RENEW
+from celeryops.slots.scripts_leases import ACQUIRE, ADOPT, REAP, RELEASE, RENEW, TICK, UNPARK
 from celeryops.slots.scripts_lib import HEAD
 from celeryops.slots.scripts_totals import CONTRIBUTE, SET_TOTALS
 
-__all__ = ["ACQUIRE", "ADOPT", "ALL", "CONTRIBUTE", "REAP", "RELEASE", "RENEW", "SET_TOTALS", "SNAPSHOT"]
+__all__ = ["ACQUIRE", "ADOPT", "ALL", "CONTRIBUTE", "REAP", "RELEASE", "RENEW", "SET_TOTALS", "SNAPSHOT", "TICK",
+           "UNPARK"]
 
 # Read-only: everything a snapshot needs in one round trip (a script, so it also works on Redis Cluster, where
 # redis-py refuses TIME in a pipeline).
@@ -62,4 +71,5 @@ return {call('TIME'), call('HGETALL', P), call('ZRANGE', L, 0, -1, 'WITHSCORES')
 """
 
 ALL = {"acquire": ACQUIRE, "renew": RENEW, "adopt": ADOPT, "release": RELEASE, "set_totals": SET_TOTALS,
-       "contribute": CONTRIBUTE, "reap": REAP, "snapshot": SNAPSHOT}
+       "contribute": CONTRIBUTE, "reap": REAP, "snapshot": SNAPSHOT, "tick": TICK,
+       "unpark": UNPARK}

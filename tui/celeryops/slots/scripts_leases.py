@@ -26,13 +26,42 @@ from __future__ import annotations
 from celeryops.slots.scripts_lib import PRELUDE
 
 # ARGV: id, needs, ttl ms, starvation ms, waiting ttl ms, "worker|host|name"
+#       [, ticket of this copy ('' none), ticket to park under ('' do not park), message to wake it with,
+#        ticket ttl ms, claim window ms]  (the handoff: see scripts.py)
 # -> token (granted) | "token devices" (granted with devices: "7 gpu=2,3") | {token, 'held', devices}
+#    | {token, 'claimed', devices} (a handed-off lease claimed by this copy)
 #    | {0, blocking type} | {-1, type larger than its total} (remembered as waiting, never reserving)
+#    | {-2, 'stale' | 'done' | 'running'} (another copy of this ticket ran or runs, or a newer one waits: drop it)
 ACQUIRE = PRELUDE + """
 local id, ns, ttl = ARGV[1], ARGV[2], ARGV[3]
 local t = call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local exp = now + ttl
+local ticket, flag = ARGV[7], '|0'
+if ticket and ticket ~= '' then
+  flag = '|3'
+  local wk = WB .. 'w:' .. id
+  local w = call('GET', wk)
+  if w then
+    local s, tn = string.match(w, '^(%a)|([^|]*)')
+    if tn ~= ticket then return {-2, 'stale'} end
+    if s == 'd' then return {-2, 'done'} end
+    if s == 'x' then return {-2, 'stale'} end
+    if s == 'g' or s == 'c' then
+      local rec = call('HGET', P, 'lease:' .. id)
+      local lns, tk, lf, ldv
+      if rec then lns, tk, lf, ldv = string.match(rec, '^([^|]*)|(%d+)|[^|]*|[^|]*|(%d) ?([^|]*)|') end
+      if s == 'c' and lf == '3' then return {-2, 'running'} end
+      if s == 'g' and lf == '2' then  -- claim the lease a release handed to this ticket
+        call('HSET', P, 'lease:' .. id, lns .. '|' .. tk .. '|' .. now .. '|' .. ttl .. '|3' ..
+             (ldv ~= '' and ' ' .. ldv or '') .. '|' .. ARGV[6])
+        call('ZADD', L, exp, id)
+        call('SET', wk, 'c|' .. ticket, 'KEEPTTL')
+        return {tonumber(tk), 'claimed', ldv}
+      end
+    end
+  end
+end
 local typs, need, fields = {}, {}, {'lease:' .. id, 'waiters', 'token', 'next_expiry'}
 local typ, n = string.match(ns, '^([^,=]+)=(%d+)$')
 if typ then
@@ -48,7 +77,7 @@ local r = call('HMGET', P, unpack(fields))
 local H
 if now >= tonumber(r[4] or 0) then
   H = lib()
-  H.reap(now)
+  H.reap(now, false, id)
   r = call('HMGET', P, unpack(fields))
 end
 local nxt = tonumber(r[4])
@@ -153,12 +182,17 @@ for k = 1, #typs do
     local w, name = string.match(ARGV[6], '^([^|]*)|[^|]*|(.*)$')
     call('HSET', P, 'wait:' .. id, ns .. '|' .. (mine or now) .. '|' .. until_ .. '|' .. w .. '|' .. name,
          'waiters', 1)
+    if ARGV[8] and ARGV[8] ~= '' then  -- park: a release that frees what it needs hands it the slots
+      call('SET', WB .. 'w:' .. id, 'p|' .. ARGV[8] .. '|' .. ARGV[4] .. '|' .. ARGV[11] .. '|' .. ARGV[9],
+           'PX', ARGV[10])
+    end
     return {0, typs[k]}
   end
 end
 local token = (r[3] or 0) + 1
 local tk = tostring(token)
-local adopted = ld and '|0 ' .. ld .. '|' or '|0|'  -- a lease's devices follow its adopted flag: "0 gpu=3"
+local adopted = ld and flag .. ' ' .. ld .. '|' or flag .. '|'  -- devices follow the flag: "0 gpu=3"
+if flag == '|3' then call('SET', WB .. 'w:' .. id, 'c|' .. ticket, 'PX', ARGV[10]) end
 local args = {'token', tk, fields[1], ns .. '|' .. tk .. '|' .. now .. '|' .. ttl .. adopted .. ARGV[6]}
 for k = 1, #typs do
   args[2 * k + 3], args[2 * k + 4] = fields[3 * k + 3], used[k] + need[k]
@@ -176,16 +210,17 @@ if ld then return tk .. ' ' .. ld end
 return token
 """
 
-# ARGV: id, token ('' = any) -> 1 released | 0 nothing held under that id and token (a waiting entry is dropped)
+# ARGV: id, token ('' = any)[, '1': given back before it ran (the ticket is forgotten, not marked done)]
+# -> 1 released (the slots go to parked requests that now fit: handoff) | 0 nothing held under that id and token
+#    (a waiting entry is dropped)
 RELEASE = PRELUDE + """
 local id, token = ARGV[1], ARGV[2]
-local lf = 'lease:' .. id
-local r = call('HMGET', P, lf, 'waiters')
+local r = call('HMGET', P, 'lease:' .. id, 'waiters')
 if r[1] then
   -- one type and no devices (the common case), else the needs and the devices from the record
-  local typ, n, held, dv = string.match(r[1], '^([^,=|]+)=(%d+)|(%d+)|%d+|%d+|%d ?([^|]*)|')
+  local typ, n, held, lf, dv = string.match(r[1], '^([^,=|]+)=(%d+)|(%d+)|%d+|%d+|(%d) ?([^|]*)|')
   local ns
-  if not typ then ns, held, dv = string.match(r[1], '^([^|]*)|(%d+)|%d+|%d+|%d ?([^|]*)|') end
+  if not typ then ns, held, lf, dv = string.match(r[1], '^([^|]*)|(%d+)|%d+|%d+|(%d) ?([^|]*)|') end
   if not typ and not ns then ns, held, dv = string.match(r[1], '^([^|]*)|(%d+)|'), '' end
   if token == '' or held == token then
     local dt, ids
@@ -220,8 +255,21 @@ if r[1] then
     else
       give_back({ns or (typ .. '=' .. n)}, dv ~= '' and {dv} or nil)
     end
-    call('HDEL', P, lf)
+    call('HDEL', P, 'lease:' .. id)
     call('ZREM', L, id)
+    if lf == '3' then  -- a ticketed run is done: a late copy of its ticket is dropped
+      local wk = WB .. 'w:' .. id
+      local w = call('GET', wk)
+      if ARGV[3] == '1' then
+        call('DEL', wk)
+      elseif w then
+        call('SET', wk, 'd|' .. (string.match(w, '^%a|([^|]*)') or ''), 'KEEPTTL')
+      end
+    end
+    if r[2] then
+      local H = lib()
+      H.handoff(H.now_ms())
+    end
     return 1
   end
 end
@@ -278,4 +326,44 @@ return {token, 1}
 REAP = PRELUDE + """
 local H = lib()
 return H.reap(H.now_ms())
+"""
+
+# A copy of a parked task came to a worker of another pool (the fallback retry went to another host): take the
+# task out of this pool unless a copy of its ticket runs or ran here. ARGV: id, ticket
+# -> 'moved' (it no longer waits here; a lease handed to it and not claimed is given back and handed off again)
+#    | 'gone' (no ticket: expired, or Redis lost it) | 'running' | 'done' | 'stale' (another ticket, or moved already)
+UNPARK = PRELUDE + """
+local id, ticket = ARGV[1], ARGV[2]
+local wk = WB .. 'w:' .. id
+local w = call('GET', wk)
+if not w then return 'gone' end
+local s, tn = string.match(w, '^(%a)|([^|]*)')
+if tn ~= ticket or s == 'x' then return 'stale' end
+if s == 'd' then return 'done' end
+local H = lib()
+local rec = call('HGET', P, 'lease:' .. id)
+local lf = rec and string.match(rec, '^[^|]*|[^|]*|[^|]*|[^|]*|(%d)')
+if s == 'c' and lf == '3' then return 'running' end
+H.unwait(id)
+if s == 'g' and lf == '2' then
+  H.drop({id})
+  H.handoff(H.now_ms(), id)
+end
+call('SET', wk, 'x|' .. ticket, 'KEEPTTL')
+return 'moved'
+"""
+
+# The waker's timer: reap (and hand off) only once a lease or a contribution may have expired.
+# -> {leases reaped, ms until the next possible expiry, 1 if requests are waiting}
+TICK = PRELUDE + """
+local t = call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local r = call('HMGET', P, 'next_expiry', 'waiters')
+local n, nxt = 0, tonumber(r[1] or 0)
+if now >= nxt then
+  n = lib().reap(now)
+  nxt = tonumber(call('HGET', P, 'next_expiry'))
+  r[2] = call('HGET', P, 'waiters')
+end
+return {n, nxt - now, r[2] and 1 or 0}
 """

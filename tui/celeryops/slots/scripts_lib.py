@@ -11,7 +11,8 @@ closures, so a hot path that does not need them pays only for defining the funct
 from __future__ import annotations
 
 HEAD = """
-local P, L, Q, X, C, I = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local P, L, Q, X, C, I, WL = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local WB = string.sub(P, 1, -5)
 local call = redis.call
 """
 
@@ -78,9 +79,12 @@ end
 #   drop(ids)                delete these leases (records, expiry entries), giving their recorded slots and
 #                            devices back
 #   devices_of(record)       the devices a lease record holds ("gpu=2,3", '' for none)
-#   reap(now)                drop every lease and every contribution whose expiry has passed (in batches: unpack
+#   reap(now, force, skip)   drop every lease and every contribution whose expiry has passed (in batches: unpack
 #                            has a stack limit), count the totals again if a contribution went, and set next_expiry
-#                            to the lowest expiry left
+#                            to the lowest expiry left; then, if a lease went (or `force`: capacity may have grown),
+#                            hand the freed slots off to parked waiters (handoff, never to `skip`)
+#   handoff(now, skip)       grant freed slots to the parked waiters that now fit, oldest first (the work-conserving
+#                            handoff: the layout of w:<id> and the wake list is in scripts.py)
 #   recount(extra)           total:<type> = fixed:<type> or the sum over hosts of their largest contribution, for
 #                            every contributed type, every type of the last count and the types in `extra`; and
 #                            devs:<type> = the devices the contributions list (free:<type> follows: the devices
@@ -218,7 +222,7 @@ local function lib()
     end
     call('HSET', I, 'dtypes', table.concat(dtyps, ','))
   end
-  function M.reap(now)
+  function M.reap(now, force, skip)
     local count = 0
     repeat
       local ids = call('ZRANGEBYSCORE', L, '-inf', now, 'LIMIT', 0, 500)
@@ -243,7 +247,87 @@ local function lib()
     local host1 = call('ZRANGE', C, 0, 0, 'WITHSCORES')[2]
     if host1 and tonumber(host1) < tonumber(nxt) then nxt = host1 end
     call('HSET', P, 'next_expiry', nxt)
+    if count > 0 or force then M.handoff(now, skip) end
     return count
+  end
+  -- handoff(now, skip): freed slots go to the parked waiters (wait:<id> in waitq and a 'p' ticket under
+  -- w:<id>) that now fit, oldest first; a starved one that does not fit holds back what it needs. Each is granted
+  -- an unclaimed lease (flag 2, for its claim window), its ticket becomes 'g' and its message goes to the wake list.
+  function M.handoff(now, skip)
+    if not call('HGET', P, 'waiters') then return 0 end
+    local ids = call('ZRANGE', Q, 0, 99)
+    if #ids == 0 and call('ZCARD', X) == 0 then  -- nobody waits any more: the wakers stop looking at expiries
+      call('HDEL', P, 'waiters')
+      return 0
+    end
+    local st, granted = {}, 0
+    local function state(typ)
+      local s = st[typ]
+      if not s then
+        local r = call('HMGET', P, 'total:' .. typ, 'used:' .. typ, 'free:' .. typ)
+        s = {used = tonumber(r[2] or 0), free = r[3]}
+        s.avail = tonumber(r[1] or 0) - s.used
+        st[typ] = s
+      end
+      return s
+    end
+    for _, id in ipairs(ids) do
+      local wrec = id ~= skip and call('HGET', P, 'wait:' .. id)
+      local wns, since, wexp, wworker, wname
+      if wrec then wns, since, wexp, wworker, wname = string.match(wrec, '^([^|]*)|(%d+)|(%d+)|([^|]*)|(.*)$') end
+      if wns and tonumber(wexp) > now then
+        local wk = WB .. 'w:' .. id
+        local w = call('GET', wk)
+        local tk, starve, cttl, payload
+        if w then tk, starve, cttl, payload = string.match(w, '^p|([^|]*)|(%d+)|(%d+)|(.*)$') end
+        local needs, fits = {}, true
+        for typ, n in string.gmatch(wns, '([^,=]+)=(%d+)') do
+          n = tonumber(n)
+          needs[#needs + 1] = {typ, n}
+          local s = state(typ)
+          if s.avail < n then
+            fits = false
+          elseif s.free then
+            local c = 0
+            for _ in string.gmatch(s.free, '[^,]+') do c = c + 1 end
+            if c < n then fits = false end
+          end
+        end
+        if fits and tk then
+          local args, got = {}, {}
+          for _, tn in ipairs(needs) do
+            local typ, n = tn[1], tn[2]
+            local s = st[typ]
+            s.used, s.avail = s.used + n, s.avail - n
+            args[#args + 1], args[#args + 2] = 'used:' .. typ, s.used
+            if s.free then
+              local mine, rest = {}, {}
+              for d in string.gmatch(s.free, '[^,]+') do
+                if #mine < n then mine[#mine + 1] = d else rest[#rest + 1] = d end
+              end
+              s.free = table.concat(rest, ',')
+              args[#args + 1], args[#args + 2] = 'free:' .. typ, s.free
+              got[#got + 1] = typ .. '=' .. table.concat(mine, ',')
+            end
+          end
+          local token = call('HINCRBY', P, 'token', 1)
+          local bound = table.concat(got, ';')
+          args[#args + 1] = 'lease:' .. id
+          args[#args + 1] = wns .. '|' .. token .. '|' .. now .. '|' .. cttl .. '|2' ..
+                            (bound ~= '' and ' ' .. bound or '') .. '|' .. wworker .. '||' .. wname
+          call('HSET', P, unpack(args))
+          call('ZADD', L, now + cttl, id)
+          M.expires_at(now + cttl)
+          M.unwait(id)
+          call('SET', wk, 'g|' .. tk, 'KEEPTTL')
+          call('RPUSH', WL, payload)
+          granted = granted + 1
+        elseif tk and not fits and now - tonumber(since) >= tonumber(starve) then
+          for _, tn in ipairs(needs) do st[tn[1]].avail = st[tn[1]].avail - tn[2] end
+        end
+      end
+    end
+    return granted
   end
   function M.drop_worker(worker)
     local all, ids = call('HGETALL', P), {}

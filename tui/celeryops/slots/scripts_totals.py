@@ -36,7 +36,7 @@ for i = 3, #ARGV, 2 do
   end
 end
 if #typs > 0 then H.recount(typs) end
-local count = H.reap(H.now_ms())
+local count = H.reap(H.now_ms(), true)
 if worker ~= '' then count = count + H.drop_worker(worker) end
 return count
 """
@@ -90,6 +90,6 @@ if status == 0 and ns ~= '' then
 end
 if status ~= 0 then H.recount() end
 if status == -1 then status = 0 end
-count = count + H.reap(now)
+count = count + H.reap(now, status ~= 0)
 return {count, status}
 """

@@ -18,7 +18,10 @@
                                        the lease TTL; renewed every third of the shorter of the two)
   CELERYOPS_SLOTS_FAIL                 open (run ungated when Redis is down, default) | closed (wait)
   CELERYOPS_SLOTS_ON_LOST              raise (default) | log
-  CELERYOPS_SLOTS_RETRY_COUNTDOWN      seconds before a refused task is tried again (10)
+  CELERYOPS_SLOTS_RETRY_COUNTDOWN      seconds before a refused task is tried again (10): with the handoff, only
+                                       the fallback when a wake-up was lost
+  CELERYOPS_SLOTS_HANDOFF              1 (default: freed slots start the oldest waiting task that fits at once) | 0
+                                       (a refused task waits for its retry only: the behaviour before the handoff)
   CELERYOPS_SLOTS_STARVATION_AFTER     seconds a refused request waits before it reserves its slots (60)
   CELERYOPS_SLOTS_DETECT               1 (detect CPU/GPU counts, default) | 0 (only explicit totals)
 These names are reserved and cannot be resource types.
@@ -37,7 +40,7 @@ from celeryops.slots.store import DEFAULT_PREFIX, GLOBAL_POOL, Scope, host_pool,
 
 ENV_PREFIX = "CELERYOPS_SLOTS_"
 RESERVED = frozenset({"LEASE_TTL", "REDIS_URL", "SCOPE", "SHARED", "HOST", "HOST_TTL", "FAIL", "ON_LOST",
-                      "RETRY_COUNTDOWN", "STARVATION_AFTER", "DETECT", "HASH_TAG", "PREFIX"})
+                      "RETRY_COUNTDOWN", "STARVATION_AFTER", "DETECT", "HASH_TAG", "PREFIX", "HANDOFF"})
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,7 @@ class SlotSettings:
     hash_tag: bool = True
     prefix: str = DEFAULT_PREFIX
     host_ttl: float | None = None  # a host's contribution to a global pool; None: the lease TTL
+    handoff: bool = True  # freed slots start waiting tasks at once (work-conserving), the retry is the fallback
 
     @property
     def pool(self) -> str:
@@ -125,6 +129,8 @@ def settings_from_env(env: Mapping[str, str] | None = None, **overrides: Any) ->
         kw["retry_countdown"] = float(env["CELERYOPS_SLOTS_RETRY_COUNTDOWN"])
     if env.get("CELERYOPS_SLOTS_STARVATION_AFTER"):
         kw["starvation_after"] = float(env["CELERYOPS_SLOTS_STARVATION_AFTER"])
+    if env.get("CELERYOPS_SLOTS_HANDOFF"):
+        kw["handoff"] = env["CELERYOPS_SLOTS_HANDOFF"] not in ("0", "false", "no")
     if env.get("CELERYOPS_SLOTS_DETECT"):
         kw["detect"] = env["CELERYOPS_SLOTS_DETECT"] not in ("0", "false", "no")
     extra_totals = overrides.pop("totals", None) or {}

@@ -1,8 +1,9 @@
 """SlotStore: the Redis side of slot leases (acquire, renew, adopt, release, reap, totals, host contributions,
 snapshot).
 
-One store = one pool. Pool keys are ``<prefix>:{<pool>}:pool|leases|waitq|waitx|hosts|hostinfo`` (hash tag on by
-default, so one pool lives in one Redis Cluster slot; the layout is described in ``scripts.py``); the set
+One store = one pool. Pool keys are ``<prefix>:{<pool>}:pool|leases|waitq|waitx|hosts|hostinfo|wake`` and the
+tickets ``<prefix>:{<pool>}:w:<id>`` of tasks that waited (hash tag on by default, so one pool lives in one Redis
+Cluster slot; the layout and the handoff are described in ``scripts.py``); the set
 ``<prefix>:pools`` lists the pools for readers. A pool's total of a type is either explicit (``set_totals``) or the
 sum of what the live hosts contribute (``contribute``, renewed by each worker's heartbeat; a contribution that is
 not renewed expires by Redis TIME).
@@ -61,9 +62,27 @@ class AcquireResult:
 
     ok: bool
     token: int
-    status: str  # "ok" | "held" | "busy" | "impossible"
+    status: str  # "ok" | "held" | "claimed" | "busy" | "impossible" | "duplicate"
     blocked_type: str | None = None
     devices: dict[str, list[DeviceId]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Park:
+    """How a refused request waits to be woken: the ``ticket`` its copies carry, the ``message`` that wakes it
+    (opaque here: the Celery side writes and sends it), and the ``claim_window`` (s) a lease handed to it stays
+    unclaimed at most before it expires (a lost wake-up never holds slots longer)."""
+
+    ticket: str
+    message: str
+    claim_window: float
+
+
+@dataclass(frozen=True)
+class Tick:
+    reaped: int
+    next_expiry_in: float  # s until a lease or a contribution may expire
+    waiting: bool
 
 
 @dataclass(frozen=True)
@@ -104,8 +123,9 @@ class SlotStore:
         self.prefix = prefix
         base = f"{prefix}:{{{pool}}}" if hash_tag else f"{prefix}:{pool}"
         self.keys = [f"{base}:{part}" for part in ("pool", "leases", "waitq", "waitx", "hosts", "hostinfo")]
-        self._keys = tuple(k.encode() for k in self.keys)  # encoded once: redis-py passes bytes through as they are
-        self._release_keys = self._keys[:4]  # release never touches the hosts' keys: it does not send them
+        self.wake_key = f"{base}:wake"  # the handoff's wake list (scripts.py)
+        self._keys = tuple(k.encode() for k in (*self.keys, self.wake_key))  # encoded once: redis-py passes bytes
+        self._release_keys = self._keys  # a release may hand its slots off to a parked request: every key
         self.registry_key = f"{prefix}:pools"
         self._scripts = {name: client.register_script(src) for name, src in scripts.ALL.items()}
         self._acquire = self._scripts["acquire"]
@@ -177,12 +197,22 @@ class SlotStore:
         return bool(had)
 
     def acquire(self, lease_id: str, needs: Mapping[str, int], *, ttl: float, name: str = "", worker: str = "",
-                host: str = "", starvation_after: float = 60.0, wait_ttl: float | None = None) -> AcquireResult:
+                host: str = "", starvation_after: float = 60.0, wait_ttl: float | None = None, ticket: str = "",
+                park: Park | None = None) -> AcquireResult:
         """All-or-nothing acquire of every type in ``needs``. A refused request is remembered as waiting for
-        ``wait_ttl`` seconds (default: 3 x ttl); after ``starvation_after`` seconds of waiting it reserves its needs."""
-        res = self._acquire(keys=self._keys, args=(
-            lease_id, *_acquire_args(tuple(needs.items()), ttl, starvation_after, wait_ttl, worker, host, name)),
-            client=self._hot_client())
+        ``wait_ttl`` seconds (default: 3 x ttl); after ``starvation_after`` seconds of waiting it reserves its needs.
+
+        The handoff (work-conserving slots): ``park`` makes a refused request wakeable: a release (or an expiry)
+        that frees what it needs grants it the slots at once and puts ``park.message`` on the wake list. A copy of
+        the task that carries a ticket (``ticket``) claims the slots handed to that ticket (status ``claimed``), or
+        is told to drop itself (status ``duplicate``, ``blocked_type`` says why: ``stale``, ``done``, ``running``)
+        when another copy of the ticket ran or runs, or a newer ticket waits."""
+        args: tuple[Any, ...] = _acquire_args(tuple(needs.items()), ttl, starvation_after, wait_ttl, worker, host, name)
+        if ticket or park is not None:
+            keep = max(3 * (wait_ttl if wait_ttl is not None else 3 * ttl), 600.0)
+            args = (*args, ticket, park.ticket if park else "", park.message if park else "", _ms(keep),
+                    _ms(park.claim_window if park else ttl))
+        res = self._acquire(keys=self._keys, args=(lease_id, *args), client=self._hot_client())
         if type(res) is int:
             return AcquireResult(True, res, "ok")
         if type(res) is bytes:  # a client without decode_responses
@@ -195,6 +225,8 @@ class SlotStore:
             return AcquireResult(True, code, info, devices=parse_devices(_str(res[2])) if len(res) > 2 else {})
         if code == -1:
             return AcquireResult(False, 0, "impossible", info)
+        if code == -2:
+            return AcquireResult(False, 0, "duplicate", info)
         return AcquireResult(False, 0, "busy", info)
 
     def renew(self, lease_id: str, token: int, ttl: float, needs: Mapping[str, int], *, name: str = "",
@@ -214,15 +246,32 @@ class SlotStore:
         token, _new = self._run("adopt", lease_id, needs_text(needs), _ms(ttl), _tail(worker, host, name))
         return int(token)
 
-    def release(self, lease_id: str, token: int | None = None) -> bool:
-        """Return the lease's slots and devices (as recorded, never the caller's numbers); False if nothing was
-        held."""
-        return bool(self._release(keys=self._release_keys, args=(
-            lease_id, b"" if token is None else int(token)),
-            client=self._hot_client()))
+    def release(self, lease_id: str, token: int | None = None, *, unused: bool = False) -> bool:
+        """Return the lease's slots and devices (as recorded, never the caller's numbers) and hand them off to the
+        parked requests that now fit; False if nothing was held. ``unused``: given back before the task ran (another
+        pool refused it), so its ticket is forgotten rather than marked done."""
+        args: tuple[Any, ...] = (lease_id, b"" if token is None else int(token))
+        return bool(self._release(keys=self._release_keys, args=(*args, b"1") if unused else args,
+                                  client=self._hot_client()))
 
     def reap(self) -> int:
         return int(self._run("reap"))
+
+    def unpark(self, lease_id: str, ticket: str) -> str:
+        """A copy of a task parked in this pool under ``ticket`` runs in another pool: take the task out of this
+        one. ``moved`` or ``gone`` (go on elsewhere), or ``running``, ``done``, ``stale`` (drop the copy)."""
+        return _str(self._run("unpark", lease_id, ticket))
+
+    def tick(self) -> Tick:
+        """Reap (and hand the freed slots off) only if a lease or a contribution may have expired; says when the
+        next one may expire and whether requests wait (the waker thread sleeps until then)."""
+        reaped, until_ms, waiting = self._run("tick")
+        return Tick(int(reaped), max(0.0, int(until_ms) / 1000), bool(int(waiting)))
+
+    def pop_wake(self, timeout: float) -> str | None:
+        """The next message the handoff put on the wake list, waiting up to ``timeout`` seconds (BLPOP)."""
+        got = self.client.blpop([self.wake_key], timeout=timeout)
+        return None if got is None else _str(got[1])  # type: ignore[index]
 
     # -- reads ------------------------------------------------------------------------------------------------
     def snapshot(self, *, starvation_after: float | None = None) -> PoolSnapshot:

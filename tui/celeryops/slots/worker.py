@@ -17,14 +17,36 @@ import ctypes
 import logging
 import os
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import redis
 
 from celeryops.slots.detect import Detected, DeviceId
 from celeryops.slots.settings import ENV_PREFIX, SlotSettings
-from celeryops.slots.store import GLOBAL_POOL, SlotStore, connect
+from celeryops.slots.store import GLOBAL_POOL, Park, SlotStore, connect
+
+WAKE_BLOCK = 5.0  # s a waker blocks on its wake list at most before it looks at the pool's next expiry again
+
+
+def wake_queue(settings: SlotSettings, pool: str) -> str:
+    """The queue a pool's woken tasks are sent to: consumed by the workers of that pool (a host's), so the task
+    starts where its slots were handed to it."""
+    return f"celeryops.slots.{settings.prefix}.{pool}"
+
+
+def claim_window(settings: SlotSettings) -> float:
+    """Seconds a lease handed to a parked task stays unclaimed at most: long enough for the task's fallback retry
+    to claim it if the wake-up was lost, never longer than a lease."""
+    return min(settings.lease_ttl, settings.retry_countdown + 5.0)
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """This copy of a task must not run: another copy of its ticket runs or ran (``why``: running, done, stale)."""
+
+    why: str
 
 log = logging.getLogger("celeryops.slots")
 
@@ -58,6 +80,7 @@ class SlotRuntime:
 
     def __init__(self, settings: SlotSettings, redis_url: str) -> None:
         self.settings = settings
+        self.redis_url = redis_url
         self.client = connect(redis_url)
         self.stores: dict[str, SlotStore] = {}
         self.store = self.store_for(settings.pool)  # this worker's own pool: its host's (global: the global pool)
@@ -68,6 +91,8 @@ class SlotRuntime:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._wakers: list[threading.Thread] = []
+        self._waker_stop = threading.Event()
         self.pid = os.getpid()
 
     def store_for(self, pool: str) -> SlotStore:
@@ -137,10 +162,67 @@ class SlotRuntime:
                         "with %s takes them; if this host has some, set %s%s=N", len(names), typ,
                         ", ".join(sorted(names)), self.settings.host, how, typ, ENV_PREFIX, typ.upper())
 
+    def wake_pools(self) -> list[str]:
+        """The pools whose woken tasks this worker takes: its host's, and the global one if it has shared types."""
+        out = [self.settings.pool]
+        if self.settings.scope == "host" and self.settings.shared:
+            out.append(GLOBAL_POOL)
+        return out
+
+    def start_wakers(self, publish: Callable[[str, str], None]) -> None:
+        """One daemon thread per pool of this worker (its main process): it pops the messages the handoff put on the
+        pool's wake list and ``publish(pool, message)`` sends each, and it reaps the pool when a lease may have
+        expired while requests wait (a killed holder's slots go to the next waiting task within moments of the
+        expiry). Any worker of the pool may send any woken task; one that dies with a message popped leaves it to
+        the task's fallback retry."""
+        if self._wakers or not self.settings.handoff:
+            return
+        self._waker_stop.clear()
+        for pool in self.wake_pools():
+            t = threading.Thread(target=self._wake_loop, args=(pool, publish), name=f"celeryops-slots-waker-{pool}",
+                                 daemon=True)
+            self._wakers.append(t)
+            t.start()
+
+    def stop_wakers(self) -> None:
+        """Ask the wakers to stop; a waker blocked on its list ends within WAKE_BLOCK seconds by itself (a daemon
+        thread: a stopping worker does not wait for it; a message it pops meanwhile is left to the task's retry)."""
+        self._waker_stop.set()
+        for t in self._wakers:
+            if t is not threading.current_thread():
+                t.join(timeout=0.2)
+        self._wakers = []
+
+    def _wake_loop(self, pool: str, publish: Callable[[str, str], None]) -> None:
+        store = SlotStore(connect(self.redis_url, timeout=WAKE_BLOCK + 3), pool, prefix=self.settings.prefix,
+                          hash_tag=self.settings.hash_tag)
+        next_tick = 0.0
+        while not self._waker_stop.is_set():
+            try:
+                now = time.monotonic()
+                if now >= next_tick:
+                    t = store.tick()
+                    next_tick = now + (min(WAKE_BLOCK, t.next_expiry_in + 0.002) if t.waiting else WAKE_BLOCK)
+                message = store.pop_wake(max(0.01, min(WAKE_BLOCK, next_tick - time.monotonic())))
+                if message is not None:
+                    try:
+                        publish(pool, message)
+                    except Exception:  # a lost wake-up: the task's fallback retry still comes
+                        log.exception("slots: could not send a woken task of pool %s; its retry will run it", pool)
+            except redis.RedisError as exc:
+                log.warning("slots: waker of pool %s cannot reach Redis (%s); waiting tasks run at their retry", pool,
+                            exc)
+                self._waker_stop.wait(1.0)
+            except Exception:
+                log.exception("slots: waker of pool %s failed", pool)
+                self._waker_stop.wait(1.0)
+        store.client.close()
+
     def on_worker_stop(self) -> None:
-        """Stop the heartbeat and take this worker's contributions out (its running leases, if any, are not
-        touched: they end or expire as usual)."""
+        """Stop the heartbeat and the wakers and take this worker's contributions out (its running leases, if any,
+        are not touched: they end or expire as usual)."""
         self.stop_heartbeat()
+        self.stop_wakers()
         if self.detected is None:
             return
         for pool in self.contributions():
@@ -221,19 +303,35 @@ class SlotRuntime:
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(h.thread_id), ctypes.py_object(LeaseLost))
 
     # -- per task -----------------------------------------------------------------------------------------------
-    def acquire(self, task_id: str, needs: Mapping[str, int], *, name: str = "", worker: str = "") -> Holding | None:
+    def acquire(self, task_id: str, needs: Mapping[str, int], *, name: str = "", worker: str = "",
+                ticket: str = "", ticket_pool: str = "", park: Callable[[str], Park] | None = None
+                ) -> Holding | Dropped | None:
         """The holding (with the devices it was given), or None when the task must wait (busy, impossible, or Redis
-        down with fail-closed). All or nothing across pools: a refusal gives back what was taken on the way."""
+        down with fail-closed). All or nothing across pools: a refusal gives back what was taken on the way.
+        ``ticket``: this copy's ticket (the handoff), from a wait in ``ticket_pool``; ``park(pool)``: how to wake the
+        task when the pool that refuses it frees what it needs. ``Dropped``: another copy of the ticket runs or
+        ran: do not run this one."""
         worker = worker or self.worker_name
         holding = Holding(task_id, dict(needs), name, worker, threading.get_ident())
+        parts = self.settings.split(needs)
         try:
-            for pool, part in self.settings.split(needs):
+            if ticket and ticket_pool and ticket_pool not in {pool for pool, _ in parts}:
+                # it waited in another host's pool (its retry came here): take it out there, or drop this copy
+                why = self.store_for(ticket_pool).unpark(task_id, ticket)
+                if why not in ("moved", "gone"):
+                    return Dropped(why)
+                ticket = ""
+            for pool, part in parts:
                 store = self.store_for(pool)
                 res = store.acquire(task_id, part, ttl=self.settings.lease_ttl, name=name, worker=worker,
                                     host=self.settings.host, starvation_after=self.settings.starvation_after,
-                                    wait_ttl=max(3 * self.settings.lease_ttl, 3 * self.settings.retry_countdown + 5))
+                                    wait_ttl=max(3 * self.settings.lease_ttl, 3 * self.settings.retry_countdown + 5),
+                                    ticket=ticket if pool == ticket_pool or not ticket_pool else "",
+                                    park=park(pool) if park is not None else None)
                 if not res.ok:
                     self._give_back(holding)
+                    if res.status == "duplicate":
+                        return Dropped(res.blocked_type or "")
                     if res.status == "impossible":
                         log.warning("slots: task %s needs %s but pool %s has fewer %s slots in total; it keeps "
                                     "waiting", task_id, dict(needs), pool, res.blocked_type)
@@ -256,7 +354,7 @@ class SlotRuntime:
         """Release the parts of a request taken before one pool refused (best effort: they expire otherwise)."""
         for pool, (_part, token) in holding.parts.items():
             try:
-                self.store_for(pool).release(holding.task_id, token)
+                self.store_for(pool).release(holding.task_id, token, unused=True)
             except redis.RedisError:
                 pass
         holding.parts.clear()
