@@ -20,6 +20,7 @@ from celeryops.commands.common import FleetSpec, fleet_options, state_dir_option
 from celeryops.core.errors import UserError
 from celeryops.core.events import RUN_PHASES
 from celeryops.core.masking import mask_text, mask_url
+from celeryops.core.untrusted import MalformedRecord
 from celeryops.ops.fleetwide.brokersafety import SafetyVerdict, assess
 from celeryops.ops.fleetwide.lease import LeaseInfo, ago, read_lease
 from celeryops.ops.fleetwide.publish import PublishedStatus, read_status
@@ -208,6 +209,8 @@ def gather_status(fleet_spec: FleetSpec, state_dir: str | None, fleet: str | Non
             last_ended = newest(last_ended, store.latest_ended())
             redis_ok = report.redis_read = True
             report.broker_safety = assess(client, f"the fleet's Redis at {mask_url(url)}")
+        except MalformedRecord as exc:  # named, not acted on: the local journal is what is shown
+            report.notes.append(mask_text(str(exc)).rstrip("."))
         except redis.RedisError as exc:
             report.redis_unreachable = True
             report.notes.append(f"Redis at {mask_url(url)} is unreachable ({mask_text(str(exc)).rstrip('.')}), "
