@@ -52,7 +52,8 @@ READ = ("get", "mget", "exists", "type", "ttl", "pttl", "hget", "hmget", "hgetal
         "zrevrangebyscore", "zcard",
         "zscore", "zcount", "xrange", "xrevrange", "xlen", "time", "scan", "pubsub|numpat", "pubsub|numsub",
         "pubsub|channels")
-SCRIPTS = ("evalsha", "eval", "script|load", "script|exists")  # inside a script, the same rules apply
+SCRIPTS = ("evalsha", "eval", "evalsha_ro", "eval_ro", "script|load", "script|exists")  # checked inside too
+TRANSACTIONS = ("multi", "exec", "discard")  # atomic reads (a transaction's commands are checked one by one)
 SUBSCRIBE = ("subscribe", "psubscribe", "unsubscribe", "punsubscribe")
 WRITE = ("set", "del", "unlink", "expire", "pexpire", "persist", "hset", "hsetnx", "hdel", "hincrby", "hmset",
          "lpush", "rpush", "lrem", "rpop", "brpop", "sadd", "srem", "zadd", "zrem", "zremrangebyrank", "xadd", "xtrim",
@@ -133,10 +134,13 @@ def rule_args(role: Role, schema: KeySchema = KeySchema()) -> list[str]:
     queues = [k for q in s.queues for k in (s.kombu(q), s.kombu(q) + PRIORITY_SEP + "*")]
     slots = f"{s.slots_prefix}:*"
     bindings = s.kombu("_kombu.binding.*")
-    reads = [f"%R~{ours_all}", f"%R~{bindings}", f"%R~{slots}", *(f"%R~{q}" for q in queues)]
+    # The slot pools are read by a script (EVALSHA: Redis counts its keys as read-write), so their pattern is not
+    # %R~; the watcher still writes nothing there, as every command a script calls is checked against its (read-only)
+    # commands.
+    reads = [f"%R~{ours_all}", f"%R~{bindings}", f"~{slots}", *(f"%R~{q}" for q in queues)]
     head = ["resetkeys", "resetchannels", "-@all"]
     if role == "watcher":
-        parts = [*head, *_commands(CONNECT, READ, SCRIPTS, SUBSCRIBE), *reads, f"&{s.events_channel}"]
+        parts = [*head, *_commands(CONNECT, READ, TRANSACTIONS, SCRIPTS, SUBSCRIBE), *reads, f"&{s.events_channel}"]
     elif role == "operator":
         own_bindings = [s.kombu(f"_kombu.binding{sep}{x}") for x in (f"reply.{s.control}.pidbox", s.events)
                         for sep in (".", "_permanent.")]
