@@ -62,7 +62,7 @@ class Snapshots:
 
     async def broker_safety(self) -> BrokerSafetyView | None:
         """The broker's safety (eviction policy, persistence), read at most every ``SAFETY_EVERY`` seconds: reads
-        only (CONFIG GET, else INFO). None when no Redis serves the fleet."""
+        only (CONFIG GET, else INFO; in watch mode INFO only). None when no Redis serves the fleet."""
         now = time.monotonic()
         if self._safety is not None and now - self._safety[0] < SAFETY_EVERY:
             return self._safety[1]
@@ -70,7 +70,7 @@ class Snapshots:
         targets = safety_targets(fleet.redis(), fleet.display_url, self.wiring.coord)
         view = None
         if targets:
-            verdict = await assess_all(targets)
+            verdict = await assess_all(targets, config=not self.read_only)  # watch mode: INFO only
             view = BrokerSafetyView(verdict.status, verdict.short, verdict.detail)
         self._safety = (now, view)
         return view

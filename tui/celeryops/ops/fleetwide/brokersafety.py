@@ -100,10 +100,12 @@ def _info(client: redis.Redis) -> RedisSafety:
                        source="info", rdb_saves=saves)
 
 
-def read_safety(client: redis.Redis) -> RedisSafety:
+def read_safety(client: redis.Redis, *, config: bool = True) -> RedisSafety:
     """``CONFIG GET`` (maxmemory, maxmemory-policy, appendonly, save); ``INFO`` when CONFIG is refused (an ACL user
-    without it: NOPERM; a managed Redis: an unknown or renamed command). Raises ``redis.RedisError`` when both are
-    refused or Redis does not answer."""
+    without it: NOPERM; a managed Redis: an unknown or renamed command), or always (``config=False``: watch mode
+    sends INFO only). Raises ``redis.RedisError`` when both are refused or Redis does not answer."""
+    if not config:
+        return _info(client)
     try:
         found = _config(client)
     except redis.ResponseError:
@@ -157,11 +159,11 @@ def judge(safety: RedisSafety, where: str) -> SafetyVerdict:
                          short=f"{policy}, {' + '.join(kinds)}")
 
 
-def assess(client: redis.Redis, where: str) -> SafetyVerdict:
+def assess(client: redis.Redis, where: str, *, config: bool = True) -> SafetyVerdict:
     """``read_safety`` + ``judge``; a Redis that refuses both CONFIG and INFO is a warning that names the
     permission, one that does not answer a failure."""
     try:
-        return judge(read_safety(client), where)
+        return judge(read_safety(client, config=config), where)
     except redis.ResponseError as exc:
         return SafetyVerdict("warn", mask_text(f"{where} refused both CONFIG GET and INFO ({exc})"),
                              "allow INFO to the Redis user celeryops connects as (the roles of `celeryops acl` have "
@@ -201,11 +203,11 @@ def safety_targets(broker: redis.Redis | None, broker_display: str, coord: redis
     return found
 
 
-async def assess_all(targets: Sequence[Target]) -> SafetyVerdict:
+async def assess_all(targets: Sequence[Target], *, config: bool = True) -> SafetyVerdict:
     """Each distinct Redis once (same connection parameters: one read)."""
     seen: dict[str, Target] = {}
     for where, client in targets:
         kw = client.connection_pool.connection_kwargs
         seen.setdefault(f"{kw.get('host')}:{kw.get('port')}:{kw.get('path')}", (where, client))
-    verdicts = await asyncio.gather(*(asyncio.to_thread(assess, c, w) for w, c in seen.values()))
+    verdicts = await asyncio.gather(*(asyncio.to_thread(assess, c, w, config=config) for w, c in seen.values()))
     return combine(list(verdicts))
