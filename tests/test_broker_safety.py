@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
+from click.testing import CliRunner
 
+from celeryops.cli import main
 from celeryops.core.untrusted import MalformedRecord
 from celeryops.demo.standins.redis_server import RedisServer
 from celeryops.fence.registry import PluginWorkerInfo, listed_workers, registry_key
 from celeryops.ops.fleetwide.brokersafety import RedisSafety, assess, combine, judge
+from celeryops.ops.fleetwide.publish import read_events
 from celeryops.slots.store import SlotStore
 
 EVICTING = ["allkeys-lru", "allkeys-lfu", "allkeys-random", "volatile-lru", "volatile-lfu", "volatile-random",
@@ -93,3 +97,18 @@ def test_a_malformed_slot_pool_is_named(redis_client: redis.Redis) -> None:
     redis_client.hset(store.keys[0], mapping={"total:cpu": "lots", "used:cpu": "1"})
     with pytest.raises(MalformedRecord, match=r"slot pool at resource:\{global\}:pool .*it was not acted on"):
         store.snapshot()
+
+
+def test_a_malformed_published_status_is_named_by_status_and_not_followed(redis_url: str,
+                                                                          redis_client: redis.Redis,
+                                                                          tmp_path: Path) -> None:
+    redis_client.hset("celeryops:{default}:status", mapping={"run_id": "r-x", "phase": "draining",
+                                                             "updated_at": "soon", "progress": "{bad"})
+    redis_client.xadd("celeryops:{default}:events", {"run_id": "r-x", "kind": "phase", "at": "later"})
+    assert read_events(redis_client, "default") == []  # a malformed entry is no event of the run
+    result = CliRunner().invoke(main, ["status", "--broker", redis_url, "--state-dir", str(tmp_path)])
+    assert result.exit_code == 0 and "Traceback" not in result.output, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == "No run in progress on fleet default."
+    assert "malformed or foreign published status at celeryops:{default}:status" in lines[1]
+    assert lines[-1].startswith("Broker safety: safe:")

@@ -211,6 +211,7 @@ def gather_status(fleet_spec: FleetSpec, state_dir: str | None, fleet: str | Non
             report.broker_safety = assess(client, f"the fleet's Redis at {mask_url(url)}")
         except MalformedRecord as exc:  # named, not acted on: the local journal is what is shown
             report.notes.append(mask_text(str(exc)).rstrip("."))
+            report.broker_safety = assess(client, f"the fleet's Redis at {mask_url(url)}")
         except redis.RedisError as exc:
             report.redis_unreachable = True
             report.notes.append(f"Redis at {mask_url(url)} is unreachable ({mask_text(str(exc)).rstrip('.')}), "

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import redis
 
 from celeryops.core.events import DrainProgress
+from celeryops.core.untrusted import MalformedRecord
 from celeryops.ops.backend.views import (
     BrokerSafetyView,
     DeviceView,
@@ -150,7 +151,7 @@ class Snapshots:
             return None
         try:
             return await asyncio.to_thread(live_status, coord, self.wiring.fleet_name)
-        except redis.RedisError:
+        except (redis.RedisError, MalformedRecord):  # unreadable or malformed: no run is followed on its word
             return None
 
     async def slots(self) -> SlotsView | None:
