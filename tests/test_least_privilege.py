@@ -33,6 +33,7 @@ from celeryops.console.screens.home import HomeScreen
 from celeryops.core.config import Config
 from celeryops.demo.standins.gitrepo import GitFixture
 from celeryops.fence.registry import listed_workers
+from celeryops.ops.access.probe import PermissionRefused
 from celeryops.ops.access.rules import KeySchema, rule_args, rules
 from celeryops.ops.backend.console import open_backend
 from celeryops_harness.slotapp import send, slot_sleep
@@ -151,6 +152,11 @@ def test_each_role_does_its_job_with_its_rules_alone(redis_url: str, users: dict
         wait_for(lambda: "as-worker" in admin.lrange("ct:slots:order", 0, -1), 60, "the slot-gated task to run")
         assert int(admin.get("ct:slots:max") or 0) == 1
 
+        # a worker's user may not watch: refused before the console opens, naming the watcher role
+        with pytest.raises(PermissionRefused, match=r"may not read the fleet's published status .*watcher role"):
+            open_backend(Celery("w", broker=users["worker"], set_as_current=False), Config(broker=users["worker"]),
+                         read_only=True, fleet_display="", state_dir=str(tmp_path / "worker-watch"))
+
         # the watcher may not drain: refused in one sentence, nothing stopped, no key of celeryops written
         refused = run_cli(["drain", "--broker", users["watcher"], "-Q", queue, "--json"], env)
         assert refused.returncode == 5, refused.stdout + refused.stderr
@@ -197,10 +203,12 @@ def test_each_role_does_its_job_with_its_rules_alone(redis_url: str, users: dict
         send(slot_sleep, redis_url, queue, 0.1, "after-deploy")
         wait_for(lambda: "after-deploy" in admin.lrange("ct:slots:order", 0, -1), 60, "a task after the deploy")
 
-        names = {users[f"{role}-name"] for role in ROLES}
+        names = {users[f"{role}-name"] for role in ("watcher", "operator")}
         seen = refusals(admin, names)  # only the probes of the watcher's drain (HDEL, EVALSHA on the fence)
         watcher = users["watcher-name"]
         assert set(seen) == {f"{watcher}: command hdel", f"{watcher}: key celeryops:{{default}}:fence"}, seen
+        # ... and the worker's refused watch (HLEN on the status), nothing else of the worker's
+        assert not [r for r in refusals(admin, {users["worker-name"]}) if "celeryops:{default}:status" not in r]
     finally:
         control.close()
         admin.close()
