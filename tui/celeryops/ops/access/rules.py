@@ -21,7 +21,8 @@ the least it needs, derived from the key schema:
 
 Roles:
 
-- **watcher**: reads what the console, ``status`` and ``watch`` show (``%R~``: read-only key patterns) and
+- **watcher**: reads what the console, ``status`` and ``watch`` show (``%R~``: read-only key patterns; the slot
+  pools' is ``~`` because the snapshot is a script, whose commands are still only the watcher's read commands) and
   subscribes to task events; no write command, no PUBLISH (so no remote-control command either), no admin command;
   ``INFO`` for the broker's safety. ``CONFIG`` is given to no role: ``CONFIG GET`` would show ``requirepass``.
 - **operator**: drain, deploy, abort, resume, rollback: the watcher's reads, writes on celeryops' keys (lease,
