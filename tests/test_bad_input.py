@@ -396,3 +396,109 @@ def test_no_redis_key_and_no_consumer_changed(world: World, outcomes: dict[str, 
     assert now == outcomes["-keys-"], _diff(outcomes["-keys-"], now)
     secured = _redis_state(world.secured.url)
     assert secured == outcomes["-secured-keys-"], _diff(outcomes["-secured-keys-"], secured)
+
+
+# -- issue 30: a broker that may evict keys, and the fleet's records as untrusted input ----------------------------
+# (own fixtures: the table's world stays as it is)
+
+@pytest.fixture
+def evicting(tmp_path: Path) -> Iterator[tuple[RedisServer, WorkerProcess]]:
+    """A Redis with maxmemory 512mb and allkeys-lru (a managed Redis' default), and a worker consuming from it."""
+    server = RedisServer().start()
+    client = redis.Redis.from_url(server.url)
+    client.config_set("maxmemory", "512mb")
+    client.config_set("maxmemory-policy", "allkeys-lru")
+    client.close()
+    worker = WorkerProcess(server.url, queues=["evicted"], log_dir=tmp_path,
+                           env={"CELERYOPS_TEST_RECORD": server.db_url(1)})
+    try:
+        worker.start()
+        app = Celery("bad-input-evicting", broker=server.url)
+        worker.wait_ready(app, timeout=60)
+        app.close()
+        yield server, worker
+    finally:
+        worker.stop()
+        server.close()
+
+
+def _final_message(result: subprocess.CompletedProcess[str]) -> str:
+    assert "Traceback" not in result.stdout + result.stderr, result.stderr
+    events = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+    assert events and events[-1]["event"] in FAILED_EVENTS, events[-1:]
+    return str(events[-1]["message"])
+
+
+def test_evicting_broker_drain_refuses_and_stops_nothing(evicting: tuple[RedisServer, WorkerProcess],
+                                                          tmp_path: Path) -> None:
+    """A Redis with maxmemory and allkeys-lru: drain refuses, nothing stopped."""
+    server, worker = evicting
+    app = Celery("bad-input-evicting", broker=server.url)
+    try:
+        consumers, keys = _consumers(app, worker), _redis_state(server.url)
+        result = run_cli(["drain", "--broker", server.url, "--json"], cli_env(tmp_path / "state"))
+        assert result.returncode == 5, result.stdout[-2000:] + result.stderr
+        message = _final_message(result)
+        assert "allkeys-lru" in message and "CONFIG SET maxmemory-policy noeviction" in message, message
+        assert "nothing was changed" in message
+        assert _consumers(app, worker) == consumers == ["evicted"]
+        now = _redis_state(server.url)
+        assert now == keys, _diff(keys, now)
+    finally:
+        app.close()
+
+
+def _run_head(fleet: str, run_id: str, **fields: str) -> dict[str, str]:
+    return {"id": run_id, "fleet": fleet, "broker": "redis://h/0", "user": "mallory", "host": "elsewhere", "pid": "1",
+            "created": "1", "updated": "1", "phase": "draining", "settings": "{}", **fields}
+
+
+STOP_RECORD = json.dumps({"uid": "u1", "at": 1, "kind": "intent", "intent": "cancel_consumers", "settles": None,
+                          "payload": {"consumers": {"*": ["q"]}}})
+# (what is planted in the fleet's Redis, the command, its exit code, words of its sentence)
+UNTRUSTED = {
+    "journal-copy-not-json": ({"run:r-bad": _run_head("default", "r-bad")}, {"run:r-bad:records": ["{not json"]},
+                              ["abort"], 1, "malformed or foreign run record at celeryops:{default}:run:r-bad"),
+    "journal-copy-foreign-run": ({"run:r-one": _run_head("default", "r-two")}, {"run:r-one:records": [STOP_RECORD]},
+                                 ["resume", "--json"], 1, "its head names run 'r-two', not 'r-one'"),
+    "journal-copy-other-fleet": ({"run:r-x": _run_head("green", "r-x")}, {"run:r-x:records": [STOP_RECORD]},
+                                 ["abort"], 1, "it is a run of fleet 'green'"),
+    "journal-copy-unknown-phase": ({"run:r-p": _run_head("default", "r-p", phase="stopping-everything")},
+                                   {"run:r-p:records": [STOP_RECORD]}, ["abort"], 1, "is not a run phase"),
+    "lease-not-a-number": ({"lease": {"run_id": "r-l", "token": "t", "pid": "twelve", "owner": "mallory"}}, {},
+                           ["drain", "--json"], 5, "malformed or foreign run lease at celeryops:{default}:lease"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNTRUSTED))
+def test_malformed_fleet_record_is_named_and_not_acted_on(case: str, redis_url: str, start_workers: Any,
+                                                          tmp_path: Path) -> None:
+    """The journal copy and the lease in Redis are input: a malformed or foreign one is named in one sentence, and
+    nothing is restored or stopped on its word."""
+    hashes, lists, args, code, words = UNTRUSTED[case]
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    (worker,) = start_workers(redis_url, queues=["kept"])
+    app = Celery("bad-input-untrusted", broker=redis_url)
+    try:
+        for part, fields in hashes.items():
+            client.hset(f"celeryops:{{default}}:{part}", mapping=fields)
+            if part.startswith("run:"):
+                client.zadd("celeryops:{default}:runs", {part.split(":", 1)[1]: 1})
+        for part, items in lists.items():
+            client.rpush(f"celeryops:{{default}}:{part}", *items)
+        consumers, keys = _consumers(app, worker), _redis_state(redis_url)
+        result = run_cli([*args, "--broker", redis_url], cli_env(tmp_path / "state"))
+        assert result.returncode == code, f"{case}: exit {result.returncode}\n{result.stdout[-2000:]}{result.stderr}"
+        if "--json" in args:
+            sentence = _final_message(result)
+        else:
+            lines = [line for line in result.stderr.splitlines() if line.strip()]
+            assert len(lines) == 1 and lines[0].startswith("celeryops: "), result.stderr
+            sentence = lines[0]
+        assert words in sentence and "it was not acted on" in sentence, sentence
+        assert _consumers(app, worker) == consumers == ["kept"]
+        now = _redis_state(redis_url)
+        assert now == keys, _diff(keys, now)
+    finally:
+        app.close()
+        client.close()

@@ -222,7 +222,7 @@ BAD_CONFIGS = [
      "target 'c': command uses {image} but the target has no image template"),
     ("accept unknown check", '[preflight]\naccept = ["fense"]',
      "preflight.accept names the check 'fense', which does not exist (did you mean 'fence'?); the checks whose "
-     "warnings can be accepted are branch, freshness, traffic, workers, lease, fence, mixed_versions."),
+     "warnings can be accepted are branch, freshness, traffic, workers, lease, fence, mixed_versions, broker_safety."),
     ("accept never-warning check", '[preflight]\naccept = ["validate"]',
      "preflight.accept names the check 'validate', which passes or fails but never warns;"),
     ("accept not a list", '[preflight]\naccept = "fence"',

@@ -503,10 +503,10 @@ def test_accepting_warnings_by_id() -> None:
 @pytest.mark.parametrize(("ids", "sentence"), [
     (["fense"], "--accept-warning names the check 'fense', which does not exist (did you mean 'fence'?): nothing "
                 "was run; name a check whose warnings can be accepted (branch, freshness, traffic, workers, lease, "
-                "fence, mixed_versions)."),
+                "fence, mixed_versions, broker_safety)."),
     (["permissions"], "--accept-warning names the check 'permissions', which passes or fails but never warns: "
                       "nothing was run; name a check whose warnings can be accepted (branch, freshness, traffic, "
-                      "workers, lease, fence, mixed_versions)."),
+                      "workers, lease, fence, mixed_versions, broker_safety)."),
 ])
 def test_accepting_an_unknown_or_never_warning_check_is_one_sentence(ids: list[str], sentence: str) -> None:
     with pytest.raises(UserError) as info:

@@ -43,10 +43,15 @@ def drained_run(state: Path) -> Iterator[str]:
 def test_no_run_anywhere(redis_url: str, state: Path) -> None:
     result = cli("status", "--broker", redis_url, "--state-dir", str(state))
     assert result.exit_code == 0, result.output
-    assert result.stdout.strip() == "No run in progress on fleet default."
+    # the fleet's Redis is judged too (issue 30): the test Redis evicts nothing and has an RDB save point
+    assert result.stdout.strip().splitlines() == [
+        "No run in progress on fleet default.",
+        f"Broker safety: safe: the fleet's Redis at {redis_url}: maxmemory-policy noeviction, no maxmemory, "
+        "persistence RDB."]
     assert not state.exists()  # reading never creates the state dir
     data = json.loads(cli("status", "--broker", redis_url, "--state-dir", str(state), "--json").stdout)
     assert data["run"] is None and data["source"] is None and data["recovery"] is None
+    assert data["broker_safety"]["status"] == "ok" and data["broker_safety"]["short"] == "noeviction, RDB"
 
 
 def test_open_run_from_the_local_journal(redis_url: str, state: Path, drained_run: str) -> None:

@@ -38,6 +38,8 @@ from celeryops.core.masking import mask_text
 # name -> (module in celeryops.commands, first paragraph of the command's help). Kept equal to the modules by
 # tests/test_cli_startup.py (which prints the table to paste when it is not).
 COMMAND_TABLE: dict[str, tuple[str, str]] = {
+    "acl": ("acl", "Print the Redis ACL rules of ROLE (watcher, operator, worker) on one line, to put after `ACL "
+                   "SETUSER <name> on ><password>` (Redis 7.0 or later). Reads nothing from Redis."),
     "abort": ("drain", "Restore the consumers stopped by the current run (recovery rules), and end it."),
     "demo": ("demo", "Run celeryops on a local sandbox: Redis, Celery workers, Cloud Run and registry stand-ins, a "
                      "git remote."),

@@ -20,6 +20,8 @@ from celeryops.commands.common import FleetSpec, fleet_options, state_dir_option
 from celeryops.core.errors import UserError
 from celeryops.core.events import RUN_PHASES
 from celeryops.core.masking import mask_text, mask_url
+from celeryops.core.untrusted import MalformedRecord
+from celeryops.ops.fleetwide.brokersafety import SafetyVerdict, assess
 from celeryops.ops.fleetwide.lease import LeaseInfo, ago, read_lease
 from celeryops.ops.fleetwide.publish import PublishedStatus, read_status
 from celeryops.ops.journal import (
@@ -113,6 +115,7 @@ class StatusReport:
     unconfirmed: Run | None = None  # the latest run ended aborted with consumers never confirmed back
     holder: RunHolder | None = None  # who holds the current run now (None: Redis not read)
     stranded: tuple[Stranded, ...] = ()  # live workers the last run's restore lost to a broker reconnect
+    broker_safety: SafetyVerdict | None = None  # may the fleet's Redis evict keys or lose them on a restart
 
     @property
     def interrupted(self) -> bool:
@@ -169,6 +172,7 @@ class StatusReport:
                 "unconfirmed": None if self.unconfirmed is None else {
                     "run": self.unconfirmed.id,
                     "consumers": {w: sorted(qs) for w, qs in sorted(self.unconfirmed.unconfirmed_consumers().items())}},
+                "broker_safety": None if self.broker_safety is None else self.broker_safety.as_dict(),
                 "stranded": None if not self.stranded else {
                     "run": self.stranded[0].run_id, "restored_at": self.stranded[0].restored_at,
                     "consumers": {s.worker: list(s.queues) for s in self.stranded}, "remedy": REMEDY}}
@@ -204,6 +208,10 @@ def gather_status(fleet_spec: FleetSpec, state_dir: str | None, fleet: str | Non
             local, _ended = merge_open(local, store)
             last_ended = newest(last_ended, store.latest_ended())
             redis_ok = report.redis_read = True
+            report.broker_safety = assess(client, f"the fleet's Redis at {mask_url(url)}")
+        except MalformedRecord as exc:  # named, not acted on: the local journal is what is shown
+            report.notes.append(mask_text(str(exc)).rstrip("."))
+            report.broker_safety = assess(client, f"the fleet's Redis at {mask_url(url)}")
         except redis.RedisError as exc:
             report.redis_unreachable = True
             report.notes.append(f"Redis at {mask_url(url)} is unreachable ({mask_text(str(exc)).rstrip('.')}), "
@@ -327,6 +335,15 @@ def status(fleet: FleetSpec, as_json: bool, state_dir: str | None) -> None:
     else:
         for line in _status_lines(report):
             click.echo(mask_text(line))
+        if report.broker_safety is not None:
+            click.echo(mask_text(safety_line(report.broker_safety)))
+
+
+def safety_line(verdict: SafetyVerdict) -> str:
+    """The broker's safety in one line: what was found and, unless it is safe, what to do."""
+    word = {"ok": "safe", "warn": "warning", "fail": "UNSAFE, a drain or deploy refuses it"}[verdict.status]
+    line = f"Broker safety: {word}: {verdict.detail}"
+    return line + (f"; {verdict.remedy}." if verdict.remedy else ".")
 
 
 @click.command()

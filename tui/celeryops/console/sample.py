@@ -17,6 +17,7 @@ from celeryops.core.events import (
     WorkerObs,
 )
 from celeryops.ops.backend.views import (
+    BrokerSafetyView,
     DeviceView,
     FleetView,
     HostShare,
@@ -76,7 +77,7 @@ def fleet(with_run: bool = True) -> FleetView:
         workers=workers(),
         queues=(QueueView("default", 1284, 2), QueueView("render", 37, 1), QueueView("gpu", 0, 1),
                 QueueView("reports", None, 0)),
-        tasks=tasks(8), run=run)
+        tasks=tasks(8), run=run, broker_safety=BrokerSafetyView("ok", "noeviction, AOF"))
 
 
 def interrupted_fleet() -> FleetView:

@@ -51,10 +51,12 @@ PREFLIGHT_CHECKS: dict[str, str] = {
     "lease": "no other run holds the fleet (warns when no Redis holds the run lease)",
     "fence": "every worker runs the drain fence plugin of this fleet (warns when some don't; an overlap deploy "
              "fails)",
+    "broker_safety": "no Redis of the fleet may evict keys (maxmemory-policy noeviction, or no maxmemory); warns when "
+                     "it keeps no data across a restart (no AOF, no RDB)",
     "mixed_versions": "an overlap deploy: old and new code consume the same queues for a while (warns)",
 }
 #: The checks that can warn, hence whose warnings can be accepted; the others only pass or fail.
-WARNING_CHECKS = ("branch", "freshness", "traffic", "workers", "lease", "fence", "mixed_versions")
+WARNING_CHECKS = ("branch", "freshness", "traffic", "workers", "lease", "fence", "mixed_versions", "broker_safety")
 #: Values of a target's ``traffic`` key.
 TRAFFIC_MODES = ("latest",)
 #: How a deploy replaces a target's workers (a target's ``strategy``, ``celeryops deploy --strategy``): ``drain``

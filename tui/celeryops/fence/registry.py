@@ -63,6 +63,13 @@ class PluginWorkerInfo:
             return None
         if not isinstance(data, dict):
             return None
+        try:  # a malformed entry (a number that is not one, a list that is not one) is not a worker's word
+            return cls._build(hostname, data)
+        except (ValueError, TypeError):
+            return None
+
+    @classmethod
+    def _build(cls, hostname: str, data: dict[str, Any]) -> PluginWorkerInfo:
         state = data.get("state")
         kind = data.get("cloudrun_kind")
         return cls(

@@ -33,6 +33,7 @@ from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
+from celeryops.core.untrusted import MalformedRecord
 from celeryops.slots import scripts
 from celeryops.slots.snapshot import (
     DeviceId,
@@ -277,8 +278,11 @@ class SlotStore:
     def snapshot(self, *, starvation_after: float | None = None) -> PoolSnapshot:
         """One round trip: a read-only script returning Redis TIME and the pool's keys, consistent with each other."""
         now_raw, pool, expiries, host_expiries, hostinfo = self._run("snapshot")
-        return self._build(now_raw, _pairs(pool), _scores(expiries), _scores(host_expiries), _pairs(hostinfo),
-                           starvation_after)
+        try:
+            return self._build(now_raw, _pairs(pool), _scores(expiries), _scores(host_expiries), _pairs(hostinfo),
+                               starvation_after)
+        except (ValueError, TypeError, IndexError, KeyError) as exc:  # a lease or total some client malformed
+            raise MalformedRecord(self.keys[0], f"{type(exc).__name__}: {exc}", what="slot pool") from None
 
     def _build(self, now_raw: Any, pool: dict[str, str], expiries: list[tuple[str, float]],
                host_expiries: list[tuple[str, float]], hostinfo: dict[str, str],

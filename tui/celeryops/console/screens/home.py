@@ -140,6 +140,9 @@ class HomeScreen(ConsoleScreen):
                 banner_text.append(f" {idle} worker(s) consume nothing (see Consuming).", style="bold yellow")
             if view.stranded:
                 banner_text.append("  X restore again", style="bold")
+            if view.broker_safety is not None and view.broker_safety.status == "fail":
+                banner_text.append(f" The broker {view.broker_safety.short}: a drain or deploy is refused until its "
+                                   "maxmemory-policy is noeviction.", style="bold red")
             banner.update(banner_text)
         elif run.interrupted:
             banner.update(interrupted_text(run, self.console.clock()))
@@ -207,6 +210,10 @@ class HomeScreen(ConsoleScreen):
             hint.append(" · watch mode: workers listed, not asked, until a run is live", style="dim")
         hint.append(f" · {waiting:,} message{'' if waiting == 1 else 's'} waiting · {len(view.tasks)} task"
                     f"{'' if len(view.tasks) == 1 else 's'} held")
+        safety = view.broker_safety
+        if safety is not None:  # may the broker drop tasks (evicting policy) or lose them on a restart?
+            style = {"ok": "dim", "warn": "yellow", "fail": "bold red"}.get(safety.status, "")
+            hint.append(f" · broker {safety.short}", style=style)
         if needle:
             hint.append(f" · filter '{self.needle}': {len(shown)} shown", style="cyan")
         self.query_one("#hint", Static).update(hint)

@@ -93,7 +93,9 @@ class RedisServer:
 
     def _start_once(self, timeout: float) -> None:
         args = [
-            self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            # An RDB save point, as a production broker has (the broker_safety preflight check passes): a snapshot
+            # is written only on FLUSHALL or after an hour with a change; a SIGKILL (``stop``) still loses the data.
+            self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "3600 1", "--appendonly", "no",
             "--dir", str(self._dir), "--daemonize", "no", "--loglevel", "warning",
             "--logfile", str(self._dir / "redis.log"),
         ]

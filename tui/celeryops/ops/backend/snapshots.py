@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING
 import redis
 
 from celeryops.core.events import DrainProgress
+from celeryops.core.untrusted import MalformedRecord
 from celeryops.ops.backend.views import (
+    BrokerSafetyView,
     DeviceView,
     FleetView,
     HostShare,
@@ -32,6 +34,7 @@ from celeryops.ops.backend.views import (
     WorkerView,
 )
 from celeryops.ops.backend.watch import live_status, published_progress, summary_from_status
+from celeryops.ops.fleetwide.brokersafety import assess_all, safety_targets
 from celeryops.ops.fleetwide.lease import LeaseInfo, read_lease
 from celeryops.ops.fleetwide.publish import PublishedStatus
 from celeryops.ops.journal import ALL_WORKERS, FleetStore, Run
@@ -39,6 +42,8 @@ from celeryops.ops.run.interrupted import RunHolder, holder_of
 from celeryops.ops.run.recovery import plan
 from celeryops.ops.run.stranded import stranded
 from celeryops.ops.run.wiring import Wiring
+
+SAFETY_EVERY = 30.0  # seconds between two reads of the broker's eviction policy and persistence
 
 if TYPE_CHECKING:
     from celeryops.slots.snapshot import PoolSnapshot, Snapshot
@@ -50,8 +55,28 @@ class Snapshots:
     queues: set[str] = field(default_factory=set)  # every queue seen so far (their depths are shown)
     read_only: bool = False  # watch mode: between runs, list the workers from cheap reads, broadcast nothing
     _history: dict[str, deque[int]] = field(default_factory=dict)
+    _safety: tuple[float, BrokerSafetyView | None] | None = None  # (read at, view): read again after SAFETY_EVERY
 
     async def fleet(self, own: RunSummary | None, own_progress: DrainProgress | None) -> FleetView:
+        view = await self._fleet(own, own_progress)
+        return dataclasses.replace(view, broker_safety=await self.broker_safety())
+
+    async def broker_safety(self) -> BrokerSafetyView | None:
+        """The broker's safety (eviction policy, persistence), read at most every ``SAFETY_EVERY`` seconds: reads
+        only (CONFIG GET, else INFO; in watch mode INFO only). None when no Redis serves the fleet."""
+        now = time.monotonic()
+        if self._safety is not None and now - self._safety[0] < SAFETY_EVERY:
+            return self._safety[1]
+        fleet = self.wiring.fleet
+        targets = safety_targets(fleet.redis(), fleet.display_url, self.wiring.coord)
+        view = None
+        if targets:
+            verdict = await assess_all(targets, config=not self.read_only)  # watch mode: INFO only
+            view = BrokerSafetyView(verdict.status, verdict.short, verdict.detail)
+        self._safety = (now, view)
+        return view
+
+    async def _fleet(self, own: RunSummary | None, own_progress: DrainProgress | None) -> FleetView:
         """``own``: the run this console drives (its last poll is the freshest view); else a run published by
         another process, else one observation of the fleet. The fleet's open run (local journal and the fleet's
         copy) is read at every poll: an interrupted one is named in the header and offered for resume/abort, and
@@ -126,7 +151,7 @@ class Snapshots:
             return None
         try:
             return await asyncio.to_thread(live_status, coord, self.wiring.fleet_name)
-        except redis.RedisError:
+        except (redis.RedisError, MalformedRecord):  # unreadable or malformed: no run is followed on its word
             return None
 
     async def slots(self) -> SlotsView | None:

@@ -100,6 +100,16 @@ class FleetView:
     run: RunSummary | None = None
     interrupted: RunView | None = None
     stranded: tuple[StrandedWorker, ...] = ()
+    broker_safety: BrokerSafetyView | None = None  # None: not read (yet)
+
+
+@dataclass(frozen=True)
+class BrokerSafetyView:
+    """May the fleet's Redis drop tasks (``fail``: it evicts keys) or lose them on a restart (``warn``)?"""
+
+    status: str  # ok | warn | fail
+    short: str  # a few words: "noeviction, AOF", "evicts keys (allkeys-lru, maxmemory 512 MiB)"
+    detail: str = ""
 
 
 @dataclass(frozen=True)

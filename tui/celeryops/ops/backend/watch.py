@@ -9,6 +9,7 @@ import redis
 
 from celeryops.core.events import DrainProgress, Notice, PhaseChanged, RunFollowed
 from celeryops.core.masking import mask_text
+from celeryops.core.untrusted import MalformedRecord
 from celeryops.ops.backend.views import EventSink, RunSummary
 from celeryops.ops.fleetwide.decode import decode, progress_from_json
 from celeryops.ops.fleetwide.lease import read_lease
@@ -69,6 +70,8 @@ async def follow(coord: redis.Redis, fleet: str, on_event: EventSink, interval: 
                             continue
                         phase = event.phase
                     on_event(event)
+        except MalformedRecord as exc:  # named, not followed
+            on_event(Notice(level="warning", message=mask_text(str(exc))))
         except redis.RedisError as exc:
             on_event(Notice(level="warning", message=mask_text(f"reading the published status failed ({exc}); "
                                                                "retrying")))

@@ -36,6 +36,7 @@ import redis
 from celeryops.core.errors import EXIT_PREFLIGHT, UserError
 from celeryops.core.identity import current_user
 from celeryops.core.namespace import fleet_key
+from celeryops.core.untrusted import MalformedRecord
 
 log = logging.getLogger(__name__)
 
@@ -252,7 +253,13 @@ def read_lease(client: redis.Redis, fleet: str) -> LeaseInfo | None:
     # A watcher's Redis user may lack TIME (not in @read): then ages use the local clock.
     now = time.time() if isinstance(server_time, Exception) else server_time[0] + server_time[1] / 1e6
     fields = {_text(k): _text(v) for k, v in raw.items()}
-    return _parse(fields, int(alive), now)
+    key = fleet_key(fleet, "lease")
+    if not fields.get("run_id") or not fields.get("token"):
+        raise MalformedRecord(key, "it names no run or no token", what="run lease")
+    try:
+        return _parse(fields, int(alive), now)
+    except (ValueError, TypeError) as exc:
+        raise MalformedRecord(key, f"{type(exc).__name__}: {exc}", what="run lease") from None
 
 
 class RunLease:

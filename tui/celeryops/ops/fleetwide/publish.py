@@ -33,6 +33,7 @@ import redis
 from celeryops.core.events import RunKind
 from celeryops.core.masking import mask_text
 from celeryops.core.namespace import fleet_key
+from celeryops.core.untrusted import MalformedRecord
 
 log = logging.getLogger(__name__)
 
@@ -108,9 +109,13 @@ def read_status(client: redis.Redis, fleet: str) -> PublishedStatus | None:
     if not raw:
         return None
     f = {_text(k): _text(v) for k, v in raw.items()}
+    try:
+        started_at, updated_at = float(f.get("started_at") or 0), float(f.get("updated_at") or 0)
+    except ValueError as exc:  # input: any client of the fleet's Redis may have written it
+        raise MalformedRecord(status_key(fleet), str(exc), what="published status") from None
     return PublishedStatus(fleet=fleet, run_id=f.get("run_id", "?"), phase=f.get("phase", "?"),
                            owner=f.get("owner", "?"), host=f.get("host", "?"), release=f.get("release") or None,
-                           started_at=float(f.get("started_at") or 0), updated_at=float(f.get("updated_at") or 0),
+                           started_at=started_at, updated_at=updated_at,
                            progress=_loads(f.get("progress", "{}")), kind=f.get("kind", ""))
 
 
@@ -121,8 +126,12 @@ def read_events(client: redis.Redis, fleet: str, last_id: str | None = None, cou
     out: list[PublishedEvent] = []
     for entry_id, raw in entries or []:
         f = {_text(k): _text(v) for k, v in (raw or {}).items()}
+        try:
+            at = float(f.get("at") or 0)
+        except ValueError:  # a malformed entry is not an event of the run: skipped
+            continue
         out.append(PublishedEvent(id=_text(entry_id), kind=f.get("kind", "?"), run_id=f.get("run_id", "?"),
-                                  at=float(f.get("at") or 0), data=_loads(f.get("data", "{}"))))
+                                  at=at, data=_loads(f.get("data", "{}"))))
     return out
 
 

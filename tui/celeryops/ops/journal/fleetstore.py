@@ -23,11 +23,12 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, cast
+from typing import Any, Final, cast, get_args
 
 import redis
 
 from celeryops.core.namespace import fleet_key
+from celeryops.core.untrusted import MalformedRecord
 from celeryops.ops.journal.model import Phase, Record, RecordKind, Run
 
 DAY: Final = 24 * 3600.0
@@ -115,7 +116,7 @@ class FleetStore:
         pipe.hgetall(head)
         pipe.lrange(rec, 0, -1)
         fields, items = pipe.execute()
-        return _held(fields, items)
+        return _held(fields, items, key=head, run_id=run_id, fleet=self.fleet)
 
     def latest_ended(self) -> Run | None:
         """The fleet's most recent ended run (by creation) still kept, or None."""
@@ -152,7 +153,8 @@ class FleetStore:
             pipe.hgetall(head)
             pipe.lrange(rec, 0, -1)
         replies = pipe.execute()
-        held = [_held(replies[i], replies[i + 1]) for i in range(0, len(replies), 2)]
+        held = [_held(replies[i], replies[i + 1], key=self._keys(ids[i // 2])[0], run_id=ids[i // 2], fleet=self.fleet)
+                for i in range(0, len(replies), 2)]
         runs = [h for h in held if h is not None and not h.run.finished]
         return sorted(runs, key=lambda h: (h.run.created, h.run.id))
 
@@ -180,22 +182,58 @@ def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _held(fields: Mapping[Any, Any], items: list[Any]) -> HeldRun | None:
+RECORD_KINDS: Final = frozenset(get_args(RecordKind))
+PHASES: Final = frozenset(get_args(Phase))
+
+
+def _held(fields: Mapping[Any, Any], items: list[Any], *, key: str = "", run_id: str = "",
+          fleet: str = "") -> HeldRun | None:
+    """The run held at ``key`` (the copy of run ``run_id`` of ``fleet``), or None when its keys expired. Raises
+    ``MalformedRecord`` (one sentence; nothing is done on its word) when it does not parse or is foreign: another
+    run's head under this id, another fleet's run."""
     head = {_text(k): _text(v) for k, v in (fields or {}).items()}
-    if not head.get("id"):
+    if not head:
         return None
+    if not head.get("id"):
+        raise MalformedRecord(key, "its head has no run id")
+    if run_id and head["id"] != run_id:
+        raise MalformedRecord(key, f"its head names run {head['id']!r}, not {run_id!r}")
+    if fleet and head.get("fleet") and head["fleet"] != fleet:
+        raise MalformedRecord(key, f"it is a run of fleet {head['fleet']!r}, not {fleet!r}")
+    if head.get("phase") and head["phase"] not in PHASES:
+        raise MalformedRecord(key, f"its phase {head['phase']!r} is not a run phase")
+    try:
+        return _parse_held(head, items)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise MalformedRecord(key, f"{type(exc).__name__}: {exc}") from None
+
+
+def _parse_held(head: dict[str, str], items: list[Any]) -> HeldRun:
     records: list[Record] = []
     uids: list[str] = []
     for pos, raw in enumerate(items, start=1):
         data = json.loads(_text(raw))
+        if not isinstance(data, dict):
+            raise ValueError(f"record {pos} is not a JSON object")
+        if data.get("kind") not in RECORD_KINDS:
+            raise ValueError(f"record {pos} has the unknown kind {data.get('kind')!r}")
+        payload = data.get("payload") or {}
+        if not isinstance(payload, dict):
+            raise ValueError(f"record {pos}'s payload is not a JSON object")
+        intent = data.get("intent")
+        if intent is not None and not isinstance(intent, str):
+            raise ValueError(f"record {pos}'s intent is not text")
         settles = data.get("settles")
         records.append(Record(seq=pos, at=float(data.get("at") or 0.0), kind=cast(RecordKind, data["kind"]),
-                              payload=dict(data.get("payload") or {}), intent=data.get("intent"),
+                              payload=dict(payload), intent=intent,
                               settles=None if settles is None else int(settles)))
         uids.append(str(data.get("uid") or ""))
+    settings = json.loads(head.get("settings") or "{}")
+    if not isinstance(settings, dict):
+        raise ValueError("its settings are not a JSON object")
     run = Run(id=head["id"], fleet=head.get("fleet", ""), broker=head.get("broker", ""), user=head.get("user", "?"),
               host=head.get("host", "?"), pid=int(head.get("pid") or 0), release=head.get("release") or None,
-              settings=json.loads(head.get("settings") or "{}"), created=float(head.get("created") or 0.0),
+              settings=settings, created=float(head.get("created") or 0.0),
               updated=float(head.get("updated") or 0.0), phase=cast(Phase, head.get("phase") or "preflight"),
               outcome=head.get("outcome") or None, records=tuple(records))
     return HeldRun(run, tuple(uids))

@@ -11,6 +11,7 @@ from celeryops.adapters.fleet import Fleet
 from celeryops.core.errors import UserError
 from celeryops.ops.fleetwide.lease import read_lease
 from celeryops.ops.journal import Journal
+from celeryops.ops.preflight.brokersafety import broker_safety_check, safety_targets
 from celeryops.ops.preflight.checks import fence_plugin_check
 from celeryops.ops.preflight.framework import Check, CheckResult
 
@@ -80,4 +81,5 @@ def fleet_checks(fleet: Fleet, journal: Journal, coord: redis.Redis | None, flee
     return [Check("broker", "Broker reachable", broker, timeout=15),
             Check("workers", "Every known worker replies", workers, timeout=20),
             Check("lease", "No other run holds the fleet", lease, timeout=10),
-            fence_plugin_check(fleet.app, fleet_name, known=known)]
+            fence_plugin_check(fleet.app, fleet_name, known=known),
+            broker_safety_check(safety_targets(fleet.redis(), fleet.display_url, coord))]

@@ -225,6 +225,7 @@ class Rollback:
     async def run(self, request: RollbackRequest) -> RunFinished:
         """What to go back to, preflight, the operator's go, then the strategy. Returns the run's end."""
         self.session._refuse_if_read_only("roll back")
+        await self.session._require_operator("roll back")
         going = False
         try:
             steps = await self.plan(request)

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import redis
+
 from celeryops.adapters.gitrepo import GitRepo
 from celeryops.core.config import Config, DrainSettings, Target
 from celeryops.core.errors import (
@@ -44,6 +46,7 @@ from celeryops.core.events import (
     StageStarted,
     TargetDeployed,
 )
+from celeryops.ops.access.probe import Need, operator_needs, require
 from celeryops.ops.journal import Run
 from celeryops.ops.preflight import (
     Check,
@@ -112,6 +115,21 @@ class RunSession:
         if self.runner.read_only:
             raise ReadOnlyRefused(action)
 
+    async def _require_operator(self, action: str) -> None:
+        """Refuse ``action`` in one sentence, before anything changes, when the connected Redis user lacks a
+        permission of the operator role (a watcher's user: a drain stops nothing)."""
+        r = self.runner
+        opts = r.fleet.app.conf.broker_transport_options or {}
+        fleet_needs = operator_needs(r.fleet_name, keyprefix=str(opts.get("global_keyprefix", "")),
+                                     control=str(r.fleet.app.conf.control_exchange))
+        clients: list[tuple[redis.Redis, list[Need]]] = []
+        if r.coord is not None:
+            clients.append((r.coord, fleet_needs[:2]))
+        broker = r.fleet.redis()
+        if broker is not None:
+            clients.append((broker, fleet_needs[2:]))
+        await require(action, clients)
+
     # -- preflight -------------------------------------------------------------------------------------------------
 
     def _fleet_checks(self, take_over: bool = False) -> list[Check]:
@@ -178,6 +196,7 @@ class RunSession:
         """Preflight, the operator's go, then stop the consumers and wait until drained. Returns the exit code:
         0 drained (the consumers stay stopped), 3 timed out (restored), 4/5 preflight."""
         self._refuse_if_read_only("stop consumers")
+        await self._require_operator("stop consumers")
         settings = request.settings or self.config.drain
         settings.validate()
         report = await self._preflight(self._fleet_checks(request.take_over))
@@ -194,6 +213,7 @@ class RunSession:
         """Preflight (the fleet's checks and the release's), the operator's go, drain, the operator's go, deploy,
         verify. Interrupted after the drain: the recovery rules, with the rollout's real outcome."""
         self._refuse_if_read_only("deploy")
+        await self._require_operator("deploy")
         if not targets:
             raise UserError("No deploy target is configured: nothing was changed; add a [[targets]] table to "
                             "celeryops.toml (see the README).", EXIT_USAGE)
@@ -283,6 +303,7 @@ class RunSession:
         """Continue the fleet's interrupted run from its phase; returns the exit code. A drain-only run drains
         again; a deploy run drains then deploys, or (deploying/deployed) follows the rollout's outcome."""
         self._refuse_if_read_only("resume the run")
+        await self._require_operator("resume the run")
         run = run or self.runner.unfinished()
         if run is None:
             raise self.runner.no_open_run("nothing was resumed",
@@ -333,6 +354,7 @@ class RunSession:
     async def abort(self, run: Run | None = None, *, force_restore: bool = False) -> RecoveryPlan:
         """Apply the recovery rules to the fleet's unfinished run (restore what it stopped, mark it aborted)."""
         self._refuse_if_read_only("abort the run")
+        await self._require_operator("abort the run")
         run = run or await asyncio.to_thread(self.runner.unfinished)
         if run is not None and run.strategy == "overlap" and not run.finished:
             from celeryops.ops.run.overlap import OverlapDeploy
