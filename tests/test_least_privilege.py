@@ -107,8 +107,10 @@ def refusals(admin: redis.Redis, names: set[str]) -> list[str]:
 
 
 def consuming(app: Celery, node: str) -> list[str]:
+    """The task queues ``node`` consumes, less its slot pool's wake queue (celeryops.slots.*: a drain of one named
+    queue leaves it alone)."""
     replies = app.control.inspect(destination=[node], timeout=5, limit=1).active_queues() or {}
-    return sorted(q["name"] for q in replies.get(node) or [])
+    return sorted(q["name"] for q in replies.get(node) or [] if not q["name"].startswith("celeryops.slots."))
 
 
 async def watch_shows(url: str, state: Path, node: str) -> tuple[str, str]:

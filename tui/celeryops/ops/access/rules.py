@@ -61,8 +61,9 @@ WRITE = ("set", "del", "unlink", "expire", "pexpire", "persist", "hset", "hsetnx
          "multi", "exec",
          "discard", "watch", "unwatch")
 PUBLISH = ("publish",)
-# kombu's consumer: it also pops task messages, restores unacked ones, and counts queue lengths in pipelines.
-WORKER_EXTRA = ("lpop", "setex", "psetex", "getdel", "zrevrangebyscore", "zremrangebyscore", "incr", "decr",
+# kombu's consumer: it also pops task messages, restores unacked ones, and counts queue lengths in pipelines; the
+# slots' waker thread blocks on its pool's wake list (BLPOP).
+WORKER_EXTRA = ("lpop", "blpop", "setex", "psetex", "getdel", "zrevrangebyscore", "zremrangebyscore", "incr", "decr",
                 "hincrbyfloat", "pexpireat", "expireat")
 
 
@@ -133,6 +134,9 @@ def rule_args(role: Role, schema: KeySchema = KeySchema()) -> list[str]:
     # A queue is its own key plus its priority lists: never "<queue>*", which for "celery" would match celeryops'
     # own keys too.
     queues = [k for q in s.queues for k in (s.kombu(q), s.kombu(q) + PRIORITY_SEP + "*")]
+    # The slot pools' wake queues (celeryops.slots.<prefix>.<pool>, with their priority lists): every worker of a
+    # pool consumes its pool's, so they are task queues like the others (the watcher and operator read their depth).
+    queues.append(s.kombu(f"celeryops.slots.{s.slots_prefix}.*"))
     slots = f"{s.slots_prefix}:*"
     bindings = s.kombu("_kombu.binding.*")
     # The slot pools are read by a script (EVALSHA: Redis counts its keys as read-write), so their pattern is not
