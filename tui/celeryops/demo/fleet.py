@@ -24,6 +24,7 @@ from celery import Celery
 
 from celeryops.core.masking import mask_text
 from celeryops.demo.reaper import Reaper
+from celeryops.demo.standins import metadata
 from celeryops.demo.standins.cloudrun import CloudRunStandIn, InstanceSpec
 from celeryops.demo.standins.workers import WorkerProcess
 from celeryops.demo.tasks import QUEUES
@@ -88,9 +89,15 @@ class DemoFleet:
         tag = spec.image.rsplit("/", 1)[-1]
         env = {**self.env, "CELERYOPS_DEMO_BROKER": self.broker, **spec.env,
                "CELERYOPS_VERSION": tag.rsplit(":", 1)[-1] if ":" in tag else spec.image}
+        name: str | None = f"plain-{spec.number}.rev{short}"
+        default_name = None
+        if fenced:  # Celery's default node name, the same on every instance as on Cloud Run: the plugin renames it
+            meta, default_name = metadata.instance_env(spec.revision)
+            env.update(meta)
+            name = None
         worker = WorkerProcess(self.broker, app=FENCED_APP if fenced else PLAIN_APP, pool="threads",
                                concurrency=self.concurrency, queues=QUEUES, env=env, log_dir=self.log_dir,
-                               name=f"{'fenced' if fenced else 'plain'}-{spec.number}.rev{short}")
+                               name=name, default_name=default_name)
         with self._spawn:
             if self._stopped:
                 raise RuntimeError("the demo is shutting down")

@@ -50,6 +50,7 @@ class PluginWorkerInfo:
     beats: int = 0
     consumer_starts: int = 0
     features: tuple[str, ...] = ()  # what its plugin understands beyond the first fence record (record.FEATURES)
+    instance_id: str = ""  # the container instance it runs in (Cloud Run's metadata id, else random per start)
 
     @property
     def held(self) -> bool:
@@ -82,6 +83,7 @@ class PluginWorkerInfo:
             beats=int(data.get("beats") or 0),
             consumer_starts=int(data.get("consumer_starts") or 0),
             features=tuple(str(f) for f in data.get("features") or ()),
+            instance_id=str(data.get("instance_id") or ""),
         )
 
 

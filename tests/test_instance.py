@@ -1,0 +1,132 @@
+"""Instances told apart without the user's help: the instance id (Cloud Run's metadata server, else random per
+container start) and the node name the fence plugin gives a worker whose name has the default hostname."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from celery import Celery
+
+from celeryops.core.instance import ENV_CACHE, InstanceId, instance_host, instance_id, unique_node_name
+from celeryops.demo.standins import metadata
+from celeryops.fence import plugin_workers
+from celeryops.slots.settings import settings_from_env
+from celeryops_harness.workers import wait_for
+
+POOL = {"CLOUD_RUN_WORKER_POOL": "worker", "CLOUD_RUN_WORKER_POOL_REVISION": "worker-00002-abc"}
+
+
+@pytest.fixture
+def silent_server() -> Iterator[str]:
+    """A metadata host that accepts connections and never answers."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    yield f"127.0.0.1:{sock.getsockname()[1]}"
+    sock.close()
+
+
+def test_the_metadata_server_names_the_instance() -> None:
+    env = {**POOL, "GCE_METADATA_HOST": metadata.shared().host_for("0087abc")}
+    ident = instance_id(env)
+    assert (ident.value, ident.source, ident.problem) == ("0087abc", "metadata", "")
+    assert env[ENV_CACHE] == f"{os.getpid()}:0087abc"  # kept for the worker's children
+    assert instance_id(env) == InstanceId("0087abc", "inherited")
+
+
+def test_a_silent_metadata_server_gives_a_random_id_after_the_timeout(silent_server: str) -> None:
+    env = {**POOL, "GCE_METADATA_HOST": silent_server}
+    ident = instance_id(env, timeout=0.3)
+    assert ident.source == "random" and len(ident.value) == 32
+    assert f"http://{silent_server}/computeMetadata/v1/instance/id" in ident.problem
+    assert "no answer within 0.3 s" in ident.problem or "timed out" in ident.problem
+
+
+def test_a_metadata_server_that_refuses_a_request_without_the_flavor_header_is_no_id() -> None:
+    host = metadata.shared().host_for("x1")
+    status = subprocess.run([sys.executable, "-c", f"import urllib.request as u; u.urlopen('http://{host}"
+                             "/computeMetadata/v1/instance/id', timeout=5)"], capture_output=True, text=True)
+    assert "403" in status.stderr
+
+
+def test_outside_cloud_run_no_metadata_server_is_asked(silent_server: str) -> None:
+    ident = instance_id({"GCE_METADATA_HOST": silent_server})
+    assert (ident.source, ident.problem) == ("random", "")
+
+
+def test_a_restarted_instance_has_a_new_id_and_children_share_their_parents() -> None:
+    first, restarted = instance_id(dict(POOL)), instance_id(dict(POOL))  # two container starts: fresh environments
+    assert first.value != restarted.value and first.short != restarted.short
+    env = dict(POOL)
+    made = instance_id(env)
+    child = subprocess.run([sys.executable, "-c", "from celeryops.core.instance import instance_id; "
+                            "i = instance_id(); print(i.value, i.source)"],
+                           env={**os.environ, **env}, capture_output=True, text=True, check=True)
+    assert child.stdout.split() == [made.value, "inherited"]
+    grandchild = subprocess.run(  # a process the worker did not start (its parent is not the maker): its own id
+        [sys.executable, "-c", "import subprocess, sys; subprocess.run([sys.executable, '-c', 'from celeryops.core."
+         "instance import instance_id; print(instance_id().value)'])"],
+        env={**os.environ, **env}, capture_output=True, text=True, check=True)
+    assert grandchild.stdout.strip() not in ("", made.value)
+
+
+def test_only_a_node_name_with_the_default_hostname_is_renamed() -> None:
+    ident = InstanceId("0087abc", "metadata")
+    here = socket.gethostname()
+    assert unique_node_name("celery@localhost", "worker-00002-abc", ident) == f"celery@worker-00002-abc.{ident.short}"
+    assert unique_node_name(f"gpu@{here}", "r1", ident) == f"gpu@r1.{ident.short}"
+    assert unique_node_name("celery@worker-3.example", "r1", ident) == "celery@worker-3.example"
+    assert instance_host(POOL, ident) == f"worker-00002-abc.{ident.short}"
+
+
+def test_slots_on_cloud_run_pool_per_instance_and_the_host_setting_wins() -> None:
+    a = settings_from_env(env=dict(POOL), detect=False)
+    b = settings_from_env(env=dict(POOL), detect=False)
+    assert a.host.startswith("worker-00002-abc.") and a.host != b.host  # two instances: two pools
+    assert settings_from_env(env={**POOL, "CELERYOPS_SLOTS_HOST": "gpu-box"}, detect=False).host == "gpu-box"
+    assert settings_from_env(env={}, detect=False).host == socket.gethostname()
+
+
+def test_workers_with_the_default_name_are_renamed_per_instance(start_workers, redis_url: str,
+                                                                 queue_name: str, tmp_path: Path) -> None:
+    """Two instances of one revision, both started as celery@<this host> (no -n): each answers ping, heartbeats
+    the registry and runs tasks under a name of its own, and says so once in its log."""
+    names = []
+    workers = []
+    for _ in range(2):
+        env, name = metadata.instance_env(POOL["CLOUD_RUN_WORKER_POOL_REVISION"])
+        names.append(name)
+        workers += start_workers(redis_url, app="celeryops_harness.fenceapp", queues=[queue_name],
+                                 default_name=name, env={**POOL, **env, "CELERYOPS_FENCE_INTERVAL": "0.3"})
+    assert len(set(names)) == 2 and all(n.startswith("celery@worker-00002-abc.") for n in names)
+    client = redis.Redis.from_url(redis_url)
+    app = Celery("t", broker=redis_url, set_as_current=False)
+    try:
+        replies = app.control.ping(timeout=1.0)
+        assert sorted(n for r in replies for n in r) == sorted(names)
+        live = wait_for(lambda: (lambda w: w if set(w) == set(names) else None)(plugin_workers(client)), 30,
+                        "both renamed workers in the registry")
+        assert {info.instance_id for info in live.values()} and all(  # type: ignore[union-attr]
+            info.revision == "worker-00002-abc" and info.instance_id for info in live.values())  # type: ignore[union-attr]
+        result = app.send_task("celeryops.testing.noop", queue=queue_name)
+        wait_for(lambda: client.hget(f"ct:run:{result.id}", "finished"), 30, "the task to run")
+        assert client.hget(f"ct:run:{result.id}", "worker").decode() in names  # task.request.hostname too
+    finally:
+        app.close()
+        client.close()
+    for worker, name in zip(workers, names, strict=True):
+        log = worker.log()
+        assert log.count(f"this instance runs as {name}") == 1, log[-2000:]
+
+
+def test_a_unique_node_name_is_kept(start_workers, redis_url: str, queue_name: str) -> None:
+    (worker,) = start_workers(redis_url, app="celeryops_harness.fenceapp", queues=[queue_name], name="mine-1",
+                              env={**POOL, "GCE_METADATA_HOST": metadata.shared().host_for("i9")})
+    assert worker.nodename == "celery@mine-1" and "this instance runs as" not in worker.log()
