@@ -169,7 +169,7 @@ def test_headless_demo_deploys_on_fakeredis_when_redis_server_is_missing(tmp_pat
     checks = {e["id"]: e["status"] for e in events if e["event"] == "check" and e["status"] != "running"}
     assert checks == {"branch": "ok", "image": "ok", "freshness": "ok", "permissions": "ok", "traffic": "ok",
                       "validate": "ok", "broker": "ok", "workers": "ok", "lease": "ok",
-                      "fence": "warn"}
+                      "fence": "warn", "node_names": "ok"}
     (summary,) = deployed["targets"]  # where the result is: revision, service URL, console link
     assert summary["revision"] and summary["url"].startswith("https://") and summary["console_url"].startswith(
         "https://console.cloud.google.com/run/detail/")

@@ -70,7 +70,8 @@ def read_metadata_id(environ: Mapping[str, str], timeout: float = METADATA_TIMEO
     def ask() -> None:
         try:
             request = urllib.request.Request(url, headers={"Metadata-Flavor": "Google"})
-            with urllib.request.urlopen(request, timeout=timeout) as reply:
+            # the join below is the deadline; the socket's own timeout only ends an abandoned thread
+            with urllib.request.urlopen(request, timeout=timeout + 2) as reply:
                 result["id"] = reply.read(4096).decode("utf-8", "replace").strip()
         except Exception as exc:  # any failure means: no id from there
             result["error"] = f"{type(exc).__name__}: {exc}"

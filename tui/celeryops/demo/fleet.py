@@ -89,15 +89,14 @@ class DemoFleet:
         tag = spec.image.rsplit("/", 1)[-1]
         env = {**self.env, "CELERYOPS_DEMO_BROKER": self.broker, **spec.env,
                "CELERYOPS_VERSION": tag.rsplit(":", 1)[-1] if ":" in tag else spec.image}
-        name: str | None = f"plain-{spec.number}.rev{short}"
-        default_name = None
-        if fenced:  # Celery's default node name, the same on every instance as on Cloud Run: the plugin renames it
-            meta, default_name = metadata.instance_env(spec.revision)
-            env.update(meta)
-            name = None
+        meta, default_name = metadata.instance_env(spec.revision)  # each instance's own id, as Cloud Run gives it
+        env.update(meta)
+        # Fenced: Celery's default node name, the same on every instance as on Cloud Run; the plugin renames it.
+        # Plain workers have no plugin to do that: their command names them (-n), as it must on Cloud Run.
+        name = None if fenced else f"plain-{spec.number}.rev{short}"
         worker = WorkerProcess(self.broker, app=FENCED_APP if fenced else PLAIN_APP, pool="threads",
                                concurrency=self.concurrency, queues=QUEUES, env=env, log_dir=self.log_dir,
-                               name=name, default_name=default_name)
+                               name=name, default_name=default_name if fenced else None)
         with self._spawn:
             if self._stopped:
                 raise RuntimeError("the demo is shutting down")

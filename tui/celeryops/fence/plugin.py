@@ -106,6 +106,7 @@ class FenceGuard:
         self._queues: tuple[str, ...] = ()
         self._held: tuple[str, ...] = ()
         self._beats = 0
+        self._field = ""  # its registry field: the node name, or <node name>#<instance> when another holds it
         self._consumer_starts = 0
         self._tref: Any = None
         self._thread: threading.Thread | None = None
@@ -137,7 +138,7 @@ class FenceGuard:
         if self._thread is not None:
             self._thread.join(timeout=max(2.0, self.interval + self.config.redis_timeout))
         try:
-            registry.remove(self.client, self.fleet, self.hostname)
+            registry.remove(self.client, self.fleet, self._field or self.hostname)
         except redis.RedisError:
             pass
         self.client.close()
@@ -269,9 +270,18 @@ class FenceGuard:
 
     def beat(self) -> None:
         self._beats += 1
-        info = {**self.status(), "pid": os.getpid()}
+        info = {**self.status(), "pid": os.getpid(), "hostname": self.hostname}
         try:
-            registry.write_heartbeat(self.client, self.fleet, self.hostname, info, self.registry_ttl)
+            field = registry.claim_field(self.client, self.fleet, self.hostname, self.instance.value)
+            if field != self._field:
+                if field != self.hostname:
+                    logger.error("celeryops fence: another live instance answers as %s too: this one is listed as "
+                                 "%s; celeryops refuses to stop workers that share a node name: start each worker "
+                                 "with a unique -n", self.hostname, field)
+                elif self._field:  # the other instance left: back under its node name
+                    registry.remove(self.client, self.fleet, self._field)
+                self._field = field
+            registry.write_heartbeat(self.client, self.fleet, self._field, info, self.registry_ttl)
             if self._beats % PRUNE_EVERY_BEATS == 1:
                 registry.prune(self.client, self.fleet, grace=max(3600.0, 10 * self.registry_ttl))
         except redis.RedisError:

@@ -13,6 +13,7 @@ from celeryops.ops.fleetwide.lease import read_lease
 from celeryops.ops.journal import Journal
 from celeryops.ops.preflight.checks import fence_plugin_check
 from celeryops.ops.preflight.framework import Check, CheckResult
+from celeryops.ops.preflight.nodenames import node_names_check
 
 #: Checks whose failure means the fleet cannot be reached at all (a drain exits 4 for these, as documented).
 UNREACHABLE = frozenset({"broker", "workers"})
@@ -80,4 +81,5 @@ def fleet_checks(fleet: Fleet, journal: Journal, coord: redis.Redis | None, flee
     return [Check("broker", "Broker reachable", broker, timeout=15),
             Check("workers", "Every known worker replies", workers, timeout=20),
             Check("lease", "No other run holds the fleet", lease, timeout=10),
-            fence_plugin_check(fleet.app, fleet_name, known=known)]
+            fence_plugin_check(fleet.app, fleet_name, known=known),
+            node_names_check(fleet.app)]
