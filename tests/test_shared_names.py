@@ -97,3 +97,44 @@ def test_instances_per_revision_are_counted_by_instance_id(redis_client: redis.R
     _beat(redis_client, "celery@gone", "id-d", "r2", ttl=0.001)
     wait_for(lambda: heartbeat_states(redis_client, "f").get("celery@gone") is False, 10, "the entry to expire")
     assert instances_by_revision(plugin_workers(redis_client, "f")) == {"r1": 2, "r2": 1}
+
+
+@pytest.mark.slow
+def test_an_instance_restarted_with_a_new_id_leaves_by_evidence(tmp_path: Path, redis_url: str, queue_name: str,
+                                                                 redis_client: redis.Redis, start_workers) -> None:
+    """Bad input: an instance is SIGKILLed (OOM) and restarts with a new id, hence a new node name; its old name
+    stays in the broker's pidbox bindings. Preflight says it left (its heartbeat expired) instead of asking for
+    --forget, and the drain finishes with the new one alone."""
+    from celeryops.demo.standins import metadata
+    from clihelp import CliProcess, cli_env
+
+    revision = "worker-00003-abc"
+    pool_env = {"CLOUD_RUN_WORKER_POOL": "worker", "CLOUD_RUN_WORKER_POOL_REVISION": revision,
+                "CELERYOPS_FENCE_INTERVAL": "0.3", "CELERYOPS_FENCE_REGISTRY_TTL": "2"}
+    names = []
+    for _ in range(2):
+        meta, name = metadata.instance_env(revision)
+        names.append(name)
+        (worker,) = start_workers(redis_url, app=FENCE_APP, queues=[queue_name], default_name=name,
+                                  env={**pool_env, **meta})
+        wait_for(lambda n=name: n in plugin_workers(redis_client), 30, "the worker in the registry")
+        if len(names) == 1:
+            worker.kill()  # the first start dies; Cloud Run starts the instance again: a new container, a new id
+    old, new = names
+    assert old != new
+    wait_for(lambda: heartbeat_states(redis_client).get(old) is False, 30, "the old heartbeat to expire")
+    drain = CliProcess(["drain", "--broker", redis_url, "-Q", queue_name, "--interval", "0.4", "--streak", "2",
+                        "--json"], cli_env(tmp_path / "state", CELERYOPS_REDIS_URL=redis_url))
+    try:
+        drain.wait_event("drained", 120)
+        assert drain.finish() == 0, drain.read_stderr()
+    finally:
+        drain.kill()
+    (workers,) = [e for e in drain.events
+                  if e["event"] == "check" and e["id"] == "workers" and e["status"] != "running"]
+    assert workers["status"] == "ok", workers
+    assert "1 registered worker(s) left (their fence heartbeat expired, e.g. an instance restarted with a new id): " \
+        f"{old}" in workers["detail"], workers
+    (names_check,) = [e for e in drain.events if e["event"] == "check" and e["id"] == "node_names"
+                      and e["status"] != "running"]
+    assert names_check["status"] == "ok", names_check

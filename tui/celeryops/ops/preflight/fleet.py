@@ -42,15 +42,22 @@ def fleet_checks(fleet: Fleet, journal: Journal, coord: redis.Redis | None, flee
         # With every member known, ping returns as soon as all of them answered.
         answered = await fleet.ping(limit=len(members) or None)
         silent = sorted(members - answered)
+        # A silent worker whose fence heartbeat expired is gone by evidence (the drain leaves it out the same way):
+        # e.g. a Cloud Run instance that was replaced or restarted with a new id, under a new node name.
+        expired = await fleet.heartbeats() if silent else {}
+        left = [name for name in silent if expired.get(name) is False]
+        silent = [name for name in silent if name not in left]
+        gone = (f"; {len(left)} registered worker(s) left (their fence heartbeat expired, e.g. an instance "
+                f"restarted with a new id): {', '.join(left[:4])}") if left else ""
         if not answered:
             hint = f" ({len(silent)} registered but silent: {', '.join(silent[:4])})" if silent else ""
             return CheckResult("workers", "", "fail", f"no worker answered on {fleet.display_url}{hint}",
                                "start the workers (or check that they use this broker; --forget dead ones)")
         if silent:
             return CheckResult("workers", "", "warn", f"{len(silent)} registered worker(s) did not answer ping: "
-                               f"{', '.join(silent[:4])}", "they count as unknown until they reply; forget "
+                               f"{', '.join(silent[:4])}{gone}", "they count as unknown until they reply; forget "
                                "them with --forget (F in the console) if they are gone")
-        return CheckResult("workers", "", "ok", f"{len(answered)} worker(s) answer")
+        return CheckResult("workers", "", "ok", f"{len(answered)} worker(s) answer{gone}")
 
     async def lease() -> CheckResult:
         if coord is None:
