@@ -150,3 +150,20 @@ def test_a_worker_whose_metadata_server_does_not_answer_starts_under_a_random_id
     lines = [line for line in worker.log().splitlines() if "this instance runs as" in line]
     assert len(lines) == 1 and f"the metadata server at http://{silent_server}/computeMetadata/v1/instance/id " \
         "gave no instance id (no answer within 1 s), so a random id made at this start names it" in lines[0], lines
+
+
+def test_the_slots_plugin_alone_renames_too_and_its_pool_is_the_instance(start_workers, redis_url: str,
+                                                                          queue_name: str) -> None:
+    """Item 2: a worker with only ``slots.install`` (no fence) on Cloud Run: renamed like the fence plugin does, and
+    its CPU slots live in the pool of its instance (<revision>.<short id>), not of the shared hostname."""
+    env, name = metadata.instance_env(POOL["CLOUD_RUN_WORKER_POOL_REVISION"])
+    start_workers(redis_url, app="celeryops_harness.slotapp", queues=[queue_name], default_name=name,
+                  env={**POOL, **env, "CELERYOPS_SLOTS_CPU": "2", "CELERYOPS_SLOTS_DETECT": "0"})
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        host = name.split("@", 1)[1]
+        pools = wait_for(lambda: [k for k in client.scan_iter("resource:*") if f"host:{host}" in k], 30,
+                         "the instance's slot pool")
+        assert pools and not [k for k in client.scan_iter("resource:*") if f"host:{socket.gethostname()}}}" in k]
+    finally:
+        client.close()
