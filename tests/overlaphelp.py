@@ -85,7 +85,8 @@ def make_pool(tmp_path: Path, redis_url: str, queue: str, *, count: int = 2, max
         return {"queues": new_queues} if new_queues is not None and spec.revision != first[0] else {}
 
     workers = CeleryInstances(redis_url, app=FENCE_APP if plugin else "celeryops_harness.taskapp", queues=[queue],
-                              log_dir=tmp_path, env={**PLUGIN, "CELERYOPS_TEST_RECORD": redis_url}, options=options)
+                              log_dir=tmp_path, env={**PLUGIN, "CELERYOPS_TEST_RECORD": redis_url}, options=options,
+                              default_names=plugin)  # every instance celery@<this host>, as on Cloud Run
     standin = CloudRunStandIn(rollout_seconds=0.3, launcher=workers)
     endpoint = standin.start()
     sha = git.tip(git.remote)

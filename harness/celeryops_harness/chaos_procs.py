@@ -26,6 +26,7 @@ from typing import Any
 import redis
 from celery import Celery
 
+from celeryops.demo.standins import metadata
 from celeryops.demo.standins.cloudrun import CloudRunStandIn, InstanceSpec
 from celeryops_harness.workers import WorkerProcess
 
@@ -150,14 +151,14 @@ class TrialFleet:
 
     def __call__(self, spec: InstanceSpec) -> TrialInstance:
         """Start the instance ``spec`` (one worker) and return once it answers ping."""
-        worker = self._worker(spec.env).start()
+        worker = self._worker(spec.env, spec.revision).start()
         with self._lock:
             self.workers.append(worker)
             self.revision[worker.nodename] = spec.revision
         worker.wait_ready(self.app, timeout=60)
         return TrialInstance(self, worker)
 
-    def _worker(self, cloud_run: dict[str, str]) -> WorkerProcess:
+    def _worker(self, cloud_run: dict[str, str], revision: str = "") -> WorkerProcess:
         fenced = self.kind == "fenced" or (self.kind == "mixed" and next(self._serial) % 2 == 0)
         env = {"CELERYOPS_TEST_RECORD": self.record, **cloud_run}
         if fenced:  # the plugin: the fence lives in the broker Redis; a stopped worker leaves the registry soon
@@ -165,8 +166,12 @@ class TrialFleet:
                         "CELERYOPS_FENCE_REGISTRY_TTL": "4"})
             if self.coord:
                 env["CELERYOPS_FENCE_REDIS_URL"] = self.coord
+        name: dict[str, str] = {}
+        if fenced and cloud_run:  # Celery's default node name, the same on every instance (as on Cloud Run): the
+            meta, name["default_name"] = metadata.instance_env(revision)  # plugin makes it unique
+            env.update(meta)
         return WorkerProcess(self.broker, app=FENCED_APP if fenced else PLAIN_APP, queues=[self.queue],
-                             log_dir=self.log_dir, env=env)
+                             log_dir=self.log_dir, env=env, **name)
 
     def busy_on(self, worker: WorkerProcess) -> tuple[list[str], list[str]]:
         """Ids of the trial's tasks that ``worker`` runs (started there, not finished: the record Redis) and holds

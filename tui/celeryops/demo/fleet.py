@@ -24,6 +24,7 @@ from celery import Celery
 
 from celeryops.core.masking import mask_text
 from celeryops.demo.reaper import Reaper
+from celeryops.demo.standins import metadata
 from celeryops.demo.standins.cloudrun import CloudRunStandIn, InstanceSpec
 from celeryops.demo.standins.workers import WorkerProcess
 from celeryops.demo.tasks import QUEUES
@@ -88,9 +89,14 @@ class DemoFleet:
         tag = spec.image.rsplit("/", 1)[-1]
         env = {**self.env, "CELERYOPS_DEMO_BROKER": self.broker, **spec.env,
                "CELERYOPS_VERSION": tag.rsplit(":", 1)[-1] if ":" in tag else spec.image}
+        meta, default_name = metadata.instance_env(spec.revision)  # each instance's own id, as Cloud Run gives it
+        env.update(meta)
+        # Fenced: Celery's default node name, the same on every instance as on Cloud Run; the plugin renames it.
+        # Plain workers have no plugin to do that: their command names them (-n), as it must on Cloud Run.
+        name = None if fenced else f"plain-{spec.number}.rev{short}"
         worker = WorkerProcess(self.broker, app=FENCED_APP if fenced else PLAIN_APP, pool="threads",
                                concurrency=self.concurrency, queues=QUEUES, env=env, log_dir=self.log_dir,
-                               name=f"{'fenced' if fenced else 'plain'}-{spec.number}.rev{short}")
+                               name=name, default_name=default_name if fenced else None)
         with self._spawn:
             if self._stopped:
                 raise RuntimeError("the demo is shutting down")

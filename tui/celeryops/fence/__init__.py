@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         PluginWorkerInfo,
         by_revision,
         heartbeat_states,
+        instances_by_revision,
         listed_workers,
         plugin_workers,
         registry_key,
@@ -35,7 +36,7 @@ _LAZY = {
     "FenceGuard": "plugin", "FenceRecord": "record", "FenceReply": "control", "FenceStep": "plugin",
     "FenceStore": "store", "Hold": "record", "PluginWorkerInfo": "registry", "fence_status": "control",
     "install": "plugin", "plugin_workers": "registry", "registry_key": "registry", "heartbeat_states": "registry",
-    "listed_workers": "registry",
+    "listed_workers": "registry", "instances_by_revision": "registry",
 }
 
 __all__ = [
@@ -56,6 +57,7 @@ __all__ = [
     "fence_status",
     "heartbeat_states",
     "install",
+    "instances_by_revision",
     "listed_workers",
     "plugin_workers",
     "registry",

@@ -48,6 +48,7 @@ class FenceReply:
     consumer_starts: int = 0
     features: tuple[str, ...] = ()  # what the plugin understands beyond the first fence record ("" from older ones)
     error: str = ""
+    instance_id: str = ""  # the container instance it runs in ("" from older plugins)
 
     @classmethod
     def parse(cls, worker: str, reply: object) -> FenceReply:
@@ -70,6 +71,7 @@ class FenceReply:
             beats=int(reply.get("beats") or 0),
             consumer_starts=int(reply.get("consumer_starts") or 0),
             features=tuple(str(f) for f in reply.get("features") or ()),
+            instance_id=str(reply.get("instance_id") or ""),
         )
 
 
@@ -117,9 +119,30 @@ def fence_status(app: Celery, destination: Sequence[str] | None = None, timeout:
             f"could not reach the broker {url} to ask workers for their fence status ({exc.__class__.__name__}); "
             "nothing was changed; check that the broker is running and the URL is right"
         ) from exc
-    out: dict[str, FenceReply] = {}
-    for item in replies or []:
+    return {reply.worker: reply for reply in _parse(replies)}
+
+
+def every_reply(app: Celery, timeout: float = 1.0) -> list[FenceReply]:
+    """Ask every worker for its fence status and wait the whole ``timeout``: one reply per worker *process*, also
+    when several share a node name (on Cloud Run every default name is ``celery@localhost``), which
+    :func:`fence_status` folds into one. Raises BrokerUnreachable (nothing changed)."""
+    from kombu.exceptions import OperationalError
+
+    try:
+        replies = app.control.broadcast(COMMAND, reply=True, timeout=timeout)
+    except (OSError, OperationalError) as exc:
+        url = mask_url(str(app.conf.broker_url or ""))
+        raise BrokerUnreachable(
+            f"could not reach the broker {url} to ask workers for their fence status ({exc.__class__.__name__}); "
+            "nothing was changed; check that the broker is running and the URL is right"
+        ) from exc
+    return _parse(replies)
+
+
+def _parse(replies: object) -> list[FenceReply]:
+    out: list[FenceReply] = []
+    for item in replies if isinstance(replies, list) else []:
         if isinstance(item, Mapping):
             for worker, reply in item.items():
-                out[str(worker)] = FenceReply.parse(str(worker), reply)
+                out.append(FenceReply.parse(str(worker), reply))
     return out

@@ -33,6 +33,7 @@ from celery.exceptions import ImproperlyConfigured
 from celery.utils.log import get_logger
 from kombu.entity import Queue
 
+from celeryops.core.instance import connect_rename, instance_id
 from celeryops.core.masking import mask_text, mask_url
 from celeryops.core.namespace import fleet_name
 from celeryops.fence import registry
@@ -88,6 +89,7 @@ class FenceGuard:
         self.version = config.version or os.environ.get(ENV_VERSION) or ""
         self.cloud_run = cloud_run_identity(os.environ)  # a pool's or a service's revision: exempt by it
         self.revision = self.cloud_run.revision
+        self.instance = instance_id()  # told apart from instances that share its node name (Cloud Run: localhost)
         self.fleet = fleet_name(config.fleet)
         self.registry_ttl = config.registry_ttl or max(30.0, 5 * self.interval)
         self.redis_url = redis_url
@@ -104,6 +106,7 @@ class FenceGuard:
         self._queues: tuple[str, ...] = ()
         self._held: tuple[str, ...] = ()
         self._beats = 0
+        self._field = ""  # its registry field: the node name, or <node name>#<instance> when another holds it
         self._consumer_starts = 0
         self._tref: Any = None
         self._thread: threading.Thread | None = None
@@ -135,7 +138,7 @@ class FenceGuard:
         if self._thread is not None:
             self._thread.join(timeout=max(2.0, self.interval + self.config.redis_timeout))
         try:
-            registry.remove(self.client, self.fleet, self.hostname)
+            registry.remove(self.client, self.fleet, self._field or self.hostname)
         except redis.RedisError:
             pass
         self.client.close()
@@ -262,13 +265,23 @@ class FenceGuard:
             "queues": list(self._queues), "held_queues": list(self._held), "fence_run_id": self._fence_run_id,
             "fence_readable": self._readable, "interval": self.interval, "beats": self._beats,
             "consumer_starts": self._consumer_starts, "features": list(FEATURES),
+            "instance_id": self.instance.value, "instance_source": self.instance.source,
         }
 
     def beat(self) -> None:
         self._beats += 1
-        info = {**self.status(), "pid": os.getpid()}
+        info = {**self.status(), "pid": os.getpid(), "hostname": self.hostname}
         try:
-            registry.write_heartbeat(self.client, self.fleet, self.hostname, info, self.registry_ttl)
+            field = registry.claim_field(self.client, self.fleet, self.hostname, self.instance.value)
+            if field != self._field:
+                if field != self.hostname:
+                    logger.error("celeryops fence: another live instance answers as %s too: this one is listed as "
+                                 "%s; celeryops refuses to stop workers that share a node name: start each worker "
+                                 "with a unique -n", self.hostname, field)
+                elif self._field:  # the other instance left: back under its node name
+                    registry.remove(self.client, self.fleet, self._field)
+                self._field = field
+            registry.write_heartbeat(self.client, self.fleet, self._field, info, self.registry_ttl)
             if self._beats % PRUNE_EVERY_BEATS == 1:
                 registry.prune(self.client, self.fleet, grace=max(3600.0, 10 * self.registry_ttl))
         except redis.RedisError:
@@ -319,12 +332,15 @@ def install(
     exemptions (default $CELERYOPS_VERSION; the Cloud Run revision is always used too: a worker pool's
     $CLOUD_RUN_WORKER_POOL_REVISION, a service's $K_REVISION); ``fleet``: default
     $CELERYOPS_FLEET; ``registry_ttl``: how long a silent worker stays listed (default max(30 s, 5 intervals)).
+    On Cloud Run, a worker whose node name has the default hostname (``celery@localhost`` on every instance) is
+    renamed ``<name>@<revision>.<8 hex of its instance id>`` when it starts (logged once); a unique ``-n`` is kept.
     """
     if interval <= 0:
         raise ValueError(f"fence interval must be positive, got {interval}")
     if any(isinstance(s, type) and issubclass(s, FenceStep) for s in app.steps["consumer"]):
         raise RuntimeError("the celeryops fence plugin is already installed in this Celery app")
     register_command()
+    connect_rename()  # on Cloud Run, celery@localhost becomes celery@<revision>.<instance> at worker start
     config = FenceConfig(redis_url=redis_url, interval=interval, version=version, fleet=fleet,
                          registry_ttl=registry_ttl, hold_if_unknown=hold_if_unknown)
     step: type[FenceStep] = type("InstalledFenceStep", (FenceStep,), {"config": config, "__module__": __name__})

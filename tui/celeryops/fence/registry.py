@@ -5,11 +5,16 @@ daemon thread, so it keeps beating while a solo-pool worker is busy with a task 
 An entry counts while ``expires_at`` (Redis TIME) is in the future; readers only read (watch mode writes nothing),
 workers prune entries that expired long ago. Each entry records the worker's Cloud Run revision and where it runs
 (a worker pool or a service, and its name), so the operator's side tells an old revision's workers from a new
-one's (:func:`by_revision`).
+one's (:func:`by_revision`), and the container instance it runs in (``instance_id``).
+
+Two instances that share a node name (plain ``celery@localhost`` on Cloud Run with a plugin too old to rename it,
+or one ``-n`` given to several workers) do not collapse into one entry: the second one writes its entry under
+``<node name>#<8 hex of its instance id>`` (:func:`claim_field`) and says its node name inside the entry.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,6 +26,9 @@ from celeryops.core.namespace import fleet_key, fleet_name
 from celeryops.fence.record import CloudRunKind, decode
 
 PluginState = Literal["consuming", "held", "unknown"]
+
+
+SHARED_MARK = "#"  # <node name>#<instance>: the field of an instance whose node name another live instance holds
 
 
 def registry_key(fleet: str) -> str:
@@ -50,13 +58,14 @@ class PluginWorkerInfo:
     beats: int = 0
     consumer_starts: int = 0
     features: tuple[str, ...] = ()  # what its plugin understands beyond the first fence record (record.FEATURES)
+    instance_id: str = ""  # the container instance it runs in (Cloud Run's metadata id, else random per start)
 
     @property
     def held(self) -> bool:
         return self.state != "consuming"
 
     @classmethod
-    def from_json(cls, hostname: str, raw: str) -> PluginWorkerInfo | None:
+    def from_json(cls, field: str, raw: str) -> PluginWorkerInfo | None:
         try:
             data = json.loads(raw)
         except ValueError:
@@ -73,7 +82,7 @@ class PluginWorkerInfo:
         state = data.get("state")
         kind = data.get("cloudrun_kind")
         return cls(
-            hostname=hostname,
+            hostname=str(data.get("hostname") or field.split(SHARED_MARK, 1)[0]),
             version=str(data.get("version") or ""),
             revision=str(data.get("revision") or ""),
             cloudrun_kind=kind if kind in ("worker-pool", "service") else "",
@@ -89,6 +98,7 @@ class PluginWorkerInfo:
             beats=int(data.get("beats") or 0),
             consumer_starts=int(data.get("consumer_starts") or 0),
             features=tuple(str(f) for f in data.get("features") or ()),
+            instance_id=str(data.get("instance_id") or ""),
         )
 
 
@@ -103,6 +113,20 @@ def write_heartbeat(client: redis.Redis, fleet: str, hostname: str, info: Mappin
     entry = {**info, "last_seen": now, "expires_at": now + ttl}
     client.hset(registry_key(fleet), hostname, json.dumps(entry))
     return now
+
+
+def claim_field(client: redis.Redis, fleet: str, hostname: str, instance_id: str, ttl_grace: float = 0.0) -> str:
+    """The registry field this worker writes: its node name, unless another instance's live entry holds that field
+    (a node name shared between instances): then ``<node name>#<8 hex of instance_id>``."""
+    if not instance_id:
+        return hostname
+    raw = client.hget(registry_key(fleet), hostname)
+    info = PluginWorkerInfo.from_json(hostname, decode(raw) or "") if raw is not None else None
+    if info is None or not info.instance_id or info.instance_id == instance_id:
+        return hostname
+    if info.expires_at + ttl_grace < redis_now(client):
+        return hostname
+    return f"{hostname}{SHARED_MARK}{hashlib.sha1(instance_id.encode()).hexdigest()[:8]}"
 
 
 def remove(client: redis.Redis, fleet: str, hostname: str) -> None:
@@ -172,3 +196,12 @@ def by_revision(workers: Mapping[str, PluginWorkerInfo]) -> dict[str, tuple[str,
     for host, info in workers.items():
         grouped.setdefault(info.revision, []).append(host)
     return {revision: tuple(sorted(hosts)) for revision, hosts in sorted(grouped.items())}
+
+
+def instances_by_revision(workers: Mapping[str, PluginWorkerInfo]) -> dict[str, int]:
+    """How many container instances of each revision the plugin workers (e.g. :func:`plugin_workers`) run in: one
+    per instance id (an entry without one, from an older plugin, counts as its own instance). Pure."""
+    seen: dict[str, set[str]] = {}
+    for field, info in workers.items():
+        seen.setdefault(info.revision, set()).add(info.instance_id or field)
+    return {revision: len(ids) for revision, ids in sorted(seen.items())}

@@ -64,6 +64,7 @@ from celery import Celery, Task, bootsteps, signals, states
 from celery.exceptions import Ignore, Retry
 from kombu import serialization
 
+from celeryops.core.instance import connect_rename
 from celeryops.slots.detect import DeviceId
 from celeryops.slots.settings import ENV_PREFIX, RESERVED, SlotSettings, settings_from_env
 from celeryops.slots.store import Park, Scope
@@ -125,6 +126,7 @@ def install(app: Celery, *, totals: Mapping[str, int] | None = None, lease_ttl: 
         if _runtime is not None and _runtime.pid == os.getpid():
             _runtime.on_worker_stop()
 
+    connect_rename()  # on Cloud Run, celery@localhost becomes celery@<revision>.<instance> (as the fence does)
     uid = f"celeryops.slots.{id(app)}"
     signals.worker_init.connect(on_init, weak=False, dispatch_uid=uid + ".init")
     signals.worker_shutdown.connect(on_stop, weak=False, dispatch_uid=uid + ".shutdown")

@@ -12,7 +12,9 @@
   CELERYOPS_SLOTS_SHARED               types that are shared by the fleet, not a machine's ("licence,api"): their
                                        pool is the global one, whose total is the sum of the hosts' contributions
   CELERYOPS_SLOTS_HOST                 this worker's host: its pool, and whose contribution to the global pool it
-                                       renews (default: socket.gethostname(); in containers, the machine's name, so
+                                       renews (default: on Cloud Run the instance, <revision>.<8 hex of its
+                                       instance id>, as the renamed node name says; elsewhere socket.gethostname();
+                                       in containers, the machine's name, so
                                        that the containers of one machine share its pool)
   CELERYOPS_SLOTS_HOST_TTL             seconds a worker's contribution to a pool lasts without renewal (default:
                                        the lease TTL; renewed every third of the shorter of the two)
@@ -35,6 +37,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from celeryops.core.instance import instance_host, instance_id, on_cloud_run
 from celeryops.slots.detect import Detected, detect
 from celeryops.slots.store import DEFAULT_PREFIX, GLOBAL_POOL, Scope, host_pool, type_name
 
@@ -121,6 +124,9 @@ def settings_from_env(env: Mapping[str, str] | None = None, **overrides: Any) ->
         kw["shared"] = shared_types(env["CELERYOPS_SLOTS_SHARED"], "CELERYOPS_SLOTS_SHARED")
     if env.get("CELERYOPS_SLOTS_HOST"):
         kw["host"] = env["CELERYOPS_SLOTS_HOST"]
+    elif on_cloud_run(env):  # every instance's hostname is localhost there: the instance is the machine
+        ident = instance_id() if env is os.environ else instance_id(dict(env))
+        kw["host"] = instance_host(env, ident)
     if env.get("CELERYOPS_SLOTS_FAIL"):
         kw["fail_open"] = _choice(env["CELERYOPS_SLOTS_FAIL"], ("open", "closed"), "CELERYOPS_SLOTS_FAIL") == "open"
     if env.get("CELERYOPS_SLOTS_ON_LOST"):

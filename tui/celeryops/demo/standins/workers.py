@@ -21,6 +21,8 @@ from typing import Any
 
 from celery import Celery
 
+from celeryops.core.instance import ENV_CACHE
+from celeryops.demo.standins import metadata
 from celeryops.demo.standins.cloudrun_instances import InstanceSpec
 
 
@@ -58,13 +60,17 @@ class WorkerProcess:
         prefetch: int = 1,
         extra_args: Sequence[str] = (),
         log_dir: Path | None = None,
+        default_name: str | None = None,
     ) -> None:
+        """``default_name``: start the worker with Celery's default node name (no ``-n``, ``celery@%h`` as on a Cloud
+        Run instance) and expect it to answer as ``default_name`` (the name its fence plugin gives it)."""
         self.broker = broker
+        self.default_name = default_name is not None
         self.app = app
         self.pool = pool
         self.concurrency = concurrency
         self.queues = list(queues)
-        self.nodename = f"celery@{name or 'w-' + uuid.uuid4().hex[:8]}"
+        self.nodename = default_name or f"celery@{name or 'w-' + uuid.uuid4().hex[:8]}"
         self.env = dict(env or {})
         self.prefetch = prefetch
         self.extra_args = list(extra_args)
@@ -79,7 +85,7 @@ class WorkerProcess:
     def command(self) -> list[str]:
         return [
             sys.executable, "-m", "celery", "-A", self.app, "worker",
-            "-P", self.pool, "-c", str(self.concurrency), "-n", self.nodename,
+            "-P", self.pool, "-c", str(self.concurrency), *(() if self.default_name else ("-n", self.nodename)),
             "-Q", ",".join(self.queues), "-l", "INFO",
             "--without-heartbeat", "--without-gossip", "--without-mingle",
             *self.extra_args,
@@ -88,6 +94,7 @@ class WorkerProcess:
     def start(self) -> WorkerProcess:
         env = {**os.environ, **self.env, "CELERYOPS_TEST_BROKER": self.broker,
                "CELERYOPS_TEST_PREFETCH": str(self.prefetch), "PYTHONUNBUFFERED": "1"}
+        env.pop(ENV_CACHE, None)  # a new container: it makes (or reads) its own instance id
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         try:
             self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log,
@@ -154,13 +161,17 @@ class CeleryInstances:
     """A Cloud Run stand-in's launcher whose instances are real Celery workers (see
     :mod:`celeryops.demo.standins.cloudrun_instances`): each is started with the environment Cloud Run sets for the
     instance's kind and revision, on top of ``env`` (``options(spec)`` may add WorkerProcess arguments, e.g. another
-    app), named ``<revision>.i<number>``, and returned once it answers ping. ``stop()`` kills every one it started."""
+    app), named ``<revision>.i<number>``, and returned once it answers ping. ``stop()`` kills every one it started.
+    ``default_names``: the workers run the fence plugin and keep Celery's default node name (the same on every
+    instance, as on Cloud Run); each gets a metadata server stand-in of its own and the name the plugin gives it."""
 
     def __init__(self, broker: str, *, app: str, queues: Sequence[str] = ("celery",), env: dict[str, str] | None = None,
                  log_dir: Path | None = None, ready_timeout: float = 60.0,
                  options: Callable[[InstanceSpec], dict[str, object]] | None = None,
-                 on_start: Callable[[WorkerProcess, InstanceSpec], None] | None = None) -> None:
+                 on_start: Callable[[WorkerProcess, InstanceSpec], None] | None = None,
+                 default_names: bool = False) -> None:
         self.broker = broker
+        self.default_names = default_names
         self.app = app
         self.queues = list(queues)
         self.env = dict(env or {})
@@ -177,8 +188,12 @@ class CeleryInstances:
     def __call__(self, spec: InstanceSpec) -> WorkerProcess:
         kwargs: dict[str, Any] = {"app": self.app, "queues": self.queues, "log_dir": self.log_dir,
                                   "name": f"{spec.revision}.i{spec.number}"}
-        kwargs.update(self.options(spec) if self.options is not None else {})
+        extra = self.options(spec) if self.options is not None else {}
+        kwargs.update(extra)
         kwargs["env"] = {**self.env, **dict(kwargs.get("env") or {}), **spec.env}
+        if self.default_names and "name" not in extra:
+            meta, kwargs["default_name"] = metadata.instance_env(spec.revision)
+            kwargs["env"].update(meta)
         worker = WorkerProcess(self.broker, **kwargs)
         with self._lock:
             if self._stopped:

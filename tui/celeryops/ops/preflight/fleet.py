@@ -14,6 +14,7 @@ from celeryops.ops.journal import Journal
 from celeryops.ops.preflight.brokersafety import broker_safety_check, safety_targets
 from celeryops.ops.preflight.checks import fence_plugin_check
 from celeryops.ops.preflight.framework import Check, CheckResult
+from celeryops.ops.preflight.nodenames import node_names_check
 
 #: Checks whose failure means the fleet cannot be reached at all (a drain exits 4 for these, as documented).
 UNREACHABLE = frozenset({"broker", "workers"})
@@ -42,15 +43,22 @@ def fleet_checks(fleet: Fleet, journal: Journal, coord: redis.Redis | None, flee
         # With every member known, ping returns as soon as all of them answered.
         answered = await fleet.ping(limit=len(members) or None)
         silent = sorted(members - answered)
+        # A silent worker whose fence heartbeat expired is gone by evidence (the drain leaves it out the same way):
+        # e.g. a Cloud Run instance that was replaced or restarted with a new id, under a new node name.
+        expired = await fleet.heartbeats() if silent else {}
+        left = [name for name in silent if expired.get(name) is False]
+        silent = [name for name in silent if name not in left]
+        gone = (f"; {len(left)} registered worker(s) left (their fence heartbeat expired, e.g. an instance "
+                f"restarted with a new id): {', '.join(left[:4])}") if left else ""
         if not answered:
             hint = f" ({len(silent)} registered but silent: {', '.join(silent[:4])})" if silent else ""
             return CheckResult("workers", "", "fail", f"no worker answered on {fleet.display_url}{hint}",
                                "start the workers (or check that they use this broker; --forget dead ones)")
         if silent:
             return CheckResult("workers", "", "warn", f"{len(silent)} registered worker(s) did not answer ping: "
-                               f"{', '.join(silent[:4])}", "they count as unknown until they reply; forget "
+                               f"{', '.join(silent[:4])}{gone}", "they count as unknown until they reply; forget "
                                "them with --forget (F in the console) if they are gone")
-        return CheckResult("workers", "", "ok", f"{len(answered)} worker(s) answer")
+        return CheckResult("workers", "", "ok", f"{len(answered)} worker(s) answer{gone}")
 
     async def lease() -> CheckResult:
         if coord is None:
@@ -82,4 +90,5 @@ def fleet_checks(fleet: Fleet, journal: Journal, coord: redis.Redis | None, flee
             Check("workers", "Every known worker replies", workers, timeout=20),
             Check("lease", "No other run holds the fleet", lease, timeout=10),
             fence_plugin_check(fleet.app, fleet_name, known=known),
+            node_names_check(fleet.app),
             broker_safety_check(safety_targets(fleet.redis(), fleet.display_url, coord))]

@@ -750,12 +750,16 @@ class OverlapDeploy:
     # -- progress ----------------------------------------------------------------------------------------------
 
     async def _instances(self, target: Target, plan: Plan) -> dict[str, int]:
-        """Instances Cloud Run asks each of the two revisions to run ({} when it cannot say)."""
-        try:
-            revisions = await self.deployer(target).revisions(target)
-        except DeployError:
+        """Live instances of the two revisions as the fence registry sees them, one per instance id ({} without a
+        registry): what runs, not Cloud Run's ``desired_min_instance_count``, which worker-pool revisions may report
+        as 0."""
+        coord = self.runner.coord
+        if coord is None:
             return {}
-        return {r.name: r.instances for r in revisions if r.name in (plan.old, plan.new)}
+        from celeryops.fence import instances_by_revision, plugin_workers
+
+        live = instances_by_revision(await asyncio.to_thread(plugin_workers, coord, self.runner.fleet_name))
+        return {revision: live.get(revision, 0) for revision in (plan.old, plan.new)}
 
     @contextlib.asynccontextmanager
     async def _ticker(self, run: Run, target: Target, plan: Plan) -> AsyncIterator[None]:
