@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from celeryops.core.canary import CanarySettings
+from celeryops.core.canary import CANARY_KEYS, CanarySettings
 from celeryops.core.configcanary import parse_duration
 from celeryops.core.configload import load_config
 from celeryops.core.errors import EXIT_USAGE, UserError
@@ -99,3 +99,16 @@ def test_canary_must_be_a_table_and_problems_come_together(tmp_path: Path) -> No
     write(tmp_path / "celeryops.toml", '[canary]\nmin_tasks = 0\nalpha = 2\n')
     with pytest.raises(UserError, match=r"has 2 problems: canary\.min_tasks .* canary\.alpha"):
         load_config(None, tmp_path, {}, {})
+
+
+def test_the_readme_documents_every_key_with_its_default() -> None:
+    import re
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    rows = dict(re.findall(r"^\| `([a-z_]+)` \| ([^|]+) \|", readme, flags=re.M))
+    defaults = CanarySettings()
+    for key in CANARY_KEYS:
+        assert key in rows, f"[canary] {key} is not in the README's table"
+        value = getattr(defaults, key)
+        shown = rows[key].split()[0]
+        assert shown == ("`[]`" if value == () else f"{value:g}"), (key, shown, value)
