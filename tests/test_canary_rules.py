@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from celeryops.core.canary import CanarySettings, RevisionCounts
 from celeryops.ops.run.canary_rules import VERDICTS, alpha_for_look, judge, look_alpha, new_exception_types
-from celeryops.ops.run.canary_stats import difference_bounds, fisher_greater, percentile, wilson, z_for
+from celeryops.ops.run.canary_stats import difference_bounds, fisher_greater, percentile, summarize, wilson, z_for
 
 SETTINGS = CanarySettings()
 
@@ -233,3 +233,36 @@ def test_the_judgement_serialises_for_json() -> None:
     assert data["verdict"] == "continue" and data["canary"] == {
         "failed": 1, "completed": 11, "rate": 1 / 11, "low": verdict.canary_rate.low, "high": verdict.canary_rate.high}
     assert isinstance(data["decide"], str) and "promote after" in data["decide"]
+
+
+# ----------------------------------------------------------------------------------------------- counts, summary
+
+
+kinds = st.dictionaries(st.sampled_from(["ValueError", "KeyError", "CanaryError"]), st.integers(0, 50))
+revision_counts = st.builds(RevisionCounts, st.integers(0, 500), kinds, st.integers(0, 20),
+                            st.lists(st.floats(0, 100), max_size=5).map(tuple))
+
+
+@given(revision_counts, revision_counts)
+def test_counts_add_up_and_survive_the_journal(a: RevisionCounts, b: RevisionCounts) -> None:
+    both = a + b
+    assert both.completed == a.completed + b.completed and both.failures == a.failures + b.failures
+    assert both.retried == a.retried + b.retried and len(both.runtimes) == len(a.runtimes) + len(b.runtimes)
+    assert RevisionCounts.from_dict(a.to_dict(runtimes=True)) == a
+    assert RevisionCounts.from_dict(a.to_dict()) == replace(a, runtimes=())
+
+
+@pytest.mark.parametrize("bad", [{"succeeded": -1}, {"failed": {"ValueError": "2"}}, {"failed": [1]},
+                                 {"succeeded": "3"}, {"runtimes": "fast"}])
+def test_counts_refuse_a_record_that_is_not_counts(bad: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match="not canary counts"):
+        RevisionCounts.from_dict(bad)
+
+
+def test_the_console_summary_of_a_revision() -> None:
+    counts = RevisionCounts(8, {"ValueError": 1, "SoftTimeLimitExceeded": 1}, 2, (0.1, 0.2, 0.3, 0.4, 1.0))
+    line = summarize(counts, ignore=("SoftTimeLimitExceeded",))
+    assert (line.completed, line.failed, line.retried) == (9, 1, 2)
+    assert line.rate.value == pytest.approx(1 / 9) and line.rate.low < 1 / 9 < line.rate.high
+    assert (line.p50, line.p95) == (pytest.approx(0.3), pytest.approx(0.88))
+    assert summarize(RevisionCounts()).p50 is None

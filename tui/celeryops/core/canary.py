@@ -84,10 +84,37 @@ class RevisionCounts:
         return RevisionCounts(self.succeeded, {k: v for k, v in self.failed.items() if k not in ignored},
                               self.retried, self.runtimes)
 
-    def to_dict(self) -> dict[str, object]:
-        """The counts for the journal and ``--json`` (runtimes as a count, not the list)."""
-        return {"succeeded": self.succeeded, "failed": dict(sorted(self.failed.items())), "retried": self.retried,
-                "completed": self.completed}
+    def to_dict(self, runtimes: bool = False) -> dict[str, object]:
+        """The counts for the journal and ``--json``; the runtimes only when asked (a journal that must give p50/p95
+        back after a resume)."""
+        data: dict[str, object] = {"succeeded": self.succeeded, "failed": dict(sorted(self.failed.items())),
+                                   "retried": self.retried, "completed": self.completed}
+        if runtimes:
+            data["runtimes"] = list(self.runtimes)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> RevisionCounts:
+        """The counts :meth:`to_dict` wrote (a resume continues from them); ``completed`` is derived, not read.
+        Raises ValueError on a record that is not such counts."""
+        failed = data.get("failed") or {}
+        runtimes = data.get("runtimes") or []
+        succeeded, retried = data.get("succeeded", 0), data.get("retried", 0)
+        if (not isinstance(failed, Mapping) or not isinstance(runtimes, list)
+                or not isinstance(succeeded, int) or not isinstance(retried, int)
+                or not all(isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in failed.items())
+                or succeeded < 0 or retried < 0):
+            raise ValueError(f"not canary counts: {data!r}")
+        return cls(succeeded, dict(failed), retried, tuple(float(r) for r in runtimes))
+
+    def __add__(self, other: RevisionCounts) -> RevisionCounts:
+        """Both counts together: recorded counts plus those collected since a resume, or several old revisions
+        as one baseline."""
+        failed = dict(self.failed)
+        for kind, n in other.failed.items():
+            failed[kind] = failed.get(kind, 0) + n
+        return RevisionCounts(self.succeeded + other.succeeded, failed, self.retried + other.retried,
+                              self.runtimes + other.runtimes)
 
 
 __all__ = ["CANARY_KEYS", "CanarySettings", "RevisionCounts"]

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
+from celeryops.core.canary import RevisionCounts
+
 
 def _log_comb(n: int, k: int) -> float:
     return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
@@ -112,4 +114,27 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
-__all__ = ["Rate", "difference_bounds", "fisher_greater", "percentile", "wilson", "z_for"]
+@dataclass(frozen=True)
+class RevisionSummary:
+    """What the console shows of one revision (or one task name of it): completed and failed tasks, the failure
+    rate with its Wilson interval, retries, and the runtime p50/p95 of the succeeded tasks (None: none yet)."""
+
+    completed: int
+    failed: int
+    retried: int
+    rate: Rate
+    p50: float | None
+    p95: float | None
+
+
+def summarize(counts: RevisionCounts, confidence: float = 0.95,
+              ignore: tuple[str, ...] | frozenset[str] = ()) -> RevisionSummary:
+    """The console's line for ``counts`` (failures of the ``ignore`` types left out, as the judge does)."""
+    judged = counts.without(ignore)
+    return RevisionSummary(judged.completed, judged.failures, judged.retried,
+                           wilson(judged.failures, judged.completed, confidence),
+                           percentile(judged.runtimes, 50), percentile(judged.runtimes, 95))
+
+
+__all__ = ["Rate", "RevisionSummary", "difference_bounds", "fisher_greater", "percentile", "summarize", "wilson",
+           "z_for"]
