@@ -57,9 +57,9 @@ def test_fisher_falls_as_the_canary_fails_more(a: int, b: int, c: int, d: int) -
 
 
 def test_fisher_is_exact_on_large_tables() -> None:
-    p = fisher_greater(300, 9700, 200, 39800)
-    assert p == pytest.approx(float(exact_fisher_greater(300, 9700, 200, 39800)), rel=1e-9)
-    assert 0 < p < 1e-30
+    p = fisher_greater(60, 1940, 40, 7960)
+    assert p == pytest.approx(float(exact_fisher_greater(60, 1940, 40, 7960)), rel=1e-9)
+    assert 0 < p < 1e-15
 
 
 def test_wilson_matches_published_values() -> None:
@@ -266,3 +266,27 @@ def test_the_console_summary_of_a_revision() -> None:
     assert line.rate.value == pytest.approx(1 / 9) and line.rate.low < 1 / 9 < line.rate.high
     assert (line.p50, line.p95) == (pytest.approx(0.3), pytest.approx(0.88))
     assert summarize(RevisionCounts()).p50 is None
+
+
+canary_settings = st.builds(
+    CanarySettings, min_tasks=st.integers(1, 300), max_duration=st.sampled_from([60.0, 600.0, 3600.0]),
+    margin=st.floats(0.005, 0.5), min_effect=st.floats(0.0, 0.3), alpha=st.floats(0.001, 0.2),
+    confidence=st.floats(0.6, 0.999), new_exception_count=st.integers(1, 10), crash_limit=st.integers(1, 5),
+    look_interval=st.sampled_from([10.0, 30.0, 60.0]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(canary_settings, revision_counts, revision_counts, st.integers(0, 6), st.integers(1, 400))
+def test_the_rules_hold_for_any_settings(config: CanarySettings, baseline: RevisionCounts, canary: RevisionCounts,
+                                         crashes: int, look: int) -> None:
+    elapsed = look * config.look_interval
+    verdict = judge(baseline, canary, crashes=crashes, look=look, elapsed=elapsed, settings=config)
+    if verdict.verdict == "promote":
+        assert canary.completed >= config.min_tasks and elapsed < config.max_duration
+        assert crashes < config.crash_limit and not verdict.new_exceptions
+    if crashes >= config.crash_limit:
+        assert verdict.verdict == "rollback"
+    if verdict.rule == "failure-rate":
+        assert verdict.p_value <= verdict.alpha_look and verdict.increase >= config.min_effect
+    assert (verdict.verdict == "inconclusive") == (elapsed >= config.max_duration and verdict.verdict != "rollback")
+    assert 0.0 <= verdict.p_value <= 1.0 and verdict.increase_low <= verdict.increase <= verdict.increase_high
