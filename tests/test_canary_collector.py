@@ -53,11 +53,14 @@ def test_outcomes_are_credited_to_the_revision_of_the_worker_that_ran_them(own_r
                         env={**base_env, "CLOUD_RUN_WORKER_POOL_REVISION": OLD, "CELERYOPS_TEST_EVENTS": "1"})
     new = HeartbeatWorker(broker, app=FENCE_APP, pool="solo", queues=["q-new"], log_dir=tmp_path,
                           env={**base_env, "CLOUD_RUN_WORKER_POOL_REVISION": NEW})
+    plain = WorkerProcess(broker, pool="solo", queues=["q-plain"], log_dir=tmp_path,  # no fence plugin
+                          env={"CELERYOPS_TEST_RECORD": broker, "CELERYOPS_TEST_EVENTS": "1"})
+    workers = (old, new, plain)
     collector: OutcomeCollector | None = None
     try:
-        for worker in (old, new):
+        for worker in workers:
             worker.start()
-        for worker in (old, new):
+        for worker in workers:
             worker.wait_ready(app, timeout=WAIT)
         wait_for(lambda: {i.revision for i in registry.plugin_workers(client).values()} == {OLD, NEW}, WAIT,
                  "both workers in the fence registry")
@@ -76,14 +79,15 @@ def test_outcomes_are_credited_to_the_revision_of_the_worker_that_ran_them(own_r
             send("q-new", "celeryops.testing.noop")
         send("q-new", "celeryops.testing.fail", "CanaryError")
         send("q-new", "celeryops.testing.fail", "CanaryError", 1)  # one retry, then the failure
+        send("q-plain", "celeryops.testing.noop")  # a worker of no known revision
 
         def credited() -> dict[str, RevisionCounts]:
             return collector.counts() if collector else {}
 
         def settled() -> bool:
             counts = credited()
-            return (OLD in counts and NEW in counts and counts[OLD].completed == 4
-                    and counts[NEW].completed == 4 and counts[NEW].retried == 1)
+            return (OLD in counts and NEW in counts and "" in counts and counts[OLD].completed == 4
+                    and counts[NEW].completed == 4 and counts[NEW].retried == 1 and counts[""].completed == 1)
 
         try:
             wait_for(settled, WAIT, "every outcome credited")
@@ -94,7 +98,7 @@ def test_outcomes_are_credited_to_the_revision_of_the_worker_that_ran_them(own_r
         assert dict(counts[NEW].failed) == {"CanaryError": 2} and counts[NEW].succeeded == 2
         assert (counts[OLD].retried, counts[NEW].retried) == (0, 1)
         assert len(counts[NEW].runtimes) == 2 and all(r >= 0 for r in counts[NEW].runtimes)
-        assert "" not in counts and collector.unattributed == 0
+        assert counts[""].succeeded == 1 and collector.unattributed == 1
         by_task = collector.counts_by_task()
         assert dict(by_task[(NEW, "celeryops.testing.fail")].failed) == {"CanaryError": 2}
         assert by_task[(OLD, "celeryops.testing.noop")].succeeded == 3
@@ -116,7 +120,7 @@ def test_outcomes_are_credited_to_the_revision_of_the_worker_that_ran_them(own_r
     finally:
         if collector is not None:
             collector.stop(restore=False)
-        for worker in (old, new):
+        for worker in workers:
             worker.stop()
         app.close()
         client.close()
