@@ -14,7 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from celeryops.core.canary import CanarySettings, RevisionCounts
-from celeryops.ops.run.canary_rules import VERDICTS, alpha_for_look, judge, look_alpha, new_exception_types
+from celeryops.ops.run.canary_rules import (
+    VERDICTS,
+    alpha_for_look,
+    judge,
+    look_alpha,
+    new_exception_types,
+    split_counts,
+)
 from celeryops.ops.run.canary_stats import difference_bounds, fisher_greater, percentile, summarize, wilson, z_for
 
 SETTINGS = CanarySettings()
@@ -290,3 +297,11 @@ def test_the_rules_hold_for_any_settings(config: CanarySettings, baseline: Revis
         assert verdict.p_value <= verdict.alpha_look and verdict.increase >= config.min_effect
     assert (verdict.verdict == "inconclusive") == (elapsed >= config.max_duration and verdict.verdict != "rollback")
     assert 0.0 <= verdict.p_value <= 1.0 and verdict.increase_low <= verdict.increase <= verdict.increase_high
+
+
+def test_split_counts_sums_the_old_revisions_and_leaves_the_unattributed_out() -> None:
+    by_revision = {"old-1": counts(10, 1), "old-2": counts(5, 0, "KeyError"), "new": counts(3, 2), "": counts(7, 7)}
+    baseline, canary = split_counts(by_revision, "new", ["old-1", "old-2", "old-1", "new", "gone"])
+    assert baseline == RevisionCounts(15, {"ValueError": 1})
+    assert canary == counts(3, 2)
+    assert split_counts({}, "new", []) == (RevisionCounts(), RevisionCounts())

@@ -27,7 +27,7 @@ are not. A look past the planned ones (the run was resumed after the end) spends
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -103,6 +103,16 @@ def look_alpha(look: int, settings: CanarySettings) -> float:
     if k > big_k:
         return settings.alpha / k
     return settings.alpha * (math.pow(k / big_k, RHO) - math.pow((k - 1) / big_k, RHO))
+
+
+def split_counts(by_revision: Mapping[str, RevisionCounts], canary: str,
+                 baseline: Iterable[str]) -> tuple[RevisionCounts, RevisionCounts]:
+    """``(baseline, canary)`` counts from the collector's counts by revision: the ``baseline`` revisions summed
+    (an old pool may run more than one), the ``canary`` revision's own; other revisions and the unattributed
+    ones (``""``) are left out."""
+    old = sum((by_revision.get(r, RevisionCounts()) for r in dict.fromkeys(baseline) if r and r != canary),
+              RevisionCounts())
+    return old, by_revision.get(canary, RevisionCounts())
 
 
 def alpha_for_look(look: int, settings: CanarySettings) -> float:
@@ -250,4 +260,4 @@ def _first(pred: Callable[[int], bool], lo: int, hi: int) -> int | None:
 
 
 __all__ = ["RATE_SHARE", "RHO", "VERDICTS", "Judgement", "Rule", "Verdict", "alpha_for_look", "judge", "look_alpha",
-           "new_exception_types"]
+           "new_exception_types", "split_counts"]
