@@ -16,6 +16,10 @@ again (``disable_events``) on the workers that said they were off, and on no oth
 (a busy solo pool) keeps what it got. Celery's ``enable_events`` adds the task group to a worker's event
 dispatcher, which exists only when the worker sends some events: a worker started with ``--without-heartbeat
 --without-gossip`` and without ``-E`` cannot be turned on remotely (Flower has the same limit).
+
+Celery 5.6.3 drops some task events of a threads-pool worker (celery/celery#10434: the pool's threads append to the
+event buffer while the worker's loop publishes and clears it): the collector then counts fewer outcomes, never
+wrong ones, and both revisions alike when they run the same pool. Solo and prefork pools lose none (measured).
 """
 
 from __future__ import annotations
