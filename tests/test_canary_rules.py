@@ -305,3 +305,25 @@ def test_split_counts_sums_the_old_revisions_and_leaves_the_unattributed_out() -
     assert baseline == RevisionCounts(15, {"ValueError": 1})
     assert canary == counts(3, 2)
     assert split_counts({}, "new", []) == (RevisionCounts(), RevisionCounts())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 400), st.integers(0, 20), st.integers(0, 200), st.integers(0, 60), look_and_time)
+def test_one_more_baseline_failure_never_causes_a_rollback(sb: int, fb: int, sc: int, fc: int,
+                                                           when: tuple[int, float]) -> None:
+    look, elapsed = when
+    before = judge(counts(sb, fb), counts(sc, fc), crashes=0, look=look, elapsed=elapsed, settings=SETTINGS)
+    after = judge(counts(sb - 1, fb + 1), counts(sc, fc), crashes=0, look=look, elapsed=elapsed, settings=SETTINGS)
+    assert after.p_value >= before.p_value - 1e-9
+    if before.verdict != "rollback":
+        assert after.verdict != "rollback"
+
+
+@settings(max_examples=150, deadline=None)
+@given(revision_counts, revision_counts, st.integers(0, 3), look_and_time)
+def test_explaining_never_changes_the_verdict(baseline: RevisionCounts, canary: RevisionCounts, crashes: int,
+                                              when: tuple[int, float]) -> None:
+    look, elapsed = when
+    full = judge(baseline, canary, crashes=crashes, look=look, elapsed=elapsed, settings=SETTINGS)
+    bare = judge(baseline, canary, crashes=crashes, look=look, elapsed=elapsed, settings=SETTINGS, explain=False)
+    assert (full.verdict, full.rule, full.p_value) == (bare.verdict, bare.rule, bare.p_value)
