@@ -17,11 +17,13 @@ Alpha spending: repeated looks would inflate false alarms, so the whole ``alpha`
 ((k-1)/K)^2)`` (the Lan-DeMets power family with rho = 2: little at the first looks, where a canary with a few
 tasks proves little, more at the last ones), three quarters of it on the failure-rate test and one quarter shared
 equally by the exception types the canary raised. Each look's tests are held to their share, so by the union
-bound (Bonferroni over looks and tests) the chance of rolling back a release as good as the old one is at most
-``alpha``, whatever the correlation between looks; the looks share their data, which makes this conservative (the
-bench measures the real rate well below ``alpha``). A Pocock boundary would spend the same total with a slightly
-larger per-look level, at the price of assuming normal increments, which a few failures among a few dozen tasks
-are not. A look past the planned ones (the run was resumed after the end) spends ``alpha / look``.
+bound (Bonferroni over looks and tests) the chance of a false rollback by failure rate is at most three quarters of
+``alpha``, whatever the correlation between looks; the exception types' quarter is split over the types seen, whose
+number is itself random, so that part of the bound is approximate. The looks share their data, which makes the
+whole conservative (the bench measures at most 0.1 % false rollbacks with ``alpha`` 1 %). A Pocock boundary
+would spend the same total with a slightly larger per-look level, at the price of assuming normal increments,
+which a few failures among a few dozen tasks are not. A look past the planned ones (the run was resumed after
+the end) spends ``alpha / look``.
 """
 
 from __future__ import annotations
