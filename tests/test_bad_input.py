@@ -164,6 +164,8 @@ ROWS = [
         config=lambda w: w.config(extra='[preflight]\naccept = ["bogus"]')),
     Row("config-traffic-mode", _deploy(), 2, "traffic 'all'",
         config=lambda w: w.config(api_endpoint=f'api_endpoint = "{w.standin}"\ntraffic = "all"')),
+    Row("config-canary-duration", _plain("drain"), 2, "canary.max_duration",
+        config=lambda w: w.config(extra='[canary]\nmax_duration = "soon"')),
     Row("config-not-toml", _plain("drain"), 2, "TOML", config=lambda w: "broker = [unclosed\n"),
     Row("config-file-missing", _plain("drain", "--config", "/nonexistent/celeryops.toml"), 2, "does not exist"),
     Row("env-wrong-type", _plain("drain"), 2, "CELERYOPS_DRAIN_INTERVAL", env={"CELERYOPS_DRAIN_INTERVAL": "soon"}),

@@ -130,3 +130,19 @@ def until(self: Task[Any, Any], key: str, limit: float = 300.0) -> None:
     while not record().exists(key) and time.monotonic() < deadline:
         time.sleep(0.05)
     mark_finish(self)
+
+
+class CanaryError(Exception):
+    """Raised by ``fail`` with ``kind="CanaryError"`` (a type no library raises)."""
+
+
+@app.task(bind=True, name="celeryops.testing.fail")
+def fail(self: Task[Any, Any], kind: str = "ValueError", retries: int = 0) -> None:
+    """Raise an exception of type ``kind`` (ValueError, KeyError, CanaryError), after ``retries`` retries (each a
+    ``task-retried`` event); recorded like the other tasks."""
+    mark_start(self)
+    mark_finish(self)
+    exc = {"ValueError": ValueError, "KeyError": KeyError, "CanaryError": CanaryError}[kind]("canary test")
+    if self.request.retries < retries:
+        raise self.retry(exc=exc, countdown=0.1, max_retries=retries)
+    raise exc

@@ -261,3 +261,22 @@ def test_overlap_deploy(snap_compare: Any, app_factory: Any) -> None:
     the old revision's drain below (streak, countdown, the tasks it still runs)."""
     assert snap_compare(app_factory(overlap_backend(), start="deploy", release="v2.14.0"), run_before=keys("G", "y"),
                         terminal_size=SIZE)
+
+
+def canary_backend() -> StaticBackend:
+    from celeryops.console.samplecanary import canary_script
+
+    return StaticBackend(fleet=sample.fleet(), slots=sample.slots(), preflight_script=sample.overlap_preflight_script(),
+                         proceed_script=canary_script())
+
+
+def test_canary(snap_compare: Any, app_factory: Any) -> None:
+    """A canary four looks in: the verdict so far and what would decide it, the statistic, both revisions and each
+    task name (completed, failed, rate with its interval, p50/p95), the keys P, B and Z."""
+    assert snap_compare(app_factory(canary_backend(), start="deploy", release="v2.14.0"), run_before=keys("G", "y"),
+                        terminal_size=(140, 45))
+
+
+def test_canary_small(snap_compare: Any, app_factory: Any) -> None:
+    assert snap_compare(app_factory(canary_backend(), start="deploy", release="v2.14.0"), run_before=keys("G", "y"),
+                        terminal_size=SMALL)

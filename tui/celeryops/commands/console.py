@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         SlotsView,
         TimelineEntry,
     )
+    from celeryops.ops.run.canary_decisions import CanaryDecision
     from celeryops.ops.run.rollback_plan import RollbackRequest
     from celeryops.ops.run.session import DrainRequest
 
@@ -158,6 +159,9 @@ class LateBackend:
 
     async def proceed(self) -> None:
         await (await self._opened()).proceed()
+
+    async def canary_decision(self, decision: CanaryDecision) -> None:
+        await (await self._opened()).canary_decision(decision)
 
     async def abort_run(self, on_event: EventSink | None = None) -> None:
         await (await self._opened()).abort_run(on_event)

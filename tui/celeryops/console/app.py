@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 Start = Literal["home", "deploy", "drain", "rollback"]
 
 
-RUN_VIEWS: tuple[View, ...] = ("preflight", "drain", "deploy", "overlap")
+RUN_VIEWS: tuple[View, ...] = ("preflight", "drain", "deploy", "overlap", "canary")
 
 
 def run_screen(view: View) -> type[ConsoleScreen]:
@@ -57,6 +57,10 @@ def run_screen(view: View) -> type[ConsoleScreen]:
         from celeryops.console.screens.overlap import OverlapScreen
 
         return OverlapScreen
+    if view == "canary":
+        from celeryops.console.screens.canary import CanaryScreen
+
+        return CanaryScreen
     from celeryops.console.screens.deploy import DeployScreen
 
     return DeployScreen

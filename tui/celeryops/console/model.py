@@ -11,6 +11,7 @@ from celeryops.core.errors import EXIT_DEPLOY, EXIT_INTERRUPTED, EXIT_OK, EXIT_P
 from celeryops.core.masking import mask_text
 
 if TYPE_CHECKING:  # imported by apply() with the first event: the console's first frame does not wait for them
+    from celeryops.core.canarylook import CanaryLook
     from celeryops.core.events import (
         CheckUpdate,
         DrainFinished,
@@ -26,7 +27,7 @@ if TYPE_CHECKING:  # imported by apply() with the first event: the console's fir
     )
     from celeryops.ops.backend.views import DeployTarget, WorkerView
 
-View = Literal["preflight", "drain", "deploy", "overlap"]
+View = Literal["preflight", "drain", "deploy", "overlap", "canary"]
 ACTIVE_PHASES = ("preflight", "ready", "overlapping", "stopping", "draining", "cutting_over", "deploying", "deployed",
                  "retiring")
 DEPLOY_PHASES = ("deploying", "deployed", "overlapping", "cutting_over", "retiring")  # the deploy screen shows them
@@ -119,6 +120,15 @@ class RunModel:
     result: RunFinished | None = None
     operator_aborted: bool = False
     overlap: OverlapState | None = None  # an overlap deploy (a worker pool), from its ``overlap`` events
+    canary: CanaryLook | None = None  # a canary deploy's latest look (``canary_look`` events)
+    canary_history: deque[float] = field(default_factory=lambda: deque(maxlen=240))  # the increase's upper bound
+
+    @property
+    def in_canary(self) -> bool:
+        """A canary is being judged: its looks came, and no promotion's cutover or rollback moved on to the overlap's
+        steps (the old revision's drain, the cutover, the retirement: the overlap screen shows those)."""
+        return self.canary is not None and (self.overlap is None or not any(
+            self.overlap.seen(step) for step in ("stopping_old", "cutting_over", "retiring", "holding_new")))
 
     @property
     def is_overlap(self) -> bool:
@@ -144,6 +154,8 @@ class RunModel:
         if self.phase in ("preflight", "ready") or (self.phase == "failed" and self.started is None
                                                      and self.overlap is None):
             return "preflight"
+        if self.in_canary:  # the canary's looks, until a promotion or a rollback moves on
+            return "canary"
         if self.overlap is not None or self.phase in OVERLAP_PHASES:  # both revisions side by side, to the end
             return "overlap"
         if self.phase in DEPLOY_PHASES or (self.phase in ("done", "failed", "aborted")
@@ -201,6 +213,7 @@ class RunModel:
 
     def _fold(self, event: Event) -> None:
         from celeryops.adapters.deploy.base import RolloutEvent
+        from celeryops.core.canarylook import CanaryLook
         from celeryops.core.events import (
             CheckUpdate,
             DrainFinished,
@@ -241,6 +254,9 @@ class RunModel:
                                         and self.overlap.new):
                 self.overlap = OverlapState(event.target, event.old_revision, event.new_revision)
             self.overlap.fold(event)
+        elif isinstance(event, CanaryLook):
+            self.canary = event
+            self.canary_history.append(event.increase_high)
         elif isinstance(event, RunFinished):
             self._finished(event)
         elif isinstance(event, RunFollowed):
@@ -262,7 +278,8 @@ class RunModel:
         self.checks, self.preflight, self.started, self.progress = {}, None, None, None
         self.inflight.clear()
         self.deploy, self.fleet_back, self.finished, self.operator_aborted = None, (), None, False
-        self.result, self.overlap = None, None
+        self.result, self.overlap, self.canary = None, None, None
+        self.canary_history.clear()
 
     def _progress(self, event: DrainProgress) -> None:
         previous = self.progress

@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # annotations only: the console's first frame does not wait f
         SlotsView,
         TimelineEntry,
     )
+    from celeryops.ops.run.canary_decisions import CanaryDecision
 
 
 class ConsoleBackend(Protocol):
@@ -82,6 +83,11 @@ class ConsoleBackend(Protocol):
 
     async def proceed(self) -> None:
         """Stop consumers and drain (then deploy, for a deploy run). Dangerous."""
+        ...
+
+    async def canary_decision(self, decision: CanaryDecision) -> None:
+        """The canary screen's keys: promote now, roll back now, pause or resume the automatic verdicts; the run's
+        canary strategy takes them (``celeryops.ops.run.canary_decisions``). Dangerous."""
         ...
 
     async def abort_run(self, on_event: EventSink | None = None) -> None:

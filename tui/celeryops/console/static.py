@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from celeryops.core.errors import ReadOnlyRefused
 from celeryops.core.events import Event
@@ -21,6 +22,9 @@ from celeryops.ops.backend.views import (
     SlotsView,
     TimelineEntry,
 )
+
+if TYPE_CHECKING:
+    from celeryops.ops.run.canary_decisions import CanaryDecision
 
 
 @dataclass
@@ -39,6 +43,7 @@ class StaticBackend:
     proceed_script: Sequence[Event] = ()  # emitted by proceed
     follow_script: Sequence[Event] = ()  # emitted by follow_run (watch mode)
     calls: list[tuple[str, ...]] = field(default_factory=list)
+    decisions: list[CanaryDecision] = field(default_factory=list)  # the canary decisions sent, as sent
     sink: EventSink | None = None
 
     def emit(self, event: Event) -> None:
@@ -95,6 +100,10 @@ class StaticBackend:
     async def proceed(self) -> None:
         self._dangerous("stop consumers")
         self._play(self.proceed_script)
+
+    async def canary_decision(self, decision: CanaryDecision) -> None:
+        self._dangerous("canary", decision.action)
+        self.decisions.append(decision)
 
     async def abort_run(self, on_event: EventSink | None = None) -> None:
         self._dangerous("abort the run")

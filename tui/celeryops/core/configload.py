@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from celeryops.core.canary import CanarySettings
 from celeryops.core.config import (
     ENV_KEYS,
     WARNING_CHECKS,
@@ -24,13 +25,14 @@ from celeryops.core.config import (
     accept_problem,
     did_you_mean,
 )
+from celeryops.core.configcanary import validate_canary
 from celeryops.core.configcheck import integer, number, type_name, typed, unknown_keys
 from celeryops.core.configtargets import validate_targets
 from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.core.masking import mask_text
 from celeryops.core.runsettings import run_settings
 
-_TOP_KEYS = ("broker", "app", "state_dir", "drain", "release", "preflight", "targets")
+_TOP_KEYS = ("broker", "app", "state_dir", "drain", "release", "preflight", "targets", "canary")
 _DRAIN_KEYS = ("interval", "streak", "max_wait")
 _RELEASE_KEYS = ("remote", "max_age_days", "branches")
 _PREFLIGHT_KEYS = ("accept",)
@@ -85,6 +87,7 @@ def load_config(path: str | None, cwd: Path, env: Mapping[str, str],
         source=source,
         run=run_settings(env),
         preflight=PreflightSettings(**raw["preflight"]),
+        canary=raw["canary"],
     )
 
 
@@ -143,6 +146,7 @@ def _normalise_override_key(key: str) -> str | None:
 def _validate_file(data: dict[str, Any], base_dir: Path, problems: list[str]) -> dict[str, Any]:
     """Check the file's keys and types; returns a working dict with ``drain``/``release`` kwargs and targets."""
     raw: dict[str, Any] = {"drain": {}, "release": {}, "preflight": {}, "targets": []}
+    raw["canary"] = validate_canary(data["canary"], problems) if "canary" in data else CanarySettings()
     unknown_keys(data, _TOP_KEYS, "", problems)
     for key in ("broker", "app", "state_dir"):
         if key in data:

@@ -14,6 +14,7 @@ from typing import Literal
 
 import humanize
 
+from celeryops.core.canarylook import CanaryLook, look_line
 from celeryops.core.events import (
     CheckUpdate,
     ConsumersCancelled,
@@ -109,6 +110,9 @@ def say(event: Event) -> Line | None:
         steps: dict[str, Level] = {"kept_both": "warning", "retiring": "warning", "cut_over": "ok", "retired": "ok",
                                    "consuming": "ok", "old_idle": "ok"}
         return steps.get(event.step, "info"), f"{event.target}: {event.message or event.step.replace('_', ' ')}"
+    if isinstance(event, CanaryLook):  # one line per look
+        levels: dict[str, Level] = {"rollback": "error", "promote": "ok", "inconclusive": "warning"}
+        return levels.get(event.verdict, "info"), look_line(event)
     if isinstance(event, RunFollowed):
         return "info", f"following run {event.run_id} of {event.owner}" + (
             f", release {event.release}" if event.release else "")

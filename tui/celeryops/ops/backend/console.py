@@ -42,6 +42,7 @@ from celeryops.ops.backend.views import (
     TimelineEntry,
 )
 from celeryops.ops.backend.watch import follow
+from celeryops.ops.run.canary_decisions import CanaryConsoleOperator, CanaryDecision
 from celeryops.ops.run.operator import ConsoleOperator
 from celeryops.ops.run.rollback import Rollback
 from celeryops.ops.run.rollback_plan import RollbackRequest
@@ -58,7 +59,7 @@ class _Live:
     sink: EventSink
     started_at: float
     session: RunSession | None = None
-    operator: ConsoleOperator = field(default_factory=ConsoleOperator)
+    operator: CanaryConsoleOperator = field(default_factory=CanaryConsoleOperator)
     phase: RunPhase = "preflight"
     task: asyncio.Task[None] | None = None
     detached: bool = False
@@ -241,6 +242,14 @@ class OpsBackend:
         if live is None or not live.running:
             raise UserError("There is no run waiting to proceed: nothing was changed.", EXIT_USAGE)
         live.operator.proceed()
+
+    async def canary_decision(self, decision: CanaryDecision) -> None:
+        self._writable(f"{decision.action} the canary")
+        live = self._live
+        if live is None or not live.running:
+            raise UserError(f"There is no canary running in this console to {decision.action}: nothing was "
+                            "changed.", EXIT_USAGE)
+        live.operator.decisions.send(decision)
 
     async def abort_run(self, on_event: EventSink | None = None) -> None:
         self._writable("abort the run")

@@ -16,6 +16,7 @@ from celeryops.adapters.deploy.base import (
     RolloutStarted,
     RouteStarted,
 )
+from celeryops.core.canarylook import CanaryLook
 from celeryops.core.events import (
     RUN_PHASES,
     CheckUpdate,
@@ -150,6 +151,7 @@ _DECODERS: dict[str, Callable[[Data], Event | None]] = {
     "target": lambda d: _target(d),
     "deploy": _rollout,
     "overlap": _overlap,
+    "canary_look": CanaryLook.from_json,
 }
 
 

@@ -1,0 +1,125 @@
+"""The operator's decisions during a canary, as typed values a canary strategy polls between looks or awaits:
+:class:`PromoteNow`, :class:`RollbackNow`, :class:`PauseCanary` (pause or resume the automatic verdicts).
+
+The console's keys on the canary screen send them through ``ConsoleBackend.canary_decision`` to the run's
+operator (:class:`CanaryConsoleOperator`, the console's :class:`~celeryops.ops.run.operator.ConsoleOperator` with a
+:class:`CanaryDecisions` mailbox); :func:`decisions_of` gives a strategy that mailbox, or None for an operator
+that sends none (a headless command: its canary decides by itself and an inconclusive one ends as the rules say).
+No Textual; the mailbox may be fed from any thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Literal
+
+from celeryops.ops.run.operator import ConsoleOperator
+
+CanaryAction = Literal["promote", "rollback", "pause", "resume"]
+
+
+@dataclass(frozen=True)
+class PromoteNow:
+    """Promote the canary now, whatever the verdict so far: the overlap's cutover (the old revision drained by the
+    drain's rules, no busy instance taken away)."""
+
+    @property
+    def action(self) -> CanaryAction:
+        return "promote"
+
+
+@dataclass(frozen=True)
+class RollbackNow:
+    """Roll the canary back now: its workers stop consuming at once (the fence scoped to its revision), finish what
+    they run, then the split goes back to the old revision at the original count."""
+
+    @property
+    def action(self) -> CanaryAction:
+        return "rollback"
+
+
+@dataclass(frozen=True)
+class PauseCanary:
+    """``paused`` True: hold every automatic verdict (both revisions keep consuming; the looks go on and are shown)
+    until resumed; False: resume the automatic verdicts."""
+
+    paused: bool = True
+
+    @property
+    def action(self) -> CanaryAction:
+        return "pause" if self.paused else "resume"
+
+
+CanaryDecision = PromoteNow | RollbackNow | PauseCanary
+
+
+@dataclass
+class CanaryDecisions:
+    """The operator's canary decisions, in the order sent. :meth:`send` from any thread; a strategy
+    :meth:`poll` s between looks or awaits :meth:`next` (with a timeout: its next look)."""
+
+    _queue: deque[CanaryDecision] = field(default_factory=deque, init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = field(default_factory=list, init=False)
+
+    def send(self, decision: CanaryDecision) -> None:
+        with self._lock:
+            self._queue.append(decision)
+            waiters, self._waiters = self._waiters, []
+        for loop, waiter in waiters:
+            loop.call_soon_threadsafe(_wake, waiter)
+
+    def poll(self) -> CanaryDecision | None:
+        """The oldest decision not taken yet, or None."""
+        with self._lock:
+            return self._queue.popleft() if self._queue else None
+
+    async def next(self, timeout: float | None = None) -> CanaryDecision | None:
+        """The oldest decision not taken yet, waiting up to ``timeout`` seconds (None: as long as it takes) for
+        one; None when none came."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            with self._lock:
+                if self._queue:
+                    return self._queue.popleft()
+                waiter: asyncio.Future[None] = loop.create_future()
+                self._waiters.append((loop, waiter))
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                self._forget(waiter)
+                return None
+            try:
+                await asyncio.wait_for(waiter, left)
+            except TimeoutError:
+                self._forget(waiter)
+                return self.poll()
+
+    def _forget(self, waiter: asyncio.Future[None]) -> None:
+        with self._lock:
+            self._waiters = [(lp, w) for lp, w in self._waiters if w is not waiter]
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+@dataclass
+class CanaryConsoleOperator(ConsoleOperator):
+    """The console's operator with the canary screen's decisions (:attr:`decisions`)."""
+
+    decisions: CanaryDecisions = field(default_factory=CanaryDecisions)
+
+
+def decisions_of(operator: object) -> CanaryDecisions | None:
+    """The canary decisions ``operator`` sends, or None when it sends none (a command's flags)."""
+    decisions = getattr(operator, "decisions", None)
+    return decisions if isinstance(decisions, CanaryDecisions) else None
+
+
+__all__ = ["CanaryAction", "CanaryConsoleOperator", "CanaryDecision", "CanaryDecisions", "PauseCanary",
+           "PromoteNow", "RollbackNow", "decisions_of"]
