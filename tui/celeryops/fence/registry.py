@@ -73,12 +73,12 @@ class PluginWorkerInfo:
         if not isinstance(data, dict):
             return None
         try:  # a malformed entry (a number that is not one, a list that is not one) is not a worker's word
-            return cls._build(hostname, data)
+            return cls._build(field, data)
         except (ValueError, TypeError):
             return None
 
     @classmethod
-    def _build(cls, hostname: str, data: dict[str, Any]) -> PluginWorkerInfo:
+    def _build(cls, field: str, data: dict[str, Any]) -> PluginWorkerInfo:
         state = data.get("state")
         kind = data.get("cloudrun_kind")
         return cls(
