@@ -78,7 +78,9 @@ def app(tmux: Tmux, tmp_path: Path) -> Iterator[Callable[[bool], int]]:  # noqa:
             tmux.keys(command, "Enter")
         else:
             tmux.tmux("-f", "/dev/null", "new-session", "-d", "-s", tmux.session, *size, command)
-        wait_for(lambda: (tmp_path / "pid").exists(), 60, "the app to start")
+        # the app writes its pid file as it starts: wait for the whole number, not only for the file
+        wait_for(lambda: (tmp_path / "pid").exists() and (tmp_path / "pid").read_text().strip().isdigit(), 60,
+                 "the app to start")
         pids.append(int((tmp_path / "pid").read_text()))
         wait_for(lambda: re.search(r"tick \d+", tmux.screen()), 60, "the app to draw", step=0.05)
         return pids[-1]

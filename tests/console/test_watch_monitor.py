@@ -28,7 +28,8 @@ from drainhelp import enqueue_hold, started
 
 READS = {"hgetall", "hget", "hmget", "xrange", "xrevrange", "llen", "pttl", "ttl", "time", "get", "mget", "exists",
          "type", "smembers", "scard", "ping", "info", "select", "client", "hello", "multi", "exec", "zrange",
-         "zrevrange", "lrange", "evalsha_ro", "eval_ro", "scan"}
+         "zrevrange", "lrange", "evalsha_ro", "eval_ro", "scan",
+         "hlen"}  # the watcher's permission probe: may this user read the published status (ops/access/probe.py)
 
 
 class Monitor:
