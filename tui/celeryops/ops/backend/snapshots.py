@@ -39,8 +39,8 @@ from celeryops.ops.fleetwide.lease import LeaseInfo, read_lease
 from celeryops.ops.fleetwide.publish import PublishedStatus
 from celeryops.ops.journal import ALL_WORKERS, FleetStore, Run
 from celeryops.ops.run.interrupted import RunHolder, holder_of
-from celeryops.ops.run.recovery import plan
 from celeryops.ops.run.stranded import stranded
+from celeryops.ops.run.strategies import STRATEGIES
 from celeryops.ops.run.wiring import Wiring
 
 SAFETY_EVERY = 30.0  # seconds between two reads of the broker's eviction policy and persistence
@@ -234,30 +234,9 @@ class Snapshots:
     @staticmethod
     def _recovery_view(opened: OpenRun) -> RunView:
         run, holder = opened.run, opened.holder
-        decided = plan(run, None)
-        choices = []
-        if run.strategy == "overlap":  # a worker pool with two revisions: its own rules (ops/run/overlap_rules.py)
-            choices.append(RecoveryChoice(
-                "resume", "Resume the overlap deploy",
-                "Ask Cloud Run how the pool is and continue from the journal: wait for the new revision, drain the "
-                "old one again, or finish the cutover (what `celeryops resume` does)."))
-            label = {"retire": "Abort: retire the new revision", "cutover": "Abort: finish the cutover"}.get(
-                decided.action, "Abort (nothing to undo)")
-            choices.append(RecoveryChoice("abort", label, decided.explanation))
-        elif run.phase in ("preflight", "stopping", "draining", "drained"):
-            then = ", then the release is deployed" if run.release else ""
-            choices.append(RecoveryChoice(
-                "resume", "Resume the run" if run.release else "Resume the drain",
-                "Take over the run with its journalled settings: consumers it stopped stay stopped and the drain "
-                f"continues from a fresh streak{then} (what `celeryops resume` does)."))
-        elif run.phase in ("deploying", "deployed"):
-            choices.append(RecoveryChoice(
-                "resume", "Resume the run",
-                "Ask the deploy target how the rollout went: if the new revision serves, finish the run; if it "
-                "never took effect, restore the consumers (what `celeryops resume` does)."))
-        if decided.action in ("restore", "nothing") and run.strategy != "overlap":
-            choices.append(RecoveryChoice("abort", "Abort and restore consumers" if decided.restore
-                                          else "Abort (nothing to restore)", decided.explanation))
+        strategy = STRATEGIES.get(run.strategy) or STRATEGIES["drain"]  # a newer version's: the drain's rules
+        decided = strategy.recovery_plan(run, None)
+        choices = [RecoveryChoice(c.action, c.label, c.detail) for c in strategy.choices(run, decided)]
         stopped = {w: qs for w, qs in run.stopped_consumers().items() if w != ALL_WORKERS}
         queues = sorted({q for qs in run.stopped_consumers().values() for q in qs})
         detail = (f"consumers cancelled on {len(stopped)} worker(s) for queues {', '.join(queues)}"

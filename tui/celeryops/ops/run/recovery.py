@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from celeryops.core.errors import EXIT_DEPLOY, EXIT_OK
-from celeryops.ops.journal import ALL_WORKERS, Phase, Run
+from celeryops.ops.journal import ALL_WORKERS, OVERLAP_UP, Phase, Run
 
 Rollout = Literal["ready", "failed", "in_progress", "not_started", "unknown"]
 # "retire" / "cutover": an overlap deploy's (a worker pool's), carried out by its own flow (ops/run/overlap.py).
@@ -86,7 +86,7 @@ def _target(run: Run) -> str:
 
 def plan(run: Run, rollout: Rollout | None) -> RecoveryPlan:
     """Decide recovery for ``run`` given what the deploy target reports (``rollout``; None = not checked)."""
-    if run.strategy == "overlap":  # its own rules, decided from its journal (ops/run/overlap_rules.py)
+    if run.intents(OVERLAP_UP):  # a worker pool's revisions were changed: the pool's rules (ops/run/overlap_rules.py)
         from celeryops.ops.run.overlap_rules import recovery_plan
 
         return recovery_plan(run)

@@ -1,5 +1,5 @@
 """``celeryops rollback`` (and the console's B): each target back to the revision its last deploy replaced, or the one
-named, as safely as a deploy, on the same :class:`~celeryops.ops.run.session.RunSession`.
+named, as safely as a deploy, in the same run context (:class:`~celeryops.ops.run.context.RunContext`).
 
 1. **What to go back to** (:mod:`celeryops.ops.run.rollback_plan`): from the run journal or ``--to``; the revision
    must exist and be Ready. A bad request is one sentence, exit 2, nothing touched; a target that already serves it
@@ -13,9 +13,9 @@ named, as safely as a deploy, on the same :class:`~celeryops.ops.run.session.Run
    deploy's drain (the same run journal, lease, fence, Ctrl-C and recovery), then each target routed to its revision
    with one update that makes no revision (written ahead as a ``deploy_start`` intent that names the ``split``),
    the fleet verified, the fence lifted. ``overlap`` (one worker pool): the overlap deploy's flow
-   (:meth:`~celeryops.ops.run.overlap.OverlapDeploy.move`) to the existing revision: it comes up beside the deployed
-   one and consumes, only the deployed revision's workers stop and are drained, then every instance moves to it at
-   the original count. Processing never pauses.
+   (:meth:`~celeryops.ops.run.strategies.overlap.OverlapFlow.move`) to the existing revision: it comes up beside
+   the deployed one and consumes, only the deployed revision's workers stop and are drained, then every instance
+   moves to it at the original count. Processing never pauses.
 4. The split a rollback leaves pins named revisions; it is recorded on the resource as celeryops' own (annotation
    ``celeryops/split``), so the next deploy moves everything to its new revision without ``traffic = "latest"``.
 
@@ -44,12 +44,13 @@ from celeryops.adapters.deploy.base import (
     describe_split,
 )
 from celeryops.core.config import Config, Target
-from celeryops.core.errors import EXIT_DEPLOY, EXIT_OK, EXIT_PREFLIGHT, EXIT_TIMEOUT, EXIT_USAGE, UserError
+from celeryops.core.errors import EXIT_DEPLOY, EXIT_OK, EXIT_PREFLIGHT, EXIT_USAGE, UserError
 from celeryops.core.events import Event, Notice, PhaseChanged, RunFinished, StageStarted, TargetRolledBack
 from celeryops.ops.journal import DEPLOY_START, FleetStoreDown, Run
 from celeryops.ops.preflight import Check, CheckResult, permissions_check, validate_check
 from celeryops.ops.preflight.overlap import PoolView, overlap_checks, revisions_check
-from celeryops.ops.run.overlap import Destination, OverlapDeploy
+from celeryops.ops.run.context import RunContext
+from celeryops.ops.run.pool.base import Destination
 from celeryops.ops.run.recovery import Rollout
 from celeryops.ops.run.rollback_plan import (
     Recorded,
@@ -66,8 +67,9 @@ from celeryops.ops.run.rollback_plan import (
     strategy_of,
 )
 from celeryops.ops.run.rollout import DeployFailure, Rollouts
-from celeryops.ops.run.runner import Outcome, Runner
-from celeryops.ops.run.session import RunSession
+from celeryops.ops.run.runner import Runner
+from celeryops.ops.run.strategies.drain import DrainWords, drain_then, is_drain_phase, resume_drain_then
+from celeryops.ops.run.strategies.overlap import OverlapFlow
 
 __all__ = ["STRATEGIES", "DrainStrategy", "OverlapStrategy", "Rollback", "RollbackRequest", "RollbackStep",
            "Strategy"]
@@ -91,7 +93,8 @@ class Strategy(Protocol):
 
 @dataclass(frozen=True)
 class DrainStrategy:
-    """The deploy's way: drain the fleet, route every target back, verify, lift the fence."""
+    """The deploy's way: drain the fleet, route every target back, verify, lift the fence (the drain strategy's
+    :func:`~celeryops.ops.run.strategies.drain.drain_then`, with routing as what follows the drain)."""
 
     name: str = "drain"
 
@@ -99,35 +102,23 @@ class DrainStrategy:
         return [*rollback.checks(steps),
                 validate_check([(s.target, cast(Deployer, _RouteValidation(rollback.router(s.target), s.split)), "")
                                 for s in steps], title="Cloud Run accepts the rollback"),
-                *rollback.session._fleet_checks()]
+                *rollback.ctx.fleet_checks()]
 
     async def bring(self, rollback: Rollback, steps: tuple[RollbackStep, ...]) -> RunFinished:
         label = label_of(steps)
-        rollback.emit(StageStarted(stage="drain"))
-        async with rollback.session._recovering(lambda current: current.kind == "rollback"
-                                                and current.release == label):
-            outcome, run = await rollback.runner.drain(settings=rollback.config.drain, release=label, keep_lease=True,
-                                                       extra_settings=settings_of(steps, self.name))
-            return await self._after_drain(rollback, outcome, run, steps, ask=True)
+        ctx = rollback.ctx
+        return await drain_then(ctx, lambda run: self._route(rollback, run, steps), release=label,
+                                ours=lambda current: current.kind == "rollback" and current.release == label,
+                                confirm=lambda: ctx.operator.confirm_rollback("; ".join(s.line() for s in steps)),
+                                settings=settings_of(steps, self.name), words=ROLLBACK_WORDS)
 
     async def resume(self, rollback: Rollback, run: Run, steps: tuple[RollbackStep, ...]) -> RunFinished:
-        if run.phase in ("preflight", "stopping", "draining", "drained"):
-            rollback.emit(StageStarted(stage="drain", detail=f"resuming run {run.id}"))
-            run_id = run.id
-            async with rollback.session._recovering(lambda current: current.id == run_id):
-                outcome, run = await rollback.runner.resume(run=run, keep_lease=True)
-                return await self._after_drain(rollback, outcome, run, steps, ask=False)
+        if is_drain_phase(run):
+            return await resume_drain_then(rollback.ctx, run, lambda drained: self._route(rollback, drained, steps),
+                                           ROLLBACK_WORDS)
         return await rollback.settle_started(run, steps)  # routing began: its outcome decides
 
-    async def _after_drain(self, rollback: Rollback, outcome: Outcome, run: Run, steps: tuple[RollbackStep, ...],
-                           *, ask: bool) -> RunFinished:
-        session = rollback.session
-        if outcome != "drained":
-            return session._finish("timeout", EXIT_TIMEOUT, "The drain timed out: nothing was killed or rolled back, "
-                                                            "the consumers were restored.")
-        if ask and not await session.operator.confirm_rollback("; ".join(s.line() for s in steps)):
-            decided, _ = await rollback.runner.abort(run=run)
-            return session._finish("declined", EXIT_OK, "Declined before rolling back: " + decided.explanation)
+    async def _route(self, rollback: Rollback, run: Run, steps: tuple[RollbackStep, ...]) -> RunFinished:
         await rollback.runner.advance(run.id, "deploying")
         rollback.emit(StageStarted(stage="rollback", detail="; ".join(s.line() for s in steps)))
         # The revisions' workers (Cloud Run starts them now) consume while the fence holds the others.
@@ -137,6 +128,9 @@ class DrainStrategy:
             return await rollback.failed(run.id, routed)
         await rollback.runner.advance(run.id, "deployed")
         return await rollback.verify(run, tuple(TargetRolledBack(**r.summary()) for r in routed))
+
+
+ROLLBACK_WORDS = DrainWords(done="rolled back", doing="rolling back")
 
 
 @dataclass(frozen=True)
@@ -154,7 +148,7 @@ class OverlapStrategy:
         existing revision), ``fence`` and ``mixed_versions`` in place of the fleet's own of those ids."""
         (step,) = steps  # one worker pool (chosen_targets)
         target, runner = step.target, rollback.runner
-        deployer = OverlapDeploy(rollback.session).deployer(target)  # one sentence when it cannot run two revisions
+        deployer = OverlapFlow(rollback.ctx).deployer(target)  # one sentence when it cannot run two revisions
         read: list[asyncio.Future[RolloutState]] = []
 
         async def read_pool() -> PoolView:
@@ -169,16 +163,16 @@ class OverlapStrategy:
                              app=runner.fleet.app, fleet=runner.fleet_name, known=runner.fleet.members,
                              has_registry=runner.coord is not None, rollback=True)
         replaced = {c.id for c in own}
-        return [*rollback.checks(steps), *(c for c in rollback.session._fleet_checks() if c.id not in replaced), *own]
+        return [*rollback.checks(steps), *(c for c in rollback.ctx.fleet_checks() if c.id not in replaced), *own]
 
     async def bring(self, rollback: Rollback, steps: tuple[RollbackStep, ...]) -> RunFinished:
         (step,) = steps
-        return await OverlapDeploy(rollback.session).move(step.target, Destination(step.revision, image=None),
+        return await OverlapFlow(rollback.ctx).move(step.target, Destination(step.revision, image=None),
                                                           release=label_of(steps),
                                                           settings=settings_of(steps, self.name))
 
     async def resume(self, rollback: Rollback, run: Run, steps: tuple[RollbackStep, ...]) -> RunFinished:
-        return await OverlapDeploy(rollback.session).resume(run)
+        return await OverlapFlow(rollback.ctx).resume(run)
 
 
 #: The strategies a rollback can use, by name (``--strategy``, a target's ``strategy``; the flag wins).
@@ -200,22 +194,22 @@ class _RouteValidation:
 class Rollback:
     """A rollback on ``session``: :meth:`run` from the request to the end, :meth:`resume` for an interrupted one."""
 
-    session: RunSession
+    ctx: RunContext
 
     @property
     def runner(self) -> Runner:
-        return self.session.runner
+        return self.ctx.runner
 
     @property
     def config(self) -> Config:
-        return self.session.config
+        return self.ctx.config
 
     @property
     def rollouts(self) -> Rollouts:
-        return self.session._rollouts
+        return self.ctx.rollouts
 
     def emit(self, event: Event) -> None:
-        self.session.emit(event)
+        self.ctx.emit(event)
 
     def router(self, target: Target) -> Router:
         return cast(Router, self.rollouts.deployer(target))
@@ -224,8 +218,8 @@ class Rollback:
 
     async def run(self, request: RollbackRequest) -> RunFinished:
         """What to go back to, preflight, the operator's go, then the strategy. Returns the run's end."""
-        self.session._refuse_if_read_only("roll back")
-        await self.session._require_operator("roll back")
+        self.ctx.refuse_if_read_only("roll back")
+        await self.ctx.require_operator("roll back")
         going = False
         try:
             steps = await self.plan(request)
@@ -238,9 +232,9 @@ class Rollback:
             if not steps:
                 message = "Nothing to roll back: every target already serves the revision it would go back to."
                 self.emit(PhaseChanged("done", message))
-                return self.session._finish("rolled_back", EXIT_OK, message + " Nothing was changed.")
-            report = await self.session._preflight(STRATEGIES[steps[0].strategy].checks(self, steps))
-            ended = await self.session._review(report, unreachable_exit=EXIT_PREFLIGHT)
+                return self.ctx.finish("rolled_back", EXIT_OK, message + " Nothing was changed.")
+            report = await self.ctx.preflight(STRATEGIES[steps[0].strategy].checks(self, steps))
+            ended = await self.ctx.review(report, unreachable_exit=EXIT_PREFLIGHT)
             if ended is not None:
                 return ended
             going = True
@@ -338,14 +332,14 @@ class Rollback:
         for event in rolled:
             self.emit(event)
         serves = "; ".join(f"{t.target} serves revision {t.revision}" for t in rolled)
-        return await self.session._verify(run, f"Rolled back ({serves})", rolled, outcome="rolled_back")
+        return await self.ctx.verify(run, f"Rolled back ({serves})", rolled, outcome="rolled_back")
 
     async def failed(self, run_id: str, failure: DeployFailure) -> RunFinished:
         run = await self.runner.journal.aio.get(run_id)
         decided, _ = await self.runner.abort(run=run, rollout=failure.rollout)
         state = "consumers restored on the workers that served before" if decided.action == "restore" else \
             decided.explanation
-        return self.session._finish("rollback_failed", EXIT_DEPLOY, f"Rollback of {failure.target.name} failed: "
+        return self.ctx.finish("rollback_failed", EXIT_DEPLOY, f"Rollback of {failure.target.name} failed: "
                                     f"{failure.message} — {state}.", logs_url=failure.logs_url)
 
     async def settle_started(self, run: Run, steps: tuple[RollbackStep, ...]) -> RunFinished:
@@ -366,7 +360,7 @@ class Rollback:
         decided, _ = await self.runner.abort(run=run, rollout=rollout)
         what = decided.explanation if decided.action == "ask" else "The rollback did not take effect: " + \
             decided.explanation
-        return self.session._finish("rollback_failed", EXIT_DEPLOY, what)
+        return self.ctx.finish("rollback_failed", EXIT_DEPLOY, what)
 
     # -- resume -------------------------------------------------------------------------------------------------
 

@@ -1,0 +1,38 @@
+"""The strategy registry is the only switch: every strategy the config accepts is registered, each implements the
+protocol, and a run's recorded strategy finds its implementation (or one clear sentence)."""
+
+from __future__ import annotations
+
+import pytest
+
+from celeryops.core.config import STRATEGIES as CONFIG_STRATEGIES
+from celeryops.core.errors import EXIT_USAGE, UserError
+from celeryops.ops.journal import Run
+from celeryops.ops.run.strategies import STRATEGIES, strategy_named, strategy_of_run
+from celeryops.ops.run.strategies.base import Strategy
+
+
+def test_every_configurable_strategy_is_registered_and_nothing_else() -> None:
+    assert tuple(STRATEGIES) == CONFIG_STRATEGIES
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_each_strategy_implements_the_protocol(name: str) -> None:
+    strategy: Strategy = STRATEGIES[name]
+    assert strategy.name == name
+    for method in ("deploy", "resume", "abort", "recovery_plan", "choices"):
+        assert callable(getattr(strategy, method))
+
+
+def test_an_unknown_strategy_is_one_sentence_exit_2() -> None:
+    with pytest.raises(UserError) as err:
+        strategy_named("bluegreen")
+    assert err.value.exit_code == EXIT_USAGE and "nothing was changed" in str(err.value)
+
+
+def test_a_run_of_an_unknown_strategy_is_refused_in_one_sentence() -> None:
+    run = Run(id="r1", fleet="f", broker="redis://x", user="u", host="h", pid=1, release="release/1",
+              settings={"strategy": "bluegreen"}, created=0.0, updated=0.0, phase="overlapping", outcome=None)
+    with pytest.raises(UserError) as err:
+        strategy_of_run(run)
+    assert "bluegreen" in str(err.value) and err.value.exit_code == EXIT_USAGE

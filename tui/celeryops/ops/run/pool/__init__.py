@@ -1,0 +1,1 @@
+"""Two revisions on one Cloud Run worker pool: the mechanics the overlap and canary strategies share."""
