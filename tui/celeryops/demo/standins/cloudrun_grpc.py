@@ -8,18 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
-from google.cloud.run_v2 import (
-    GetRevisionRequest,
-    GetServiceRequest,
-    GetWorkerPoolRequest,
-    ListRevisionsRequest,
-    ListRevisionsResponse,
-    Revision,
-    Service,
-    UpdateServiceRequest,
-    UpdateWorkerPoolRequest,
-    WorkerPool,
-)
+from google.cloud import run_v2
 from google.iam.v1 import iam_policy_pb2
 from google.longrunning import operations_pb2
 from grpc_status import rpc_status
@@ -61,19 +50,20 @@ def grpc_handlers(api: CloudRunStandIn) -> tuple[grpc.GenericRpcHandler, ...]:
     iam_request = iam_policy_pb2.TestIamPermissionsRequest.FromString
     return (
         service("google.cloud.run.v2.Services", {
-            "GetService": unary(api.get_service, GetServiceRequest.deserialize, Service.serialize),
-            "UpdateService": unary(api.update_service, UpdateServiceRequest.deserialize, pb),
+            "GetService": unary(api.get_service, run_v2.GetServiceRequest.deserialize, run_v2.Service.serialize),
+            "UpdateService": unary(api.update_service, run_v2.UpdateServiceRequest.deserialize, pb),
             "TestIamPermissions": unary(lambda r: api.test_iam_permissions(r, True), iam_request, pb),
         }),
         service("google.cloud.run.v2.WorkerPools", {
-            "GetWorkerPool": unary(api.get_worker_pool, GetWorkerPoolRequest.deserialize, WorkerPool.serialize),
-            "UpdateWorkerPool": unary(api.update_worker_pool, UpdateWorkerPoolRequest.deserialize, pb),
+            "GetWorkerPool": unary(api.get_worker_pool, run_v2.GetWorkerPoolRequest.deserialize,
+                                   run_v2.WorkerPool.serialize),
+            "UpdateWorkerPool": unary(api.update_worker_pool, run_v2.UpdateWorkerPoolRequest.deserialize, pb),
             "TestIamPermissions": unary(lambda r: api.test_iam_permissions(r, False), iam_request, pb),
         }),
         service("google.cloud.run.v2.Revisions", {
-            "GetRevision": unary(api.get_revision, GetRevisionRequest.deserialize, Revision.serialize),
-            "ListRevisions": unary(api.list_revisions, ListRevisionsRequest.deserialize,
-                                   ListRevisionsResponse.serialize),
+            "GetRevision": unary(api.get_revision, run_v2.GetRevisionRequest.deserialize, run_v2.Revision.serialize),
+            "ListRevisions": unary(api.list_revisions, run_v2.ListRevisionsRequest.deserialize,
+                                   run_v2.ListRevisionsResponse.serialize),
         }),
         service("google.longrunning.Operations", {
             "GetOperation": unary(api.get_operation, operations_pb2.GetOperationRequest.FromString, pb),
