@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, cast
 
-from celeryops.adapters.deploy.base import DeployError, PoolDeployer, PoolUpdate
+from celeryops.adapters.deploy.base import DeployError, PoolDeployer, PoolUpdate, RolloutState
 from celeryops.core.config import DrainSettings, Target
 from celeryops.core.errors import EXIT_DEPLOY, EXIT_OK, EXIT_USAGE, UserError
 from celeryops.core.events import (
@@ -33,9 +33,11 @@ from celeryops.core.events import (
     TargetDeployed,
 )
 from celeryops.ops.journal import OVERLAP_CUTOVER, OVERLAP_UP, PHASES, Phase, Run
+from celeryops.ops.preflight import Check
+from celeryops.ops.preflight.overlap import PoolView, overlap_checks
 from celeryops.ops.run.context import RunContext
-from celeryops.ops.run.overlap_rules import ABORT, RESUME, Plan, PoolNow, pool_now, stopped_map
-from celeryops.ops.run.recovery import Action, RecoveryPlan
+from celeryops.ops.run.overlap_rules import ABORT, RESUME, Plan, PoolNow, pool_now, recovery_plan, stopped_map
+from celeryops.ops.run.recovery import Action, Choice, RecoveryPlan, Rollout
 from celeryops.ops.run.runner import Runner, uncut
 
 GONE_WAIT = 60.0  # seconds to wait for a retired revision's workers to leave (Cloud Run: SIGKILL 10 s after SIGTERM)
@@ -116,9 +118,37 @@ class PoolFlow:
     # again) instead of giving both revisions their consumers back (the overlap).
     _hold_new: ClassVar[bool] = False
 
+    async def deploy(self, release: str, targets: tuple[Target, ...]) -> RunFinished:
+        """The strategy's whole deploy run: preflight, the operator's go, the flow, its end."""
+        raise NotImplementedError
+
     async def _continue(self, run: Run, target: Target, *, resume: bool) -> Ending:
         """Abort (``resume`` False) or resume ``run`` by the strategy's rules, from its journal and the pool now."""
         raise NotImplementedError
+
+    def _checks(self, target: Target, destination: Destination, release: str, sha: str, *,
+                canary: int = 0) -> list[Check]:
+        """The deploy's checks, with the pool's own ``traffic``, ``validate`` (the scale-up: as many new instances
+        as old ones, or ``canary`` of them) and ``fence``, and ``mixed_versions``."""
+        ctx, runner = self.ctx, self.ctx.runner
+        deployer = self.deployer(target)
+        read: list[asyncio.Future[RolloutState]] = []
+
+        async def read_pool() -> PoolView:
+            if not read:
+                read.append(asyncio.ensure_future(deployer.current(target)))
+            return PoolView(await asyncio.shield(read[0]))
+
+        async def validate(change: PoolUpdate) -> None:
+            await deployer.validate_pool_update(target, change)
+
+        own = overlap_checks(target, read_pool, validate, destination.image or destination.revision,
+                             destination.revision, app=runner.fleet.app, fleet=runner.fleet_name,
+                             known=runner.fleet.members, has_registry=runner.coord is not None,
+                             revisions=lambda: deployer.missing_revision_permissions(target), canary=canary)
+        replaced = {c.id for c in own}
+        return [*(c for c in ctx.release_checks(release, sha, (target,)) if c.id not in replaced),
+                *(c for c in ctx.fleet_checks() if c.id not in replaced), *own]
 
     # -- recovery entry points ---------------------------------------------------------------------------------
 
@@ -388,3 +418,34 @@ class PoolFlow:
         except DeployError:
             return ""
         return found[0].log_uri if found else ""
+
+
+@dataclass(frozen=True)
+class PoolStrategy:
+    """A strategy of two revisions on one worker pool: its ``flow`` (a :class:`PoolFlow`) run in the run context,
+    its recovery by the pool's rules (:func:`~celeryops.ops.run.overlap_rules.recovery_plan`), and the words of
+    its recovery choices."""
+
+    name: str
+    flow: type[PoolFlow]
+    resume_label: str
+    resume_detail: str
+    retire_label: str
+    cutover_label: str
+
+    async def deploy(self, ctx: RunContext, release: str, targets: tuple[Target, ...]) -> RunFinished:
+        return await self.flow(ctx).deploy(release, targets)
+
+    async def resume(self, ctx: RunContext, run: Run) -> RunFinished:
+        return await self.flow(ctx).resume(run)
+
+    async def abort(self, ctx: RunContext, run: Run, *, force_restore: bool = False) -> RecoveryPlan:
+        return await self.flow(ctx).abort(run)
+
+    def recovery_plan(self, run: Run, rollout: Rollout | None = None) -> RecoveryPlan:
+        return recovery_plan(run)
+
+    def choices(self, run: Run, decided: RecoveryPlan) -> tuple[Choice, ...]:
+        label = {"retire": self.retire_label, "cutover": self.cutover_label}.get(decided.action,
+                                                                                 "Abort (nothing to undo)")
+        return Choice("resume", self.resume_label, self.resume_detail), Choice("abort", label, decided.explanation)

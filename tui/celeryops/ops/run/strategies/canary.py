@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from celeryops.adapters.canaryevents import OutcomeCollector
-from celeryops.adapters.deploy.base import DeployError, PoolUpdate, RolloutState, short_revision
+from celeryops.adapters.deploy.base import DeployError, PoolUpdate, short_revision
 from celeryops.core.canary import CanarySettings, RevisionCounts
 from celeryops.core.config import Target
 from celeryops.core.errors import (
@@ -49,18 +49,13 @@ from celeryops.core.errors import (
 )
 from celeryops.core.events import Notice, RunFinished, StageStarted
 from celeryops.ops.journal import OVERLAP_UP, Run
-from celeryops.ops.preflight import Check
-from celeryops.ops.preflight.overlap import PoolView, overlap_checks
 from celeryops.ops.run.canary_decisions import PauseCanary, PromoteNow, RollbackNow, decisions_of
 from celeryops.ops.run.canary_look import look_event
 from celeryops.ops.run.canary_rules import Judgement, judge, split_counts
 from celeryops.ops.run.canary_sources import crashed_workers, registry_revisions
-from celeryops.ops.run.context import RunContext
-from celeryops.ops.run.overlap_rules import Plan, decide, overlap_target, progress_of, recovery_plan
-from celeryops.ops.run.pool.base import Destination, Ending, _cap, _Refused, _Stop, new_revision_name
+from celeryops.ops.run.overlap_rules import Plan, decide, overlap_target, progress_of
+from celeryops.ops.run.pool.base import Destination, Ending, PoolStrategy, _cap, _Refused, _Stop, new_revision_name
 from celeryops.ops.run.pool.steps import PoolSteps
-from celeryops.ops.run.recovery import RecoveryPlan, Rollout
-from celeryops.ops.run.strategies.base import Choice
 
 LOOK = "canary_look"  # a journal note: one look's counts
 VERDICT = "canary_verdict"  # a journal note, written before the verdict is acted on
@@ -133,7 +128,8 @@ class CanaryFlow(PoolSteps):
         self.emit(StageStarted(stage="preflight", detail=f"release {release}, canary on {target.name}"))
         sha = await self.ctx.release_sha(release)
         destination = Destination(new_revision_name(target, sha), target.image_for(sha, release, release))
-        ended = await self.ctx.checked(self.checks(target, destination, release, sha, settings.instances))
+        ended = await self.ctx.checked(self._checks(target, destination, release, sha,
+                                                     canary=settings.instances))
         if ended is not None:
             return ended
         drain = self.ctx.config.drain
@@ -146,29 +142,6 @@ class CanaryFlow(PoolSteps):
         finally:
             await self._close()
         return self._finish(ending)
-
-    def checks(self, target: Target, destination: Destination, release: str, sha: str, canary: int) -> list[Check]:
-        """The deploy's checks, with the overlap's ``traffic``, ``validate`` (the canary's update) and ``fence``,
-        and ``mixed_versions``."""
-        ctx, runner = self.ctx, self.ctx.runner
-        deployer = self.deployer(target)
-        read: list[asyncio.Future[RolloutState]] = []
-
-        async def read_pool() -> PoolView:
-            if not read:
-                read.append(asyncio.ensure_future(deployer.current(target)))
-            return PoolView(await asyncio.shield(read[0]))
-
-        async def validate(change: PoolUpdate) -> None:
-            await deployer.validate_pool_update(target, change)
-
-        own = overlap_checks(target, read_pool, validate, destination.image or destination.revision,
-                             destination.revision, app=runner.fleet.app, fleet=runner.fleet_name,
-                             known=runner.fleet.members, has_registry=runner.coord is not None,
-                             revisions=lambda: deployer.missing_revision_permissions(target), canary=canary)
-        replaced = {c.id for c in own}
-        return [*(c for c in ctx.release_checks(release, sha, (target,)) if c.id not in replaced),
-                *(c for c in ctx.fleet_checks() if c.id not in replaced), *own]
 
     # -- the flow ----------------------------------------------------------------------------------------------
 
@@ -357,31 +330,12 @@ class CanaryFlow(PoolSteps):
         self.emit(Notice(level="warning" if verdict == "rollback" else "info", message=reason))
 
 
-@dataclass(frozen=True)
-class CanaryStrategy:
-    """``strategy = "canary"``: judged by task outcomes per revision, then promoted or rolled back."""
-
-    name: str = "canary"
-
-    async def deploy(self, ctx: RunContext, release: str, targets: tuple[Target, ...]) -> RunFinished:
-        return await CanaryFlow(ctx).deploy(release, targets)
-
-    async def resume(self, ctx: RunContext, run: Run) -> RunFinished:
-        return await CanaryFlow(ctx).resume(run)
-
-    async def abort(self, ctx: RunContext, run: Run, *, force_restore: bool = False) -> RecoveryPlan:
-        return await CanaryFlow(ctx).abort(run)
-
-    def recovery_plan(self, run: Run, rollout: Rollout | None = None) -> RecoveryPlan:
-        return recovery_plan(run)
-
-    def choices(self, run: Run, decided: RecoveryPlan) -> tuple[Choice, ...]:
-        label = {"retire": "Abort: take the canary away", "cutover": "Abort: finish the promotion's cutover"}.get(
-            decided.action, "Abort (nothing to undo)")
-        return (Choice("resume", "Resume the canary",
-                       "Ask Cloud Run how the pool is and continue from the journal: the analysis goes on from the "
-                       "recorded counts, or a verdict written ahead is carried out (what `celeryops resume` does)."),
-                Choice("abort", label, decided.explanation))
+#: ``strategy = "canary"``: judged by task outcomes per revision, then promoted or rolled back.
+CanaryStrategy = PoolStrategy(
+    name="canary", flow=CanaryFlow, resume_label="Resume the canary",
+    resume_detail="Ask Cloud Run how the pool is and continue from the journal: the analysis goes on from the "
+                  "recorded counts, or a verdict written ahead is carried out (what `celeryops resume` does).",
+    retire_label="Abort: take the canary away", cutover_label="Abort: finish the promotion's cutover")
 
 
 __all__ = ["Analysis", "CanaryFlow", "CanaryStrategy", "analysis_of"]

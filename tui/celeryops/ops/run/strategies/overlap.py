@@ -35,24 +35,16 @@ pins is recorded as celeryops' own, as is the one a retirement pins.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Literal
 
-from celeryops.adapters.deploy.base import PoolUpdate, RolloutState
 from celeryops.core.config import Target
 from celeryops.core.errors import EXIT_DEPLOY, EXIT_OK, EXIT_TIMEOUT
 from celeryops.core.events import Notice, RunFinished, StageStarted
 from celeryops.ops.journal import Run
-from celeryops.ops.preflight import Check
-from celeryops.ops.preflight.overlap import PoolView, overlap_checks
-from celeryops.ops.run.context import RunContext
-from celeryops.ops.run.overlap_rules import Plan, decide, overlap_target, progress_of, recovery_plan
-from celeryops.ops.run.pool.base import Destination, Ending, _cap, _Refused, _Stop, new_revision_name
+from celeryops.ops.run.overlap_rules import Plan, decide, overlap_target, progress_of
+from celeryops.ops.run.pool.base import Destination, Ending, PoolStrategy, _cap, _Refused, _Stop, new_revision_name
 from celeryops.ops.run.pool.steps import PoolSteps
-from celeryops.ops.run.recovery import RecoveryPlan, Rollout
-from celeryops.ops.run.strategies.base import Choice
 
 
 class OverlapFlow(PoolSteps):
@@ -67,33 +59,10 @@ class OverlapFlow(PoolSteps):
         self.emit(StageStarted(stage="preflight", detail=f"release {release}, overlap on {target.name}"))
         sha = await self.ctx.release_sha(release)
         destination = Destination(new_revision_name(target, sha), target.image_for(sha, release, release))
-        ended = await self.ctx.checked(self.checks(target, destination, release, sha))
+        ended = await self.ctx.checked(self._checks(target, destination, release, sha))
         if ended is not None:
             return ended
         return await self.move(target, destination, release=release, settings={"sha": sha})  # closes them
-
-    def checks(self, target: Target, destination: Destination, release: str, sha: str) -> list[Check]:
-        """The deploy's checks, with the overlap's own ``traffic``, ``validate`` and ``fence``, and
-        ``mixed_versions``."""
-        ctx, runner = self.ctx, self.ctx.runner
-        deployer = self.deployer(target)
-        read: list[asyncio.Future[RolloutState]] = []
-
-        async def read_pool() -> PoolView:
-            if not read:
-                read.append(asyncio.ensure_future(deployer.current(target)))
-            return PoolView(await asyncio.shield(read[0]))
-
-        async def validate(change: PoolUpdate) -> None:
-            await deployer.validate_pool_update(target, change)
-
-        own = overlap_checks(target, read_pool, validate, destination.image or destination.revision,
-                             destination.revision, app=runner.fleet.app, fleet=runner.fleet_name,
-                             known=runner.fleet.members, has_registry=runner.coord is not None,
-                             revisions=lambda: deployer.missing_revision_permissions(target))
-        replaced = {c.id for c in own}
-        return [*(c for c in ctx.release_checks(release, sha, (target,)) if c.id not in replaced),
-                *(c for c in ctx.fleet_checks() if c.id not in replaced), *own]
 
     async def move(self, target: Target, destination: Destination, *, release: str | None,
                    settings: Mapping[str, Any] | None = None) -> RunFinished:
@@ -173,31 +142,12 @@ class OverlapFlow(PoolSteps):
             return Ending(stop.outcome, stop.code, f"{stop.message} {sentence}", logs_url=stop.logs_url)
 
 
-@dataclass(frozen=True)
-class OverlapStrategy:
-    """``strategy = "overlap"``: the new revision beside the old one, the old one drained, then the cutover."""
-
-    name: str = "overlap"
-
-    async def deploy(self, ctx: RunContext, release: str, targets: tuple[Target, ...]) -> RunFinished:
-        return await OverlapFlow(ctx).deploy(release, targets)
-
-    async def resume(self, ctx: RunContext, run: Run) -> RunFinished:
-        return await OverlapFlow(ctx).resume(run)
-
-    async def abort(self, ctx: RunContext, run: Run, *, force_restore: bool = False) -> RecoveryPlan:
-        return await OverlapFlow(ctx).abort(run)
-
-    def recovery_plan(self, run: Run, rollout: Rollout | None = None) -> RecoveryPlan:
-        return recovery_plan(run)
-
-    def choices(self, run: Run, decided: RecoveryPlan) -> tuple[Choice, ...]:
-        label = {"retire": "Abort: retire the new revision", "cutover": "Abort: finish the cutover"}.get(
-            decided.action, "Abort (nothing to undo)")
-        return (Choice("resume", "Resume the overlap deploy",
-                       "Ask Cloud Run how the pool is and continue from the journal: wait for the new revision, drain "
-                       "the old one again, or finish the cutover (what `celeryops resume` does)."),
-                Choice("abort", label, decided.explanation))
+#: ``strategy = "overlap"``: the new revision beside the old one, the old one drained, then the cutover.
+OverlapStrategy = PoolStrategy(
+    name="overlap", flow=OverlapFlow, resume_label="Resume the overlap deploy",
+    resume_detail="Ask Cloud Run how the pool is and continue from the journal: wait for the new revision, drain the "
+                  "old one again, or finish the cutover (what `celeryops resume` does).",
+    retire_label="Abort: retire the new revision", cutover_label="Abort: finish the cutover")
 
 
 __all__ = ["OverlapFlow", "OverlapStrategy"]
