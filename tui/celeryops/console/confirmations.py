@@ -32,6 +32,14 @@ def overlap_plan(model: RunModel) -> str:
     traffic = model.checks.get("traffic")
     peak = f"Instances: {traffic.detail}.\n" if traffic is not None and traffic.status == "ok" else ""
     release = f" {model.release}" if model.release else ""
+    if model.strategy == "canary":
+        return (f"{peak}A canary of{release} comes up beside the old revision (no old instance is taken away) and "
+                "consumes; every task's outcome is credited to the revision that ran it and judged every look. "
+                "If the canary fails more often than the old revision beyond chance, raises a new exception "
+                "repeatedly or crashes, its workers stop taking tasks at once, finish what they run, and the pool "
+                "goes back to the old revision. Once enough canary tasks show no worse failure rate, it is "
+                "promoted as an overlap: the old revision drains while the new one consumes, then every instance "
+                "moves to it. No verdict by max duration: it pauses for you (P promotes, B rolls back).")
     if model.kind == "rollback":  # the "new" revision is the previous one, routed back to
         return (f"{peak}The previous revision{release} comes up beside the current one (no instance is taken "
                 "away) and starts consuming. Only then do the current revision's workers stop taking new "
@@ -57,12 +65,13 @@ def proceed_question(model: RunModel) -> Question:
     warned = model.warned_checks
     overlap = starts_overlap(model)
     plan = overlap_plan(model) if overlap else stop_plan(model)
+    flow = "canary" if model.strategy == "canary" else "overlap"
     if warned:
         listing = "\n".join(f"▲ {c.title}: {c.detail}" for c in warned)
         return (f"Proceed despite {len(warned)} warning(s)?", f"{listing}\n\n{plan}",
-                "Accept warnings and start the overlap" if overlap else "Accept warnings and stop consumers")
+                f"Accept warnings and start the {flow}" if overlap else "Accept warnings and stop consumers")
     if overlap:
-        return f"Start the overlap {_overlap_word(model)}?", plan, "Start the overlap"
+        return f"Start the {flow} {_overlap_word(model)}?", plan, f"Start the {flow}"
     return "Stop consumers and drain?", plan, "Stop consumers"
 
 

@@ -63,6 +63,8 @@ HINT = (f"Press D and Enter to deploy release {RELEASE} · w watches the run · 
         "no pause: celeryops demo --strategy overlap")
 OVERLAP_HINT = (f"Press D and Enter to deploy release {RELEASE} without a pause (the new revision consumes while the "
                 "old one drains) · w watches the run · ? every action.")
+CANARY_HINT = (f"Press D and Enter to deploy release {RELEASE} as a canary (one new instance judged by its task "
+               "outcomes, then promoted or rolled back; P / B on its screen) · w watches the run · ? every action.")
 SLOT_TOTALS = {"CPU": 4, "GPU": 1}
 DEMO_HOST = "demo-node"
 
@@ -160,7 +162,7 @@ class Sandbox:
     def handoff(self) -> DemoHandoff:
         return DemoHandoff(config=self.config, config_path=self.config_path, repo=self.repo, release=RELEASE,
                            broker_url=self.url, state_dir=self.state_dir, notice=self.notice,
-                           hint=OVERLAP_HINT if self.overlap else HINT)
+                           hint=CANARY_HINT if self.strategy == "canary" else OVERLAP_HINT if self.overlap else HINT)
 
     @property
     def overlap(self) -> bool:

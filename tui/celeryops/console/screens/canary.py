@@ -71,7 +71,8 @@ def side_rows(look: CanaryLook, narrow: bool = False) -> list[Row]:
         rows.append((role, (Text("all tasks" if narrow else revision or "-", style="bold"),
                             side(role, "bold cyan" if role == "canary" else "bold"), *stat_cells(look.side(role)))))
     for name, by_role in look.tasks.items():
-        shown = name if not narrow or len(name) <= 12 else name[:11] + "…"
+        name_or = name or "(name unseen)"  # its task-received event came before the canary began
+        shown = name_or if not narrow or len(name_or) <= 12 else name_or[:11] + "…"
         for role, _ in sides:
             stats = by_role.get(role) or RevisionStats()
             rows.append((f"{name}\x00{role}", (Text(shown if role == "canary" else ""), side(role, "dim"),

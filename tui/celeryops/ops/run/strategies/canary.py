@@ -118,6 +118,7 @@ class CanaryFlow(PoolSteps):
     """The canary deploy of one worker pool, in a run context."""
 
     _hold_new = True  # a canary taken away never consumes again, busy or not
+    _by_operator = False  # the verdict acted on was the operator's (P / B), not the analysis'
 
     # -- entry points ------------------------------------------------------------------------------------------
 
@@ -125,7 +126,8 @@ class CanaryFlow(PoolSteps):
         """Preflight (the overlap's checks at the canary's peak), the operator's go, then the canary."""
         target = overlap_target(targets, strategy="canary")
         settings = self.ctx.config.canary
-        self.emit(StageStarted(stage="preflight", detail=f"release {release}, canary on {target.name}"))
+        self.emit(StageStarted(stage="preflight", detail=f"release {release}, canary on {target.name}",
+                               strategy="canary"))
         sha = await self.ctx.release_sha(release)
         destination = Destination(new_revision_name(target, sha), target.image_for(sha, release, release))
         ended = await self.ctx.checked(self._checks(target, destination, release, sha,
@@ -178,7 +180,8 @@ class CanaryFlow(PoolSteps):
             return await self._forward(run, target, start, plan)
         sentence, done = await self._retire(run, target, plan)
         if verdict == "rollback" and done and resume:
-            return Ending("canary_rolled_back", EXIT_CANARY_ROLLED_BACK, f"The canary was rolled back: {sentence}",
+            return Ending("canary_rolled_back", EXIT_CANARY_ROLLED_BACK, f"The canary was rolled back: "
+                          f"{sentence[:1].lower()}{sentence[1:]}",
                           action="retire")
         if resume:
             return Ending("deploy_failed", EXIT_DEPLOY, f"The canary deploy did not take place: {sentence}")
@@ -235,8 +238,9 @@ class CanaryFlow(PoolSteps):
         if not done:
             return Ending("canary_rolled_back", EXIT_CANARY_ROLLED_BACK, f"The canary is being rolled back: "
                           f"{sentence}", action="ask")
-        return Ending("canary_rolled_back", EXIT_CANARY_ROLLED_BACK, f"The canary was rolled back by the analysis: "
-                      f"{sentence}", action="retire")
+        by = "the operator" if self._by_operator else "the analysis"
+        return Ending("canary_rolled_back", EXIT_CANARY_ROLLED_BACK, f"The canary was rolled back by {by}: "
+                      f"{sentence[:1].lower()}{sentence[1:]}", action="retire")
 
     async def _promote(self, run: Run, target: Target, plan: Plan) -> Plan:
         """The promotion's update (written ahead as the overlap's ``overlap_up`` of the promoted plan): as many
@@ -280,6 +284,7 @@ class CanaryFlow(PoolSteps):
                     await asyncio.sleep(settings.look_interval)
                 if isinstance(decision, PromoteNow | RollbackNow):
                     chosen: Outcome = "promote" if isinstance(decision, PromoteNow) else "rollback"
+                    self._by_operator = True
                     await self._verdict(run, chosen, "operator", f"The operator chose to {decision.action}.")
                     return chosen
                 if isinstance(decision, PauseCanary):

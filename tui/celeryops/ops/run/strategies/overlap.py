@@ -56,7 +56,8 @@ class OverlapFlow(PoolSteps):
         """Preflight (the overlap's checks), the operator's go, then :meth:`move` to a new revision of the release's
         image."""
         target = overlap_target(targets)
-        self.emit(StageStarted(stage="preflight", detail=f"release {release}, overlap on {target.name}"))
+        self.emit(StageStarted(stage="preflight", detail=f"release {release}, overlap on {target.name}",
+                               strategy="overlap"))
         sha = await self.ctx.release_sha(release)
         destination = Destination(new_revision_name(target, sha), target.image_for(sha, release, release))
         ended = await self.ctx.checked(self._checks(target, destination, release, sha))
