@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, cast
 
-from celeryops.adapters.deploy.base import DeployError, PoolDeployer, PoolUpdate, RolloutState
+from celeryops.adapters.deploy.base import DeployError, PoolDeployer, PoolUpdate
 from celeryops.core.config import DrainSettings, Target
 from celeryops.core.errors import EXIT_DEPLOY, EXIT_OK, EXIT_USAGE, UserError
 from celeryops.core.events import (
@@ -33,8 +33,6 @@ from celeryops.core.events import (
     TargetDeployed,
 )
 from celeryops.ops.journal import OVERLAP_CUTOVER, OVERLAP_UP, PHASES, Phase, Run
-from celeryops.ops.preflight import Check
-from celeryops.ops.preflight.overlap import PoolView, overlap_checks
 from celeryops.ops.run.context import RunContext
 from celeryops.ops.run.overlap_rules import ABORT, RESUME, Plan, PoolNow, pool_now, recovery_plan, stopped_map
 from celeryops.ops.run.recovery import Action, Choice, RecoveryPlan, Rollout
@@ -125,30 +123,6 @@ class PoolFlow:
     async def _continue(self, run: Run, target: Target, *, resume: bool) -> Ending:
         """Abort (``resume`` False) or resume ``run`` by the strategy's rules, from its journal and the pool now."""
         raise NotImplementedError
-
-    def _checks(self, target: Target, destination: Destination, release: str, sha: str, *,
-                canary: int = 0) -> list[Check]:
-        """The deploy's checks, with the pool's own ``traffic``, ``validate`` (the scale-up: as many new instances
-        as old ones, or ``canary`` of them) and ``fence``, and ``mixed_versions``."""
-        ctx, runner = self.ctx, self.ctx.runner
-        deployer = self.deployer(target)
-        read: list[asyncio.Future[RolloutState]] = []
-
-        async def read_pool() -> PoolView:
-            if not read:
-                read.append(asyncio.ensure_future(deployer.current(target)))
-            return PoolView(await asyncio.shield(read[0]))
-
-        async def validate(change: PoolUpdate) -> None:
-            await deployer.validate_pool_update(target, change)
-
-        own = overlap_checks(target, read_pool, validate, destination.image or destination.revision,
-                             destination.revision, app=runner.fleet.app, fleet=runner.fleet_name,
-                             known=runner.fleet.members, has_registry=runner.coord is not None,
-                             revisions=lambda: deployer.missing_revision_permissions(target), canary=canary)
-        replaced = {c.id for c in own}
-        return [*(c for c in ctx.release_checks(release, sha, (target,)) if c.id not in replaced),
-                *(c for c in ctx.fleet_checks() if c.id not in replaced), *own]
 
     # -- recovery entry points ---------------------------------------------------------------------------------
 

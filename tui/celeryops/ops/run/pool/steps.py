@@ -10,7 +10,7 @@ import asyncio
 import time
 from collections.abc import Iterable, Mapping
 
-from celeryops.adapters.deploy.base import DeployError, PoolUpdate, short_revision
+from celeryops.adapters.deploy.base import DeployError, PoolUpdate, RolloutState, short_revision
 from celeryops.adapters.taskevents import start_watch
 from celeryops.core.config import Target
 from celeryops.core.errors import EXIT_DEPLOY, EXIT_OK, EXIT_PREFLIGHT, UserError
@@ -25,6 +25,8 @@ from celeryops.core.events import (
 from celeryops.ops.drain.engine import Drain, DrainResult
 from celeryops.ops.drain.membership import held_by
 from celeryops.ops.journal import CANCEL_CONSUMERS, OVERLAP_CUTOVER, OVERLAP_REVERT, OVERLAP_UP, Run
+from celeryops.ops.preflight import Check
+from celeryops.ops.preflight.overlap import PoolView, overlap_checks
 from celeryops.ops.run.hooks import JournalHooks
 from celeryops.ops.run.overlap_rules import Plan, progress_of, stopped_map
 from celeryops.ops.run.pool.base import Destination, Ending, PoolFlow, _cap, _Refused, _Stop
@@ -54,6 +56,30 @@ class RevisionHooks(JournalHooks):
 
 class PoolSteps(PoolFlow):
     """The steps a strategy of two revisions on one pool is made of."""
+
+    def _checks(self, target: Target, destination: Destination, release: str, sha: str, *,
+                canary: int = 0) -> list[Check]:
+        """The deploy's checks, with the pool's own ``traffic``, ``validate`` (the scale-up: as many new instances
+        as old ones, or ``canary`` of them) and ``fence``, and ``mixed_versions``."""
+        ctx, runner = self.ctx, self.ctx.runner
+        deployer = self.deployer(target)
+        read: list[asyncio.Future[RolloutState]] = []
+
+        async def read_pool() -> PoolView:
+            if not read:
+                read.append(asyncio.ensure_future(deployer.current(target)))
+            return PoolView(await asyncio.shield(read[0]))
+
+        async def validate(change: PoolUpdate) -> None:
+            await deployer.validate_pool_update(target, change)
+
+        own = overlap_checks(target, read_pool, validate, destination.image or destination.revision,
+                             destination.revision, app=runner.fleet.app, fleet=runner.fleet_name,
+                             known=runner.fleet.members, has_registry=runner.coord is not None,
+                             revisions=lambda: deployer.missing_revision_permissions(target), canary=canary)
+        replaced = {c.id for c in own}
+        return [*(c for c in ctx.release_checks(release, sha, (target,)) if c.id not in replaced),
+                *(c for c in ctx.fleet_checks() if c.id not in replaced), *own]
 
     async def _scale_up(self, run: Run, target: Target, destination: Destination, *, canary: int = 0) -> Plan:
         """Step 2: name the plan, write it ahead, send the one update that runs the new revision beside the old one
