@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from celeryops.core.errors import EXIT_PREFLIGHT, UserError
+from celeryops.core.errors import PreflightError
 from celeryops.core.masking import mask_text
 
 if TYPE_CHECKING:  # urllib.request (and with it http.client, email) is imported by the first request
@@ -52,13 +52,8 @@ ProbeStatus = Literal["exists", "missing", "unauthorized", "unreachable", "error
 TokenProvider = Callable[[], Awaitable[str]]
 
 
-class RegistryError(UserError):
+class RegistryError(PreflightError):
     """An image could not be confirmed. ``detail`` says what failed, ``remedy`` what to do next."""
-
-    def __init__(self, detail: str, remedy: str) -> None:
-        super().__init__(f"{detail}; {remedy}", EXIT_PREFLIGHT)
-        self.detail = detail
-        self.remedy = remedy
 
 
 class InvalidImageReference(RegistryError):
