@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import ipaddress
 import json
 import re
 import urllib.parse
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Literal
 
 from celeryops.core.errors import PreflightError
 from celeryops.core.masking import mask_text
+from celeryops.core.urls import is_loopback
 
 if TYPE_CHECKING:  # urllib.request (and with it http.client, email) is imported by the first request
     import urllib.request
@@ -144,16 +144,6 @@ def parse_image_ref(text: str) -> ImageRef:
     if tag is None and digest is None:
         tag = "latest"
     return ImageRef(registry=registry, repository=path, tag=tag, digest=digest)
-
-
-def is_loopback(hostname: str) -> bool:
-    """``localhost``, 127.0.0.0/8 and ``::1``: Docker talks plain HTTP to these."""
-    if hostname.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(hostname).is_loopback
-    except ValueError:
-        return False
 
 
 def is_google_registry(hostname: str) -> bool:
