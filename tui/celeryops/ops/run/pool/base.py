@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, cast
 
-from celeryops.adapters.deploy.base import DeployError, PoolDeployer, PoolUpdate
+from celeryops.adapters.deploy.base import DeployError, PoolDeployer, PoolUpdate, RevisionInfo
 from celeryops.core.config import DrainSettings, Target
 from celeryops.core.errors import EXIT_DEPLOY, EXIT_OK, EXIT_USAGE, UserError
 from celeryops.core.events import (
@@ -379,19 +379,20 @@ class PoolFlow:
                    workers={rev: registry.get(rev, ()) for rev in (plan.old, plan.new)}, consuming=consuming,
                    completed=completed, rate=rate)
 
-    async def _image_of(self, target: Target, revision: str) -> str:
+    async def _revision_info(self, target: Target, revision: str) -> RevisionInfo | None:
         try:
             found = [r for r in await self.deployer(target).revisions(target) if r.name == revision]
         except DeployError:
-            return ""
-        return found[0].image if found else ""
+            return None
+        return found[0] if found else None
+
+    async def _image_of(self, target: Target, revision: str) -> str:
+        info = await self._revision_info(target, revision)
+        return info.image if info is not None else ""
 
     async def _logs_url(self, target: Target, revision: str) -> str:
-        try:
-            found = [r for r in await self.deployer(target).revisions(target) if r.name == revision]
-        except DeployError:
-            return ""
-        return found[0].log_uri if found else ""
+        info = await self._revision_info(target, revision)
+        return info.log_uri if info is not None else ""
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterable, Mapping
+from typing import Literal
 
 from celeryops.adapters.deploy.base import DeployError, PoolUpdate, RolloutState, short_revision
 from celeryops.adapters.taskevents import start_watch
 from celeryops.core.config import Target
-from celeryops.core.errors import EXIT_DEPLOY, EXIT_OK, EXIT_PREFLIGHT, UserError
+from celeryops.core.errors import EXIT_DEPLOY, EXIT_OK, EXIT_PREFLIGHT, EXIT_TIMEOUT, UserError
 from celeryops.core.events import (
     DrainFinished,
     Event,
@@ -31,6 +32,9 @@ from celeryops.ops.run.hooks import JournalHooks
 from celeryops.ops.run.overlap_rules import Plan, progress_of, stopped_map
 from celeryops.ops.run.pool.base import Destination, Ending, PoolFlow, _cap, _Refused, _Stop
 from celeryops.ops.run.runner import Runner, uncut
+
+#: Where a flow starts: the scale-up, waiting for the new revision, a promotion written ahead, the old revision's drain.
+Start = Literal["up", "wait", "promote", "drain"]
 
 
 class RevisionHooks(JournalHooks):
@@ -56,6 +60,51 @@ class RevisionHooks(JournalHooks):
 
 class PoolSteps(PoolFlow):
     """The steps a strategy of two revisions on one pool is made of."""
+
+    async def _forward(self, run: Run, target: Target, start: Start, plan: Plan | None = None) -> Ending:
+        """The flow from ``start``: the scale-up, what the strategy does before the old revision goes
+        (:meth:`_before_drain`), the old revision's drain, the cutover. The new revision failing, or the old one not
+        idle in time, retires the new one."""
+        try:
+            if start == "up" or plan is None:
+                plan = await self._scale_up(run, target, self._destination(run), canary=self._canary_count(run))
+            else:
+                await self._settled(target)
+                pool = await self._pool(target)
+                if pool is not None and pool.revisions.get(plan.new) == "failed":
+                    raise _Stop(f"{_cap(self._words.new)} {plan.new} failed to start.")
+            async with self._ticker(run, target, plan):
+                before = await self._before_drain(run, target, plan, start)
+                if isinstance(before, Ending):
+                    return before
+                plan = before
+                drained = await self._drain_old(run, plan)
+            if drained is not None:
+                sentence, _done = await self._retire(run, target, plan)
+                return Ending("timeout", EXIT_TIMEOUT, f"{_cap(self._words.old)} {plan.old} was not idle within "
+                              f"{self._settings(run).max_wait:g} s ({drained}){self._late}: nothing was killed, its "
+                              f"consumers were restored; {sentence}")
+            return await self._cutover(run, target, plan)
+        except _Refused as refused:
+            return Ending("deploy_failed", EXIT_DEPLOY, str(refused))
+        except _Stop as stop:
+            plan = stop.plan or plan
+            assert plan is not None
+            sentence, _done = await self._retire(run, target, plan)
+            return Ending(stop.outcome, stop.code, f"{stop.message} {sentence}", logs_url=stop.logs_url)
+
+    _late = ""  # what the timeout's sentence adds about when the old revision's drain began
+
+    def _canary_count(self, run: Run) -> int:
+        """The new revision's instances beside the old ones at the scale-up (0: as many as the old one has)."""
+        return 0
+
+    async def _before_drain(self, run: Run, target: Target, plan: Plan, start: Start) -> Plan | Ending:
+        """Between the scale-up and the old revision's drain: the plan the drain goes on with, or the run's end.
+        The overlap's: wait until the new revision consumes (unless resumed at the drain)."""
+        if start != "drain":
+            await self._wait_new(run, plan)
+        return plan
 
     def _checks(self, target: Target, destination: Destination, release: str, sha: str, *,
                 canary: int = 0) -> list[Check]:

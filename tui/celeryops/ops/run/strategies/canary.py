@@ -45,7 +45,6 @@ from celeryops.core.errors import (
     EXIT_CANARY_ROLLED_BACK,
     EXIT_DEPLOY,
     EXIT_OK,
-    EXIT_TIMEOUT,
 )
 from celeryops.core.events import Notice, RunFinished, StageStarted
 from celeryops.ops.journal import OVERLAP_UP, Run
@@ -54,13 +53,12 @@ from celeryops.ops.run.canary_look import look_event
 from celeryops.ops.run.canary_rules import Judgement, judge, split_counts
 from celeryops.ops.run.canary_sources import crashed_workers, registry_revisions
 from celeryops.ops.run.overlap_rules import Plan, decide, overlap_target, progress_of
-from celeryops.ops.run.pool.base import Destination, Ending, PoolStrategy, _cap, _Refused, _Stop, new_revision_name
-from celeryops.ops.run.pool.steps import PoolSteps
+from celeryops.ops.run.pool.base import Destination, Ending, PoolStrategy, _Stop, new_revision_name
+from celeryops.ops.run.pool.steps import PoolSteps, Start
 
 LOOK = "canary_look"  # a journal note: one look's counts
 VERDICT = "canary_verdict"  # a journal note, written before the verdict is acted on
 Outcome = Literal["promote", "rollback", "paused"]
-Start = Literal["up", "wait", "promote", "drain"]
 
 
 @dataclass
@@ -188,43 +186,24 @@ class CanaryFlow(PoolSteps):
         return Ending("aborted" if done else "deploy_failed", EXIT_OK if done else EXIT_DEPLOY, sentence,
                       action="retire" if done else "ask")
 
-    async def _forward(self, run: Run, target: Target, start: Start,
-                       plan: Plan | None = None) -> Ending:
-        """The canary from ``start``: its scale-up, the analysis, then the promotion (the overlap's drain of the old
-        revision and cutover) or the rollback."""
-        try:
-            if start == "up" or plan is None:
-                plan = await self._scale_up(run, target, self._destination(run),
-                                            canary=self._canary_settings(run).instances)
-            else:
-                await self._settled(target)
-                pool = await self._pool(target)
-                if pool is not None and pool.revisions.get(plan.new) == "failed":
-                    raise _Stop(f"{_cap(self._words.new)} {plan.new} failed to start.")
-            async with self._ticker(run, target, plan):
-                if start in ("up", "wait"):
-                    await self._wait_new(run, plan)
-                    outcome = await self._analyse(run, target, plan)
-                    if outcome == "rollback":
-                        return await self._rolled_back(run, target, plan)
-                    if outcome == "paused":
-                        return self._paused(run, plan)
-                if start != "drain" and plan.canary:
-                    plan = await self._promote(run, target, plan)
-                drained = await self._drain_old(run, plan)
-            if drained is not None:
-                sentence, _done = await self._retire(run, target, plan)
-                return Ending("timeout", EXIT_TIMEOUT, f"{_cap(self._words.old)} {plan.old} was not idle within "
-                              f"{self._settings(run).max_wait:g} s ({drained}) after the canary was promoted: "
-                              f"nothing was killed, its consumers were restored; {sentence}")
-            return await self._cutover(run, target, plan)
-        except _Refused as refused:
-            return Ending("deploy_failed", EXIT_DEPLOY, str(refused))
-        except _Stop as stop:
-            plan = stop.plan or plan
-            assert plan is not None
-            sentence, _done = await self._retire(run, target, plan)
-            return Ending(stop.outcome, stop.code, f"{stop.message} {sentence}", logs_url=stop.logs_url)
+    _late = " after the canary was promoted"
+
+    def _canary_count(self, run: Run) -> int:
+        return self._canary_settings(run).instances
+
+    async def _before_drain(self, run: Run, target: Target, plan: Plan, start: Start) -> Plan | Ending:
+        """The canary's: until it consumes, the analysis, then its rollback, its pause, or its promotion (the overlap's
+        peak: the old revision's drain follows)."""
+        if start in ("up", "wait"):
+            await self._wait_new(run, plan)
+            outcome = await self._analyse(run, target, plan)
+            if outcome == "rollback":
+                return await self._rolled_back(run, target, plan)
+            if outcome == "paused":
+                return self._paused(run, plan)
+        if start != "drain" and plan.canary:
+            plan = await self._promote(run, target, plan)
+        return plan
 
     def _paused(self, run: Run, plan: Plan) -> Ending:
         return Ending("canary_paused", EXIT_CANARY_PAUSED, f"The canary had no verdict within "

@@ -36,14 +36,14 @@ pins is recorded as celeryops' own, as is the one a retirement pins.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 from celeryops.core.config import Target
-from celeryops.core.errors import EXIT_DEPLOY, EXIT_OK, EXIT_TIMEOUT
+from celeryops.core.errors import EXIT_DEPLOY, EXIT_OK
 from celeryops.core.events import Notice, RunFinished, StageStarted
 from celeryops.ops.journal import Run
-from celeryops.ops.run.overlap_rules import Plan, decide, overlap_target, progress_of
-from celeryops.ops.run.pool.base import Destination, Ending, PoolStrategy, _cap, _Refused, _Stop, new_revision_name
+from celeryops.ops.run.overlap_rules import decide, overlap_target, progress_of
+from celeryops.ops.run.pool.base import Destination, Ending, PoolStrategy, new_revision_name
 from celeryops.ops.run.pool.steps import PoolSteps
 
 
@@ -76,7 +76,7 @@ class OverlapFlow(PoolSteps):
             "streak": drain.streak, "max_wait": drain.max_wait, **dict(settings or {})})
         self._kind(run)
         try:
-            ending = await self._guarded(run, target, lambda: self._forward(run, target, destination, "up"))
+            ending = await self._guarded(run, target, lambda: self._forward(run, target, "up"))
         finally:
             await self._close()
         return self._finish(ending)
@@ -96,13 +96,13 @@ class OverlapFlow(PoolSteps):
             await self.runner.advance(run.id, "aborted", reason="abort: nothing to undo")
             return Ending("aborted", EXIT_OK, decision.explanation)
         if decision.step == "start":
-            return await self._forward(run, target, self._destination(run), "up")
+            return await self._forward(run, target, "up")
         if decision.step == "ask":
             await self._give_back(run)
             return Ending("deploy_failed", EXIT_DEPLOY, decision.explanation, action="ask")
         assert plan is not None
         if decision.step in ("wait_new", "drain_old"):
-            return await self._forward(run, target, self._destination(run),
+            return await self._forward(run, target,
                                        "wait" if decision.step == "wait_new" else "drain", plan)
         if decision.step == "cutover":
             return await self._finish_cutover(run, target, plan)
@@ -111,36 +111,6 @@ class OverlapFlow(PoolSteps):
             return Ending("deploy_failed", EXIT_DEPLOY, f"The {self._words.flow} did not take place: {sentence}")
         return Ending("aborted" if done else "deploy_failed", EXIT_OK if done else EXIT_DEPLOY, sentence,
                       action="retire" if done else "ask")
-
-    async def _forward(self, run: Run, target: Target, destination: Destination, start: Literal["up", "wait", "drain"],
-                       plan: Plan | None = None) -> Ending:
-        """The deploy from ``start``: the scale-up, waiting for the new revision to consume, the old revision's
-        drain, the cutover. The new revision failing, or the old one not idle in time, retires the new one."""
-        try:
-            if start == "up" or plan is None:
-                plan = await self._scale_up(run, target, destination)
-            else:
-                await self._settled(target)
-                pool = await self._pool(target)
-                if pool is not None and pool.revisions.get(plan.new) == "failed":
-                    raise _Stop(f"{_cap(self._words.new)} {plan.new} failed to start.")
-            async with self._ticker(run, target, plan):
-                if start != "drain":
-                    await self._wait_new(run, plan)
-                drained = await self._drain_old(run, plan)
-            if drained is not None:
-                sentence, _done = await self._retire(run, target, plan)
-                return Ending("timeout", EXIT_TIMEOUT, f"{_cap(self._words.old)} {plan.old} was not idle within "
-                              f"{self._settings(run).max_wait:g} s ({drained}): nothing was killed, its consumers were "
-                              f"restored; {sentence}")
-            return await self._cutover(run, target, plan)
-        except _Refused as refused:
-            return Ending("deploy_failed", EXIT_DEPLOY, str(refused))
-        except _Stop as stop:
-            plan = stop.plan or plan
-            assert plan is not None
-            sentence, _done = await self._retire(run, target, plan)
-            return Ending(stop.outcome, stop.code, f"{stop.message} {sentence}", logs_url=stop.logs_url)
 
 
 #: ``strategy = "overlap"``: the new revision beside the old one, the old one drained, then the cutover.
