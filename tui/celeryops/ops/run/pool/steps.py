@@ -19,6 +19,7 @@ from celeryops.core.events import (
     DrainFinished,
     Event,
     FleetBack,
+    Notice,
     StageStarted,
     TargetDeployed,
     TargetRolledBack,
@@ -29,7 +30,7 @@ from celeryops.ops.journal import CANCEL_CONSUMERS, OVERLAP_CUTOVER, OVERLAP_REV
 from celeryops.ops.preflight import Check
 from celeryops.ops.preflight.overlap import PoolView, overlap_checks
 from celeryops.ops.run.hooks import JournalHooks
-from celeryops.ops.run.overlap_rules import Plan, progress_of, stopped_map
+from celeryops.ops.run.overlap_rules import Plan, Step, decide, progress_of, stopped_map
 from celeryops.ops.run.pool.base import Destination, Ending, PoolFlow, _cap, _Refused, _Stop
 from celeryops.ops.run.runner import Runner, uncut
 
@@ -60,6 +61,34 @@ class RevisionHooks(JournalHooks):
 
 class PoolSteps(PoolFlow):
     """The steps a strategy of two revisions on one pool is made of."""
+
+    async def _continue(self, run: Run, target: Target, *, resume: bool) -> Ending:
+        """Abort (``resume`` False) or resume ``run`` by the pool's rules, from its journal and the pool now: what
+        every strategy of two revisions does alike (nothing to do, start again, ask, finish a cutover), then
+        :meth:`_go_on` for the rest."""
+        run = await self.runner.journal.aio.get(run.id)
+        plan = progress_of(run).plan
+        pool = None if plan is None else await self._pool(target)
+        decision = decide(run, pool, resume=resume, denied=self._denied)
+        self.emit(Notice(level="info", message=decision.explanation))
+        if decision.step == "done":
+            return Ending("aborted", EXIT_OK, decision.explanation)
+        if decision.step == "nothing":
+            await self.runner.advance(run.id, "aborted", reason="abort: nothing to undo")
+            return Ending("aborted", EXIT_OK, decision.explanation)
+        if decision.step == "start":
+            return await self._forward(run, target, "up")
+        if decision.step == "ask":
+            await self._give_back(run)
+            return Ending("deploy_failed", EXIT_DEPLOY, decision.explanation, action="ask")
+        assert plan is not None
+        if decision.step == "cutover":
+            return await self._finish_cutover(run, target, plan)
+        return await self._go_on(run, target, plan, decision.step, resume=resume)
+
+    async def _go_on(self, run: Run, target: Target, plan: Plan, step: Step, *, resume: bool) -> Ending:
+        """The strategy's own part of abort / resume: ``step`` is ``wait_new``, ``drain_old`` or ``retire``."""
+        raise NotImplementedError
 
     async def _forward(self, run: Run, target: Target, start: Start, plan: Plan | None = None) -> Ending:
         """The flow from ``start``: the scale-up, what the strategy does before the old revision goes

@@ -52,7 +52,7 @@ from celeryops.ops.run.canary_decisions import PauseCanary, PromoteNow, Rollback
 from celeryops.ops.run.canary_look import look_event
 from celeryops.ops.run.canary_rules import Judgement, judge, split_counts
 from celeryops.ops.run.canary_sources import crashed_workers, registry_revisions
-from celeryops.ops.run.overlap_rules import Plan, decide, overlap_target, progress_of
+from celeryops.ops.run.overlap_rules import Plan, Step, overlap_target
 from celeryops.ops.run.pool.base import Destination, Ending, PoolStrategy, _Stop, new_revision_name
 from celeryops.ops.run.pool.steps import PoolSteps, Start
 
@@ -149,31 +149,12 @@ class CanaryFlow(PoolSteps):
         recorded = run.settings.get("canary")
         return CanarySettings.from_dict(recorded) if isinstance(recorded, dict) else self.ctx.config.canary
 
-    async def _continue(self, run: Run, target: Target, *, resume: bool) -> Ending:
-        """Abort (``resume`` False: the canary is taken away, or a promotion's cutover finished) or resume ``run``
-        (the analysis goes on from the recorded counts; a verdict written ahead is carried out)."""
-        run = await self.runner.journal.aio.get(run.id)
-        progress = progress_of(run)
-        pool = None if progress.plan is None else await self._pool(target)
-        decision = decide(run, pool, resume=resume, denied=self._denied)
-        self.emit(Notice(level="info", message=decision.explanation))
-        plan = progress.plan
-        if decision.step == "done":
-            return Ending("aborted", EXIT_OK, decision.explanation)
-        if decision.step == "nothing":
-            await self.runner.advance(run.id, "aborted", reason="abort: nothing to undo")
-            return Ending("aborted", EXIT_OK, decision.explanation)
-        if decision.step == "start":
-            return await self._forward(run, target, "up")
-        if decision.step == "ask":
-            await self._give_back(run)
-            return Ending("deploy_failed", EXIT_DEPLOY, decision.explanation, action="ask")
-        assert plan is not None
-        if decision.step == "cutover":
-            return await self._finish_cutover(run, target, plan)
+    async def _go_on(self, run: Run, target: Target, plan: Plan, step: Step, *, resume: bool) -> Ending:
+        """Resume: the analysis goes on from the recorded counts, or a verdict written ahead is carried out; abort:
+        the canary is taken away."""
         verdict = analysis_of(run).verdict
-        if decision.step in ("wait_new", "drain_old") and verdict != "rollback":
-            start: Start = "drain" if decision.step == "drain_old" else (
+        if step in ("wait_new", "drain_old") and verdict != "rollback":
+            start: Start = "drain" if step == "drain_old" else (
                 "promote" if verdict == "promote" else "wait")
             return await self._forward(run, target, start, plan)
         sentence, done = await self._retire(run, target, plan)

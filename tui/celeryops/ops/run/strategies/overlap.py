@@ -40,9 +40,9 @@ from typing import Any
 
 from celeryops.core.config import Target
 from celeryops.core.errors import EXIT_DEPLOY, EXIT_OK
-from celeryops.core.events import Notice, RunFinished, StageStarted
+from celeryops.core.events import RunFinished, StageStarted
 from celeryops.ops.journal import Run
-from celeryops.ops.run.overlap_rules import decide, overlap_target, progress_of
+from celeryops.ops.run.overlap_rules import Plan, Step, overlap_target
 from celeryops.ops.run.pool.base import Destination, Ending, PoolStrategy, new_revision_name
 from celeryops.ops.run.pool.steps import PoolSteps
 
@@ -83,29 +83,10 @@ class OverlapFlow(PoolSteps):
 
     # -- the flow ----------------------------------------------------------------------------------------------
 
-    async def _continue(self, run: Run, target: Target, *, resume: bool) -> Ending:
-        """Abort (``resume`` False) or resume ``run`` by the rules, from its journal and the pool now."""
-        run = await self.runner.journal.aio.get(run.id)
-        pool = None if progress_of(run).plan is None else await self._pool(target)
-        decision = decide(run, pool, resume=resume, denied=self._denied)
-        self.emit(Notice(level="info", message=decision.explanation))
-        plan = progress_of(run).plan
-        if decision.step == "done":
-            return Ending("aborted", EXIT_OK, decision.explanation)
-        if decision.step == "nothing":
-            await self.runner.advance(run.id, "aborted", reason="abort: nothing to undo")
-            return Ending("aborted", EXIT_OK, decision.explanation)
-        if decision.step == "start":
-            return await self._forward(run, target, "up")
-        if decision.step == "ask":
-            await self._give_back(run)
-            return Ending("deploy_failed", EXIT_DEPLOY, decision.explanation, action="ask")
-        assert plan is not None
-        if decision.step in ("wait_new", "drain_old"):
-            return await self._forward(run, target,
-                                       "wait" if decision.step == "wait_new" else "drain", plan)
-        if decision.step == "cutover":
-            return await self._finish_cutover(run, target, plan)
+    async def _go_on(self, run: Run, target: Target, plan: Plan, step: Step, *, resume: bool) -> Ending:
+        """Wait for the new revision or drain the old one again (resume), or retire the new one."""
+        if step in ("wait_new", "drain_old"):
+            return await self._forward(run, target, "wait" if step == "wait_new" else "drain", plan)
         sentence, done = await self._retire(run, target, plan)
         if resume:  # the new revision failed to start, or a retirement was begun: the deploy did not happen
             return Ending("deploy_failed", EXIT_DEPLOY, f"The {self._words.flow} did not take place: {sentence}")
