@@ -24,7 +24,7 @@ from celeryops.core.events import (
     TargetDeployed,
     TargetRolledBack,
 )
-from celeryops.ops.drain.engine import Drain, DrainResult
+from celeryops.ops.drain.engine import Drain, DrainResult, NoWorkers
 from celeryops.ops.drain.membership import held_by
 from celeryops.ops.journal import CANCEL_CONSUMERS, OVERLAP_CUTOVER, OVERLAP_REVERT, OVERLAP_UP, Run
 from celeryops.ops.preflight import Check
@@ -372,26 +372,36 @@ class PoolSteps(PoolFlow):
             await self.runner.restore(run, stopped_map(progress.old_stopped))
         self._step("old_restored", plan, f"the workers of {plan.old} consume again")
         await self._settled(target)  # a scale-up still rolling out ends first (the old revision consumes meanwhile)
+        result: DrainResult | None = None
         if (await self._registry()).get(plan.new) or progress.new_stopped:
             self._step("holding_new", plan, f"the workers of {plan.new} stop taking tasks and are drained")
-            drain, result = await self._drain(run, plan.new, plan.old, progress.new_stopped, phases=False)
-            if result.outcome != "drained" and self._hold_new:
-                await uncut(self.runner.park_fence())  # held: it takes no task, its running ones finish
-                sentence = (f"{w.new} {plan.new} is still busy ({held_by(result.last)}): its workers take no new "
-                            f"task and finish what they run; {plan.old} consumes; run `celeryops abort` again to "
-                            f"finish taking {plan.new} away once they are idle.")
-                self._step("holding_new", plan, sentence)
-                return sentence, False
-            if result.outcome != "drained":
-                await uncut(self.runner.lift_fence(run.id))
-                await uncut(drain.restore())
-                await self.runner.journal.aio.settle(intent, {"ok": False, "kept": "both"})
-                await self._phase(run, "overlapping", reason=f"{w.new} stayed busy")
-                sentence = (f"{w.new} {plan.new} stayed busy ({held_by(result.last)}), so both revisions "
-                            f"keep consuming at {plan.peak} instances: nothing was lost or stopped; run `celeryops "
-                            f"abort` later to retire it, or `celeryops resume` to go on with the {w.flow}.")
-                self._step("kept_both", plan, sentence)
-                return sentence, False
+            try:
+                drain, result = await self._drain(run, plan.new, plan.old, progress.new_stopped, phases=False)
+            except NoWorkers:
+                # Registered but silent: if the pool no longer runs the new revision (an update back that an
+                # interruption cut short already took its instances away), there is nothing left to hold.
+                if (await self.deployer(target).current(target)).served.get(plan.new):
+                    raise
+                self.emit(Notice(level="info", message=f"The workers of {plan.new} are gone with its instances: "
+                                                       "nothing is left to hold."))
+                result = None
+        if result is not None and result.outcome != "drained" and self._hold_new:
+            await uncut(self.runner.park_fence())  # held: it takes no task, its running ones finish
+            sentence = (f"{w.new} {plan.new} is still busy ({held_by(result.last)}): its workers take no new "
+                        f"task and finish what they run; {plan.old} consumes; run `celeryops abort` again to "
+                        f"finish taking {plan.new} away once they are idle.")
+            self._step("holding_new", plan, sentence)
+            return sentence, False
+        if result is not None and result.outcome != "drained":
+            await uncut(self.runner.lift_fence(run.id))
+            await uncut(drain.restore())
+            await self.runner.journal.aio.settle(intent, {"ok": False, "kept": "both"})
+            await self._phase(run, "overlapping", reason=f"{w.new} stayed busy")
+            sentence = (f"{w.new} {plan.new} stayed busy ({held_by(result.last)}), so both revisions "
+                        f"keep consuming at {plan.peak} instances: nothing was lost or stopped; run `celeryops "
+                        f"abort` later to retire it, or `celeryops resume` to go on with the {w.flow}.")
+            self._step("kept_both", plan, sentence)
+            return sentence, False
         await self.runner.park_fence()  # the new revision stays held even if this process dies meanwhile
         state = await self.deployer(target).current(target)
         if state.served != {plan.old: 100} or state.instance_count != plan.count:
