@@ -26,7 +26,9 @@ from clihelp import cli_env
 from drainhelp import finished
 
 FENCE_APP = "celeryops_harness.fenceapp"
-PLUGIN = {"CELERYOPS_FENCE_INTERVAL": "0.3"}
+# Task events on, as on a worker started with -E (a canary credits outcomes from them; the harness's workers run
+# without heartbeats, so `enable_events` alone could not turn them on).
+PLUGIN = {"CELERYOPS_FENCE_INTERVAL": "0.3", "CELERYOPS_TEST_EVENTS": "1"}
 WAIT = 90.0  # generous: the machine is shared
 RELEASE = "demo-2"
 

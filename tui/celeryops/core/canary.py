@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
+from typing import Any
 
 #: The settings of the ``[canary]`` table, in the order the README documents them.
 CANARY_KEYS = ("min_tasks", "max_duration", "instances", "margin", "min_effect", "alpha", "confidence",
@@ -48,6 +49,31 @@ class CanarySettings:
         """The looks planned over ``max_duration`` (one every ``look_interval``, the last one at the end): the
         rollback test's alpha is split over these."""
         return max(1, math.ceil(self.max_duration / self.look_interval - 1e-9))
+
+    def to_dict(self) -> dict[str, object]:
+        """As journaled with a canary run (its resume judges by the settings it started with)."""
+        return {f.name: list(getattr(self, f.name)) if f.name == "ignore_exceptions" else getattr(self, f.name)
+                for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> CanarySettings:
+        """The settings a canary run journaled (unknown keys left out, missing ones at their defaults)."""
+        known = {f.name: f.type for f in fields(cls)}
+        values: dict[str, Any] = {k: v for k, v in data.items() if k in known}
+        if "ignore_exceptions" in values:
+            values["ignore_exceptions"] = tuple(str(x) for x in values["ignore_exceptions"] or ())
+        return cls(**values)
+
+
+def canary_split(old: str, new: str, count: int, canary: int) -> tuple[tuple[str, int], ...]:
+    """The instance split that runs exactly ``count`` instances of ``old`` beside ``canary`` of ``new`` (``count +
+    canary`` in all): integer percentages, the canary's the nearest to its share, which Cloud Run's division by
+    percent (each revision its share rounded down, the rest to the largest remainders) turns back into exactly those
+    counts for up to 100 instances in all."""
+    total = count + canary
+    pct = round(100 * canary / total)
+    pct = min(99, max(1, pct))
+    return ((old, 100 - pct), (new, pct))
 
 
 def _frozen(mapping: Mapping[str, int] | None = None) -> Mapping[str, int]:

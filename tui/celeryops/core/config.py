@@ -63,9 +63,14 @@ TRAFFIC_MODES = ("latest",)
 #: How a deploy replaces a target's workers (a target's ``strategy``, ``celeryops deploy --strategy``): ``drain``
 #: stops every consumer, waits until nothing runs, deploys, then the new workers consume (the default);
 #: ``overlap`` (Cloud Run worker pools only) brings the new revision up beside the old one, stops only the old
-#: revision's consumers and moves the instances once the old ones are idle: processing never pauses.
-Strategy = Literal["drain", "overlap"]
-STRATEGIES: tuple[Strategy, ...] = ("drain", "overlap")
+#: revision's consumers and moves the instances once the old ones are idle: processing never pauses; ``canary``
+#: (Cloud Run worker pools only) runs ``[canary] instances`` of the new revision beside the old ones, compares their
+#: task outcomes, then promotes (the overlap's cutover) or rolls back. The implementations are registered in
+#: ``celeryops.ops.run.strategies.STRATEGIES`` (a test keeps the two lists equal).
+Strategy = Literal["drain", "overlap", "canary"]
+STRATEGIES: tuple[Strategy, ...] = ("drain", "overlap", "canary")
+#: The strategies that run two revisions side by side on one Cloud Run worker pool.
+POOL_STRATEGIES: tuple[Strategy, ...] = ("overlap", "canary")
 
 #: Environment variable -> dotted configuration key.
 ENV_KEYS: dict[str, str] = {
@@ -124,15 +129,16 @@ class PreflightSettings:
     accept: tuple[str, ...] = ()
 
 
-def overlap_refusal(target: Target) -> str | None:
-    """Why ``target`` cannot be deployed with the overlap strategy, as one clause (no final period), or None."""
+def overlap_refusal(target: Target, strategy: str = "overlap") -> str | None:
+    """Why ``target`` cannot be deployed with the overlap (or canary) strategy, as one clause (no final period), or
+    None."""
     if target.kind == "cloudrun-worker-pool":
         return None
     if target.kind == "cloudrun-service":
-        return (f"target {target.name!r} is a Cloud Run service, and the overlap strategy runs only on Cloud Run "
+        return (f"target {target.name!r} is a Cloud Run service, and the {strategy} strategy runs only on Cloud Run "
                 "worker pools (kind = \"cloudrun-worker-pool\"): a service splits requests between revisions, not "
                 "queue consumers, so its old revision's workers cannot be told to stop while the new ones consume")
-    return (f"target {target.name!r} is a command target, and the overlap strategy runs only on Cloud Run worker "
+    return (f"target {target.name!r} is a command target, and the {strategy} strategy runs only on Cloud Run worker "
             "pools (kind = \"cloudrun-worker-pool\"), whose revisions it can run side by side")
 
 

@@ -8,6 +8,7 @@ from celeryops.core.config import (
     CLOUDRUN_KINDS,
     COMMAND_PLACEHOLDERS,
     IMAGE_PLACEHOLDERS,
+    POOL_STRATEGIES,
     STRATEGIES,
     TARGET_KINDS,
     TRAFFIC_MODES,
@@ -75,10 +76,10 @@ def validate_targets(targets: list[dict[str, Any]], problems: list[str]) -> list
         if isinstance(strategy, str) and strategy not in STRATEGIES:
             problems.append(f"{label}: strategy {strategy!r} is not a deploy strategy"
                             f"{did_you_mean(strategy, STRATEGIES)}; use one of {quoted(STRATEGIES)}.")
-        elif strategy == "overlap" and isinstance(kind, str) and isinstance(values.get("name"), str):
-            refusal = overlap_refusal(Target(name=values["name"], kind=kind))  # type: ignore[arg-type]
+        elif strategy in POOL_STRATEGIES and isinstance(kind, str) and isinstance(values.get("name"), str):
+            refusal = overlap_refusal(Target(name=values["name"], kind=kind), strategy)  # type: ignore[arg-type]
             if refusal:
-                problems.append(f"{label}: strategy = \"overlap\" is refused: {refusal}; remove it (the default "
+                problems.append(f"{label}: strategy = \"{strategy}\" is refused: {refusal}; remove it (the default "
                                 "is drain) or change the kind.")
 
         if len(problems) == before and kind is not None:

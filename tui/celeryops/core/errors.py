@@ -9,6 +9,8 @@ EXIT_TIMEOUT = 3
 EXIT_BROKER = 4
 EXIT_PREFLIGHT = 5
 EXIT_DEPLOY = 6
+EXIT_CANARY_ROLLED_BACK = 7  # the canary's analysis rolled it back (the old revision serves, as before)
+EXIT_CANARY_PAUSED = 8  # the canary had no verdict by max_duration: paused for the operator, both consume
 EXIT_INTERRUPTED = 130
 
 

@@ -26,7 +26,8 @@ RUN_PHASES: tuple[RunPhase, ...] = ("preflight", "ready", "overlapping", "stoppi
                                     "cutting_over", "deploying", "deployed", "retiring", "done", "aborted", "failed")
 CheckStatus = Literal["pending", "running", "ok", "warn", "fail"]
 RunOutcome = Literal["drained", "deployed", "preflight_failed", "declined", "timeout", "deploy_failed",
-                     "interrupted", "aborted", "error", "rolled_back", "rollback_failed"]
+                     "interrupted", "aborted", "error", "rolled_back", "rollback_failed",
+                     "canary_rolled_back", "canary_paused"]
 #: What a run does: drain only, deploy a release, or route targets back to revisions they ran before (rollback).
 RunKind = Literal["deploy", "drain", "rollback"]
 
@@ -274,7 +275,8 @@ class RunFinished(Event):
 
 
 OverlapStepName = Literal["planned", "scaling_up", "scaled_up", "consuming", "stopping_old", "old_idle", "cutting_over",
-                          "cut_over", "retiring", "old_restored", "holding_new", "retired", "kept_both", "progress"]
+                          "cut_over", "retiring", "old_restored", "holding_new", "retired", "kept_both", "progress",
+                          "promoting"]
 
 
 @dataclass(frozen=True)
@@ -293,6 +295,8 @@ class OverlapStep(Event):
     - ``retiring`` (an abort, a timeout, a revision that failed), ``old_restored`` (the old revision's workers
       consume again), ``holding_new`` (the new revision's workers stop taking tasks and are drained), ``retired``
       (the pool is back on the old revision), ``kept_both`` (the new revision stayed busy: both keep consuming);
+    - ``promoting``: a canary's promotion: one update runs as many instances of the new revision as of the old one
+      (the overlap's peak), then the overlap's steps from ``consuming`` on;
     - ``progress``: repeated while both run: ``instances`` and ``workers`` per revision, ``consuming`` (the new
       revision's workers that consume), ``completed`` (tasks the new revision's workers completed so far) and
       ``rate`` (per second since the last ``progress``); the old revision's tasks, streak and countdown are in the

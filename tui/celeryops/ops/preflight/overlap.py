@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from celery import Celery
 
 from celeryops.adapters.deploy.base import DeployError, PoolUpdate, RolloutState, role_for
+from celeryops.core.canary import canary_split
 from celeryops.core.config import Target
 from celeryops.ops.preflight.checks import MissingPermissions, permissions_check
 from celeryops.ops.preflight.framework import Check, CheckResult, one_line
@@ -53,13 +54,19 @@ def overlap_checks(target: Target, read_pool: Callable[[], Awaitable[PoolView]],
                    validate: Callable[[PoolUpdate], Awaitable[None]], image: str, new_revision: str, *,
                    app: Celery, fleet: str, known: Callable[[], Awaitable[Collection[str]]],
                    has_registry: bool, rollback: bool = False,
-                   revisions: MissingPermissions | None = None) -> list[Check]:
+                   revisions: MissingPermissions | None = None, canary: int = 0) -> list[Check]:
     """``read_pool``: the pool now (shared by the checks); ``validate``: sends an update with validate_only.
     ``rollback``: the checks of an overlap rollback (``new_revision`` exists already: the scale-up sets no image),
-    told in its words. ``revisions``: the revision permissions the caller lacks (adds :func:`revisions_check`)."""
+    told in its words. ``revisions``: the revision permissions the caller lacks (adds :func:`revisions_check`).
+    ``canary``: a canary deploy's (that many instances of the new revision beside the old ones, not as many)."""
     flow, alternative = ("rollback", "roll back") if rollback else ("deploy", "deploy")
     old_one, new_one, idle = ("the deployed revision", "the previous one", "the deployed one") if rollback else \
         ("the old revision", "the new one", "the old one")
+
+    def split_of(pool: PoolView) -> tuple[tuple[str, int], ...]:
+        if canary:
+            return canary_split(pool.old, new_revision, pool.count, canary)
+        return ((pool.old, 50), (new_revision, 50))
 
     async def traffic() -> CheckResult:
         pool = await read_pool()
@@ -78,7 +85,8 @@ def overlap_checks(target: Target, read_pool: Callable[[], Awaitable[PoolView]],
             f"{where} sets no scaling.manual_instance_count, which Cloud Run runs as 1 instance: celeryops counts 1 "
             "and sets it to 1 explicitly at the cutover; ")
         return CheckResult("traffic", "", "ok", f"{unset}all {pool.count} instance(s) of {where} run {pool.old}; the "
-                           f"{flow} runs {pool.count} of {new_revision} beside them: {2 * pool.count} instances at the "
+                           f"{flow} runs {canary or pool.count} of {new_revision} beside them: "
+                           f"{pool.count + (canary or pool.count)} instances at the "
                            f"peak (quota, cost), then back to {pool.count}")
 
     async def validated() -> CheckResult:
@@ -87,7 +95,7 @@ def overlap_checks(target: Target, read_pool: Callable[[], Awaitable[PoolView]],
             return CheckResult("validate", "", "fail", "there is no update to validate (see the traffic check)",
                                "fix what the traffic check says, then run preflight again")
         change = PoolUpdate(image=None if rollback else image, revision="" if rollback else new_revision,
-                            instance_count=2 * pool.count, split=((pool.old, 50), (new_revision, 50)))
+                            instance_count=pool.count + (canary or pool.count), split=split_of(pool))
         try:
             await validate(change)
         except DeployError as err:
@@ -99,7 +107,8 @@ def overlap_checks(target: Target, read_pool: Callable[[], Awaitable[PoolView]],
             return CheckResult("validate", "", "fail", f"{target.name}: {one_line(str(err))}",
                                "fix what the message says, then run preflight again")
         return CheckResult("validate", "", "ok", f"Cloud Run accepted the update that runs {new_revision} beside "
-                           f"{pool.old} ({2 * pool.count} instances, 50/50; validate only: nothing changed)")
+                           f"{pool.old} ({pool.count + (canary or pool.count)} instances, "
+                           f"{'/'.join(str(p) for _, p in split_of(pool))}; validate only: nothing changed)")
 
     async def fence() -> CheckResult:
         from celeryops.fence import fence_status

@@ -31,10 +31,11 @@ not answer, nothing about the pool is decided (``ask``), though stopped consumer
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from celeryops.adapters.deploy.base import DeployError, RevisionInfo, RolloutState, role_for
+from celeryops.core.canary import canary_split
 from celeryops.core.config import Target, overlap_refusal
 from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.ops.journal import CANCEL_CONSUMERS, OVERLAP_CUTOVER, OVERLAP_REVERT, OVERLAP_UP, Run
@@ -59,27 +60,41 @@ class Plan:
     count: int
     image: str | None = None
     split_before: Split = ()
+    canary: int = 0  # a canary's: this many instances of ``new`` beside all ``count`` of ``old`` (0: the overlap's)
+
+    @property
+    def new_count(self) -> int:
+        """The instances of the new revision while both run."""
+        return self.canary or self.count
 
     @property
     def peak(self) -> int:
-        return 2 * self.count
+        return self.count + self.new_count
 
     @property
     def up_split(self) -> Split:
-        """Half the instances each: the old revision keeps all ``count`` of its instances at ``peak``."""
+        """The old revision keeps all ``count`` of its instances at ``peak``: half each (the overlap), or exactly
+        ``canary`` instances of the new one (:func:`~celeryops.core.canary.canary_split`)."""
+        if self.canary:
+            return canary_split(self.old, self.new, self.count, self.canary)
         return ((self.old, 50), (self.new, 50))
+
+    def promoted(self) -> Plan:
+        """A canary's plan once promoted: the overlap's (as many new instances as old ones)."""
+        return replace(self, canary=0)
 
     def payload(self, **extra: Any) -> dict[str, Any]:
         return {"target": self.target, "old_revision": self.old, "new_revision": self.new, "count": self.count,
                 "image": self.image, "split_before": [list(e) for e in self.split_before], "peak": self.peak,
-                "split": [list(e) for e in self.up_split], **extra}
+                "split": [list(e) for e in self.up_split], "canary": self.canary, **extra}
 
     @classmethod
     def from_payload(cls, data: Mapping[str, Any]) -> Plan:
         return cls(target=str(data.get("target", "")), old=str(data.get("old_revision", "")),
                    new=str(data.get("new_revision", "")), count=int(data.get("count") or 0),
                    image=str(data["image"]) if data.get("image") else None,
-                   split_before=tuple((str(r), int(p)) for r, p in data.get("split_before") or ()))
+                   split_before=tuple((str(r), int(p)) for r, p in data.get("split_before") or ()),
+                   canary=int(data.get("canary") or 0))
 
 
 @dataclass(frozen=True)
@@ -230,17 +245,19 @@ def describe_split(split: Mapping[str, int] | Sequence[tuple[str, int]]) -> str:
     return ", ".join(f"{rev or 'latest'} {pct}%" for rev, pct in pairs if pct > 0) or "no revision"
 
 
-def overlap_target(targets: Sequence[Target], *, rollback: bool = False) -> Target:
-    """The one worker pool an overlap deploy (or rollback) moves; one sentence (exit 2) for anything else."""
+def overlap_target(targets: Sequence[Target], *, rollback: bool = False, strategy: str = "overlap") -> Target:
+    """The one worker pool an overlap (or canary) deploy, or an overlap rollback, moves; one sentence (exit 2) for
+    anything else."""
     run, alone, other = (("rollback", "roll the worker pool back alone", "roll it back") if rollback else
                          ("deploy", "deploy the worker pool alone", "deploy it"))
     if len(targets) != 1:
         names = ", ".join(t.name for t in targets)
-        raise UserError(f"An overlap {run} moves one worker pool at a time and {len(targets)} targets were chosen "
-                        f"({names}): nothing was changed; {alone} with --target NAME (the others with --strategy "
-                        "drain).", EXIT_USAGE)
-    refusal = overlap_refusal(targets[0])
+        article = "An" if strategy[0] in "aeiou" else "A"
+        raise UserError(f"{article} {strategy} {run} moves one worker pool at a time and {len(targets)} targets "
+                        f"were chosen ({names}): nothing was changed; {alone} with --target NAME (the others with "
+                        "--strategy drain).", EXIT_USAGE)
+    refusal = overlap_refusal(targets[0], strategy)
     if refusal:
-        raise UserError(f"The overlap strategy is refused: {refusal}: nothing was changed; {other} with --strategy "
+        raise UserError(f"The {strategy} strategy is refused: {refusal}: nothing was changed; {other} with --strategy "
                         "drain.", EXIT_USAGE)
     return targets[0]

@@ -18,7 +18,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 from celeryops.adapters.deploy.base import DeployError, PoolDeployer, PoolUpdate
 from celeryops.core.config import DrainSettings, Target
@@ -112,6 +112,9 @@ class PoolFlow:
     _completed: tuple[float, int] | None = field(default=None, init=False)
     _words: Words = field(default=DEPLOY_WORDS, init=False)  # a rollback run's: see :meth:`_kind`
     _denied: DeployError | None = field(default=None, init=False)  # the pool could not be read: a permission
+    # A retirement that finds the new revision busy past max wait keeps it held (a canary: its workers never consume
+    # again) instead of giving both revisions their consumers back (the overlap).
+    _hold_new: ClassVar[bool] = False
 
     async def _continue(self, run: Run, target: Target, *, resume: bool) -> Ending:
         """Abort (``resume`` False) or resume ``run`` by the strategy's rules, from its journal and the pool now."""

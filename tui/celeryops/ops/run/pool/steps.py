@@ -55,9 +55,10 @@ class RevisionHooks(JournalHooks):
 class PoolSteps(PoolFlow):
     """The steps a strategy of two revisions on one pool is made of."""
 
-    async def _scale_up(self, run: Run, target: Target, destination: Destination) -> Plan:
-        """Step 2: name the plan, write it ahead, send the one update that runs the new revision beside the old one,
-        follow it. Raises _Refused when Cloud Run refused it before anything changed (the run ends aborted)."""
+    async def _scale_up(self, run: Run, target: Target, destination: Destination, *, canary: int = 0) -> Plan:
+        """Step 2: name the plan, write it ahead, send the one update that runs the new revision beside the old one
+        (as many instances as the old one has, or ``canary`` of them), follow it. Raises _Refused when Cloud Run
+        refused it before anything changed (the run ends aborted)."""
         deployer = self.deployer(target)
         state = await deployer.current(target)
         served = state.served
@@ -67,14 +68,16 @@ class PoolSteps(PoolFlow):
                             f"{count}): nothing was changed; run the preflight again.", EXIT_PREFLIGHT)
         old = next(iter(served))
         plan = Plan(target=target.name, old=old, new=destination.revision, count=count, image=destination.image,
-                    split_before=state.traffic)
-        self._step("planned", plan, f"{plan.new} will run beside {old}: {count} instance(s) each, {plan.peak} at the "
-                   "peak", instances={old: count}, split=served)
+                    split_before=state.traffic, canary=canary)
+        each = f"{count} instance(s) each" if not canary else f"{canary} instance(s) beside {count}"
+        self._step("planned", plan, f"{plan.new} will run beside {old}: {each}, {plan.peak} at the peak",
+                   instances={old: count}, split=served)
         self.emit(StageStarted(stage="overlap", detail=f"{plan.new} beside {old} on {target.name}"))
         await self._phase(run, "overlapping")
         intent = await self.runner.journal.aio.intend(run.id, OVERLAP_UP, plan.payload(
             before={"count": count, "split": [list(e) for e in state.traffic], "served": served}))
-        self._step("scaling_up", plan, f"{plan.peak} instances, {old} 50% / {plan.new} 50%",
+        shares = " / ".join(f"{rev} {pct}%" for rev, pct in plan.up_split)
+        self._step("scaling_up", plan, f"{plan.peak} instances, {shares}",
                    instances={old: count}, split=served)
         change = PoolUpdate(image=destination.image, revision=destination.revision if destination.image else "",
                             instance_count=plan.peak, split=plan.up_split)
@@ -107,12 +110,12 @@ class PoolSteps(PoolFlow):
             replies = await fleet.active_queues(names) if names else {}
             consuming = {w: q for w, q in replies.items() if q}
             covered = {q for qs in consuming.values() for q in qs}
-            if len(consuming) >= plan.count and wanted <= covered:
+            if len(consuming) >= plan.new_count and wanted <= covered:
                 break
             if time.monotonic() > deadline:
                 missing = f"; nobody consumes {', '.join(sorted(wanted - covered))}" if wanted - covered else ""
                 raise _Stop(f"{_cap(self._words.new)} {plan.new} did not consume within {settings.max_wait:g} s "
-                            f"({len(consuming)} of {plan.count} worker(s) consume{missing}; a crash loop? read the "
+                            f"({len(consuming)} of {plan.new_count} worker(s) consume{missing}; a crash loop? read the "
                             "revision's logs).")
             await asyncio.sleep(min(settings.interval, 1.0))
         self._step("consuming", plan, f"{len(consuming)} worker(s) of {plan.new} consume "
@@ -268,6 +271,13 @@ class PoolSteps(PoolFlow):
         if (await self._registry()).get(plan.new) or progress.new_stopped:
             self._step("holding_new", plan, f"the workers of {plan.new} stop taking tasks and are drained")
             drain, result = await self._drain(run, plan.new, plan.old, progress.new_stopped, phases=False)
+            if result.outcome != "drained" and self._hold_new:
+                await uncut(self.runner.park_fence())  # held: it takes no task, its running ones finish
+                sentence = (f"{w.new} {plan.new} is still busy ({held_by(result.last)}): its workers take no new "
+                            f"task and finish what they run; {plan.old} consumes; run `celeryops abort` again to "
+                            f"finish taking {plan.new} away once they are idle.")
+                self._step("holding_new", plan, sentence)
+                return sentence, False
             if result.outcome != "drained":
                 await uncut(self.runner.lift_fence(run.id))
                 await uncut(drain.restore())

@@ -9,10 +9,11 @@ from celeryops.core.config import Target
 from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.ops.journal import Run
 from celeryops.ops.run.strategies.base import Choice, Strategy
+from celeryops.ops.run.strategies.canary import CanaryStrategy
 from celeryops.ops.run.strategies.drain import DrainStrategy
 from celeryops.ops.run.strategies.overlap import OverlapStrategy
 
-STRATEGIES: dict[str, Strategy] = {s.name: s for s in (DrainStrategy(), OverlapStrategy())}
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in (DrainStrategy(), OverlapStrategy(), CanaryStrategy())}
 
 
 def strategy_named(name: str) -> Strategy:
