@@ -40,6 +40,7 @@ import argparse
 import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -184,7 +185,8 @@ def run_case(strategy: str, args: argparse.Namespace, root: Path) -> CaseResult:
         return {} if spec.revision == first[0] else {"env": {"CELERYOPS_TEST_FAIL_RATE": f"{args.fail_rate:g}"}}
 
     workers = CeleryInstances(server.url, app="celeryops_harness.fenceapp", queues=[queue], log_dir=work_dir,
-                              env={"CELERYOPS_TEST_RECORD": server.url, "CELERYOPS_FENCE_INTERVAL": "0.3"},
+                              env={"CELERYOPS_TEST_RECORD": server.url, "CELERYOPS_FENCE_INTERVAL": "0.3",
+                                   "CELERYOPS_TEST_EVENTS": "1"},  # as under -E: the canary counts them
                               options=options)
     standin = CloudRunStandIn(rollout_seconds=0.3, launcher=workers)
     producer: Producer | None = None
@@ -273,6 +275,8 @@ def main() -> None:
     ap.add_argument("--only", choices=("overlap", "canary"), default=None, help="one strategy (no comparison)")
     args = ap.parse_args()
     strategies = (args.only,) if args.only else ("overlap", "canary")
+    # SIGTERM unwinds like Ctrl-C, so every worker and redis-server of the run is stopped.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
     results: list[CaseResult] = []
     with tempfile.TemporaryDirectory(prefix="celeryops-bench-canary-") as tmp:
         for round_ in range(args.repeat):
