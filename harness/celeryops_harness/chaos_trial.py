@@ -274,9 +274,13 @@ class Trial:
             action = next((e.get("action") for e in events if e.get("event") == "abort"), None)
             if self.canary:
                 # A canary still busy is held (it takes no task) and abort says: run `celeryops abort` again once it
-                # is idle. Follow that; anything else is a finding.
+                # is idle. Follow that; anything else is a finding. Taken away or held, no worker of the new
+                # revision may consume once abort returned.
                 if rc != 0 and action != "ask":
                     self.result.anomalies.append(f"abort exited {rc}: {err.strip()[-200:]}")
+                if action in ("retire", "ask"):
+                    self.result.canary_consuming.extend(f"after abort ({action}): {c}"
+                                                        for c in self.canary_consumers())
                 continue
             if action == "leave" or (action == "ask" and self.new_revision_serves()):
                 # The advice: "run `celeryops resume` once the new revision serves". Follow it.
@@ -496,7 +500,7 @@ class Trial:
         ending = self._pool_ending()
         self.result.ending = {self._first_short(): "old", self._new_short(): "new"}.get(ending, ending)
         if self.result.ending == "old":
-            self.result.canary_consuming = self.canary_consumers()
+            self.result.canary_consuming.extend(f"at the end: {c}" for c in self.canary_consumers())
         elif self.result.ending != "new":
             self.result.anomalies.append(f"the pool ended on {ending}, neither revision alone at its count")
         if not fired and self.result.verdicts:
