@@ -33,6 +33,9 @@ import redis
 
 from celeryops.demo.standins.cloudrun import CloudRunStandIn
 from celeryops_harness.chaos import (
+    CANARY_MOMENTS,
+    CANARY_SIGNALS,
+    CLI_SIGNAL,
     FAULT_KINDS,
     WORKER_KILL,
     WORKER_KILL_MOMENTS,
@@ -180,3 +183,23 @@ def test_an_instance_taken_away_busy_is_recorded(tmp_path: Path, redis_url: str,
     finally:
         standin.stop()
         fleet.stop()
+
+
+def test_the_canary_plans_cover_every_step_and_signal() -> None:
+    """Canary trials (issue 28): over seeds 1-20 (what ``tools/chaos.py --strategy canary`` runs), the deploy is
+    signalled at every step with every signal, recovered by abort and by resume; a step only a promotion reaches
+    comes with a good release, ``retiring`` (after a rollback) with a bad one; a seed replays the same trial."""
+    plans = [TrialPlan.draw(seed, "canary") for seed in range(1, 21)]
+    faults = [p.faults[0] for p in plans]
+    assert all(p.strategy == "canary" and len(p.faults) == 1 and f.kind == CLI_SIGNAL for p, f in zip(plans, faults,
+                                                                                                    strict=True))
+    assert {f.at for f in faults} == set(CANARY_MOMENTS)
+    assert {f.sig for f in faults} == set(CANARY_SIGNALS)
+    assert {f.then for f in faults} == {"abort", "resume"}
+    for plan, fault in zip(plans, faults, strict=True):
+        if fault.at in ("stopping_old", "cutting_over"):
+            assert plan.release == "good", plan
+        if fault.at == "retiring":
+            assert plan.release == "bad", plan
+        assert (fault.look > 0) == (fault.at == "canary_look")
+    assert TrialPlan.draw(3, "canary") == TrialPlan.draw(3, "canary")
