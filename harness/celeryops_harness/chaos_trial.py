@@ -10,6 +10,7 @@ reports their moment (its ``--json`` events) or right after a journal record (a 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -228,6 +229,8 @@ class Trial:
         started = time.monotonic()
         run = CliRun([*args, "--json"], self.env(), self.dir)
         rc = run.wait(timeout)
+        with contextlib.suppress(OSError), (self.dir / "commands.jsonl").open("a") as out:  # kept with the logs
+            out.write(json.dumps({"args": args, "rc": rc, "events": run.events, "stderr": run.stderr}) + "\n")
         self.result.timings[f"{len(self.result.timings)}:{' '.join(args)}"] = round(time.monotonic() - started, 2)
         self.result.commands.append((args[0] + ("+restore" if "--restore" in args else ""), rc))
         return rc, run.events, run.stderr
@@ -435,6 +438,7 @@ class Trial:
         rc = self._deploy.wait(180)
         self.result.commands.append(("deploy", rc))
         (self.dir / "deploy.stderr").write_text(self._deploy.stderr)  # kept with the logs of a failing trial
+        (self.dir / "deploy.jsonl").write_text("".join(json.dumps(e) + "\n" for e in self._deploy.events))
         self._mark("deploy")
         # Timed faults whose moment never came still hit the fleet (during the recovery), except a SIGINT.
         for index, fault in enumerate(plan.faults):
