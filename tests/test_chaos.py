@@ -203,3 +203,24 @@ def test_the_canary_plans_cover_every_step_and_signal() -> None:
             assert plan.release == "bad", plan
         assert (fault.look > 0) == (fault.at == "canary_look")
     assert TrialPlan.draw(3, "canary") == TrialPlan.draw(3, "canary")
+
+
+#: 8: a bad release, celeryops SIGKILLed as the canary scales up with the operator's machine lost, then resume from a
+#: teammate's (the analysis runs there and rolls it back: exit 7). 14: a good release, SIGKILL as the promotion cuts
+#: over, then resume (the cutover finishes on the new revision).
+CANARY_SEEDS = (8, 14)
+
+
+@pytest.fixture(scope="module")
+def canary_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChaosLab]:
+    with ChaosLab(Path(tmp_path_factory.mktemp("chaos-canary")), strategy="canary") as lab:
+        yield lab
+        print("\n" + summary(lab.results))
+
+
+@pytest.mark.parametrize("seed", CANARY_SEEDS)
+def test_canary_trial_loses_nothing_and_leaves_no_canary_consuming(canary_lab: ChaosLab, seed: int) -> None:
+    result = canary_lab.run(seed)
+    assert result.strategy == "canary" and result.ending in ("old", "new"), result.line()
+    assert result.busy == [] and result.canary_consuming == [], result.line()
+    check(result)
