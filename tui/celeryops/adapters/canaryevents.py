@@ -34,13 +34,13 @@ from typing import Any
 
 from celery import Celery
 
+from celeryops.adapters.eventreceiver import EventReceiverThread, Handlers
 from celeryops.core.canary import RevisionCounts
 
 OUTCOME_EVENTS = ("task-succeeded", "task-failed", "task-retried")
 RESEND = 10.0  # seconds between enable_events broadcasts (Flower: 5 s by default)
 REFRESH = 1.0  # seconds between lookups of an unknown hostname's revision
 NAMES_KEPT = 100_000  # task ids whose name is remembered (from task-received) until their outcome comes
-RECONNECT_FIRST, RECONNECT_MAX = 0.5, 5.0
 _EXC_TYPE = re.compile(r"\s*([A-Za-z_][\w.]*)")
 
 
@@ -62,16 +62,18 @@ class _Tally:
         return RevisionCounts(self.succeeded, dict(self.failed), self.retried, tuple(self.runtimes))
 
 
-class OutcomeCollector:
+class OutcomeCollector(EventReceiverThread):
     """Task outcomes per revision (and per revision and task name) from Celery task events.
 
     ``app``: the fleet's Celery app (its broker). ``revisions``: hostname -> revision of the workers known now
     (called from the collector's thread). ``enable``: turn task events on while collecting (and back at
-    :meth:`stop`). ``start()`` returns once the event receiver consumes; :meth:`counts` can be read any time."""
+    :meth:`stop`). ``start()`` returns once the event receiver consumes; :meth:`counts` can be read any time.
+    Events missed while the receiver reconnects are outcomes not counted: the judge then decides on fewer tasks,
+    never on wrong ones."""
 
     def __init__(self, app: Celery, revisions: Callable[[], Mapping[str, str]], *, enable: bool = True,
                  resend: float = RESEND, refresh: float = REFRESH) -> None:
-        self.app = app
+        super().__init__(app, "canary-events")
         self.revisions = revisions
         self.enable = enable
         self.resend = resend
@@ -86,11 +88,6 @@ class OutcomeCollector:
         self.enabled_by_us: set[str] = set()  # workers that said their task events were off
         self.already_on: set[str] = set()  # workers that said their task events were on
         self.broadcasts = 0
-        self.reconnects = 0
-        self.ready = threading.Event()
-        self.stopping = threading.Event()
-        self.receiver: Any = None
-        self.thread = threading.Thread(target=self._run, name="canary-events", daemon=True)
         self.enabler = threading.Thread(target=self._enable_loop, name="canary-enable-events", daemon=True)
 
     # ------------------------------------------------------------------------------------------- lifecycle
@@ -108,12 +105,7 @@ class OutcomeCollector:
 
     def stop(self, restore: bool = True) -> None:
         """Stop receiving; with ``restore``, turn task events off again on the workers that had them off."""
-        self.stopping.set()
-        if self.receiver is not None:
-            self.receiver.should_stop = True
-        self.thread.join(5)
-        if self.enabler.is_alive():
-            self.enabler.join(5)
+        self.stop_receiving(self.enabler, 5)
         if restore:
             self.restore_events()
 
@@ -196,27 +188,10 @@ class OutcomeCollector:
             if self.stopping.wait(self.resend):
                 return
 
-    def _run(self) -> None:
-        """Receive until stopped, reconnecting with a growing pause when the broker goes away (events missed
-        meanwhile are outcomes not counted: the judge then decides on fewer tasks, never on wrong ones)."""
-        pause = RECONNECT_FIRST
-        handlers: dict[str, Callable[[dict[str, Any]], None]] = {name: self._on_outcome for name in OUTCOME_EVENTS}
+    def handlers(self) -> Handlers:
+        handlers: Handlers = {name: self._on_outcome for name in OUTCOME_EVENTS}
         handlers["task-received"] = self._on_received
-        while not self.stopping.is_set():
-            try:
-                with self.app.connection_for_read() as conn:
-                    receiver = self.app.events.Receiver(conn, handlers=handlers)
-                    receiver.on_consume_ready = lambda *a, **kw: self.ready.set()
-                    self.receiver = receiver
-                    if self.stopping.is_set():
-                        return
-                    receiver.capture(limit=None, timeout=None, wakeup=False)
-                    return
-            except Exception:
-                self.reconnects += 1
-                if self.stopping.wait(pause):
-                    return
-                pause = min(pause * 2, RECONNECT_MAX)
+        return handlers
 
 
 __all__ = ["OUTCOME_EVENTS", "OutcomeCollector", "exception_type"]

@@ -16,20 +16,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from celeryops.core.errors import EXIT_PREFLIGHT, UserError
+from celeryops.core.errors import PreflightError
 from celeryops.core.masking import mask_text
 
 _SHA_RE = re.compile(r"^[0-9a-f]{40}(?:[0-9a-f]{24})?$")
 _URL_LIKE = re.compile(r"^(?:[a-z][a-z0-9+.-]*://|[^/\s]+@[^/\s]+:|/|\.{1,2}/|~)", re.IGNORECASE)
 
 
-class GitError(UserError):
+class GitError(PreflightError):
     """A git problem the operator can fix. ``detail``: what failed; ``remedy``: what to do next."""
-
-    def __init__(self, detail: str, remedy: str) -> None:
-        super().__init__(f"{detail}; {remedy}", EXIT_PREFLIGHT)
-        self.detail = detail
-        self.remedy = remedy
 
 
 class GitNotInstalled(GitError):

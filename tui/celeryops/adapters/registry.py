@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import ipaddress
 import json
 import re
 import urllib.parse
@@ -21,8 +20,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from celeryops.core.errors import EXIT_PREFLIGHT, UserError
+from celeryops.core.errors import PreflightError
 from celeryops.core.masking import mask_text
+from celeryops.core.urls import is_loopback
 
 if TYPE_CHECKING:  # urllib.request (and with it http.client, email) is imported by the first request
     import urllib.request
@@ -52,13 +52,8 @@ ProbeStatus = Literal["exists", "missing", "unauthorized", "unreachable", "error
 TokenProvider = Callable[[], Awaitable[str]]
 
 
-class RegistryError(UserError):
+class RegistryError(PreflightError):
     """An image could not be confirmed. ``detail`` says what failed, ``remedy`` what to do next."""
-
-    def __init__(self, detail: str, remedy: str) -> None:
-        super().__init__(f"{detail}; {remedy}", EXIT_PREFLIGHT)
-        self.detail = detail
-        self.remedy = remedy
 
 
 class InvalidImageReference(RegistryError):
@@ -149,16 +144,6 @@ def parse_image_ref(text: str) -> ImageRef:
     if tag is None and digest is None:
         tag = "latest"
     return ImageRef(registry=registry, repository=path, tag=tag, digest=digest)
-
-
-def is_loopback(hostname: str) -> bool:
-    """``localhost``, 127.0.0.0/8 and ``::1``: Docker talks plain HTTP to these."""
-    if hostname.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(hostname).is_loopback
-    except ValueError:
-        return False
 
 
 def is_google_registry(hostname: str) -> bool:

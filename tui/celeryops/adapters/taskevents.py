@@ -22,26 +22,27 @@ from typing import Any
 
 from celery import Celery
 
+from celeryops.adapters.eventreceiver import EventReceiverThread, Handlers
 from celeryops.core.events import DrainProgress, Event
 
 END_EVENTS = ("task-succeeded", "task-failed", "task-revoked", "task-rejected", "task-retried")
 NUDGE = 0.2  # seconds between nudges while the watch waits for the tasks in flight
 NUDGE_DESTINATIONS = 64  # above this many workers, a nudge is one broadcast to all (a small message)
-RECONNECT_FIRST, RECONNECT_MAX = 0.5, 5.0  # seconds between the event receiver's reconnection attempts
 
 
-class TaskWatch:
+class TaskWatch(EventReceiverThread):
     """Wake a drain early when the fleet reports that every task the last poll saw in flight has finished.
 
     Listens to Celery task events (``task-succeeded`` / ``-failed`` / ``-revoked`` / ``-rejected`` / ``-retried``)
     with an event receiver on the broker, in a thread. ``on_event`` is chained into ``Drain.on_event``: each
     ``DrainProgress`` arms the watch with the ids of its active + reserved tasks; once all of them have an end
     event, ``wake`` is set (once per poll) from the loop's thread. Workers without task events never wake it:
-    the drain then keeps its interval, so correctness never depends on events."""
+    the drain then keeps its interval, so correctness never depends on events (nor on the events missed while the
+    receiver reconnects)."""
 
     def __init__(self, app: Celery, wake: asyncio.Event, loop: asyncio.AbstractEventLoop, *,
                  nudge: float | None = NUDGE) -> None:
-        self.app = app
+        super().__init__(app, "taskwatch")
         self.wake = wake
         self.loop = loop
         self.nudge = nudge
@@ -50,14 +51,9 @@ class TaskWatch:
         self.holders: dict[str, str] = {}  # pending task id -> the worker holding it
         self.armed = False
         self.finished: dict[str, float] = {}  # recent end events (an event may beat the poll's report)
-        self.ready = threading.Event()
-        self.receiver: Any = None
-        self.thread = threading.Thread(target=self._run, name="taskwatch", daemon=True)
         self.nudger = threading.Thread(target=self._nudge_loop, name="taskwatch-nudge", daemon=True)
-        self.stopping = threading.Event()
         self.wakes = 0
         self.nudges = 0
-        self.reconnects = 0
 
     def start(self, timeout: float = 30.0) -> TaskWatch:
         self.thread.start()
@@ -68,12 +64,10 @@ class TaskWatch:
         return self
 
     def stop(self) -> None:
-        self.stopping.set()
-        if self.receiver is not None:
-            self.receiver.should_stop = True
-        self.thread.join(3)
-        if self.nudger.is_alive():
-            self.nudger.join(3)
+        self.stop_receiving(self.nudger, 3)
+
+    def handlers(self) -> Handlers:
+        return {name: self._on_end for name in END_EVENTS}
 
     def on_event(self, event: Event) -> None:
         if not isinstance(event, DrainProgress):
@@ -116,27 +110,6 @@ class TaskWatch:
         self.armed = False
         self.wakes += 1
         self.loop.call_soon_threadsafe(self.wake.set)
-
-    def _run(self) -> None:
-        """Receive until stopped; when the broker goes away (a restart, the network), reconnect with a growing
-        pause: events missed meanwhile only mean the drain keeps its interval, and nothing may leave this thread
-        (an uncaught error would print a traceback on the operator's terminal)."""
-        pause = RECONNECT_FIRST
-        while not self.stopping.is_set():
-            try:
-                with self.app.connection_for_read() as conn:
-                    receiver = self.app.events.Receiver(conn, handlers={name: self._on_end for name in END_EVENTS})
-                    receiver.on_consume_ready = lambda *a, **kw: self.ready.set()
-                    self.receiver = receiver
-                    if self.stopping.is_set():  # stop() ran before the receiver existed: it could not reach it
-                        return
-                    receiver.capture(limit=None, timeout=None, wakeup=False)
-                    return  # stop() set should_stop
-            except Exception:
-                self.reconnects += 1
-                if self.stopping.wait(pause):
-                    return
-                pause = min(pause * 2, RECONNECT_MAX)
 
 
 async def start_watch(app: Celery, wake: asyncio.Event, timeout: float = 5.0) -> TaskWatch | None:

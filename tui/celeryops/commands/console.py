@@ -25,16 +25,8 @@ from celeryops.core.errors import EXIT_INTERRUPTED, EXIT_USAGE, UserError
 if TYPE_CHECKING:
     from textual.app import App
 
+    from celeryops.ops.backend import views
     from celeryops.ops.backend.console import OpsBackend
-    from celeryops.ops.backend.views import (
-        EventSink,
-        FleetView,
-        ReleasesView,
-        RunRecordView,
-        RunView,
-        SlotsView,
-        TimelineEntry,
-    )
     from celeryops.ops.run.canary_decisions import CanaryDecision
     from celeryops.ops.run.rollback_plan import RollbackRequest
     from celeryops.ops.run.session import DrainRequest
@@ -127,31 +119,31 @@ class LateBackend:
                 raise
         return self._backend
 
-    async def fleet_snapshot(self) -> FleetView:
+    async def fleet_snapshot(self) -> views.FleetView:
         return await (await self._opened()).fleet_snapshot()
 
-    async def slots_snapshot(self) -> SlotsView | None:
+    async def slots_snapshot(self) -> views.SlotsView | None:
         return await (await self._opened()).slots_snapshot()
 
-    async def unfinished_run(self) -> RunView | None:
+    async def unfinished_run(self) -> views.RunView | None:
         return await (await self._opened()).unfinished_run()
 
-    async def releases(self) -> ReleasesView:
+    async def releases(self) -> views.ReleasesView:
         return await (await self._opened()).releases()
 
-    async def run_history(self, limit: int = 50) -> tuple[RunRecordView, ...]:
+    async def run_history(self, limit: int = 50) -> tuple[views.RunRecordView, ...]:
         return await (await self._opened()).run_history(limit)
 
-    async def run_timeline(self, run_id: str) -> tuple[TimelineEntry, ...]:
+    async def run_timeline(self, run_id: str) -> tuple[views.TimelineEntry, ...]:
         return await (await self._opened()).run_timeline(run_id)
 
-    async def start_deploy(self, release: str, on_event: EventSink) -> None:
+    async def start_deploy(self, release: str, on_event: views.EventSink) -> None:
         await (await self._opened()).start_deploy(release, on_event)
 
-    async def start_drain(self, on_event: EventSink) -> None:
+    async def start_drain(self, on_event: views.EventSink) -> None:
         await (await self._opened()).start_drain(on_event)
 
-    async def start_rollback(self, run_id: str | None, on_event: EventSink) -> None:
+    async def start_rollback(self, run_id: str | None, on_event: views.EventSink) -> None:
         await (await self._opened()).start_rollback(run_id, on_event)
 
     async def accept_warnings(self) -> None:
@@ -163,19 +155,19 @@ class LateBackend:
     async def canary_decision(self, decision: CanaryDecision) -> None:
         await (await self._opened()).canary_decision(decision)
 
-    async def abort_run(self, on_event: EventSink | None = None) -> None:
+    async def abort_run(self, on_event: views.EventSink | None = None) -> None:
         await (await self._opened()).abort_run(on_event)
 
     async def detach(self) -> None:
         await (await self._opened()).detach()
 
-    async def resume_run(self, on_event: EventSink) -> None:
+    async def resume_run(self, on_event: views.EventSink) -> None:
         await (await self._opened()).resume_run(on_event)
 
     async def forget_worker(self, name: str) -> None:
         await (await self._opened()).forget_worker(name)
 
-    async def follow_run(self, on_event: EventSink) -> None:
+    async def follow_run(self, on_event: views.EventSink) -> None:
         await (await self._opened()).follow_run(on_event)
 
     async def close(self) -> None:

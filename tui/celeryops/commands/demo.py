@@ -131,7 +131,8 @@ def _progress(printer: Printer) -> Callable[[str], None]:
 @click.option("--strategy", type=click.Choice(STRATEGIES), default="drain", show_default=True,
               help="drain: a Cloud Run service, the fence plugin on some workers, the fleet drained before the "
                    "deploy; overlap: a Cloud Run worker pool, the fence plugin on every worker, the new revision "
-                   "consuming beside the old one while it drains (no pause).")
+                   "consuming beside the old one while it drains (no pause); canary: the same pool, one instance "
+                   "of the new revision judged by its task outcomes, then promoted or rolled back.")
 def demo(speed: float, headless: bool, as_json: bool, workers: int, keep: bool, strategy: Strategy) -> None:
     """Run celeryops on a local sandbox: Redis, Celery workers, Cloud Run and registry stand-ins, a git remote."""
     if as_json and not headless:

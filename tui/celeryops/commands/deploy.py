@@ -11,7 +11,7 @@ import click
 from celeryops.commands.common import FleetSpec, fleet_options, state_dir_option
 from celeryops.commands.headless import RECOVERED, flag_operator, open_wiring, run_headless
 from celeryops.commands.output import Printer
-from celeryops.core.config import STRATEGIES
+from celeryops.core.config import POOL_STRATEGIES, STRATEGIES
 from celeryops.core.errors import EXIT_USAGE, UserError
 
 
@@ -26,8 +26,10 @@ from celeryops.core.errors import EXIT_USAGE, UserError
                    "fence or mixed_versions.")
 @click.option("--strategy", type=click.Choice(STRATEGIES), default=None,
               help="How the workers are replaced (wins over the targets' strategy): drain (stop every consumer, "
-                   "wait until nothing runs, deploy; the default) or overlap (a Cloud Run worker pool: the new "
-                   "revision consumes beside the old one, whose instances go once idle; no pause).")
+                   "wait until nothing runs, deploy; the default), overlap (a Cloud Run worker pool: the new "
+                   "revision consumes beside the old one, whose instances go once idle; no pause) or canary (a "
+                   "worker pool: a few new instances judged by their task outcomes, then promoted or rolled back; "
+                   "exit 7 rolled back, 8 no verdict).")
 @click.option("--repo", type=click.Path(file_okay=False, exists=True), default=".",
               help="The git checkout of the release (default: the current directory).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
@@ -48,10 +50,11 @@ def deploy(release: str, fleet: FleetSpec, targets: tuple[str, ...], yes: bool, 
     chosen = tuple(config.target(name) for name in targets) if targets else config.targets
     if strategy is not None:
         chosen = tuple(replace(t, strategy=strategy) for t in chosen)  # type: ignore[arg-type]
-    if any(t.strategy == "overlap" for t in chosen):
+    pool = next((t.strategy for t in chosen if t.strategy in POOL_STRATEGIES), None)
+    if pool is not None:
         from celeryops.ops.run.overlap_rules import overlap_target
 
-        overlap_target(chosen)  # one worker pool, or one sentence (exit 2) before anything is contacted
+        overlap_target(chosen, strategy=pool)  # one worker pool, or one sentence (exit 2) before anything is contacted
     from celeryops.commands.console import open_console, wants_console
 
     if wants_console(as_json, headless):

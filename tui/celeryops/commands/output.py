@@ -8,21 +8,7 @@ import threading
 from typing import Any, TextIO
 
 from celeryops.adapters.deploy.base import RolloutEvent
-from celeryops.core.events import (
-    CheckUpdate,
-    DrainFinished,
-    DrainProgress,
-    Event,
-    FleetBack,
-    Notice,
-    PhaseChanged,
-    PreflightDone,
-    RunFinished,
-    RunFollowed,
-    StageStarted,
-    TargetDeployed,
-    TargetRolledBack,
-)
+from celeryops.core import events
 from celeryops.core.masking import mask_text
 from celeryops.core.wording import check_line, duration, say
 
@@ -42,16 +28,17 @@ class Printer:
         # ``finished`` and print in one step.
         self.lock = threading.RLock()
 
-    def __call__(self, event: Event) -> None:
+    def __call__(self, event: events.Event) -> None:
         with self.lock:
             self._print(event)
 
-    def _print(self, event: Event) -> None:
-        if (isinstance(event, DrainFinished) and event.outcome != "drained") or isinstance(event, RunFinished):
+    def _print(self, event: events.Event) -> None:
+        if ((isinstance(event, events.DrainFinished) and event.outcome != "drained")
+                or isinstance(event, events.RunFinished)):
             self.finished = True
         if self.as_json:
             self.json(event.to_json())
-        elif isinstance(event, RunFinished) and event.outcome == "preflight_failed":
+        elif isinstance(event, events.RunFinished) and event.outcome == "preflight_failed":
             # nothing was touched: the one sentence of a user error, where scripts and people look for it
             sys.stderr.write(mask_text(f"celeryops: {event.message}") + "\n")
             sys.stderr.flush()
@@ -68,12 +55,12 @@ class Printer:
             self.stream.write(mask_text(json.dumps(data, default=str, sort_keys=False)) + "\n")
             self.stream.flush()
 
-    def text(self, event: Event) -> str:
+    def text(self, event: events.Event) -> str:
         """The event's line(s) in text mode: the one wording (:mod:`celeryops.core.wording`), with what plain text
         adds to it (a line per poll, marks and remedies under the checks, the fleet after a deploy)."""
-        if isinstance(event, DrainProgress):
+        if isinstance(event, events.DrainProgress):
             return self._poll(event)
-        if isinstance(event, CheckUpdate):
+        if isinstance(event, events.CheckUpdate):
             if event.status in ("running", "pending"):
                 return ""
             mark = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}.get(event.status, event.status)
@@ -81,31 +68,31 @@ class Printer:
             return line + (f"\n         -> {event.remedy}" if event.remedy and event.status != "ok" else "")
         if isinstance(event, RolloutEvent):
             return f"  {event.text}"
-        if isinstance(event, FleetBack):
+        if isinstance(event, events.FleetBack):
             return "\n".join(f"  {w}: {', '.join(q)}" for w, q in sorted(event.workers.items()))
-        if isinstance(event, PhaseChanged | PreflightDone | RunFollowed):
+        if isinstance(event, events.PhaseChanged | events.PreflightDone | events.RunFollowed):
             return ""  # the lines around them already say it
         said = say(event)
         if said is None:
             return ""
         level, text = said
-        if isinstance(event, StageStarted):
+        if isinstance(event, events.StageStarted):
             return f"== {text}"
-        if isinstance(event, TargetDeployed):  # where the result is: revision, service URL, console page, logs
+        if isinstance(event, events.TargetDeployed):  # where the result is: revision, service URL, console page, logs
             line = f"  {event.target}: revision {event.revision or '-'}" + (f"  {event.url}" if event.url else "")
-            if isinstance(event, TargetRolledBack):
+            if isinstance(event, events.TargetRolledBack):
                 was = f" (was {event.previous_revision})" if event.previous_revision else ""
                 line = f"  {event.target}: revision {event.revision} serves now{was}" + (
                     f"  {event.url}" if event.url else "")
             line += f"\n    console: {event.console_url}" if event.console_url else ""
             return line + (f"\n    logs: {event.logs_url}" if event.logs_url else "")
-        if isinstance(event, Notice) and level != "info":
+        if isinstance(event, events.Notice) and level != "info":
             return f"{level}: {text}"
-        if isinstance(event, RunFinished) and event.logs_url:
+        if isinstance(event, events.RunFinished) and event.logs_url:
             return f"{text}\nLogs URL: {event.logs_url}"
         return text
 
-    def _poll(self, event: DrainProgress) -> str:
+    def _poll(self, event: events.DrainProgress) -> str:
         silent = [f"{n} ({duration(event.silent[n])}{', busy' if n in event.alive else ''})"
                   for n in event.unknown if n in event.silent]
         other = [n for n in event.unknown if n not in event.silent]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import PurePath
@@ -20,8 +19,16 @@ from textual.binding import Binding
 from textual.screen import ModalScreen, Screen
 from textual.timer import Timer
 
+from celeryops.console.confirmations import (
+    abort_question,
+    proceed_question,
+    quit_abort_label,
+    restore_again_question,
+    rollback_question,
+)
 from celeryops.console.messages import DrainUpdated, FleetUpdated, OpsEvent, SlotsUpdated, to_message
 from celeryops.console.model import RunModel, View
+from celeryops.console.navigation import RUN_VIEWS, key_commands, run_screen, showing
 from celeryops.console.ports import ConsoleBackend
 from celeryops.console.screens.base import ConsoleScreen
 from celeryops.console.screens.home import HomeScreen
@@ -38,39 +45,6 @@ if TYPE_CHECKING:
     from celeryops.ops.backend.views import RecoveryChoice, RunRecordView, RunView, StrandedWorker
 
 Start = Literal["home", "deploy", "drain", "rollback"]
-
-
-RUN_VIEWS: tuple[View, ...] = ("preflight", "drain", "deploy", "overlap", "canary")
-
-
-def run_screen(view: View) -> type[ConsoleScreen]:
-    """The screen that shows a run in this phase."""
-    if view == "preflight":
-        from celeryops.console.screens.preflight import PreflightScreen
-
-        return PreflightScreen
-    if view == "drain":
-        from celeryops.console.screens.drain import DrainScreen
-
-        return DrainScreen
-    if view == "overlap":
-        from celeryops.console.screens.overlap import OverlapScreen
-
-        return OverlapScreen
-    if view == "canary":
-        from celeryops.console.screens.canary import CanaryScreen
-
-        return CanaryScreen
-    from celeryops.console.screens.deploy import DeployScreen
-
-    return DeployScreen
-
-
-def _showing(screen: Screen, module: str, name: str) -> bool:
-    """Whether ``screen`` is a ``celeryops.console.screens.<module>.<name>``: a screen module not imported yet has
-    no screen on show."""
-    loaded = sys.modules.get(f"celeryops.console.screens.{module}")
-    return loaded is not None and isinstance(screen, getattr(loaded, name))
 
 
 class ConsoleApp(App[int]):
@@ -138,7 +112,7 @@ class ConsoleApp(App[int]):
         """Show the screen that fits the run's phase, once per phase change (the operator may navigate away)."""
         want = self.model.view
         if (want is None or want == self._wanted or isinstance(self.screen, ModalScreen)
-                or _showing(self.screen, "resume", "ResumeScreen")):
+                or showing(self.screen, "resume", "ResumeScreen")):
             return
         self._wanted = want
         screen = run_screen(want)(self.read_only)
@@ -210,19 +184,9 @@ class ConsoleApp(App[int]):
             self.push_screen(run_screen(view)(self.read_only))
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        """The command palette lists what the console's keys do here (only what is allowed; not Textual's cursor
-        and focus keys), then Textual's own commands but its Quit (ours asks first during a run)."""
-        commands: dict[str, tuple[bool, SystemCommand]] = {}
-        for active in screen.active_bindings.values():
-            binding, node = active.binding, active.node
-            if binding.id is None or not binding.description or not active.enabled:
-                continue  # every binding of the console has an id; Textual's own have none
-            if binding.action in commands and (commands[binding.action][0] or not binding.show):
-                continue  # one entry per action, under the key the footer shows
-            commands[binding.action] = (binding.show, SystemCommand(
-                f"{binding.description} ({self.get_key_display(binding)})", binding.tooltip or binding.description,
-                lambda node=node, action=binding.action: self.run_action(action, node)))
-        yield from (command for _, command in commands.values())
+        """The command palette lists what the console's keys do here, then Textual's own commands but its Quit (ours
+        asks first during a run)."""
+        yield from key_commands(self, screen)
         yield from (command for command in super().get_system_commands(screen) if command.title != "Quit")
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
@@ -231,7 +195,7 @@ class ConsoleApp(App[int]):
 
     def _in_dialog(self) -> bool:
         """The quit question or a confirmation is on show."""
-        return _showing(self.screen, "quit", "QuitScreen") or _showing(self.screen, "confirm", "ConfirmScreen")
+        return showing(self.screen, "quit", "QuitScreen") or showing(self.screen, "confirm", "ConfirmScreen")
 
     # -- events from ops ---------------------------------------------------------------------------------------
 
@@ -348,83 +312,19 @@ class ConsoleApp(App[int]):
         else:
             self.call_backend("start the drain", self.backend.start_drain(self.sink))
 
-    def _stop_plan(self) -> str:
-        if self.model.kind == "rollback":
-            return ("Consumers are cancelled on every worker (running and prefetched tasks finish), the fleet is "
-                    "drained, then each target is routed back to its earlier revision (no new image, no new "
-                    "revision). A timeout restores consumers and changes nothing.")
-        deploy = f" then deploy {self.model.release}" if self.model.kind == "deploy" else ""
-        return ("Consumers are cancelled on every worker (running and prefetched tasks finish), the fleet is "
-                f"drained{deploy}. A timeout restores consumers and deploys nothing.")
-
     def confirm_rollback(self, run: RunRecordView) -> None:
         """B in the run history: undo that deploy. The preflight comes first; nothing changes until G."""
-        release = f" (release {run.release})" if run.release else ""
-        self.confirm(f"Roll back run {run.run_id}?",
-                     f"Each target of run {run.run_id}{release} goes back to the revision that deploy replaced: "
-                     "no new image, no new revision. The preflight checklist runs first and names the revisions; "
-                     "nothing changes until you press G there, then, as for a deploy, the fleet is drained (or, "
-                     "on a worker pool whose strategy is overlap, the previous revision comes up beside the current "
-                     "one first) and the targets are routed back.", "Start the rollback's preflight",
-                     lambda: self.begin_run("rollback", None, rollback_of=run.run_id))
-
-    def _overlap_plan(self) -> str:
-        """What G starts on an overlap deploy: the peak (the ``traffic`` check's finding names it), then the steps."""
-        traffic = self.model.checks.get("traffic")
-        peak = f"Instances: {traffic.detail}.\n" if traffic is not None and traffic.status == "ok" else ""
-        release = f" {self.model.release}" if self.model.release else ""
-        if self.model.kind == "rollback":  # the "new" revision is the previous one, routed back to
-            return (f"{peak}The previous revision{release} comes up beside the current one (no instance is taken "
-                    "away) and starts consuming. Only then do the current revision's workers stop taking new "
-                    "tasks: their running and prefetched tasks finish while the previous revision consumes, so "
-                    "processing never pauses. Once they are idle, every instance moves back to the previous "
-                    "revision at the original count. Nothing is killed: if the current revision is not idle "
-                    "within max wait, it consumes again and the previous one is retired.")
-        return (f"{peak}The new revision of{release} comes up beside the old one (no old instance is taken away) "
-                "and starts consuming. Only then do the old revision's workers stop taking new tasks: their running "
-                "and prefetched tasks finish while the new revision consumes, so processing never pauses. Once the "
-                "old revision is idle (the drain's empty streak), every instance moves to the new revision, back "
-                "to the original count. Nothing is killed: if the old revision is not idle within max wait, or the "
-                "new one does not consume, the old revision consumes again and the new one is retired.")
+        self.confirm(*rollback_question(run), lambda: self.begin_run("rollback", None, rollback_of=run.run_id))
 
     def confirm_proceed(self) -> None:
-        warned = self.model.warned_checks
-        overlap = self.model.is_overlap and self.model.kind != "drain"
-        plan = self._overlap_plan() if overlap else self._stop_plan()
-        if warned:
-            listing = "\n".join(f"▲ {c.title}: {c.detail}" for c in warned)
-            self.confirm(f"Proceed despite {len(warned)} warning(s)?", f"{listing}\n\n{plan}",
-                         "Accept warnings and start the overlap" if overlap else "Accept warnings and stop consumers",
+        if self.model.warned_checks:
+            self.confirm(*proceed_question(self.model),
                          lambda: self.call_backend("proceed", self.backend.accept_warnings(), self.backend.proceed()))
-        elif overlap:
-            self.confirm(f"Start the overlap {self._overlap_word()}?", plan, "Start the overlap",
-                         lambda: self.call_backend("proceed", self.backend.proceed()))
         else:
-            self.confirm("Stop consumers and drain?", plan, "Stop consumers",
-                         lambda: self.call_backend("proceed", self.backend.proceed()))
-
-    def _overlap_word(self) -> str:
-        return "rollback" if self.model.kind == "rollback" else "deploy"
+            self.confirm(*proceed_question(self.model), lambda: self.call_backend("proceed", self.backend.proceed()))
 
     def confirm_abort(self) -> None:
-        overlap = self.model.overlap
-        if overlap is not None and self.model.phase in ("cutting_over", "deployed"):
-            self.confirm(f"Abort the overlap {self._overlap_word()}?",
-                         f"The cutover has begun: the old revision {overlap.old} is idle and its instances are "
-                         f"being taken away, so the abort finishes it and {overlap.new} serves every instance. "
-                         "Nothing is killed.", "Abort (finish the cutover)", self._abort)
-            return
-        if overlap is not None:
-            self.confirm(f"Abort the overlap {self._overlap_word()}?",
-                         f"The workers of the old revision {overlap.old} consume again first; then the workers of "
-                         f"{overlap.new} stop taking tasks and finish what they run, and every instance goes back "
-                         f"to {overlap.old} at the original count. Nothing is killed; if {overlap.new} stays busy "
-                         "past max wait, both revisions keep consuming and the run stays open.",
-                         "Abort and retire the new revision", self._abort)
-            return
-        self.confirm("Abort the run?", "Consumers are added back exactly as they were before the drain and the "
-                     "run is marked aborted; nothing is deployed. Tasks already running keep running.",
-                     "Abort and restore", self._abort)
+        self.confirm(*abort_question(self.model), self._abort)
 
     def _abort(self) -> None:
         self.model.operator_aborted = True
@@ -432,7 +332,7 @@ class ConsoleApp(App[int]):
 
     def confirm_recovery(self, choice: RecoveryChoice, run: RunView | None = None) -> None:
         def act() -> None:
-            if _showing(self.screen, "resume", "ResumeScreen"):
+            if showing(self.screen, "resume", "ResumeScreen"):
                 self.pop_screen()
             if choice.kind == "resume":
                 self.model = RunModel(kind=run.kind if run else None, release=run.release if run else None,
@@ -448,12 +348,7 @@ class ConsoleApp(App[int]):
 
     def confirm_restore_again(self, stranded: tuple[StrandedWorker, ...]) -> None:
         """X on the home view: the last run's restore again, for workers a broker reconnect left consuming nothing."""
-        names = ", ".join(f"{s.name} ({', '.join(s.queues)})" for s in stranded)
-        runs = ", ".join(sorted({s.run_id for s in stranded}))
-        self.confirm("Restore again?", f"{names} consume nothing since the restore of run {runs}: a broker reconnect "
-                     "made Celery forget the restored queues. The restore is sent again to them and checked (what "
-                     "`celeryops abort` does). A worker that drops back at the next reconnect needs a restart; "
-                     "celeryops.fence in the worker app puts the queues back by itself.", "Restore again",
+        self.confirm(*restore_again_question(stranded),
                      lambda: self.call_backend("restore again", self.backend.abort_run(self._told)))
 
     def _told(self, event: Event) -> None:
@@ -482,12 +377,7 @@ class ConsoleApp(App[int]):
         if not self.model.active:
             self.exit(self.model.exit_code())
             return
-        overlap = self.model.overlap
-        label = "Abort and restore consumers"
-        if overlap is not None:
-            label = ("Abort: finish the cutover" if self.model.phase in ("cutting_over", "deployed") else
-                     "Abort: the old revision consumes again, the new one is retired")
-        self.push_screen(QuitScreen(self.model.phase or "running", label), self._quit_choice)
+        self.push_screen(QuitScreen(self.model.phase or "running", quit_abort_label(self.model)), self._quit_choice)
 
     def _quit_choice(self, choice: QuitChoice | None) -> None:
         if choice == "abort":

@@ -122,6 +122,7 @@ class RunModel:
     overlap: OverlapState | None = None  # an overlap deploy (a worker pool), from its ``overlap`` events
     canary: CanaryLook | None = None  # a canary deploy's latest look (``canary_look`` events)
     canary_history: deque[float] = field(default_factory=lambda: deque(maxlen=240))  # the increase's upper bound
+    strategy: str = ""  # the deploy's strategy, from its preflight stage ("" until said)
 
     @property
     def in_canary(self) -> bool:
@@ -225,6 +226,7 @@ class RunModel:
             PreflightDone,
             RunFinished,
             RunFollowed,
+            StageStarted,
         )
         from celeryops.ops.backend.views import WorkerView, fold_rollout
 
@@ -254,6 +256,8 @@ class RunModel:
                                         and self.overlap.new):
                 self.overlap = OverlapState(event.target, event.old_revision, event.new_revision)
             self.overlap.fold(event)
+        elif isinstance(event, StageStarted):
+            self.strategy = event.strategy or self.strategy
         elif isinstance(event, CanaryLook):
             self.canary = event
             self.canary_history.append(event.increase_high)

@@ -21,15 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # annotations only: the console's first frame does not wait for the ops layer's views
-    from celeryops.ops.backend.views import (
-        EventSink,
-        FleetView,
-        ReleasesView,
-        RunRecordView,
-        RunView,
-        SlotsView,
-        TimelineEntry,
-    )
+    from celeryops.ops.backend import views
     from celeryops.ops.run.canary_decisions import CanaryDecision
 
 
@@ -39,41 +31,41 @@ class ConsoleBackend(Protocol):
     read_only: bool
     fleet_display: str  # the fleet as the header shows it: its name @ a masked broker URL or the -A path
 
-    async def fleet_snapshot(self) -> FleetView:
+    async def fleet_snapshot(self) -> views.FleetView:
         """Workers (queues consumed, active/reserved/scheduled, state), queue depths, the current run."""
         ...
 
-    async def slots_snapshot(self) -> SlotsView | None:
+    async def slots_snapshot(self) -> views.SlotsView | None:
         """The slot pool, or None when the fleet has none."""
         ...
 
-    async def unfinished_run(self) -> RunView | None:
+    async def unfinished_run(self) -> views.RunView | None:
         """An interrupted run from the journal, with the plan of each recovery choice, or None."""
         ...
 
-    async def releases(self) -> ReleasesView:
+    async def releases(self) -> views.ReleasesView:
         """The remote's release branches, newest first, with tip commit, age and whether the image exists."""
         ...
 
-    async def run_history(self, limit: int = 50) -> tuple[RunRecordView, ...]:
+    async def run_history(self, limit: int = 50) -> tuple[views.RunRecordView, ...]:
         """The fleet's recent runs, newest first (the local journal, and the fleet-held store when there is one)."""
         ...
 
-    async def run_timeline(self, run_id: str) -> tuple[TimelineEntry, ...]:
+    async def run_timeline(self, run_id: str) -> tuple[views.TimelineEntry, ...]:
         """One run's events, oldest first."""
         ...
 
-    async def start_deploy(self, release: str, on_event: EventSink) -> None:
+    async def start_deploy(self, release: str, on_event: views.EventSink) -> None:
         """Begin a deploy run: runs preflight (CheckUpdate ... PreflightDone), then waits for :meth:`proceed`.
         Dangerous only in what follows ``proceed``; refused in read-only mode."""
         ...
 
-    async def start_rollback(self, run_id: str | None, on_event: EventSink) -> None:
+    async def start_rollback(self, run_id: str | None, on_event: views.EventSink) -> None:
         """Begin a rollback run: of deploy run ``run_id`` (B in the run history), or as ``celeryops rollback``'s
         flags say (None). Runs preflight, then waits for :meth:`proceed`. Refused in read-only mode."""
         ...
 
-    async def start_drain(self, on_event: EventSink) -> None:
+    async def start_drain(self, on_event: views.EventSink) -> None:
         """Begin a drain-only run: preflight, then waits for :meth:`proceed`. Refused in read-only mode."""
         ...
 
@@ -90,7 +82,7 @@ class ConsoleBackend(Protocol):
         canary strategy takes them (``celeryops.ops.run.canary_decisions``). Dangerous."""
         ...
 
-    async def abort_run(self, on_event: EventSink | None = None) -> None:
+    async def abort_run(self, on_event: views.EventSink | None = None) -> None:
         """Abort the current or interrupted run, restoring consumers as the recovery rules say; with no open run, send
         the last run's restore again (unconfirmed, or undone by a broker reconnect). ``on_event`` hears how it went
         when no run of this console does. Dangerous."""
@@ -100,7 +92,7 @@ class ConsoleBackend(Protocol):
         """Leave the run for ``celeryops resume`` (the fence keeps workers stopped until it expires). Dangerous."""
         ...
 
-    async def resume_run(self, on_event: EventSink) -> None:
+    async def resume_run(self, on_event: views.EventSink) -> None:
         """Take over the interrupted run and continue it from its journalled phase. Dangerous."""
         ...
 
@@ -108,6 +100,6 @@ class ConsoleBackend(Protocol):
         """Stop waiting for a known worker that no longer replies (it is gone). Dangerous."""
         ...
 
-    async def follow_run(self, on_event: EventSink) -> None:
+    async def follow_run(self, on_event: views.EventSink) -> None:
         """Watch mode: stream the live run's events from the published status (reads only)."""
         ...

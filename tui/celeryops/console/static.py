@@ -13,15 +13,7 @@ from typing import TYPE_CHECKING
 
 from celeryops.core.errors import ReadOnlyRefused
 from celeryops.core.events import Event
-from celeryops.ops.backend.views import (
-    EventSink,
-    FleetView,
-    ReleasesView,
-    RunRecordView,
-    RunView,
-    SlotsView,
-    TimelineEntry,
-)
+from celeryops.ops.backend import views
 
 if TYPE_CHECKING:
     from celeryops.ops.run.canary_decisions import CanaryDecision
@@ -31,12 +23,12 @@ if TYPE_CHECKING:
 class StaticBackend:
     """A :class:`~celeryops.console.ports.ConsoleBackend` over fixed views and scripted events."""
 
-    fleet: FleetView = field(default_factory=FleetView)
-    slots: SlotsView | None = None
-    run: RunView | None = None
-    releases_view: ReleasesView = field(default_factory=ReleasesView)
-    history: tuple[RunRecordView, ...] = ()
-    timelines: dict[str, tuple[TimelineEntry, ...]] = field(default_factory=dict)
+    fleet: views.FleetView = field(default_factory=views.FleetView)
+    slots: views.SlotsView | None = None
+    run: views.RunView | None = None
+    releases_view: views.ReleasesView = field(default_factory=views.ReleasesView)
+    history: tuple[views.RunRecordView, ...] = ()
+    timelines: dict[str, tuple[views.TimelineEntry, ...]] = field(default_factory=dict)
     read_only: bool = False
     fleet_display: str = "redis://:***@broker.internal:6379/0"
     preflight_script: Sequence[Event] = ()  # emitted by start_deploy / start_drain
@@ -44,7 +36,7 @@ class StaticBackend:
     follow_script: Sequence[Event] = ()  # emitted by follow_run (watch mode)
     calls: list[tuple[str, ...]] = field(default_factory=list)
     decisions: list[CanaryDecision] = field(default_factory=list)  # the canary decisions sent, as sent
-    sink: EventSink | None = None
+    sink: views.EventSink | None = None
 
     def emit(self, event: Event) -> None:
         if self.sink is not None:
@@ -60,36 +52,36 @@ class StaticBackend:
             raise ReadOnlyRefused(action)
         self.calls.append((action, *args))
 
-    async def fleet_snapshot(self) -> FleetView:
+    async def fleet_snapshot(self) -> views.FleetView:
         return self.fleet
 
-    async def slots_snapshot(self) -> SlotsView | None:
+    async def slots_snapshot(self) -> views.SlotsView | None:
         return self.slots
 
-    async def unfinished_run(self) -> RunView | None:
+    async def unfinished_run(self) -> views.RunView | None:
         return self.run
 
-    async def releases(self) -> ReleasesView:
+    async def releases(self) -> views.ReleasesView:
         self.calls.append(("releases",))
         return self.releases_view
 
-    async def run_history(self, limit: int = 50) -> tuple[RunRecordView, ...]:
+    async def run_history(self, limit: int = 50) -> tuple[views.RunRecordView, ...]:
         return self.history[:limit]
 
-    async def run_timeline(self, run_id: str) -> tuple[TimelineEntry, ...]:
+    async def run_timeline(self, run_id: str) -> tuple[views.TimelineEntry, ...]:
         return self.timelines.get(run_id, ())
 
-    async def start_deploy(self, release: str, on_event: EventSink) -> None:
+    async def start_deploy(self, release: str, on_event: views.EventSink) -> None:
         self._dangerous("start deploy", release)
         self.sink = on_event
         self._play(self.preflight_script)
 
-    async def start_rollback(self, run_id: str | None, on_event: EventSink) -> None:
+    async def start_rollback(self, run_id: str | None, on_event: views.EventSink) -> None:
         self._dangerous("start rollback", run_id or "")
         self.sink = on_event
         self._play(self.preflight_script)
 
-    async def start_drain(self, on_event: EventSink) -> None:
+    async def start_drain(self, on_event: views.EventSink) -> None:
         self._dangerous("start drain")
         self.sink = on_event
         self._play(self.preflight_script)
@@ -105,14 +97,14 @@ class StaticBackend:
         self._dangerous("canary", decision.action)
         self.decisions.append(decision)
 
-    async def abort_run(self, on_event: EventSink | None = None) -> None:
+    async def abort_run(self, on_event: views.EventSink | None = None) -> None:
         self._dangerous("abort the run")
         self.run = None
 
     async def detach(self) -> None:
         self._dangerous("detach from the run")
 
-    async def resume_run(self, on_event: EventSink) -> None:
+    async def resume_run(self, on_event: views.EventSink) -> None:
         self._dangerous("resume the run")
         self.sink = on_event
         self.run = None
@@ -121,7 +113,7 @@ class StaticBackend:
     async def forget_worker(self, name: str) -> None:
         self._dangerous("forget a worker", name)
 
-    async def follow_run(self, on_event: EventSink) -> None:
+    async def follow_run(self, on_event: views.EventSink) -> None:
         self.calls.append(("follow",))
         self.sink = on_event
         self._play(self.follow_script)

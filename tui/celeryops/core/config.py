@@ -15,7 +15,6 @@ together in a single :class:`~celeryops.core.errors.UserError` with exit code ``
 from __future__ import annotations
 
 import fnmatch
-import ipaddress
 import re
 import string
 from collections.abc import Mapping
@@ -25,6 +24,7 @@ from typing import Literal
 from celeryops.core.canary import CanarySettings
 from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.core.runsettings import RunSettings
+from celeryops.core.urls import is_loopback
 
 TargetKind = Literal["cloudrun-service", "cloudrun-worker-pool", "command"]
 TARGET_KINDS: tuple[TargetKind, ...] = ("cloudrun-service", "cloudrun-worker-pool", "command")
@@ -272,12 +272,7 @@ def is_loopback_endpoint(endpoint: str) -> bool:
         host = host[1:].split("]", 1)[0]
     elif host.count(":") == 1:
         host = host.split(":", 1)[0]
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return is_loopback(host)
 
 
 def did_you_mean(word: str, choices: tuple[str, ...] | list[str], *, braces: bool = False) -> str:

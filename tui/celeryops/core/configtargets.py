@@ -87,6 +87,14 @@ def validate_targets(targets: list[dict[str, Any]], problems: list[str]) -> list
     return result
 
 
+def _check_image_template(label: str, values: dict[str, Any], problems: list[str]) -> None:
+    """The target's image template (both kinds may have one) uses only the placeholders an image may."""
+    if isinstance(values.get("image"), str):
+        problem = template_problem(f"{label}: image", values["image"], IMAGE_PLACEHOLDERS)
+        if problem:
+            problems.append(problem)
+
+
 def _check_cloudrun_target(label: str, table: dict[str, Any], values: dict[str, Any], problems: list[str]) -> None:
     for key in ("project", "region", "resource", "image"):
         if key not in table:
@@ -100,10 +108,7 @@ def _check_cloudrun_target(label: str, table: dict[str, Any], values: dict[str, 
     if isinstance(traffic, str) and traffic not in TRAFFIC_MODES:
         problems.append(f"{label}: traffic {traffic!r} is not a traffic mode; use traffic = \"latest\" to route all "
                         "traffic (worker pools: all instances) to the new revision, or remove it.")
-    if isinstance(values.get("image"), str):
-        problem = template_problem(f"{label}: image", values["image"], IMAGE_PLACEHOLDERS)
-        if problem:
-            problems.append(problem)
+    _check_image_template(label, values, problems)
     endpoint = values.get("api_endpoint")
     if values.get("insecure"):
         if not endpoint:
@@ -136,7 +141,4 @@ def _check_command_target(label: str, table: dict[str, Any], values: dict[str, A
     if "image" in placeholders(command) and "image" not in table:
         problems.append(f"{label}: command uses {{image}} but the target has no image template; add image = "
                         "\"...\".")
-    if isinstance(values.get("image"), str):
-        problem = template_problem(f"{label}: image", values["image"], IMAGE_PLACEHOLDERS)
-        if problem:
-            problems.append(problem)
+    _check_image_template(label, values, problems)

@@ -23,6 +23,16 @@ class UserError(Exception):
         self.exit_code = exit_code
 
 
+class PreflightError(UserError):
+    """A precondition the operator can fix, found before anything changed (exit ``EXIT_PREFLIGHT``): ``detail``
+    says what failed, ``remedy`` what to do next; the sentence is both, joined by a semicolon."""
+
+    def __init__(self, detail: str, remedy: str) -> None:
+        super().__init__(f"{detail}; {remedy}", EXIT_PREFLIGHT)
+        self.detail = detail
+        self.remedy = remedy
+
+
 class BrokerUnreachable(UserError):
     def __init__(self, message: str) -> None:
         super().__init__(message, EXIT_BROKER)

@@ -206,10 +206,12 @@ class PreflightDone(Event):
 
 @dataclass(frozen=True)
 class StageStarted(Event):
-    """A step of the run begins: ``preflight``, ``drain``, ``deploy``, ``verify``."""
+    """A step of the run begins: ``preflight``, ``drain``, ``deploy``, ``verify``. ``strategy``: on a deploy's
+    ``preflight``, the strategy that runs it (``drain``, ``overlap``, ``canary``; empty on the other stages)."""
 
     stage: str
     detail: str = ""
+    strategy: str = ""
     kind: str = field(init=False, default="stage")
 
 

@@ -26,7 +26,7 @@ from celeryops.core.masking import mask_text
 from celeryops.demo.reaper import Reaper
 from celeryops.demo.standins import metadata
 from celeryops.demo.standins.cloudrun import CloudRunStandIn, InstanceSpec
-from celeryops.demo.standins.workers import WorkerProcess
+from celeryops.demo.standins.workers import LaunchedWorkers, WorkerProcess
 from celeryops.demo.tasks import QUEUES
 
 FENCED_APP = "celeryops.demo.worker_fenced"
@@ -51,11 +51,13 @@ class DemoInstance:
         return self.worker.alive()
 
 
-class DemoFleet:
-    """The running workers. Thread-safe: the autoscaler and the stand-in both change it."""
+class DemoFleet(LaunchedWorkers):
+    """The running workers. Thread-safe: the autoscaler and the stand-in both change it (``_roster`` guards the
+    lists; nothing starts after stop())."""
 
     def __init__(self, broker: str, *, log_dir: Path, env: Mapping[str, str], reaper: Reaper, cap: int = 3,
                  concurrency: int = 2, all_fenced: bool = False) -> None:
+        super().__init__()
         self.broker = broker
         self.all_fenced = all_fenced  # every worker runs the fence plugin (what an overlap deploy requires)
         self.log_dir = log_dir
@@ -63,12 +65,8 @@ class DemoFleet:
         self.reaper = reaper
         self.cap = cap
         self.concurrency = concurrency
-        self.workers: list[WorkerProcess] = []
         self.retired: list[WorkerProcess] = []
-        self.revision_of: dict[str, str] = {}  # nodename -> revision
         self._lock = threading.Lock()  # one scale-out at a time
-        self._spawn = threading.Lock()  # guards _stopped and the lists: nothing starts after stop()
-        self._stopped = False
         self._standin: CloudRunStandIn | None = None
         self._service = ""
         self._control = Celery("celeryops-demo-control", broker=broker, set_as_current=False)
@@ -97,12 +95,7 @@ class DemoFleet:
         worker = WorkerProcess(self.broker, app=FENCED_APP if fenced else PLAIN_APP, pool="threads",
                                concurrency=self.concurrency, queues=QUEUES, env=env, log_dir=self.log_dir,
                                name=name, default_name=default_name if fenced else None)
-        with self._spawn:
-            if self._stopped:
-                raise RuntimeError("the demo is shutting down")
-            worker.start()
-            self.workers.append(worker)
-            self.revision_of[worker.nodename] = spec.revision
+        self._start(worker, spec.revision, "the demo is shutting down")
         self.reaper.track(worker.pid)
         try:
             worker.wait_ready(self._control, timeout=READY_TIMEOUT)
@@ -112,7 +105,7 @@ class DemoFleet:
 
     def retire(self, worker: WorkerProcess) -> None:
         """The stand-in took ``worker`` away (SIGTERM sent): wait for its exit on a thread, then forget it."""
-        with self._spawn:
+        with self._roster:
             if worker in self.retired:
                 return
             self.retired.append(worker)
@@ -130,7 +123,7 @@ class DemoFleet:
 
     def live(self) -> list[WorkerProcess]:
         """Workers that run and were not taken away."""
-        with self._spawn:
+        with self._roster:
             return [w for w in self.workers if w.alive() and w not in self.retired]
 
     def names(self) -> list[str]:
@@ -149,9 +142,7 @@ class DemoFleet:
 
     def stop(self) -> None:
         """Kill every worker's process group (the demo is over: nothing needs to finish) and wait for them."""
-        with self._spawn:
-            self._stopped = True
-            everyone = list(self.workers)
+        everyone = self._stop_launching()
         for worker in everyone:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 if worker.proc is not None and worker.proc.poll() is None:  # not reaped: the group id is still ours

@@ -37,7 +37,7 @@ from types import TracebackType
 
 import redis
 
-from celeryops.core.config import Config, Strategy
+from celeryops.core.config import POOL_STRATEGIES, Config, Strategy
 from celeryops.core.configload import load_config
 from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.demo.autoscaler import Autoscaler
@@ -63,6 +63,8 @@ HINT = (f"Press D and Enter to deploy release {RELEASE} · w watches the run · 
         "no pause: celeryops demo --strategy overlap")
 OVERLAP_HINT = (f"Press D and Enter to deploy release {RELEASE} without a pause (the new revision consumes while the "
                 "old one drains) · w watches the run · ? every action.")
+CANARY_HINT = (f"Press D and Enter to deploy release {RELEASE} as a canary (one new instance judged by its task "
+               "outcomes, then promoted or rolled back; P / B on its screen) · w watches the run · ? every action.")
 SLOT_TOTALS = {"CPU": 4, "GPU": 1}
 DEMO_HOST = "demo-node"
 
@@ -160,11 +162,12 @@ class Sandbox:
     def handoff(self) -> DemoHandoff:
         return DemoHandoff(config=self.config, config_path=self.config_path, repo=self.repo, release=RELEASE,
                            broker_url=self.url, state_dir=self.state_dir, notice=self.notice,
-                           hint=OVERLAP_HINT if self.overlap else HINT)
+                           hint=CANARY_HINT if self.strategy == "canary" else OVERLAP_HINT if self.overlap else HINT)
 
     @property
     def overlap(self) -> bool:
-        return self.strategy == "overlap"
+        """A worker pool deployed with two revisions side by side (the overlap or the canary strategy)."""
+        return self.strategy in POOL_STRATEGIES
 
     def env(self) -> dict[str, str]:
         """The variables the sandbox sets in this process (children inherit them)."""
@@ -249,8 +252,9 @@ class Sandbox:
                       f"{', '.join(self.fleet.names())}")
         self.producer = Producer(self.url, self.timing).start()
         if self.overlap:  # a worker pool runs its manual instance count: no autoscaler
+            peak = self.initial_workers + (1 if self.strategy == "canary" else self.initial_workers)
             self.progress(f"producer running; the worker pool runs {self.initial_workers} instances, "
-                          f"{2 * self.initial_workers} at the overlap's peak")
+                          f"{peak} at the {self.strategy}'s peak")
             return
         self.autoscaler = Autoscaler(self.fleet, self.url, every=self.timing.autoscale_every,
                                      on_scale=lambda name, depth: self.progress(
@@ -277,7 +281,10 @@ class Sandbox:
             kind="cloudrun-worker-pool" if self.overlap else "cloudrun-service",
             comment=f"Written by `celeryops demo`: everything points at the sandbox in {self.root}.")
         if self.overlap:  # the target table is the file's last: its strategy goes at its end
-            text += 'strategy = "overlap"\n'
+            text += f'strategy = "{self.strategy}"\n'
+        if self.strategy == "canary":  # judged quickly at the demo's task rate (the defaults wait for 50 tasks)
+            text += ('\n[canary]\nmin_tasks = 30\nlook_interval = "2s"\nmax_duration = "3m"\n'
+                     'instances = 1\n')
         self.config_path.write_text(text, encoding="utf-8")
 
     def wait_busy(self, tasks: int = 2, timeout: float = 60.0) -> bool:

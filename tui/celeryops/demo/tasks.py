@@ -74,6 +74,9 @@ def create_app(*, fenced: bool, broker: str | None = None) -> Celery:
         task_default_queue=QUEUE_DEFAULT,
         task_routes={name: {"queue": queue} for name, queue in TASK_QUEUES.items()},
         broker_transport_options={"visibility_timeout": 3600},
+        # As `celery worker -E`: the canary credits task outcomes from task events, and the demo's workers run
+        # without heartbeats, so `enable_events` alone would not turn them on.
+        worker_send_task_events=True,
     )
     slots.install(app)
     if fenced:

@@ -106,19 +106,8 @@ def fence_status(app: Celery, destination: Sequence[str] | None = None, timeout:
     """Ask workers (all, or ``destination``) for their fence plugin status; every worker that answered is in the
     result, with ``plugin`` False when it runs without the plugin. Returns as soon as every addressed worker replied.
     Raises BrokerUnreachable (nothing changed) when the broker cannot be reached."""
-    from kombu.exceptions import OperationalError
-
     dest = list(destination) if destination else None
-    try:
-        replies = app.control.broadcast(
-            COMMAND, destination=dest, reply=True, timeout=timeout, limit=len(dest) if dest else None,
-        )
-    except (OSError, OperationalError) as exc:
-        url = mask_url(str(app.conf.broker_url or ""))
-        raise BrokerUnreachable(
-            f"could not reach the broker {url} to ask workers for their fence status ({exc.__class__.__name__}); "
-            "nothing was changed; check that the broker is running and the URL is right"
-        ) from exc
+    replies = _ask(app, destination=dest, timeout=timeout, limit=len(dest) if dest else None)
     return {reply.worker: reply for reply in _parse(replies)}
 
 
@@ -126,17 +115,22 @@ def every_reply(app: Celery, timeout: float = 1.0) -> list[FenceReply]:
     """Ask every worker for its fence status and wait the whole ``timeout``: one reply per worker *process*, also
     when several share a node name (on Cloud Run every default name is ``celery@localhost``), which
     :func:`fence_status` folds into one. Raises BrokerUnreachable (nothing changed)."""
+    return _parse(_ask(app, timeout=timeout))
+
+
+def _ask(app: Celery, *, timeout: float, destination: list[str] | None = None, limit: int | None = None) -> Any:
+    """The fence command's broadcast and its replies; BrokerUnreachable (nothing changed) when the broker cannot be
+    reached."""
     from kombu.exceptions import OperationalError
 
     try:
-        replies = app.control.broadcast(COMMAND, reply=True, timeout=timeout)
+        return app.control.broadcast(COMMAND, destination=destination, reply=True, timeout=timeout, limit=limit)
     except (OSError, OperationalError) as exc:
         url = mask_url(str(app.conf.broker_url or ""))
         raise BrokerUnreachable(
             f"could not reach the broker {url} to ask workers for their fence status ({exc.__class__.__name__}); "
             "nothing was changed; check that the broker is running and the URL is right"
         ) from exc
-    return _parse(replies)
 
 
 def _parse(replies: object) -> list[FenceReply]:

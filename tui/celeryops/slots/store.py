@@ -9,7 +9,8 @@ sum of what the live hosts contribute (``contribute``, renewed by each worker's 
 not renewed expires by Redis TIME).
 Scripts are redis-py ``Script`` objects: after a Redis restart or ``SCRIPT FLUSH`` the NOSCRIPT error is healed by
 reloading the script. A pool written by the seed's schema (``resource:<type>:total|used`` strings and
-``resource:task:<id>`` hashes) is read by ``read_all`` as a ``legacy`` pool.
+``resource:task:<id>`` hashes) is read by ``read_all`` as a ``legacy`` pool. How records are written is in
+:mod:`celeryops.slots.codec`; how a pool's keys become a snapshot, in :mod:`celeryops.slots.reading`.
 
 The hot path (acquire, release) runs on one connection of the client's pool that the store holds (redis-py's
 single-connection client, ``client.client()``, per process, taken at the first acquire or release): a pooled
@@ -23,32 +24,36 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import redis
 from redis.backoff import ExponentialBackoff
-from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from celeryops.core.untrusted import MalformedRecord
 from celeryops.slots import scripts
-from celeryops.slots.snapshot import (
-    DeviceId,
-    DeviceUsage,
-    Holder,
-    HostContribution,
-    PoolSnapshot,
-    Snapshot,
-    TypeUsage,
-    Waiting,
+from celeryops.slots.codec import (
+    as_text,
+    devices_text,
+    host_member,
+    needs_text,
+    pairs,
+    parse_devices,
+    record_tail,
+    safe_field,
+    scores,
+    to_ms,
+    type_name,
 )
+from celeryops.slots.reading import DEFAULT_PREFIX, Client, Scope, build_pool_snapshot, read_legacy
+from celeryops.slots.snapshot import DeviceId, PoolSnapshot, Snapshot
 
-Scope = Literal["global", "host"]
-Client = redis.Redis | RedisCluster  # a pool's keys share one hash tag, so a cluster client works too
-DEFAULT_PREFIX = "resource"
+__all__ = ["DEFAULT_PREFIX", "GLOBAL_POOL", "AcquireResult", "Client", "ContributeResult", "Park", "RenewResult",
+           "Scope", "SlotStore", "Tick", "connect", "devices_text", "host_pool", "needs_text", "parse_devices",
+           "pools", "read_all", "read_legacy", "type_name"]
+
 GLOBAL_POOL = "global"
 
 
@@ -165,7 +170,7 @@ class SlotStore:
         flat: list[str | int] = []
         for typ, n in sorted(totals.items()):
             flat += [type_name(typ), int(n)]
-        reaped = int(self._run("set_totals", "nx" if only_missing else "set", _field(reap_worker), *flat))
+        reaped = int(self._run("set_totals", "nx" if only_missing else "set", safe_field(reap_worker), *flat))
         self.client.sadd(self.registry_key, self.pool)
         return reaped
 
@@ -184,8 +189,8 @@ class SlotStore:
         ``devices``: the host's devices of device-bound types (``{"gpu": [0, 1]}``), bound to leases by acquire (a
         host pool's; devices of different hosts must never share a pool). ``starting``: the worker is starting under
         this node name, so leases recorded under it are dead and reaped."""
-        reaped, status = self._run("contribute", "start" if starting else "beat", _member(host, worker),
-                                   needs_text(totals, keep_zero=True), _ms(ttl), devices_text(devices or {}))
+        reaped, status = self._run("contribute", "start" if starting else "beat", host_member(host, worker),
+                                   needs_text(totals, keep_zero=True), to_ms(ttl), devices_text(devices or {}))
         result = ContributeResult({1: "new", 2: "changed", 0: "renewed"}[int(status)], int(reaped))  # type: ignore[arg-type]
         if result.status != "renewed":
             self.client.sadd(self.registry_key, self.pool)
@@ -194,7 +199,7 @@ class SlotStore:
     def withdraw(self, host: str, worker: str = "") -> bool:
         """Take ``worker``'s contribution of ``host`` out now (a worker that stops); False if there was none.
         Leases are never touched: above a smaller total, running tasks keep their slots and acquires wait."""
-        _reaped, had = self._run("contribute", "leave", _member(host, worker), "", 1)
+        _reaped, had = self._run("contribute", "leave", host_member(host, worker), "", 1)
         return bool(had)
 
     def acquire(self, lease_id: str, needs: Mapping[str, int], *, ttl: float, name: str = "", worker: str = "",
@@ -211,8 +216,8 @@ class SlotStore:
         args: tuple[Any, ...] = _acquire_args(tuple(needs.items()), ttl, starvation_after, wait_ttl, worker, host, name)
         if ticket or park is not None:
             keep = max(3 * (wait_ttl if wait_ttl is not None else 3 * ttl), 600.0)
-            args = (*args, ticket, park.ticket if park else "", park.message if park else "", _ms(keep),
-                    _ms(park.claim_window if park else ttl))
+            args = (*args, ticket, park.ticket if park else "", park.message if park else "", to_ms(keep),
+                    to_ms(park.claim_window if park else ttl))
         res = self._acquire(keys=self._keys, args=(lease_id, *args), client=self._hot_client())
         if type(res) is int:
             return AcquireResult(True, res, "ok")
@@ -221,9 +226,9 @@ class SlotStore:
         if type(res) is str:  # granted with devices: "7 gpu=3"
             tk, _, bound = res.partition(" ")
             return AcquireResult(True, int(tk), "ok", devices=parse_devices(bound))
-        code, info = int(res[0]), _str(res[1])
+        code, info = int(res[0]), as_text(res[1])
         if code > 0:
-            return AcquireResult(True, code, info, devices=parse_devices(_str(res[2])) if len(res) > 2 else {})
+            return AcquireResult(True, code, info, devices=parse_devices(as_text(res[2])) if len(res) > 2 else {})
         if code == -1:
             return AcquireResult(False, 0, "impossible", info)
         if code == -2:
@@ -236,15 +241,15 @@ class SlotStore:
         """Extend the lease. ``lost``: it expired and was reaped; ``taken``: the id is held under another token;
         ``restored``: Redis had lost its data, the lease was registered again under the same token, with those of
         its ``devices`` that are still free."""
-        res = self._run("renew", lease_id, int(token), _ms(ttl), needs_text(needs), _tail(worker, host, name),
+        res = self._run("renew", lease_id, int(token), to_ms(ttl), needs_text(needs), record_tail(worker, host, name),
                         devices_text(devices or {}))
         status = {1: "renewed", 2: "restored", 0: "lost", -1: "taken"}[int(res[0])]
-        return RenewResult(status, int(res[1]), parse_devices(_str(res[2])) if len(res) > 2 else {})  # type: ignore[arg-type]
+        return RenewResult(status, int(res[1]), parse_devices(as_text(res[2])) if len(res) > 2 else {})  # type: ignore[arg-type]
 
     def adopt(self, lease_id: str, needs: Mapping[str, int], *, ttl: float, name: str = "", worker: str = "",
               host: str = "") -> int:
         """Register a holding that ran ungated during an outage (may exceed the total: the counters tell the truth)."""
-        token, _new = self._run("adopt", lease_id, needs_text(needs), _ms(ttl), _tail(worker, host, name))
+        token, _new = self._run("adopt", lease_id, needs_text(needs), to_ms(ttl), record_tail(worker, host, name))
         return int(token)
 
     def release(self, lease_id: str, token: int | None = None, *, unused: bool = False) -> bool:
@@ -261,7 +266,7 @@ class SlotStore:
     def unpark(self, lease_id: str, ticket: str) -> str:
         """A copy of a task parked in this pool under ``ticket`` runs in another pool: take the task out of this
         one. ``moved`` or ``gone`` (go on elsewhere), or ``running``, ``done``, ``stale`` (drop the copy)."""
-        return _str(self._run("unpark", lease_id, ticket))
+        return as_text(self._run("unpark", lease_id, ticket))
 
     def tick(self) -> Tick:
         """Reap (and hand the freed slots off) only if a lease or a contribution may have expired; says when the
@@ -272,265 +277,29 @@ class SlotStore:
     def pop_wake(self, timeout: float) -> str | None:
         """The next message the handoff put on the wake list, waiting up to ``timeout`` seconds (BLPOP)."""
         got = self.client.blpop([self.wake_key], timeout=timeout)
-        return None if got is None else _str(got[1])  # type: ignore[index]
+        return None if got is None else as_text(got[1])  # type: ignore[index]
 
     # -- reads ------------------------------------------------------------------------------------------------
     def snapshot(self, *, starvation_after: float | None = None) -> PoolSnapshot:
         """One round trip: a read-only script returning Redis TIME and the pool's keys, consistent with each other."""
         now_raw, pool, expiries, host_expiries, hostinfo = self._run("snapshot")
         try:
-            return self._build(now_raw, _pairs(pool), _scores(expiries), _scores(host_expiries), _pairs(hostinfo),
-                               starvation_after)
+            return build_pool_snapshot(self.pool, self.scope, now_raw, pairs(pool), scores(expiries),
+                                       scores(host_expiries), pairs(hostinfo), starvation_after)
         except (ValueError, TypeError, IndexError, KeyError) as exc:  # a lease or total some client malformed
             raise MalformedRecord(self.keys[0], f"{type(exc).__name__}: {exc}", what="slot pool") from None
-
-    def _build(self, now_raw: Any, pool: dict[str, str], expiries: list[tuple[str, float]],
-               host_expiries: list[tuple[str, float]], hostinfo: dict[str, str],
-               starvation_after: float | None) -> PoolSnapshot:
-        now_ms = int(now_raw[0]) * 1000 + int(now_raw[1]) // 1000
-        exp = dict(expiries)
-        totals: dict[str, int] = {}
-        fixed: dict[str, int] = {}
-        used: dict[str, int] = {}
-        leases: dict[str, str] = {}
-        waits: dict[str, str] = {}
-        records: dict[str, str] = {}
-        devs: dict[str, list[DeviceId]] = {}
-        host_devs: dict[str, str] = {}
-        for name, value in pool.items():
-            kind, _, rest = name.partition(":")
-            if kind == "total":
-                totals[rest] = int(value)
-            elif kind == "used":
-                used[rest] = int(value)
-            elif kind == "lease":
-                leases[rest] = value
-            elif kind == "wait":
-                waits[rest] = value
-            elif kind == "devs":
-                devs[rest] = [_device(d) for d in value.split(",") if d]
-        for name, value in hostinfo.items():
-            kind, _, rest = name.partition(":")
-            if kind == "fixed":
-                fixed[rest] = int(value)
-            elif kind == "host":
-                records[rest] = value
-            elif kind == "hdev":
-                host_devs[rest] = value
-        hosts = _host_contributions(records, dict(host_expiries), now_ms, host_devs)
-        # the totals the next acquire sees: it reaps contributions that expired since the last count first
-        live: dict[str, int] = {}
-        for hc in hosts:
-            if not hc.expired:
-                for typ, n in hc.totals.items():
-                    live[typ] = live.get(typ, 0) + n
-        counted = {t for t in hostinfo.get("ctypes", "").split(",") if t} | {t for hc in hosts for t in hc.totals}
-        for typ in counted | set(fixed):
-            totals[typ] = fixed[typ] if typ in fixed else live.get(typ, 0)
-        holders = []
-        for lid, raw in sorted(leases.items()):
-            ns, token, started, _ttl, adopted, worker, host, name = raw.split("|", 7)
-            adopted, _, held_devices = adopted.partition(" ")
-            remaining = (exp.get(lid, now_ms) - now_ms) / 1000
-            holders.append(Holder(
-                task_id=lid, task_name=name, worker=worker, host=host, slots=parse_needs(ns), token=int(token),
-                age=(now_ms - int(started)) / 1000, lease_remaining=max(0.0, remaining),
-                expired=remaining <= 0, adopted=adopted == "1", devices=parse_devices(held_devices)))
-        by_device = {(typ, d): h for h in holders for typ, ds in h.devices.items() for d in ds}
-        devices = []
-        for typ in sorted(devs):
-            held_here = [d for (t, d) in by_device if t == typ and d not in devs[typ]]  # the host no longer lists
-            for d in [*devs[typ], *sorted(held_here, key=_device_order)]:
-                h = by_device.get((typ, d))
-                devices.append(DeviceUsage(typ, d) if h is None else DeviceUsage(
-                    typ, d, h.task_id, h.task_name, h.worker, h.age))
-        waiting = []
-        for wid, raw in sorted(waits.items()):
-            ns, since, until, worker, name = raw.split("|", 4)
-            if int(until) <= now_ms:
-                continue
-            waited = (now_ms - int(since)) / 1000
-            needs = parse_needs(ns)
-            possible = all(n <= totals.get(t, 0) for t, n in needs.items())  # else listed, never reserving
-            waiting.append(Waiting(
-                task_id=wid, task_name=name, worker=worker, slots=needs, waited=waited,
-                reserved=possible and starvation_after is not None and waited >= starvation_after))
-        return PoolSnapshot(
-            pool=self.pool, scope=self.scope, host=self.pool[len("host:"):] if self.scope == "host" else None,
-            types=[TypeUsage(t, totals.get(t, 0), used.get(t, 0), t in fixed) for t in sorted(set(totals) | set(used))],
-            holders=holders, waiting=waiting, hosts=hosts, devices=devices)
-
-
-def _host_contributions(records: dict[str, str], expiries: dict[str, float], now_ms: int,
-                        host_devs: dict[str, str]) -> list[HostContribution]:
-    """One entry per host: the largest number per type of its live workers (all of them if none is live), and the
-    devices they list."""
-    by_host: dict[str, list[tuple[str, dict[str, int], int, float, dict[str, list[DeviceId]]]]] = {}
-    for member, raw in records.items():
-        host, _, worker = member.partition("|")
-        ns, since, _ttl = [*raw.split("|", 2), "", ""][:3]
-        by_host.setdefault(host, []).append(
-            (worker, parse_needs(ns), int(since or now_ms), expiries.get(member, float(now_ms)),
-             parse_devices(host_devs.get(member, ""))))
-    out = []
-    for host, members in sorted(by_host.items()):
-        live = [m for m in members if m[3] > now_ms]
-        counted = live or members
-        totals: dict[str, int] = {}
-        devices: dict[str, list[DeviceId]] = {}
-        for _w, needs, _since, _exp, devs in counted:
-            for typ, n in needs.items():
-                totals[typ] = max(totals.get(typ, 0), n)
-            for typ, ds in devs.items():
-                devices[typ] = sorted({*devices.get(typ, []), *ds}, key=_device_order)
-        out.append(HostContribution(
-            host=host, totals=dict(sorted(totals.items())), workers=sorted(m[0] for m in counted),
-            age=(now_ms - min(m[2] for m in counted)) / 1000,
-            expires_in=max(0.0, (max(m[3] for m in members) - now_ms) / 1000), expired=not live,
-            devices=devices))
-    return out
 
 
 @functools.lru_cache(maxsize=1024)
 def _acquire_args(needs: tuple[tuple[str, int], ...], ttl: float, starvation_after: float, wait_ttl: float | None,
                   worker: str, host: str, name: str) -> tuple[bytes, ...]:
     """ARGV[2:] of the acquire script, encoded once per distinct call shape (a worker repeats a handful)."""
-    return (needs_text(dict(needs)).encode(), b"%d" % _ms(ttl), b"%d" % max(0, round(starvation_after * 1000)),
-            b"%d" % _ms(wait_ttl if wait_ttl is not None else 3 * ttl), _tail(worker, host, name).encode())
-
-
-def _tail(worker: str, host: str, name: str) -> str:
-    """The end of a lease record: worker and host between '|' separators, the task name last (it may hold '|')."""
-    return f"{_field(worker)}|{_field(host)}|{name}"
-
-
-def _str(value: Any) -> str:
-    """A reply element as text, from a client with or without decode_responses."""
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _ms(seconds: float) -> int:
-    return max(1, round(seconds * 1000))
-
-
-def _scores(flat: list[Any]) -> list[tuple[str, float]]:
-    return [(str(flat[i]), float(flat[i + 1])) for i in range(0, len(flat), 2)]
-
-
-def _pairs(flat: list[Any]) -> dict[str, str]:
-    return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
-
-
-_TYPE = re.compile(r"^[A-Za-z0-9_.:-]+$")
-
-
-def type_name(typ: str) -> str:
-    if not _TYPE.match(typ):
-        raise ValueError(f"bad resource type {typ!r}: use letters, digits, '_', '.', ':' or '-'")
-    return typ
-
-
-def _member(host: str, worker: str) -> str:
-    """A contribution's member in the hosts ZSET: host and worker, '|' between them (never inside: see _field)."""
-    return f"{_field(host)}|{_field(worker)}"
-
-
-def _field(text: str) -> str:
-    """Worker and host names are stored between '|' separators."""
-    return text.replace("|", "/")
-
-
-def needs_text(needs: Mapping[str, int], *, keep_zero: bool = False) -> str:
-    """``{"gpu": 1, "cpu": 4}`` -> ``"cpu=4,gpu=1"`` (zero needs dropped unless ``keep_zero``: a host's 0 GPU is
-    worth showing; negative ones and odd names refused)."""
-    return _needs_text(tuple(sorted((str(k), int(v)) for k, v in needs.items())), keep_zero)
-
-
-@functools.lru_cache(maxsize=1024)
-def _needs_text(items: tuple[tuple[str, int], ...], keep_zero: bool = False) -> str:
-    if any(v < 0 for _, v in items):
-        raise ValueError(f"slot needs must not be negative: {dict(items)}")
-    return ",".join(f"{type_name(k)}={v}" for k, v in items if v > 0 or keep_zero)
-
-
-def parse_needs(text: str) -> dict[str, int]:
-    return {k: int(v) for k, v in (part.split("=", 1) for part in text.split(",") if part)}
-
-
-_DEVICE = re.compile(r"^[^,;=|\s]+$")
-
-
-def devices_text(devices: Mapping[str, Sequence[DeviceId]]) -> str:
-    """``{"gpu": [0, 1], "npu": ["x"]}`` -> ``"gpu=0,1;npu=x"`` (types without devices dropped)."""
-    parts = []
-    for typ, ids in sorted(devices.items()):
-        names = [str(d) for d in ids]
-        bad = [n for n in names if not _DEVICE.match(n)]
-        if bad:
-            raise ValueError(f"bad device id {bad[0]!r} of {typ}: ',', ';', '=', '|' and spaces cannot be in one")
-        if names:
-            parts.append(f"{type_name(typ)}={','.join(names)}")
-    return ";".join(parts)
-
-
-@functools.lru_cache(maxsize=4096)
-def _parse_devices(text: str) -> tuple[tuple[str, tuple[DeviceId, ...]], ...]:
-    out = []
-    for part in text.split(";"):
-        typ, _, ids = part.partition("=")
-        if typ:
-            out.append((typ, tuple(_device(d) for d in ids.split(",") if d)))
-    return tuple(out)
-
-
-def parse_devices(text: str) -> dict[str, list[DeviceId]]:
-    """``"gpu=2,3"`` -> ``{"gpu": [2, 3]}`` (a GPU index as int, a MIG UUID as str); a new dict every call."""
-    return {typ: list(ids) for typ, ids in _parse_devices(text)}
-
-
-def _device(text: str) -> DeviceId:
-    return int(text) if text.isdigit() else text
-
-
-def _device_order(d: DeviceId) -> tuple[int, int, str]:
-    return (0, d, "") if isinstance(d, int) else (1, 0, d)
+    return (needs_text(dict(needs)).encode(), b"%d" % to_ms(ttl), b"%d" % max(0, round(starvation_after * 1000)),
+            b"%d" % to_ms(wait_ttl if wait_ttl is not None else 3 * ttl), record_tail(worker, host, name).encode())
 
 
 def pools(client: Client, prefix: str = DEFAULT_PREFIX) -> list[str]:
     return sorted(str(p) for p in client.smembers(f"{prefix}:pools"))  # type: ignore[union-attr]
-
-
-def read_legacy(client: Client, prefix: str = DEFAULT_PREFIX) -> PoolSnapshot | None:
-    """The seed's schema: ``<prefix>:<type>:total|used`` strings and ``<prefix>:task:<id>`` hashes
-    (type, slots, plugin_name, started_at). Returns None when no such keys exist."""
-    types: dict[str, TypeUsage] = {}
-    for key in client.scan_iter(match=f"{prefix}:*:total", count=500):
-        typ = str(key)[len(prefix) + 1:-len(":total")]
-        if "{" in typ or ":" in typ or client.type(key) != "string":
-            continue
-        total = int(client.get(key) or 0)  # type: ignore[arg-type]
-        used = int(client.get(f"{prefix}:{typ}:used") or 0)  # type: ignore[arg-type]
-        types[typ] = TypeUsage(typ, total, max(0, used), fixed=True)
-    holders = []
-    sec, usec = client.time()  # type: ignore[misc]
-    now = float(sec) + float(usec) / 1e6
-    for key in client.scan_iter(match=f"{prefix}:task:*", count=500):
-        if client.type(key) != "hash":
-            continue
-        h: dict[str, str] = client.hgetall(key)  # type: ignore[assignment]
-        task_id = str(key)[len(f"{prefix}:task:"):]
-        try:
-            started = float(h.get("started_at", "") or "nan")
-        except ValueError:
-            started = float("nan")
-        holders.append(Holder(
-            task_id=task_id, task_name=h.get("plugin_name", ""), worker="", host="",
-            slots={h.get("type", "?"): int(h.get("slots", 0) or 0)}, token=None,
-            age=None if started != started else max(0.0, now - started), lease_remaining=None))
-    if not types and not holders:
-        return None
-    return PoolSnapshot(pool="legacy", scope="legacy", host=None, types=sorted(types.values(), key=lambda t: t.type),
-                        holders=sorted(holders, key=lambda x: x.task_id))
 
 
 def read_all(client: Client, prefix: str = DEFAULT_PREFIX, *, hash_tag: bool = True,

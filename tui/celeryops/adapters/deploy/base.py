@@ -1,16 +1,45 @@
-"""What every deployer shares: the Deployer protocol, rollout state, typed progress events, results and errors."""
+"""What every deployer shares: the Deployer protocol, rollout state, results and errors.
+
+The typed progress events live in :mod:`celeryops.adapters.deploy.progress`, and how revisions, splits, logs links,
+failure messages and roles are worded in :mod:`celeryops.adapters.deploy.wording`; both are importable from here.
+"""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, ClassVar, Literal, Protocol
-from urllib.parse import quote
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal, Protocol
 
+from celeryops.adapters.deploy.progress import (
+    CommandOutput,
+    ConditionChanged,
+    PollTrouble,
+    ProgressCallback,
+    ProgressEvent,
+    RevisionCreated,
+    RolloutEvent,
+    RolloutReady,
+    RolloutStarted,
+    RouteStarted,
+)
+from celeryops.adapters.deploy.wording import (
+    PERMISSION_ROLES,
+    REASON_LIMIT,
+    REVISION_PERMISSIONS,
+    condense,
+    describe_split,
+    logs_link,
+    role_for,
+    short_revision,
+)
 from celeryops.core.config import Target
 from celeryops.core.errors import EXIT_DEPLOY, UserError
-from celeryops.core.events import Event
+
+__all__ = ["PERMISSION_ROLES", "REASON_LIMIT", "REVISION_PERMISSIONS", "CommandOutput", "ConditionChanged",
+           "DeployError", "DeployResult", "Deployer", "Outcome", "PollTrouble", "PoolDeployer", "PoolUpdate",
+           "ProgressCallback", "ProgressEvent", "RevisionCreated", "RevisionInfo", "RolloutEvent", "RolloutReady",
+           "RolloutStarted", "RolloutState", "RouteStarted", "Router", "condense", "describe_split", "logs_link",
+           "role_for", "short_revision"]
 
 Outcome = Literal["ready", "failed", "in_progress", "unknown"]
 """What :meth:`Deployer.rollout_outcome` found: the new image serves (``ready``), it does not and nothing is
@@ -32,64 +61,6 @@ class DeployError(UserError):
         self.permission = permission
         self.role = role
         self.logs_url = logs_url
-
-
-#: What an overlap deploy and a rollback read besides the resource: its revisions (which exist, which are ready,
-#: how many instances each runs). Granted by roles/run.viewer (read only) and by roles/run.developer.
-REVISION_PERMISSIONS: tuple[str, ...] = ("run.revisions.get", "run.revisions.list")
-
-#: The role that grants each permission a deploy needs (``iam.serviceAccounts.actAs`` is granted on the runtime
-#: service account itself, not on the project or the Cloud Run resource).
-PERMISSION_ROLES: dict[str, str] = {
-    "run.services.get": "roles/run.developer",
-    "run.services.update": "roles/run.developer",
-    "run.workerpools.get": "roles/run.developer",
-    "run.workerpools.update": "roles/run.developer",
-    "run.operations.get": "roles/run.developer",
-    "run.revisions.get": "roles/run.viewer or roles/run.developer",
-    "run.revisions.list": "roles/run.viewer or roles/run.developer",
-    "iam.serviceAccounts.actAs": "roles/iam.serviceAccountUser",
-}
-
-
-def role_for(permission: str, service_account: str = "") -> str:
-    """How to grant ``permission``: ``roles/run.developer``, or ``roles/iam.serviceAccountUser on the runtime
-    service account X`` for actAs (an unknown permission: a role that contains it)."""
-    role = PERMISSION_ROLES.get(permission, "")
-    if permission == "iam.serviceAccounts.actAs":
-        account = f"the runtime service account {service_account}" if service_account else \
-            "the runtime service account (the default compute service account when none is set)"
-        return f"{role} on {account}"
-    return role or f"a role that contains {permission}"
-
-
-_LOGS_URL = re.compile(r"Logs URL:\s*(\S+)", re.I)
-_BOILERPLATE = re.compile(
-    r"(For more troubleshooting guidance, see \S+|Logs for this revision might contain more information\.?"
-    r"|Logs URL:\s*\S+)", re.I)
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
-REASON_LIMIT = 300
-
-
-def condense(message: str) -> tuple[str, str]:
-    """A Cloud Run failure message (several lines: a sentence or two, a Logs URL, a troubleshooting link) as
-    ``(reason, logs_url)``: the reason is one line without the links (a "Revision X is not ready" preamble is
-    dropped when a cause follows), shortened to about ``REASON_LIMIT`` characters, without a final period."""
-    found = _LOGS_URL.search(message)
-    logs_url = found.group(1).rstrip(".,;") if found else ""
-    text = " ".join(_BOILERPLATE.sub(" ", message).split())
-    sentences = [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
-    if len(sentences) > 1 and re.match(r"Revision '?[\w-]+'? is not ready", sentences[0]):
-        sentences = sentences[1:]
-    reason = ""
-    for sentence in sentences:
-        candidate = f"{reason} {sentence}".strip()
-        if reason and len(candidate) > REASON_LIMIT:
-            break
-        reason = candidate
-    if len(reason) > REASON_LIMIT:
-        reason = reason[:REASON_LIMIT - 1].rsplit(" ", 1)[0] + "…"
-    return reason.rstrip(". ") or "no message", logs_url
 
 
 @dataclass(frozen=True)
@@ -214,32 +185,6 @@ def _shares(split: Sequence[tuple[str, int]], latest: str) -> dict[str, int]:
     return out
 
 
-def describe_split(split: Sequence[tuple[str, int]], latest: str = "") -> str:
-    """``worker-00001-abc 100%`` / ``latest (worker-00002-def) 90%, worker-00001-abc 10%``."""
-    named = [f"{rev or ('latest (' + short_revision(latest) + ')' if latest else 'latest')} {pct}%"
-             for rev, pct in split if pct > 0]
-    return ", ".join(named) or "no revision"
-
-
-def short_revision(name: str) -> str:
-    """``projects/.../revisions/worker-00002-abc`` -> ``worker-00002-abc``."""
-    return name.rsplit("/", 1)[-1]
-
-
-def logs_link(kind: str, project: str, region: str, resource: str, revision: str = "") -> str:
-    """The Logs Explorer page of a Cloud Run resource (or one of its revisions): a service's logs are on
-    ``resource.type = "cloud_run_revision"`` by ``service_name``, a worker pool's on ``"cloud_run_worker_pool"`` by
-    ``worker_pool_name``. Used when Cloud Run gave no ``log_uri``."""
-    if kind == "cloudrun-worker-pool":
-        lines = ['resource.type="cloud_run_worker_pool"', f'resource.labels.worker_pool_name="{resource}"']
-    else:
-        lines = ['resource.type="cloud_run_revision"', f'resource.labels.service_name="{resource}"']
-    lines.append(f'resource.labels.location="{region}"')
-    if revision:
-        lines.append(f'resource.labels.revision_name="{short_revision(revision)}"')
-    return f"https://console.cloud.google.com/logs/query;query={quote(chr(10).join(lines), safe='')}?project={project}"
-
-
 @dataclass(frozen=True)
 class RevisionInfo:
     """One revision as Cloud Run reports it: ``name`` (short), its first container's ``image``, its Ready
@@ -273,141 +218,6 @@ class PoolUpdate:
     instance_count: int | None = None
     split: tuple[tuple[str, int], ...] | None = None
     owned_by: str = ""
-
-
-@dataclass(frozen=True)
-class RolloutEvent(Event):
-    """Rollout progress of one target (``--json`` event ``deploy``): ``step`` names the type (``started``,
-    ``revision``, ``condition``, ``ready``, ``trouble``, ``output``); ``text`` is the line a person reads, and
-    the typed fields are what programs use."""
-
-    target: str
-    step: ClassVar[str] = ""
-    kind: str = field(init=False, default="deploy")
-
-    @property
-    def text(self) -> str:
-        return f"{self.target}: {self.detail}"
-
-    @property
-    def detail(self) -> str:
-        """What happened, without the target's name (a screen shows it in the target's row)."""
-        return ""
-
-    def to_json(self) -> dict[str, Any]:
-        data = super().to_json()
-        data.update(step=self.step, text=self.text)
-        return data
-
-
-@dataclass(frozen=True)
-class RolloutStarted(RolloutEvent):
-    """The update was accepted; ``operation`` is Cloud Run's long-running operation (empty for commands)."""
-
-    target: str
-    image: str
-    operation: str = ""
-    previous_revision: str = ""
-
-    step: ClassVar[str] = "started"
-
-    @property
-    def detail(self) -> str:
-        return f"rolling out {self.image}"
-
-
-@dataclass(frozen=True)
-class RouteStarted(RolloutEvent):
-    """An update that routes traffic (a worker pool's instances) to existing revisions was accepted: no new
-    revision, no image (a rollback). ``revision``: the revision that gets the largest share (short name);
-    ``split``: the whole split in words; ``operation``: Cloud Run's long-running operation."""
-
-    target: str
-    revision: str
-    split: str = ""
-    operation: str = ""
-    previous_revision: str = ""
-
-    step: ClassVar[str] = "routing"
-
-    @property
-    def detail(self) -> str:
-        return f"routing to {self.split or self.revision}" + (
-            f" (from {self.previous_revision})" if self.previous_revision else "")
-
-
-@dataclass(frozen=True)
-class RevisionCreated(RolloutEvent):
-    target: str
-    revision: str
-
-    step: ClassVar[str] = "revision"
-
-    @property
-    def detail(self) -> str:
-        return f"revision {short_revision(self.revision)} created"
-
-
-@dataclass(frozen=True)
-class ConditionChanged(RolloutEvent):
-    """A Cloud Run condition (``Ready``, ``ConfigurationsReady``, ``RoutesReady``) changed state or message."""
-
-    target: str
-    condition: str
-    state: str  # "succeeded" | "failed" | "reconciling" | "pending" | ""
-    message: str = ""  # condensed to one line (see :func:`condense`)
-    logs_url: str = ""  # the Logs URL Cloud Run attached to the message, if any
-
-    step: ClassVar[str] = "condition"
-
-    @property
-    def detail(self) -> str:
-        return f"{self.condition} {self.state}" + (f": {self.message}" if self.message else "")
-
-
-@dataclass(frozen=True)
-class RolloutReady(RolloutEvent):
-    target: str
-    revision: str
-
-    step: ClassVar[str] = "ready"
-
-    @property
-    def detail(self) -> str:
-        return f"revision {short_revision(self.revision)} is ready" if self.revision else "done"
-
-
-@dataclass(frozen=True)
-class PollTrouble(RolloutEvent):
-    """Polling failed transiently; the deployer keeps trying until its grace period ends."""
-
-    target: str
-    message: str
-
-    step: ClassVar[str] = "trouble"
-
-    @property
-    def detail(self) -> str:
-        return self.message
-
-
-@dataclass(frozen=True)
-class CommandOutput(RolloutEvent):
-    """One output line of a command target (passwords in URLs masked)."""
-
-    target: str
-    line: str
-
-    step: ClassVar[str] = "output"
-
-    @property
-    def detail(self) -> str:
-        return self.line
-
-
-ProgressEvent = (RolloutStarted | RouteStarted | RevisionCreated | ConditionChanged | RolloutReady | PollTrouble
-                 | CommandOutput)
-ProgressCallback = Callable[[ProgressEvent], None]
 
 
 @dataclass(frozen=True)

@@ -10,18 +10,20 @@ canary strategy takes between looks."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
-from textual.widgets import DataTable, RichLog, Sparkline, Static
+from textual.widgets import DataTable, Sparkline, Static
 from textual.widgets.data_table import ColumnKey
 
 from celeryops.console.fmt import left
-from celeryops.console.model import LEVEL_STYLE, RunModel
-from celeryops.console.screens.base import ConsoleScreen, Row, refill
+from celeryops.console.model import RunModel
+from celeryops.console.screens.base import Row, refill
+from celeryops.console.screens.running import RunScreen, run_nav_bindings
 from celeryops.console.stylesheets import screen_css
 from celeryops.core.canarylook import CanaryLook, RevisionStats, percent
 
@@ -71,7 +73,8 @@ def side_rows(look: CanaryLook, narrow: bool = False) -> list[Row]:
         rows.append((role, (Text("all tasks" if narrow else revision or "-", style="bold"),
                             side(role, "bold cyan" if role == "canary" else "bold"), *stat_cells(look.side(role)))))
     for name, by_role in look.tasks.items():
-        shown = name if not narrow or len(name) <= 12 else name[:11] + "…"
+        name_or = name or "(name unseen)"  # its task-received event came before the canary began
+        shown = name_or if not narrow or len(name_or) <= 12 else name_or[:11] + "…"
         for role, _ in sides:
             stats = by_role.get(role) or RevisionStats()
             rows.append((f"{name}\x00{role}", (Text(shown if role == "canary" else ""), side(role, "dim"),
@@ -128,13 +131,12 @@ def statistic_text(look: CanaryLook | None) -> Text:
     return text
 
 
-class CanaryScreen(ConsoleScreen):
+class CanaryScreen(RunScreen):
     CSS_PATH = screen_css("canary")
     VIEW_TITLE = "canary deploy"
     DANGEROUS = frozenset({"promote_now", "rollback_now", "pause"})
     BINDINGS = [
-        Binding("h", "app.show_home", "Home", id="canary.home", tooltip="Back to the fleet; the canary goes on."),
-        Binding("s", "app.show_slots", "Slots", id="canary.slots", tooltip="Slot pool: gauges, holders, waiters."),
+        *run_nav_bindings("canary", "the canary"),
         Binding("P", "promote_now", "Promote now", id="canary.promote",
                 tooltip="Promote the canary now, whatever the verdict so far: the old revision drains by the "
                         "drain's rules and every instance moves to the canary's revision. Asks first."),
@@ -146,10 +148,6 @@ class CanaryScreen(ConsoleScreen):
                         "them. Asks first."),
     ]
 
-    def __init__(self, read_only: bool) -> None:
-        super().__init__(read_only)
-        self._log_shown = 0
-
     def compose(self) -> ComposeResult:
         yield self.status_bar()
         yield Static("", id="canary-title")
@@ -159,7 +157,7 @@ class CanaryScreen(ConsoleScreen):
             yield Static(" · upper bound by look ", id="bound-label")
             yield Sparkline([], id="bound")
         yield DataTable(id="sides", cursor_type="none", show_cursor=False)
-        yield RichLog(id="log", markup=False, wrap=True, max_lines=500, min_width=20)
+        yield self.event_log()
         yield self.footer()
 
     def on_mount(self) -> None:
@@ -186,31 +184,32 @@ class CanaryScreen(ConsoleScreen):
     def _send(self, what: str, decision: CanaryDecision) -> None:
         self.console.call_backend(what, self.console.backend.canary_decision(decision))
 
-    def action_promote_now(self) -> None:
-        from celeryops.ops.run.canary_decisions import PromoteNow
-
+    def _decide_now(self, verb: str, effect: Callable[[CanaryLook], str], what: str,
+                    decision: Callable[[], CanaryDecision]) -> None:
+        """Ask, then send ``decision``: ``verb`` ("Promote") titles the dialog and names its button, ``effect``
+        says what follows (after the verdict so far)."""
         look = self.console.model.canary
         if look is None:
             return
-        self.console.confirm(
-            f"Promote {look.canary} now?",
-            f"The verdict so far is {look.verdict}: {look.reason}\n\nPromoting now is the overlap's cutover: the "
-            f"workers of {look.baseline} stop taking new tasks and finish what they run (the drain's rules), then "
-            f"every instance moves to {look.canary} at the original count. No busy instance is taken away and "
-            "nothing is killed.", "Promote now", lambda: self._send("promote the canary", PromoteNow()))
+        self.console.confirm(f"{verb} {look.canary} now?",
+                             f"The verdict so far is {look.verdict}: {look.reason}\n\n{effect(look)}", f"{verb} now",
+                             lambda: self._send(what, decision()))
+
+    def action_promote_now(self) -> None:
+        from celeryops.ops.run.canary_decisions import PromoteNow
+
+        self._decide_now("Promote", lambda look: (
+            f"Promoting now is the overlap's cutover: the workers of {look.baseline} stop taking new tasks and finish "
+            f"what they run (the drain's rules), then every instance moves to {look.canary} at the original count. "
+            "No busy instance is taken away and nothing is killed."), "promote the canary", PromoteNow)
 
     def action_rollback_now(self) -> None:
         from celeryops.ops.run.canary_decisions import RollbackNow
 
-        look = self.console.model.canary
-        if look is None:
-            return
-        self.console.confirm(
-            f"Roll back {look.canary} now?",
-            f"The verdict so far is {look.verdict}: {look.reason}\n\nThe workers of {look.canary} stop taking new "
-            f"tasks at once and finish what they run; then every instance goes back to {look.baseline} at the "
-            f"original count. {look.baseline} keeps consuming throughout; nothing is killed.", "Roll back now",
-            lambda: self._send("roll back the canary", RollbackNow()))
+        self._decide_now("Roll back", lambda look: (
+            f"The workers of {look.canary} stop taking new tasks at once and finish what they run; then every "
+            f"instance goes back to {look.baseline} at the original count. {look.baseline} keeps consuming "
+            "throughout; nothing is killed."), "roll back the canary", RollbackNow)
 
     def action_pause(self) -> None:
         from celeryops.ops.run.canary_decisions import PauseCanary
@@ -264,9 +263,4 @@ class CanaryScreen(ConsoleScreen):
         if look is not None:
             table.columns[ColumnKey("task")].label = Text("Task" if narrow else "Revision / task")
             refill(table, side_rows(look, narrow), fit="exceptions")
-        log = self.query_one(RichLog)
-        lines = list(model.log)
-        new = model.log_total - self._log_shown
-        for line in lines[max(0, len(lines) - new):]:
-            log.write(Text(line.text, style=LEVEL_STYLE.get(line.level, "")))
-        self._log_shown = model.log_total
+        self.show_new_log_lines(model)

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.binding import Binding
-from textual.widgets import DataTable, RichLog, Static
+from textual.widgets import DataTable, Static
 
 from celeryops.console.fmt import ROLLOUT_STYLE, state_text
-from celeryops.console.model import LEVEL_STYLE, RunModel
-from celeryops.console.screens.base import ConsoleScreen, Row, refill
+from celeryops.console.model import RunModel
+from celeryops.console.screens.base import Row, refill
+from celeryops.console.screens.running import RunScreen, run_nav_bindings
 from celeryops.console.stylesheets import screen_css
 
 # Cloud Run condition states, as the ops layer names them (succeeded, ...) or as the API does (CONDITION_...).
@@ -29,24 +29,17 @@ def conditions_text(conditions) -> Text:
     return text
 
 
-class DeployScreen(ConsoleScreen):
+class DeployScreen(RunScreen):
     CSS_PATH = screen_css("deploy")
     VIEW_TITLE = "deploy"
-    BINDINGS = [
-        Binding("h", "app.show_home", "Home", id="deploy.home", tooltip="Back to the fleet; the rollout goes on."),
-        Binding("s", "app.show_slots", "Slots", id="deploy.slots", tooltip="Slot pool: gauges, holders, waiters."),
-    ]
-
-    def __init__(self, read_only: bool) -> None:
-        super().__init__(read_only)
-        self._log_shown = 0
+    BINDINGS = [*run_nav_bindings("deploy", "the rollout")]
 
     def compose(self) -> ComposeResult:
         yield self.status_bar()
         yield Static("", id="deploy-title")
         yield DataTable(id="targets", cursor_type="row")
         yield DataTable(id="fleet-back", cursor_type="row", zebra_stripes=True)
-        yield RichLog(id="log", markup=False, wrap=True, max_lines=500, min_width=20)  # wraps at 80 columns
+        yield self.event_log()
         yield self.footer()
 
     def on_mount(self) -> None:
@@ -85,9 +78,4 @@ class DeployScreen(ConsoleScreen):
                            for w in model.fleet_back]
         refill(self.query_one("#fleet-back", DataTable),
                rows or [(None, (Text("waiting for the rollout", style="dim"), "", ""))], fit="queues")
-        log = self.query_one(RichLog)
-        lines = list(model.log)
-        new = model.log_total - self._log_shown
-        for line in lines[max(0, len(lines) - new):]:
-            log.write(Text(line.text, style=LEVEL_STYLE.get(line.level, "")))
-        self._log_shown = model.log_total
+        self.show_new_log_lines(model)

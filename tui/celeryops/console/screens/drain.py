@@ -7,28 +7,26 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
-from textual.widgets import Input, RichLog, Sparkline, Static
+from textual.widgets import Input, Sparkline, Static
 
 from celeryops.console.fmt import since
-from celeryops.console.model import LEVEL_STYLE, RunModel
-from celeryops.console.screens.base import ConsoleScreen
+from celeryops.console.model import RunModel
+from celeryops.console.screens.filtering import FilteredScreen, filter_bindings
+from celeryops.console.screens.running import RunScreen, run_nav_bindings
 from celeryops.console.stylesheets import screen_css
 from celeryops.console.widgets.meters import Countdown, StreakMeter, WorkerBadges
 from celeryops.console.widgets.task_table import TaskTable
 from celeryops.core.events import DrainProgress
 
 
-class DrainScreen(ConsoleScreen):
+class DrainScreen(RunScreen, FilteredScreen):
     CSS_PATH = screen_css("drain")
     VIEW_TITLE = "drain"
     DANGEROUS = frozenset({"abort", "forget_unknown"})
+    FILTERED = "#tasks"
     BINDINGS = [
-        Binding("slash", "filter", "Filter", id="drain.filter", key_display="/",
-                tooltip="Filter tasks by worker, task name or id."),
-        Binding("escape", "clear_filter", "Clear filter", id="drain.clear_filter",
-                tooltip="Show every task again."),
-        Binding("h", "app.show_home", "Home", id="drain.home", tooltip="Back to the fleet; the run goes on."),
-        Binding("s", "app.show_slots", "Slots", id="drain.slots", tooltip="Slot pool: gauges, holders, waiters."),
+        *filter_bindings("drain", "Filter tasks by worker, task name or id.", "Show every task again."),
+        *run_nav_bindings("drain", "the run"),
         Binding("X", "abort", "Abort", id="drain.abort",
                 tooltip="Abort the run and restore consumers exactly as they were."),
         Binding("F", "forget_unknown", "Forget unknown", id="drain.forget",
@@ -37,32 +35,37 @@ class DrainScreen(ConsoleScreen):
 
     def __init__(self, read_only: bool) -> None:
         super().__init__(read_only)
-        self._log_shown = 0
         self._progress_seen: object = None
         self._progress_at = 0.0  # console clock when the last poll result arrived
 
     def compose(self) -> ComposeResult:
         yield self.status_bar()
-        yield Static("", id="drain-title")
+        yield from self.compose_head()
         with Horizontal(id="meters"):  # one above the other; side by side on a short terminal
             yield StreakMeter(id="streak")
             yield Countdown(id="countdown")
         yield Static("", id="counts")
         yield WorkerBadges(id="badges")
         with Horizontal(id="inflight-row"):
-            yield Static("In flight ", id="inflight-label")
-            yield Sparkline([], id="inflight")
+            yield from self.compose_inflight()
         yield TaskTable(id="tasks")
-        yield RichLog(id="log", markup=False, wrap=True, max_lines=500, min_width=20)  # wraps at 80 columns
+        yield self.event_log()
         yield Input(placeholder="filter: worker, task name or id (Esc clears)", id="filter")
         yield self.footer()
+
+    def compose_head(self) -> ComposeResult:
+        """What stands above the meters."""
+        yield Static("", id="drain-title")
+
+    def compose_inflight(self) -> ComposeResult:
+        """The sparkline row: its label, then the line."""
+        yield Static("In flight ", id="inflight-label")
+        yield Sparkline([], id="inflight")
 
     def on_mount(self) -> None:
         self.query_one("#tasks").border_title = "Tasks held by workers"
         self.query_one("#log").border_title = "Events"
-        box = self.query_one("#filter", Input)
-        box.display = False
-        box.cursor_blink = self.console.motion
+        self.hide_filter_box()
         # The live clock: elapsed and time to max wait move every second between polls, from the last poll and the
         # console's clock (no broker or Redis traffic); paused while no drain is running.
         self._clock = self.set_interval(1.0, self._tick, pause=True)
@@ -126,12 +129,7 @@ class DrainScreen(ConsoleScreen):
         label = Text("In flight ", style="bold")
         label.append(str(history[-1]) if history else "-", style="bold cyan")
         self.query_one("#inflight-label", Static).update(label)
-        log = self.query_one(RichLog)
-        lines = list(model.log)
-        new = model.log_total - self._log_shown
-        for line in lines[max(0, len(lines) - new):]:
-            log.write(Text(line.text, style=LEVEL_STYLE.get(line.level, "")))
-        self._log_shown = model.log_total
+        self.show_new_log_lines(model)
 
     def _tick(self) -> None:
         """Move the countdown to now: the last poll's elapsed/remaining plus the time since it arrived; once the
@@ -160,10 +158,7 @@ class DrainScreen(ConsoleScreen):
         if not allowed:
             return allowed
         model = self.console.model
-        box = next(iter(self.query("#filter").results(Input)), None)
-        if action == "clear_filter":  # in the footer only while a filter is set
-            return box is not None and box.display
-        if action == "filter" and box is not None and box.has_focus:  # typing: "/" goes into the box
+        if self.filter_refuses(action):
             return False
         if action == "abort":  # a live run, or a drain-only run that ended drained and keeps consumers stopped
             return True if model.active or model.parked else None
@@ -171,27 +166,7 @@ class DrainScreen(ConsoleScreen):
             return True if model.progress is not None and forgettable(model.progress) else None
         return True
 
-    def action_filter(self) -> None:
-        box = self.query_one("#filter", Input)
-        box.display = True
-        box.focus()
-        self.refresh_bindings()
-
-    def action_clear_filter(self) -> None:
-        box = self.query_one("#filter", Input)
-        box.value = ""
-        box.display = False
-        self._set_filter("")
-        self.query_one(TaskTable).focus()
-        self.refresh_bindings()
-
-    def on_input_changed(self, event: Input.Changed) -> None:
-        self._set_filter(event.value.strip())
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        self.query_one(TaskTable).focus()
-
-    def _set_filter(self, needle: str) -> None:
+    def apply_filter(self, needle: str) -> None:
         table = self.query_one(TaskTable)
         table.filter = needle
         progress = self.console.model.progress

@@ -12,7 +12,8 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Input, Static
 
 from celeryops.console.fmt import gauge, left, since, state_text
-from celeryops.console.screens.base import ConsoleScreen, Row, refill
+from celeryops.console.screens.base import Row, refill
+from celeryops.console.screens.filtering import FilteredScreen, filter_bindings
 from celeryops.console.stylesheets import screen_css
 
 if TYPE_CHECKING:  # annotations only: the first frame does not wait for the ops layer's views
@@ -33,15 +34,14 @@ WORKER_COLUMNS = (("name", "Worker"), ("state", "State"), ("active", "Active"), 
                   ("scheduled", "ETA"), ("fence", "Fence"), ("queues", "Consuming"))
 
 
-class HomeScreen(ConsoleScreen):
+class HomeScreen(FilteredScreen):
     CSS_PATH = screen_css("home")
     VIEW_TITLE = "home"
     DANGEROUS = frozenset({"start_drain", "start_deploy", "restore_again"})
+    FILTERED = "#workers"
     BINDINGS = [
-        Binding("slash", "filter", "Filter", id="home.filter", key_display="/",
-                tooltip="Filter workers and queues by worker, queue or task name."),
-        Binding("escape", "clear_filter", "Clear filter", id="home.clear_filter",
-                tooltip="Show every worker and queue again."),
+        *filter_bindings("home", "Filter workers and queues by worker, queue or task name.",
+                         "Show every worker and queue again."),
         Binding("ctrl+r", "refresh", "Refresh", id="home.refresh", show=False, tooltip="Poll the fleet now."),
         Binding("r", "app.show_runs", "Runs", id="home.runs",
                 tooltip="Run history: the fleet's recent runs; Enter opens one's event timeline."),
@@ -85,9 +85,7 @@ class HomeScreen(ConsoleScreen):
         for key, label in (("name", "Queue"), ("depth", "Waiting"), ("consumers", "Consumers")):
             queues.add_column(Text(label), key=key)  # as a str would be, without loading Rich's emoji table
         self.query_one("#gauges").border_title = "Slots"
-        box = self.query_one("#filter", Input)
-        box.display = False
-        box.cursor_blink = self.console.motion
+        self.hide_filter_box()
         self.set_interval(1.0, self._tick)  # the run's countdown and age move between polls
         self.console.poll_now()
 
@@ -224,34 +222,13 @@ class HomeScreen(ConsoleScreen):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "restore_again" and not (self.fleet is not None and self.fleet.stranded):
             return False  # in the footer only while a worker is stranded
-        box = next(iter(self.query("#filter").results(Input)), None)
-        if action == "clear_filter":  # in the footer only while a filter is set
-            return box is not None and box.display
-        if action == "filter" and box is not None and box.has_focus:  # typing: "/" goes into the box
+        if self.filter_refuses(action):
             return False
         return super().check_action(action, parameters)
 
-    def action_filter(self) -> None:
-        box = self.query_one("#filter", Input)
-        box.display = True
-        box.focus()
-        self.refresh_bindings()
-
-    def action_clear_filter(self) -> None:
-        box = self.query_one("#filter", Input)
-        box.value = ""
-        box.display = False
-        self.needle = ""
+    def apply_filter(self, needle: str) -> None:
+        self.needle = needle
         self._render_fleet()
-        self.query_one("#workers", DataTable).focus()
-        self.refresh_bindings()
-
-    def on_input_changed(self, event: Input.Changed) -> None:
-        self.needle = event.value.strip()
-        self._render_fleet()
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        self.query_one("#workers", DataTable).focus()
 
     def action_refresh(self) -> None:
         self.console.poll_now()

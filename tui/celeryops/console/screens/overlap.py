@@ -10,14 +10,14 @@ from collections.abc import Iterable
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal
-from textual.widgets import DataTable, Input, RichLog, Sparkline, Static
+from textual.widgets import DataTable, Sparkline, Static
 
 from celeryops.console.model import OverlapState, RunModel
 from celeryops.console.screens.base import Row, refill
 from celeryops.console.screens.drain import DrainScreen
+from celeryops.console.screens.filtering import filter_bindings
+from celeryops.console.screens.running import run_nav_bindings
 from celeryops.console.stylesheets import screen_css
-from celeryops.console.widgets.meters import Countdown, StreakMeter, WorkerBadges
 from celeryops.console.widgets.task_table import TaskTable
 
 #: The deploy's steps as the operator follows them: (label, the step that begins it, the step that ends it).
@@ -132,14 +132,10 @@ def revision_rows(overlap: OverlapState, model: RunModel) -> list[Row]:
 class OverlapScreen(DrainScreen):
     CSS_PATH = screen_css("drain", "overlap")
     VIEW_TITLE = "overlap deploy"
-    DANGEROUS = frozenset({"abort", "forget_unknown"})
     BINDINGS = [
-        Binding("slash", "filter", "Filter", id="overlap.filter", key_display="/",
-                tooltip="Filter the old revision's tasks by worker, task name or id."),
-        Binding("escape", "clear_filter", "Clear filter", id="overlap.clear_filter",
-                tooltip="Show every task again."),
-        Binding("h", "app.show_home", "Home", id="overlap.home", tooltip="Back to the fleet; the deploy goes on."),
-        Binding("s", "app.show_slots", "Slots", id="overlap.slots", tooltip="Slot pool: gauges, holders, waiters."),
+        *filter_bindings("overlap", "Filter the old revision's tasks by worker, task name or id.",
+                         "Show every task again."),
+        *run_nav_bindings("overlap", "the deploy"),
         Binding("X", "abort", "Abort", id="overlap.abort",
                 tooltip="Abort the overlap: the old revision consumes again and the new one is retired once idle "
                         "(once the cutover began: it is finished). Asks first."),
@@ -147,25 +143,16 @@ class OverlapScreen(DrainScreen):
                 tooltip="Stop waiting for old workers that do not reply (they are gone)."),
     ]
 
-    def compose(self) -> ComposeResult:
-        yield self.status_bar()
+    def compose_head(self) -> ComposeResult:
         yield Static("", id="overlap-title")
         yield Static("", id="overlap-steps")
         yield DataTable(id="revisions", cursor_type="none", show_cursor=False)
-        with Horizontal(id="meters"):
-            yield StreakMeter(id="streak")
-            yield Countdown(id="countdown")
-        yield Static("", id="counts")
-        yield WorkerBadges(id="badges")
-        with Horizontal(id="inflight-row"):
-            yield Static("Old running ", id="inflight-label")
-            yield Sparkline([], id="inflight")
-            yield Static("New done/s ", id="rate-label")
-            yield Sparkline([], id="rate")
-        yield TaskTable(id="tasks")
-        yield RichLog(id="log", markup=False, wrap=True, max_lines=500, min_width=20)
-        yield Input(placeholder="filter: worker, task name or id (Esc clears)", id="filter")
-        yield self.footer()
+
+    def compose_inflight(self) -> ComposeResult:
+        yield Static("Old running ", id="inflight-label")
+        yield Sparkline([], id="inflight")
+        yield Static("New done/s ", id="rate-label")
+        yield Sparkline([], id="rate")
 
     def on_mount(self) -> None:
         table = self.query_one("#revisions", DataTable)

@@ -10,7 +10,8 @@ from textual.binding import Binding
 from textual.widgets import DataTable, Input, Static
 
 from celeryops.console.fmt import shorten, since
-from celeryops.console.screens.base import ConsoleScreen, Row, refill
+from celeryops.console.screens.base import Row, refill
+from celeryops.console.screens.filtering import FilteredScreen
 from celeryops.console.stylesheets import screen_css
 from celeryops.core.errors import UserError
 from celeryops.core.masking import mask_text
@@ -21,10 +22,11 @@ IMAGE_TEXT = {"exists": ("✔ exists", "green"), "missing": ("✘ missing", "bol
 COLUMNS = (("name", "Release"), ("sha", "Commit"), ("age", "Age"), ("image", "Image"), ("subject", "Subject"))
 
 
-class ReleasesScreen(ConsoleScreen):
+class ReleasesScreen(FilteredScreen):
     CSS_PATH = screen_css("releases")
     VIEW_TITLE = "deploy: pick a release"
     DANGEROUS = frozenset({"deploy"})
+    FILTERED = "#releases"
     BINDINGS = [
         Binding("enter", "deploy", "Preflight", id="releases.deploy", priority=True,
                 tooltip="Run the preflight checklist for this release; nothing changes until you confirm there."),
@@ -54,9 +56,7 @@ class ReleasesScreen(ConsoleScreen):
         table.border_title = "Release branches"
         for key, label in COLUMNS:
             table.add_column(label, key=key)
-        box = self.query_one("#filter", Input)
-        box.display = False
-        box.cursor_blink = self.console.motion
+        self.hide_filter_box()
         self.action_reload()
 
     def action_reload(self) -> None:
@@ -144,8 +144,7 @@ class ReleasesScreen(ConsoleScreen):
         allowed = super().check_action(action, parameters)
         if not allowed:
             return allowed
-        box = next(iter(self.query("#filter").results(Input)), None)
-        if action in ("filter", "deploy") and box is not None and box.has_focus:
+        if action in ("filter", "deploy") and self.typing_filter():
             return False  # typing in the filter: "/" goes into it, Enter leaves it
         if action == "deploy":
             return True if self.view is not None and self._current() is not None else None
@@ -158,26 +157,16 @@ class ReleasesScreen(ConsoleScreen):
         self.app.pop_screen()
         self.console.begin_run("deploy", release.name)
 
-    def action_filter(self) -> None:
-        box = self.query_one("#filter", Input)
-        box.display = True
-        box.focus()
-        self.refresh_bindings()
-
     def action_back(self) -> None:
-        box = self.query_one("#filter", Input)
-        if box.display:
-            box.value, box.display, self.needle = "", False, ""
-            self._fill()
-            self.query_one("#releases", DataTable).focus()
-            self.refresh_bindings()
+        if self.query_one("#filter", Input).display:
+            self.action_clear_filter()
             return
         self.app.pop_screen()
 
-    def on_input_changed(self, event: Input.Changed) -> None:
-        self.needle = event.value.strip()
+    def apply_filter(self, needle: str) -> None:
+        self.needle = needle
         self._fill()
 
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        self.query_one("#releases", DataTable).focus()
+    def filter_left(self) -> None:
+        super().filter_left()
         self.refresh_bindings()

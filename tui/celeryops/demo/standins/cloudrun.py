@@ -9,10 +9,11 @@ same client code as production. It implements:
 - ``google.longrunning.Operations``: GetOperation
 
 This module is the service: what each RPC checks before the resources change (permissions, faults, unknown
-resources answer NOT_FOUND, ``allow_missing`` creates a missing resource and needs ``run.*.create``), the gRPC
-handlers and the server. How updates, rollouts and splits behave is :mod:`celeryops.demo.standins.cloudrun_model`;
-names and texts derived as Cloud Run derives them, and :func:`standin_config`, are
-:mod:`celeryops.demo.standins.cloudrun_support` (importable from here too).
+resources answer NOT_FOUND, ``allow_missing`` creates a missing resource and needs ``run.*.create``) and the
+server; the gRPC method handlers that call it are :mod:`celeryops.demo.standins.cloudrun_grpc`. How updates,
+rollouts and splits behave is :mod:`celeryops.demo.standins.cloudrun_model`; names and texts derived as Cloud Run
+derives them, and :func:`standin_config`, are :mod:`celeryops.demo.standins.cloudrun_support` (importable from here
+too).
 
 Instances: ``launcher`` says what an instance is (e.g. a real Celery worker of the revision, with the environment
 Cloud Run sets for the resource's kind); :meth:`~CloudRunStandIn.instances` shows the running ones by revision,
@@ -36,10 +37,10 @@ Run standalone: ``python -m celeryops.demo.standins.cloudrun --port 8089 --seed-
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from concurrent import futures
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, cast
+from typing import Any, cast
 
 import grpc
 from google.cloud.run_v2 import (
@@ -58,8 +59,8 @@ from google.iam.v1 import iam_policy_pb2
 from google.longrunning import operations_pb2
 from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
-from grpc_status import rpc_status
 
+from celeryops.demo.standins.cloudrun_grpc import grpc_handlers
 from celeryops.demo.standins.cloudrun_instances import (
     GRACE_SECONDS,
     Instance,
@@ -68,12 +69,8 @@ from celeryops.demo.standins.cloudrun_instances import (
     allocate,
     cloud_run_env,
 )
-from celeryops.demo.standins.cloudrun_model import (
-    CloudRunModel,
-    OnUpdate,
-    Refusal,
-    new_resource,
-)
+from celeryops.demo.standins.cloudrun_model import CloudRunModel, Refusal, new_resource
+from celeryops.demo.standins.cloudrun_running import OnUpdate
 from celeryops.demo.standins.cloudrun_support import (
     Failure,
     ResourceRecord,
@@ -158,7 +155,7 @@ class CloudRunStandIn(CloudRunModel):
             return self.address
         self._stopping.clear()
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="cloudrun-standin"))
-        server.add_generic_rpc_handlers(self._handlers())
+        server.add_generic_rpc_handlers(grpc_handlers(self))
         port = server.add_insecure_port(f"{self._host}:{self._port}")
         server.start()
         self._server = server
@@ -244,7 +241,7 @@ class CloudRunStandIn(CloudRunModel):
         with self._lock:
             self.faults.clear()
 
-    def _fault_for(self, rpc: str) -> Fault | None:
+    def fault_for(self, rpc: str) -> Fault | None:
         with self._lock:
             for fault in self.faults:
                 if fault.rpcs and rpc not in fault.rpcs:
@@ -365,57 +362,6 @@ class CloudRunStandIn(CloudRunModel):
             if op is None:
                 raise Refusal(grpc.StatusCode.NOT_FOUND, f"Operation '{request.name}' does not exist.")
             return self._operation_pb(op)
-
-    def _handlers(self) -> tuple[grpc.GenericRpcHandler, ...]:
-        def wrap(rpc: str, fn: Callable[[Any], Any]) -> Callable[[Any, grpc.ServicerContext], Any]:
-            def handler(request: Any, context: grpc.ServicerContext) -> Any:
-                fault = self._fault_for(rpc)
-                if fault is not None:
-                    context.abort_with_status(rpc_status.to_status(fault.status()))
-                try:
-                    return fn(request)
-                except Refusal as exc:
-                    _abort(context, exc)
-            return handler
-
-        def unary(fn: Callable[[Any], Any], request_type: Any, serialize: Callable[[Any], bytes]) -> Any:
-            return (fn, request_type, serialize)
-
-        def service(name: str, methods: dict[str, Any]) -> grpc.GenericRpcHandler:
-            return grpc.method_handlers_generic_handler(name, {
-                rpc: grpc.unary_unary_rpc_method_handler(wrap(rpc, fn), request_deserializer=request_type,
-                                                         response_serializer=serialize)
-                for rpc, (fn, request_type, serialize) in methods.items()})
-
-        def pb(message: Any) -> bytes:
-            return bytes(message.SerializeToString())
-
-        iam_request = iam_policy_pb2.TestIamPermissionsRequest.FromString
-        return (
-            service("google.cloud.run.v2.Services", {
-                "GetService": unary(self.get_service, GetServiceRequest.deserialize, Service.serialize),
-                "UpdateService": unary(self.update_service, UpdateServiceRequest.deserialize, pb),
-                "TestIamPermissions": unary(lambda r: self.test_iam_permissions(r, True), iam_request, pb),
-            }),
-            service("google.cloud.run.v2.WorkerPools", {
-                "GetWorkerPool": unary(self.get_worker_pool, GetWorkerPoolRequest.deserialize, WorkerPool.serialize),
-                "UpdateWorkerPool": unary(self.update_worker_pool, UpdateWorkerPoolRequest.deserialize, pb),
-                "TestIamPermissions": unary(lambda r: self.test_iam_permissions(r, False), iam_request, pb),
-            }),
-            service("google.cloud.run.v2.Revisions", {
-                "GetRevision": unary(self.get_revision, GetRevisionRequest.deserialize, Revision.serialize),
-                "ListRevisions": unary(self.list_revisions, ListRevisionsRequest.deserialize,
-                                       ListRevisionsResponse.serialize),
-            }),
-            service("google.longrunning.Operations", {
-                "GetOperation": unary(self.get_operation, operations_pb2.GetOperationRequest.FromString, pb),
-            }),
-        )
-
-
-def _abort(context: grpc.ServicerContext, exc: Refusal) -> NoReturn:
-    context.abort(exc.code, exc.message)
-    raise AssertionError("unreachable")  # context.abort raises
 
 
 @dataclass

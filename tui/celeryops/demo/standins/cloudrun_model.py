@@ -17,7 +17,8 @@ named revisions exist) and reports what serves in ``traffic_statuses`` / ``insta
 pinned to a named revision keeps the new revision at 0%. ``validate_only`` checks an update (actAs on the
 runtime service account, etag, split) and changes nothing; a stale ``etag`` answers ABORTED.
 
-Instances (:mod:`celeryops.demo.standins.cloudrun_instances`): every resource runs its instance count divided
+Instances (:mod:`celeryops.demo.standins.cloudrun_instances`, kept by
+:mod:`celeryops.demo.standins.cloudrun_running`): every resource runs its instance count divided
 among the revisions of its split. A rollout starts the new revision's instances first (through the launcher, e.g.
 real Celery workers), and only once the revision is ready takes away the instances the new split no longer needs
 (SIGTERM, SIGKILL 10 s later); if the new revision fails, its instances are taken away and the old ones stay. An
@@ -36,9 +37,8 @@ from __future__ import annotations
 import random
 import string
 import threading
-import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import grpc
@@ -46,13 +46,11 @@ from google.cloud.run_v2 import (
     Condition,
     Container,
     InstanceSplit,
-    InstanceSplitAllocationType,
     InstanceSplitStatus,
     Revision,
     RevisionTemplate,
     Service,
     TrafficTarget,
-    TrafficTargetAllocationType,
     TrafficTargetStatus,
     WorkerPool,
     WorkerPoolRevisionTemplate,
@@ -60,13 +58,11 @@ from google.cloud.run_v2 import (
 from google.longrunning import operations_pb2
 from google.rpc import code_pb2, status_pb2
 
-from celeryops.demo.standins.cloudrun_instances import (
-    GRACE_SECONDS,
-    Instance,
-    InstanceLauncher,
-    InstanceSet,
-    allocate,
-    instance_count,
+from celeryops.demo.standins.cloudrun_running import (
+    LATEST_SPLIT,
+    LATEST_TRAFFIC,
+    RunningResources,
+    split_of,
 )
 from celeryops.demo.standins.cloudrun_support import (
     Failure,
@@ -80,11 +76,7 @@ from celeryops.demo.standins.cloudrun_support import (
     timestamp_now,
 )
 
-OnUpdate = Callable[[str, str, str], None]
-
 _State = Condition.State
-_LATEST_TRAFFIC = TrafficTargetAllocationType.TRAFFIC_TARGET_ALLOCATION_TYPE_LATEST
-_LATEST_SPLIT = InstanceSplitAllocationType.INSTANCE_SPLIT_ALLOCATION_TYPE_LATEST
 _SERVICE_CONDITIONS = ("ConfigurationsReady", "RoutesReady")
 _POOL_CONDITIONS = ("ConfigurationsReady",)
 
@@ -107,29 +99,9 @@ def new_resource(is_service: bool, name: str) -> ResourceRecord:
     return ResourceRecord(name=name, is_service=is_service, message=message)
 
 
-class CloudRunModel:
-    """The stand-in's resources and operations, and how updates change them (thread-safe: one lock)."""
-
-    def __init__(self, *, rollout_seconds: float = 0.3, on_update: OnUpdate | None = None,
-                 launcher: InstanceLauncher | None = None, grace: float = GRACE_SECONDS) -> None:
-        self.rollout_seconds = rollout_seconds
-        self.on_update = on_update
-        self.instance_set = InstanceSet(launcher, grace)
-        self.updates: list[tuple[str, str, str]] = []  # (resource, revision, image) of every accepted update
-        self.validations: list[str] = []  # resource names of every validate_only update that passed
-        self._lock = threading.RLock()
-        self._resources: dict[str, ResourceRecord] = {}
-        self._operations: dict[str, OperationRecord] = {}
-        self._act_as: frozenset[str] | None = None  # the service accounts the caller may act as (None: any)
-        self._stopping = threading.Event()
-        self._threads: list[threading.Thread] = []
-
-    def _join_rollouts(self) -> None:
-        """Wait for the rollout threads (set ``_stopping`` first: they stop waiting at once)."""
-        for thread in self._threads:
-            thread.join(5)
-        self._threads.clear()
-        self.instance_set.stop()
+class CloudRunModel(RunningResources):
+    """The stand-in's resources and operations, and how updates change them (thread-safe: one lock; the
+    resource table and the instances are :class:`RunningResources`')."""
 
     # ------------------------------------------------------------------------------------------ seeding
 
@@ -153,11 +125,11 @@ class CloudRunModel:
         message = res.message
         if is_service:
             message.template = RevisionTemplate(containers=containers)
-            message.traffic = [TrafficTarget(type_=_LATEST_TRAFFIC, percent=100)]
+            message.traffic = [TrafficTarget(type_=LATEST_TRAFFIC, percent=100)]
             res.instances = 1 if instances is None else instances
         else:
             message.template = WorkerPoolRevisionTemplate(containers=containers)
-            message.instance_splits = [InstanceSplit(type_=_LATEST_SPLIT, percent=100)]
+            message.instance_splits = [InstanceSplit(type_=LATEST_SPLIT, percent=100)]
             if instances is not None:
                 message.scaling.manual_instance_count = instances
         with self._lock:
@@ -173,83 +145,6 @@ class CloudRunModel:
             wanted = self._wanted(res)
         self.instance_set.grow(name, res.instance_kind, wanted, self._image_of(res))
         return name
-
-    # ------------------------------------------------------------------------------------------ instances
-
-    def _wanted(self, res: ResourceRecord, latest: str = "") -> dict[str, int]:
-        """Instances per revision (short names) under the split asked for, the latest entry resolved to ``latest``
-        (default: the latest ready revision). Call with the lock held."""
-        msg = res.message
-        latest = latest or msg.latest_ready_revision.rsplit("/", 1)[-1]
-        latest_type = _LATEST_TRAFFIC if res.is_service else _LATEST_SPLIT
-        shares = [(latest if e.type_ == latest_type else e.revision.rsplit("/", 1)[-1], e.percent)
-                  for e in self._split(res, msg)] or [(latest, 100)]
-        wanted = allocate(instance_count(msg, res.instances), shares)
-        if res.is_service:  # a tagged revision keeps its revision-level min instances, even at 0% of the traffic
-            minimum = {r.name.rsplit("/", 1)[-1]: int(r.scaling.min_instance_count) for r in res.revisions}
-            for entry in msg.traffic:
-                name = entry.revision.rsplit("/", 1)[-1]
-                if entry.tag and entry.type_ != latest_type and minimum.get(name):
-                    wanted[name] = max(wanted.get(name, 0), minimum[name])
-        for revision in res.revisions:
-            revision.scaling_status.desired_min_instance_count = wanted.get(revision.name.rsplit("/", 1)[-1], 0)
-        return wanted
-
-    def _image_of(self, res: ResourceRecord) -> Callable[[str], str]:
-        """A revision's image (its first container's), by short name."""
-        with self._lock:
-            images = {r.name.rsplit("/", 1)[-1]: (r.containers[0].image if r.containers else "")
-                      for r in res.revisions}
-        return lambda short: images.get(short, "")
-
-    def instances(self, name: str) -> dict[str, list[Instance]]:
-        """The running instances of a resource (full or short name) by revision (short name), oldest first."""
-        with self._lock:
-            full = self._find(name).name
-        return self.instance_set.running(full)
-
-    def leaving(self, name: str) -> list[Instance]:
-        """The resource's instances that were taken away (SIGTERM sent) and still run."""
-        with self._lock:
-            full = self._find(name).name
-        return [i for i in self.instance_set.of(full) if i.leaving]
-
-    def scale(self, name: str, instances: int) -> list[Instance]:
-        """A service's autoscaler: run ``instances`` instances in total (kept within the service's min and max
-        instances), divided by the split that serves now; starts what is missing first, then takes away the excess
-        (a revision still rolling out keeps its instances). Returns the instances it started. A worker pool is
-        scaled through its ``manual_instance_count`` instead."""
-        with self._lock:
-            res = self._find(name)
-            if not res.is_service:
-                raise ValueError(f"{res.short} is a worker pool: change scaling.manual_instance_count with an update")
-            res.instances = max(0, instances)
-            wanted = self._wanted(res)
-        started = self.instance_set.grow(res.name, res.instance_kind, wanted, self._image_of(res))
-        others = {rev: n for rev, n in self.instance_set.counts(res.name).items() if rev not in wanted}
-        self.instance_set.shrink(res.name, {**others, **wanted})
-        return started
-
-    def scale_out(self, name: str, more: int = 1) -> list[Instance]:
-        """A service's autoscaler adds ``more`` instances to its total (see :meth:`scale`)."""
-        with self._lock:
-            total = self._find(name).instances
-        return self.scale(name, total + more)
-
-    def wait_rollouts(self, timeout: float = 30.0) -> bool:
-        """Wait until every rollout finished, old instances taken away included; False at the deadline."""
-        deadline = time.monotonic() + timeout
-        for thread in list(self._threads):
-            thread.join(max(0.0, deadline - time.monotonic()))
-        return not any(t.is_alive() for t in self._threads)
-
-    def _find(self, name: str) -> ResourceRecord:
-        if name in self._resources:
-            return self._resources[name]
-        matches = [r for r in self._resources.values() if r.short == name]
-        if len(matches) != 1:
-            raise KeyError(f"no single resource called {name!r}")
-        return matches[0]
 
     # ------------------------------------------------------------------------------------------ state machine
 
@@ -305,15 +200,11 @@ class CloudRunModel:
 
     # -- splits: a service's traffic, a worker pool's instance_splits ---------------------------------------------
 
-    @staticmethod
-    def _split(res: ResourceRecord, message: Any) -> Any:
-        return message.traffic if res.is_service else message.instance_splits
-
     def _checked_split(self, res: ResourceRecord, new: Any) -> list[Any]:
         """The split an update asks for (empty: all to the latest revision), refused like Cloud Run refuses it; it
         may name the revision the same update names up front (``template.revision``)."""
-        latest_type = _LATEST_TRAFFIC if res.is_service else _LATEST_SPLIT
-        entries = list(self._split(res, new))
+        latest_type = LATEST_TRAFFIC if res.is_service else LATEST_SPLIT
+        entries = list(split_of(res, new))
         if not entries:
             entry_type: Any = TrafficTarget if res.is_service else InstanceSplit
             entries = [entry_type(type_=latest_type, percent=100)]
@@ -336,13 +227,13 @@ class CloudRunModel:
         latest = msg.latest_ready_revision.rsplit("/", 1)[-1]
         if res.is_service:
             msg.traffic_statuses = [
-                TrafficTargetStatus(type_=e.type_, revision=latest if e.type_ == _LATEST_TRAFFIC else e.revision,
+                TrafficTargetStatus(type_=e.type_, revision=latest if e.type_ == LATEST_TRAFFIC else e.revision,
                                     percent=e.percent, tag=e.tag,
                                     uri=msg.uri.replace("https://", f"https://{e.tag}---") if e.tag else "")
                 for e in msg.traffic]
         else:
             msg.instance_split_statuses = [
-                InstanceSplitStatus(type_=e.type_, revision=latest if e.type_ == _LATEST_SPLIT else e.revision,
+                InstanceSplitStatus(type_=e.type_, revision=latest if e.type_ == LATEST_SPLIT else e.revision,
                                     percent=e.percent)
                 for e in msg.instance_splits]
 

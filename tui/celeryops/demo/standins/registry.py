@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
+from typing import Self
 
 from celeryops.demo.standins.redis_server import free_port
 from celeryops.demo.standins.registry_images import (
@@ -31,7 +31,7 @@ from celeryops.demo.standins.registry_images import (
     push_index,
     sha256_digest,
 )
-from celeryops.demo.standins.registry_standin import RecordedRequest, RegistryStandIn
+from celeryops.demo.standins.registry_standin import LoopbackRegistry, RecordedRequest, RegistryStandIn
 
 __all__ = [
     "DOCKER_CONFIG",
@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 
-class DockerRegistryProcess:
+class DockerRegistryProcess(LoopbackRegistry):
     """The real registry (``docker-registry serve CONFIG``, Debian package) on a free loopback port."""
 
     def __init__(self, binary: str | None = None) -> None:
@@ -59,19 +59,15 @@ class DockerRegistryProcess:
         if not found:
             raise RuntimeError("docker-registry is not installed: apt-get install -y docker-registry")
         self.binary = found
-        self.port = free_port()
+        self._port = free_port()
         self._dir = Path(tempfile.mkdtemp(prefix="celeryops-registry-"))
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
-    def host(self) -> str:
-        return f"127.0.0.1:{self.port}"
+    def port(self) -> int:
+        return self._port
 
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}"
-
-    def start(self, timeout: float = 30.0) -> DockerRegistryProcess:
+    def start(self, timeout: float = 30.0) -> Self:
         config = self._dir / "config.yml"
         config.write_text(
             "version: 0.1\nlog:\n  level: warn\n"
@@ -104,9 +100,3 @@ class DockerRegistryProcess:
                 self._proc.wait(10)
         self._proc = None
         shutil.rmtree(self._dir, ignore_errors=True)
-
-    def __enter__(self) -> DockerRegistryProcess:
-        return self.start()
-
-    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
-        self.stop()

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
+from typing import Self
 
 from celeryops.demo.standins.registry_images import DOCKER_MANIFEST, build_manifest, sha256_digest
 
@@ -48,7 +49,36 @@ class _Store:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-class RegistryStandIn:
+class LoopbackRegistry:
+    """A registry for tests and the demo on a loopback ``port``. Use as a context manager or ``start()``/``stop()``."""
+
+    @property
+    def port(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def host(self) -> str:
+        """``127.0.0.1:PORT``: the registry part of image references."""
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}"
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+
+class RegistryStandIn(LoopbackRegistry):
     """A v2 registry in this process. Use as a context manager or ``start()``/``stop()``."""
 
     def __init__(
@@ -65,7 +95,7 @@ class RegistryStandIn:
         self._thread: threading.Thread | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
-    def start(self) -> RegistryStandIn:
+    def start(self) -> Self:
         handler = type("Handler", (_Handler,), {"registry": self})
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
@@ -79,25 +109,10 @@ class RegistryStandIn:
             self._server.server_close()
             self._server = None
 
-    def __enter__(self) -> RegistryStandIn:
-        return self.start()
-
-    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
-        self.stop()
-
     @property
     def port(self) -> int:
         assert self._server is not None, "the stand-in is not running"
         return int(self._server.server_address[1])
-
-    @property
-    def host(self) -> str:
-        """``127.0.0.1:PORT``: the registry part of image references."""
-        return f"127.0.0.1:{self.port}"
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}"
 
     # -- direct seeding (the demo) -------------------------------------------------------------------------------
     def seed(self, name: str, tag: str, media_type: str = DOCKER_MANIFEST) -> str:

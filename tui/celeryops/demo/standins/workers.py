@@ -157,7 +157,33 @@ class WorkerProcess:
             self.proc.wait(timeout=10)
 
 
-class CeleryInstances:
+class LaunchedWorkers:
+    """What a launcher of real workers keeps: the workers it started and the revision each runs (``revision_of``, by
+    node name). Thread-safe: ``_roster`` guards both and ``_stopped``, and nothing starts once stopping began."""
+
+    def __init__(self) -> None:
+        self.workers: list[WorkerProcess] = []
+        self.revision_of: dict[str, str] = {}  # nodename -> revision
+        self._roster = threading.Lock()
+        self._stopped = False
+
+    def _start(self, worker: WorkerProcess, revision: str, refusal: str) -> None:
+        """Start ``worker`` (of ``revision``) and list it; raises RuntimeError(``refusal``) once stopping began."""
+        with self._roster:
+            if self._stopped:
+                raise RuntimeError(refusal)
+            worker.start()
+            self.workers.append(worker)
+            self.revision_of[worker.nodename] = revision
+
+    def _stop_launching(self) -> list[WorkerProcess]:
+        """From now on nothing starts; every worker started so far."""
+        with self._roster:
+            self._stopped = True
+            return list(self.workers)
+
+
+class CeleryInstances(LaunchedWorkers):
     """A Cloud Run stand-in's launcher whose instances are real Celery workers (see
     :mod:`celeryops.demo.standins.cloudrun_instances`): each is started with the environment Cloud Run sets for the
     instance's kind and revision, on top of ``env`` (``options(spec)`` may add WorkerProcess arguments, e.g. another
@@ -170,6 +196,7 @@ class CeleryInstances:
                  options: Callable[[InstanceSpec], dict[str, object]] | None = None,
                  on_start: Callable[[WorkerProcess, InstanceSpec], None] | None = None,
                  default_names: bool = False) -> None:
+        super().__init__()
         self.broker = broker
         self.default_names = default_names
         self.app = app
@@ -179,11 +206,7 @@ class CeleryInstances:
         self.ready_timeout = ready_timeout
         self.options = options
         self.on_start = on_start
-        self.workers: list[WorkerProcess] = []
-        self.revision_of: dict[str, str] = {}  # nodename -> revision
         self._control = control_app(broker)
-        self._lock = threading.Lock()
-        self._stopped = False
 
     def __call__(self, spec: InstanceSpec) -> WorkerProcess:
         kwargs: dict[str, Any] = {"app": self.app, "queues": self.queues, "log_dir": self.log_dir,
@@ -195,12 +218,7 @@ class CeleryInstances:
             meta, kwargs["default_name"] = metadata.instance_env(spec.revision)
             kwargs["env"].update(meta)
         worker = WorkerProcess(self.broker, **kwargs)
-        with self._lock:
-            if self._stopped:
-                raise RuntimeError("the instances are being stopped")
-            worker.start()
-            self.workers.append(worker)
-            self.revision_of[worker.nodename] = spec.revision
+        self._start(worker, spec.revision, "the instances are being stopped")
         if self.on_start is not None:
             self.on_start(worker, spec)
         worker.wait_ready(self._control, timeout=self.ready_timeout)
@@ -208,14 +226,11 @@ class CeleryInstances:
 
     def alive(self, revision: str | None = None) -> list[WorkerProcess]:
         """The workers still running (of ``revision`` only, when given)."""
-        with self._lock:
+        with self._roster:
             return [w for w in self.workers if w.alive() and revision in (None, self.revision_of[w.nodename])]
 
     def stop(self) -> None:
         """SIGKILL every worker's process group (teardown: nothing needs to finish) and wait for them."""
-        with self._lock:
-            self._stopped = True
-            workers = list(self.workers)
-        for worker in workers:
+        for worker in self._stop_launching():
             worker.stop(timeout=5)
         self._control.close()

@@ -16,23 +16,7 @@ import redis
 
 from celeryops.core.events import DrainProgress
 from celeryops.core.untrusted import MalformedRecord
-from celeryops.ops.backend.views import (
-    BrokerSafetyView,
-    DeviceView,
-    FleetView,
-    HostShare,
-    PoolView,
-    QueueView,
-    RecoveryChoice,
-    ResourceView,
-    RunSummary,
-    RunView,
-    SlotHolder,
-    SlotsView,
-    SlotWaiter,
-    StrandedWorker,
-    WorkerView,
-)
+from celeryops.ops.backend import views
 from celeryops.ops.backend.watch import live_status, published_progress, summary_from_status
 from celeryops.ops.fleetwide.brokersafety import assess_all, safety_targets
 from celeryops.ops.fleetwide.lease import LeaseInfo, read_lease
@@ -55,13 +39,13 @@ class Snapshots:
     queues: set[str] = field(default_factory=set)  # every queue seen so far (their depths are shown)
     read_only: bool = False  # watch mode: between runs, list the workers from cheap reads, broadcast nothing
     _history: dict[str, deque[int]] = field(default_factory=dict)
-    _safety: tuple[float, BrokerSafetyView | None] | None = None  # (read at, view): read again after SAFETY_EVERY
+    _safety: tuple[float, views.BrokerSafetyView | None] | None = None  # (read at, view): read again after SAFETY_EVERY
 
-    async def fleet(self, own: RunSummary | None, own_progress: DrainProgress | None) -> FleetView:
+    async def fleet(self, own: views.RunSummary | None, own_progress: DrainProgress | None) -> views.FleetView:
         view = await self._fleet(own, own_progress)
         return dataclasses.replace(view, broker_safety=await self.broker_safety())
 
-    async def broker_safety(self) -> BrokerSafetyView | None:
+    async def broker_safety(self) -> views.BrokerSafetyView | None:
         """The broker's safety (eviction policy, persistence), read at most every ``SAFETY_EVERY`` seconds: reads
         only (CONFIG GET, else INFO; in watch mode INFO only). None when no Redis serves the fleet."""
         now = time.monotonic()
@@ -72,11 +56,11 @@ class Snapshots:
         view = None
         if targets:
             verdict = await assess_all(targets, config=not self.read_only)  # watch mode: INFO only
-            view = BrokerSafetyView(verdict.status, verdict.short, verdict.detail)
+            view = views.BrokerSafetyView(verdict.status, verdict.short, verdict.detail)
         self._safety = (now, view)
         return view
 
-    async def _fleet(self, own: RunSummary | None, own_progress: DrainProgress | None) -> FleetView:
+    async def _fleet(self, own: views.RunSummary | None, own_progress: DrainProgress | None) -> views.FleetView:
         """``own``: the run this console drives (its last poll is the freshest view); else a run published by
         another process, else one observation of the fleet. The fleet's open run (local journal and the fleet's
         copy) is read at every poll: an interrupted one is named in the header and offered for resume/abort, and
@@ -102,15 +86,17 @@ class Snapshots:
         if latest is not None:
             self.queues.update(run_queues(latest))
         obs = await fleet.observe(await fleet.members())
-        workers = tuple(WorkerView(w.name, w.state, w.queues, w.active, w.reserved, w.scheduled, w.plugin)
+        workers = tuple(views.WorkerView(w.name, w.state, w.queues, w.active, w.reserved, w.scheduled, w.plugin)
                         for w in obs.workers.values())
         lost = stranded(latest, {w.name: w.queues for w in obs.workers.values() if w.replied})
-        return FleetView(workers=workers, queues=await self._queue_views(workers), tasks=obs.tasks, run=run,
-                         interrupted=interrupted,
-                         stranded=tuple(StrandedWorker(s.worker, s.queues, s.run_id, s.restored_at) for s in lost))
+        return views.FleetView(workers=workers, queues=await self._queue_views(workers), tasks=obs.tasks, run=run,
+                               interrupted=interrupted,
+                               stranded=tuple(views.StrandedWorker(s.worker, s.queues, s.run_id, s.restored_at)
+                                              for s in lost))
 
     @staticmethod
-    def _summary(published: PublishedStatus, progress: DrainProgress | None, opened: OpenRun | None) -> RunSummary:
+    def _summary(published: PublishedStatus, progress: DrainProgress | None,
+                 opened: OpenRun | None) -> views.RunSummary:
         """A run another process runs, as published; its phase is the journal's (written ahead of every step, while
         the published status follows it a moment later and stays behind if its process dies in between)."""
         summary = summary_from_status(published, progress)
@@ -118,7 +104,7 @@ class Snapshots:
             return dataclasses.replace(summary, phase=opened.run.phase)
         return summary
 
-    async def _listed(self, run: RunSummary | None, interrupted: RunView | None) -> FleetView:
+    async def _listed(self, run: views.RunSummary | None, interrupted: views.RunView | None) -> views.FleetView:
         """Watch mode with no live run: the workers kombu's pidbox bindings and the fence plugin's registry list
         (SMEMBERS and registry reads), and the depths of the queues seen so far (LLEN). No control command: not even
         ping or inspect (a broadcast is a PUBLISH, and its replies a reply queue bound on the broker)."""
@@ -128,22 +114,24 @@ class Snapshots:
         for result in await asyncio.gather(*sources, return_exceptions=True):
             if isinstance(result, set):
                 found |= result
-        workers = tuple(WorkerView(name, "unknown", observed=False) for name in sorted(found))
-        return FleetView(workers=workers, queues=await self._queue_views(workers), run=run, interrupted=interrupted)
+        workers = tuple(views.WorkerView(name, "unknown", observed=False) for name in sorted(found))
+        return views.FleetView(workers=workers, queues=await self._queue_views(workers), run=run,
+                               interrupted=interrupted)
 
-    async def _from_progress(self, progress: DrainProgress, run: RunSummary | None) -> FleetView:
-        workers = tuple(WorkerView(w.name, w.state, w.queues, w.active, w.reserved, w.scheduled, w.plugin)
+    async def _from_progress(self, progress: DrainProgress, run: views.RunSummary | None) -> views.FleetView:
+        workers = tuple(views.WorkerView(w.name, w.state, w.queues, w.active, w.reserved, w.scheduled, w.plugin)
                         for w in progress.workers.values())
-        return FleetView(workers=workers, queues=await self._queue_views(workers), tasks=progress.tasks, run=run)
+        return views.FleetView(workers=workers, queues=await self._queue_views(workers), tasks=progress.tasks, run=run)
 
-    async def _queue_views(self, workers: tuple[WorkerView, ...]) -> tuple[QueueView, ...]:
+    async def _queue_views(self, workers: tuple[views.WorkerView, ...]) -> tuple[views.QueueView, ...]:
         """Every queue seen so far: consumed by a worker now, or stopped by a run (0 consumers is then the truth)."""
         for w in workers:
             self.queues.update(w.queues)
         if not self.queues:
             return ()
         depths = await self.wiring.fleet.queue_depths(sorted(self.queues))
-        return tuple(QueueView(d.queue, d.messages, sum(1 for w in workers if d.queue in w.queues)) for d in depths)
+        return tuple(views.QueueView(d.queue, d.messages, sum(1 for w in workers if d.queue in w.queues))
+                     for d in depths)
 
     async def _published(self) -> PublishedStatus | None:
         coord = self.wiring.coord
@@ -154,7 +142,7 @@ class Snapshots:
         except (redis.RedisError, MalformedRecord):  # unreadable or malformed: no run is followed on its word
             return None
 
-    async def slots(self) -> SlotsView | None:
+    async def slots(self) -> views.SlotsView | None:
         client = self.wiring.slots_client
         if client is None:
             return None
@@ -168,29 +156,29 @@ class Snapshots:
             return None
         order = {"host": 0, "global": 1, "legacy": 2}  # the machines first, then what they share
         pools = sorted(snap.pools, key=lambda p: (order.get(p.scope, 3), p.pool))
-        return SlotsView(pools=tuple(self._pool_view(p, snap) for p in pools))
+        return views.SlotsView(pools=tuple(self._pool_view(p, snap) for p in pools))
 
-    def _pool_view(self, pool: PoolSnapshot, snap: Snapshot) -> PoolView:
+    def _pool_view(self, pool: PoolSnapshot, snap: Snapshot) -> views.PoolView:
         resources = []
         for usage in pool.types:
             history = self._history.setdefault(f"{pool.pool}\0{usage.type}", deque(maxlen=60))
             history.append(usage.used)
-            resources.append(ResourceView(usage.type, usage.total, usage.used, tuple(history)))
-        holders = tuple(SlotHolder(h.task_id, h.task_name, h.worker, dict(h.slots), h.age or 0.0,
-                                   0.0 if h.expired else (h.lease_remaining if h.lease_remaining is not None
-                                                          else 24 * 3600.0), pool=pool.pool,
-                                   devices={t: tuple(str(d) for d in ds) for t, ds in h.devices.items()})
+            resources.append(views.ResourceView(usage.type, usage.total, usage.used, tuple(history)))
+        holders = tuple(views.SlotHolder(h.task_id, h.task_name, h.worker, dict(h.slots), h.age or 0.0,
+                                         0.0 if h.expired else (h.lease_remaining if h.lease_remaining is not None
+                                                                else 24 * 3600.0), pool=pool.pool,
+                                         devices={t: tuple(str(d) for d in ds) for t, ds in h.devices.items()})
                         for h in pool.holders)
-        waiting = tuple(SlotWaiter(w.task_name, w.worker, dict(w.slots), w.waited, pool=pool.pool,
-                                   no_capacity=w.no_capacity,
-                                   capacity=snap.capacity(pool, list(w.slots)) if w.no_capacity else {})
+        waiting = tuple(views.SlotWaiter(w.task_name, w.worker, dict(w.slots), w.waited, pool=pool.pool,
+                                         no_capacity=w.no_capacity,
+                                         capacity=snap.capacity(pool, list(w.slots)) if w.no_capacity else {})
                         for w in pool.waiting)
-        hosts = tuple(HostShare(c.host, dict(c.totals), tuple(c.workers), c.expires_in, c.expired)
+        hosts = tuple(views.HostShare(c.host, dict(c.totals), tuple(c.workers), c.expires_in, c.expired)
                       for c in pool.hosts)
         expired = {h.task_id for h in pool.holders if h.expired}
-        devices = tuple(DeviceView(d.type, str(d.device), d.task_id or "", d.task_name, d.worker, d.held_for or 0.0,
-                                   d.task_id in expired) for d in pool.devices)
-        return PoolView(pool.pool, pool.scope, pool.host, tuple(resources), holders, waiting, hosts, devices)
+        devices = tuple(views.DeviceView(d.type, str(d.device), d.task_id or "", d.task_name, d.worker,
+                                         d.held_for or 0.0, d.task_id in expired) for d in pool.devices)
+        return views.PoolView(pool.pool, pool.scope, pool.host, tuple(resources), holders, waiting, hosts, devices)
 
     def open_run(self) -> OpenRun | None:
         """The fleet's latest unfinished run (the local journal's and the fleet's copy in Redis) and who holds it now;
@@ -223,7 +211,7 @@ class Snapshots:
                 return FleetStore(coord, fleet).latest_ended()
         return None
 
-    def unfinished_run(self) -> RunView | None:
+    def unfinished_run(self) -> views.RunView | None:
         """The fleet's interrupted (or parked) run from the journal, with what each recovery choice would do; None
         when there is none or when it is running elsewhere right now (the home view shows it live)."""
         opened = self.open_run()
@@ -232,21 +220,21 @@ class Snapshots:
         return self._recovery_view(opened)
 
     @staticmethod
-    def _recovery_view(opened: OpenRun) -> RunView:
+    def _recovery_view(opened: OpenRun) -> views.RunView:
         run, holder = opened.run, opened.holder
         strategy = STRATEGIES.get(run.strategy) or STRATEGIES["drain"]  # a newer version's: the drain's rules
         decided = strategy.recovery_plan(run, None)
-        choices = [RecoveryChoice(c.action, c.label, c.detail) for c in strategy.choices(run, decided)]
+        choices = [views.RecoveryChoice(c.action, c.label, c.detail) for c in strategy.choices(run, decided)]
         stopped = {w: qs for w, qs in run.stopped_consumers().items() if w != ALL_WORKERS}
         queues = sorted({q for qs in run.stopped_consumers().values() for q in qs})
         detail = (f"consumers cancelled on {len(stopped)} worker(s) for queues {', '.join(queues)}"
                   if queues else "no consumer stopped") + f"; journal phase {run.phase}"
         if decided.action in ("leave", "ask"):
             detail += f". {decided.explanation}"
-        return RunView(run.id, run.kind, run.phase, started_at=run.created,
-                       owner=f"{run.user}@{run.host}", release=run.release, choices=tuple(choices), detail=detail,
-                       interrupted_at=holder.since if holder.interrupted else None,
-                       interrupted_why=holder.why if holder.interrupted else "")
+        return views.RunView(run.id, run.kind, run.phase, started_at=run.created,
+                             owner=f"{run.user}@{run.host}", release=run.release, choices=tuple(choices), detail=detail,
+                             interrupted_at=holder.since if holder.interrupted else None,
+                             interrupted_why=holder.why if holder.interrupted else "")
 
 
 @dataclass(frozen=True)
@@ -265,11 +253,11 @@ def run_queues(run: Run) -> set[str]:
     return queues | {str(q) for q in run.settings.get("queues") or ()}
 
 
-def run_summary(opened: OpenRun) -> RunSummary:
+def run_summary(opened: OpenRun) -> views.RunSummary:
     """An interrupted or parked run from the journal, as the home view's header line."""
     run, holder = opened.run, opened.holder
     stopped = [w for w in run.stopped_consumers() if w != ALL_WORKERS]
-    return RunSummary(run_id=run.id, kind=run.kind, phase=run.phase, release=run.release,
-                      owner=f"{run.user}@{run.host}", started_at=run.created,
-                      interrupted_at=holder.since if holder.interrupted else None,
-                      interrupted_why=holder.brief if holder.interrupted else "", stopped_workers=len(stopped))
+    return views.RunSummary(run_id=run.id, kind=run.kind, phase=run.phase, release=run.release,
+                            owner=f"{run.user}@{run.host}", started_at=run.created,
+                            interrupted_at=holder.since if holder.interrupted else None,
+                            interrupted_why=holder.brief if holder.interrupted else "", stopped_workers=len(stopped))

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import redis
 
+from celeryops.core.aio import cancel_and_wait
 from celeryops.core.events import Event, Notice
 from celeryops.core.runsettings import RunSettings
 from celeryops.fence import FenceStore
@@ -53,10 +54,7 @@ class RunFence:
 
     async def stop_keeping(self) -> None:
         keeper, self._keeper = self._keeper, None
-        if keeper is not None:
-            keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await keeper
+        await cancel_and_wait(keeper)
 
     async def exempt(self, versions: list[str], revisions: list[str]) -> None:
         """During a deploy: workers of the new release consume while the old ones stay held."""

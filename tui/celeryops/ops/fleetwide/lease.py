@@ -33,6 +33,7 @@ from typing import Any, Final
 import humanize
 import redis
 
+from celeryops.core.aio import cancel_and_wait
 from celeryops.core.errors import EXIT_PREFLIGHT, UserError
 from celeryops.core.identity import current_user
 from celeryops.core.namespace import fleet_key
@@ -366,10 +367,7 @@ class RunLease:
 
     async def stop_heartbeat(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     def stop_heartbeat_now(self) -> None:
         task, self._task = self._task, None

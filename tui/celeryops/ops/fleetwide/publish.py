@@ -30,6 +30,7 @@ from typing import Any, Final, cast
 
 import redis
 
+from celeryops.core.aio import cancel_and_wait
 from celeryops.core.events import RunKind
 from celeryops.core.masking import mask_text
 from celeryops.core.namespace import fleet_key
@@ -337,10 +338,7 @@ class Publisher:
         """Stop the writer and try one last flush (at most ``timeout`` s). True if everything was written."""
         self._closing = True
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
         try:
             return await asyncio.wait_for(asyncio.to_thread(self.flush), timeout=timeout)
         except TimeoutError:

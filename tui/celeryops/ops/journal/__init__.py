@@ -2,6 +2,7 @@
 
 - :mod:`.model`: phases and their moves, runs and their records, what they mean for recovery (pure data);
 - :mod:`.journal`: :class:`Journal`, the SQLite journal of this operator, which keeps the fleet's copy in step;
+- :mod:`.reading`: its reads (one run, the unfinished ones, the history), from both copies;
 - :mod:`.db`: its SQLite file (schema, opening, the errors of a journal that cannot be used);
 - :mod:`.aio`: ``Journal.aio``, the same calls as coroutines;
 - :mod:`.fleetcopy`: how the journal keeps the fleet-held copy in step;
@@ -12,7 +13,7 @@ from celeryops.ops.journal.aio import AsyncJournal
 from celeryops.ops.journal.db import SCHEMA_VERSION
 from celeryops.ops.journal.fleetcopy import FleetStoreDown
 from celeryops.ops.journal.fleetstore import DAY, DEFAULT_TTL, FleetStore, HeldRun, merge_open
-from celeryops.ops.journal.journal import JOURNAL_FILE, Journal, journal_path, newest, unconfirmed_restore
+from celeryops.ops.journal.journal import JOURNAL_FILE, Journal, journal_path
 from celeryops.ops.journal.model import (
     ADD_CONSUMERS,
     ALL_WORKERS,
@@ -35,6 +36,7 @@ from celeryops.ops.journal.model import (
     consumers_text,
     new_run_id,
 )
+from celeryops.ops.journal.reading import newest, unconfirmed_restore
 
 __all__ = [
     "ADD_CONSUMERS",

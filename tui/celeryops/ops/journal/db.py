@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
@@ -59,9 +60,8 @@ def open_db(path: Path, read_only: bool) -> sqlite3.Connection:
     if where.exists() and not where.is_file():
         raise UserError(f"The journal path {where} is not a file: nothing was done; move it aside "
                         "or pass --state-dir.")
-    conn: sqlite3.Connection | None = None
-    try:
-        conn = sqlite3.connect(where, timeout=30.0, isolation_level=None, check_same_thread=False)
+
+    def prepare(conn: sqlite3.Connection) -> None:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute("PRAGMA foreign_keys=ON")
@@ -83,13 +83,10 @@ def open_db(path: Path, read_only: bool) -> sqlite3.Connection:
         problems = [r[0] for r in conn.execute("PRAGMA quick_check").fetchall()]
         if problems != ["ok"]:
             raise sqlite3.DatabaseError("; ".join(str(p) for p in problems[:3]))
-    except UserError:
-        raise
-    except (sqlite3.Error, OSError, ValueError) as exc:
-        if conn is not None:
-            conn.close()
-        raise unusable(path, exc) from None
-    return conn
+
+    return _opened(path, lambda: sqlite3.connect(where, timeout=30.0, isolation_level=None, check_same_thread=False),
+                   prepare)
+
 
 def _open_read_only(path: Path) -> sqlite3.Connection:
     """For readers (``status``, ``runs``): creates nothing, writes nothing, needs no write permission.
@@ -97,10 +94,8 @@ def _open_read_only(path: Path) -> sqlite3.Connection:
     A database without any table is a journal its creator is still writing: SQLite creates the file when the writer
     connects, and the schema appears only when the writer's first transaction commits. The reader waits for it
     (``CREATING_WAIT``) rather than calling it corrupt."""
-    conn: sqlite3.Connection | None = None
-    try:
-        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30.0,
-                               isolation_level=None, check_same_thread=False)
+
+    def prepare(conn: sqlite3.Connection) -> None:
         deadline = time.monotonic() + CREATING_WAIT
         while not conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
             if time.monotonic() > deadline:
@@ -115,6 +110,19 @@ def _open_read_only(path: Path) -> sqlite3.Connection:
         if version != SCHEMA_VERSION:
             raise sqlite3.DatabaseError(f"schema version {version}, this celeryops reads {SCHEMA_VERSION}")
         conn.execute("SELECT count(*) FROM runs").fetchone()
+
+    return _opened(path, lambda: sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30.0,
+                                                 isolation_level=None, check_same_thread=False), prepare)
+
+
+def _opened(path: Path, connect: Callable[[], sqlite3.Connection],
+            prepare: Callable[[sqlite3.Connection], None]) -> sqlite3.Connection:
+    """``connect()``, then ``prepare(conn)`` (checks, a migration); a failure of either closes the connection and is
+    reported as a journal that cannot be used (a UserError passes as it is)."""
+    conn: sqlite3.Connection | None = None
+    try:
+        conn = connect()
+        prepare(conn)
     except UserError:
         raise
     except (sqlite3.Error, OSError, ValueError) as exc:
@@ -122,6 +130,7 @@ def _open_read_only(path: Path) -> sqlite3.Connection:
             conn.close()
         raise unusable(path, exc) from None
     return conn
+
 
 def _migrate(conn: sqlite3.Connection, version: int) -> None:
     # Version 0 -> 1: the tables above were just created. Later versions add steps here.

@@ -119,3 +119,12 @@ def plan(run: Run, rollout: Rollout | None) -> RecoveryPlan:
     return RecoveryPlan("ask", {}, f"Run {run.id} stopped consumers ({what}) and the deploy to {_target(run)} {how}: "
                         f"nothing was touched; run `{RESUME}` once the new revision serves, or `{ABORT_RESTORE}` if "
                         "the old revision still serves.", [RESUME, ABORT_RESTORE], None)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One recovery choice for an interrupted run: ``action`` (``resume`` / ``abort``), a label and what it does."""
+
+    action: Literal["resume", "abort"]
+    label: str
+    detail: str

@@ -1,6 +1,7 @@
 """The run's engine under :class:`~celeryops.ops.run.session.RunSession`: the drain with every side effect written
-ahead in the journal, one run at a time per fleet (Redis lease), the fence, the live status mirrored to Redis for
-watchers (every event the run emits goes there too), and the recovery rules applied by ``abort``.
+ahead in the journal, and the recovery rules applied by ``abort``; on what it holds while it runs
+(:class:`~celeryops.ops.run.runnerbase.RunnerBase`: one run at a time per fleet (Redis lease), the fence, the live
+status mirrored to Redis for watchers).
 
 Interruptions (task cancellation from a signal handler or the console) restore the consumers before the drain ends:
 no path leaves workers stopped.
@@ -12,28 +13,23 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-import redis
-
-from celeryops.adapters.fleet import Fleet
 from celeryops.adapters.taskevents import TaskWatch, start_watch
 from celeryops.core.config import DrainSettings
-from celeryops.core.errors import EXIT_BROKER, EXIT_FAILURE, BrokerUnreachable, ReadOnlyRefused, UserError
-from celeryops.core.events import ConsumersRestored, DrainFinished, DrainProgress, Event, Notice, PhaseChanged
+from celeryops.core.errors import EXIT_FAILURE, BrokerUnreachable, UserError
+from celeryops.core.events import ConsumersRestored, DrainFinished, Event, Notice
 from celeryops.core.identity import current_user
-from celeryops.core.runsettings import RunSettings
-from celeryops.fence import FenceStore
 from celeryops.ops.drain.engine import Drain, DrainResult, restore_consumers
 from celeryops.ops.drain.membership import held_by
-from celeryops.ops.drain.runfence import RunFence
-from celeryops.ops.fleetwide.lease import LeaseHeld, RunLease, drop_dead_lease, read_lease
+from celeryops.ops.fleetwide.lease import LeaseHeld, read_lease
 from celeryops.ops.fleetwide.publish import Publisher
-from celeryops.ops.journal import PHASES, Journal, Phase, Run
+from celeryops.ops.journal import PHASES, Phase, Run
 from celeryops.ops.run.hooks import JournalHooks, restore_settlement, unverified
 from celeryops.ops.run.recovery import RecoveryPlan, Rollout, plan
+from celeryops.ops.run.runnerbase import RunnerBase
 from celeryops.ops.run.stranded import REMEDY, Stranded, last_restore, stranded, stranded_text
 
 log = logging.getLogger(__name__)
@@ -43,152 +39,9 @@ Outcome = Literal["drained", "timeout", "interrupted", "error"]
 
 
 @dataclass
-class Runner:
-    """The engine of one run session on one fleet (the wiring makes one per session); its events go to
-    ``on_event``, the session's sink (the printer, or the console's run)."""
-
-    fleet: Fleet
-    journal: Journal
-    fleet_name: str = "default"
-    on_event: Callable[[Event], None] = lambda e: None
-    read_only: bool = False
-    coord: redis.Redis | None = None  # Redis for the lease and the published status (None: not available)
-    settings: RunSettings = field(default_factory=RunSettings)  # lease/fence TTLs, task events
-    # The console's "detach" (RunSession.detach): an interruption then leaves the consumers stopped and the run open
-    # for `resume`.
-    detached: bool = field(default=False, init=False)
-    # A restore of this process that the broker never let finish (it stayed down past the patience): the run id.
-    restore_failed: str | None = field(default=None, init=False)
-    _drain: Drain | None = field(default=None, init=False)
-    _held: RunLease | None = field(default=None, init=False)
-    _deploy_follows: bool = field(default=False, init=False)
-    _pub: Publisher | None = field(default=None, init=False)
-    _fence: RunFence | None = field(default=None, init=False)
-    _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False)
-
-    def _refuse_if_read_only(self, what: str) -> None:
-        if self.read_only:
-            raise ReadOnlyRefused(what)
-
-    def journal_warning(self, message: str) -> None:
-        """The journal could not copy a record to the fleet's Redis (called from the journal's thread)."""
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            log.warning("%s", message)
-            return
-        loop.call_soon_threadsafe(self.emit, Notice(level="warning", message=message))
-
-    def emit(self, event: Event) -> None:
-        """To the operator's sink, and to the published status while this process holds the run."""
-        if self._pub is not None and not isinstance(event, PhaseChanged):
-            if isinstance(event, DrainProgress):
-                self._pub.progress(event.to_json())
-            else:
-                self._pub.event(event.kind, event.to_json())
-        self.on_event(event)
-
-    async def advance(self, run_id: str, phase: Phase, reason: str | None = None) -> None:
-        """The run moves to ``phase``: journalled first, then published and emitted."""
-        self._loop = asyncio.get_running_loop()
-        await self.journal.aio.advance(run_id, phase, reason=reason)
-        if self._pub is not None:
-            self._pub.phase(phase, **({"reason": reason} if reason else {}))
-            await self._pub.caught_up()  # published before the step it announces (watchers, a death right after)
-        self.on_event(PhaseChanged(phase, reason or ""))
-
-    # -- the current run ---------------------------------------------------------------------------------------
-
-    def unfinished(self) -> Run | None:
-        runs = self.journal.unfinished_runs(self.fleet_name)
-        return runs[-1] if runs else None
-
-    def left_stopped(self) -> Run | None:
-        """After an interrupted run: the fleet's open run if a restore of this process could not finish (the broker
-        stayed down) and its consumers are still recorded as stopped, else None."""
-        if self.restore_failed is None:
-            return None
-        run = self.unfinished()
-        return run if run is not None and run.id == self.restore_failed and run.stopped_consumers() else None
-
-    def no_open_run(self, nothing: str, then: str = "") -> UserError:
-        """The error when there is no unfinished run to act on. When the fleet's Redis did not answer, a run another
-        machine started may be open there: say so (exit 4), rather than that there is none."""
-        if self.journal.fleet_unread is not None:
-            return UserError("The local journal has no unfinished run for this fleet and the fleet's Redis did not "
-                             f"answer ({self.journal.fleet_unread}), so a run started on another machine cannot be "
-                             f"seen: {nothing}; try again when Redis answers (`celeryops status`).", EXIT_BROKER)
-        return UserError(f"There is no unfinished run for this fleet in the journal: {nothing}{then}.", EXIT_FAILURE)
-
-    async def _acquire(self, run: Run, take_over: bool, own_run: str | None = None) -> None:
-        """Take the fleet's run lease (one run at a time), start the status mirror and the fence keeper."""
-        if self.coord is None:
-            self.emit(Notice(level="warning", message="No Redis for the run lease: another operator could start "
-                                                      "a run on this fleet at the same time."))
-            return
-        lease = RunLease(self.coord, self.fleet_name, run.id, ttl=self.settings.lease_ttl)
-        expected = ""
-        try:
-            if take_over:
-                holder = await asyncio.to_thread(read_lease, self.coord, self.fleet_name)
-                if holder is not None and holder.dead_here and (own_run is None or holder.run_id == own_run):
-                    await asyncio.to_thread(drop_dead_lease, self.coord, self.fleet_name, holder.run_id)
-                    holder = await asyncio.to_thread(read_lease, self.coord, self.fleet_name)
-                expected = holder.run_id if holder is not None else ""
-                if holder is not None and own_run is not None and holder.run_id != own_run:
-                    raise LeaseHeld(self.fleet_name, holder, taking_over=own_run)
-            if expected:
-                await asyncio.to_thread(lease.take_over, expected)
-            else:
-                await asyncio.to_thread(lease.acquire)
-        except redis.RedisError as exc:
-            raise UserError(f"Cannot take the run lease in Redis ({exc}): nothing was changed; check Redis.",
-                            EXIT_FAILURE) from None
-        lease.start_heartbeat()
-        self._held = lease
-        self._pub = Publisher(self.coord, self.fleet_name, run_id=run.id, owner=run.user, host=run.host,
-                              release=run.release, started_at=run.created, phase=run.phase, kind=run.kind)
-        self._pub.start()
-        self._fence = RunFence(FenceStore(self.coord, self.fleet_name), run.id, self.settings, self.emit)
-
-    async def release_lease(self) -> None:
-        """Stop the heartbeats and give the lease back (the fence, if any, is left to expire unless lifted)."""
-        lease, self._held = self._held, None
-        pub, self._pub = self._pub, None
-        if self._fence is not None:
-            await self._fence.stop_keeping()
-        if pub is not None:
-            await pub.close()
-        if lease is not None:
-            await lease.stop_heartbeat()
-            with contextlib.suppress(redis.RedisError):
-                await asyncio.to_thread(lease.release)
-
-    # -- fence (ops/drain/runfence.py) -------------------------------------------------------------------------
-
-    def _the_fence(self) -> RunFence | None:
-        """The fence of the run this process holds; else, to lift one after the fact, the fleet's."""
-        if self._fence is not None:
-            return self._fence
-        return RunFence(FenceStore(self.coord, self.fleet_name), None, self.settings, self.emit) if self.coord else None
-
-    async def raise_fence(self, queues: tuple[str, ...], *, only_revisions: tuple[str, ...] = (),
-                          exempt_revisions: tuple[str, ...] = ()) -> None:
-        if self._fence is not None:
-            await self._fence.raise_(queues, current_user(), only_revisions=only_revisions,
-                                     exempt_revisions=exempt_revisions)
-
-    async def exempt_from_fence(self, versions: list[str], revisions: list[str] | None = None) -> None:
-        if self._fence is not None:
-            await self._fence.exempt(versions, revisions or [])
-
-    async def park_fence(self) -> None:
-        if self._fence is not None:
-            await self._fence.park()
-
-    async def lift_fence(self, run_id: str | None = None) -> None:
-        fence = self._the_fence()
-        if fence is not None:
-            await fence.lift(run_id)
+class Runner(RunnerBase):
+    """The engine of one run session on one fleet (the wiring makes one per session): the drain, written ahead, and
+    the recovery rules applied by ``abort``."""
 
     # -- drain -------------------------------------------------------------------------------------------------
 
@@ -364,11 +217,6 @@ class Runner:
         outcome = await self._drain_holding(run, queues, settings, forget, keep_lease)
         return outcome, await self.journal.aio.get(run.id)
 
-    async def hold(self, run: Run) -> None:
-        """Take the lease of an interrupted run of ours again (to finish it); ``release_lease`` after."""
-        self._refuse_if_read_only("resume the run")
-        await self._acquire(run, take_over=True, own_run=run.id)
-
     async def _restore_after(self, drain: Drain, run: Run, why: str, finished: DrainFinished | None = None) -> None:
         """Restore what the drain stopped (the fence first), mark the run aborted, then say how the drain ended (the
         last event of a drain-only run)."""
@@ -488,25 +336,6 @@ class Runner:
             self.emit(Notice(level="warning", message=unverified(restored)))
         return restored
 
-    async def _drop_dead_lease(self, run_id: str) -> None:
-        """The run is over: free the fleet from its lease if its owner is gone (a live owner keeps it)."""
-        assert self.coord is not None
-        with contextlib.suppress(redis.RedisError):
-            await asyncio.to_thread(drop_dead_lease, self.coord, self.fleet_name, run_id)
-
-    async def _refuse_if_live(self, run: Run, doing: str) -> None:
-        """Another process still runs ``run`` (its lease is alive): acting on it would fight that process."""
-        if self.coord is None or self._held is not None:
-            return
-        try:
-            holder = await asyncio.to_thread(read_lease, self.coord, self.fleet_name)
-        except redis.RedisError:
-            return
-        if holder is not None and holder.run_id == run.id and not holder.orphaned and not holder.dead_here:
-            raise UserError(f"Run {run.id} is still running ({holder.describe()}): nothing was changed; stop it with "
-                            f"Ctrl-C where it runs (it restores the consumers itself), or wait until its lease "
-                            f"expires before you {doing}.", EXIT_FAILURE)
-
 
 async def uncut(work: Awaitable[T]) -> T:
     """Run ``work`` to its end although the caller is being cancelled (a second interrupt must not cut a restore
@@ -516,3 +345,4 @@ async def uncut(work: Awaitable[T]) -> T:
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.shield(task)
     return task.result()
+

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, cast
 
-from celeryops.adapters.deploy.base import DeployError, PoolDeployer, PoolUpdate
+from celeryops.adapters.deploy.base import DeployError, PoolDeployer, PoolUpdate, RevisionInfo
 from celeryops.core.config import DrainSettings, Target
 from celeryops.core.errors import EXIT_DEPLOY, EXIT_OK, EXIT_USAGE, UserError
 from celeryops.core.events import (
@@ -34,8 +34,8 @@ from celeryops.core.events import (
 )
 from celeryops.ops.journal import OVERLAP_CUTOVER, OVERLAP_UP, PHASES, Phase, Run
 from celeryops.ops.run.context import RunContext
-from celeryops.ops.run.overlap_rules import ABORT, RESUME, Plan, PoolNow, pool_now, stopped_map
-from celeryops.ops.run.recovery import Action, RecoveryPlan
+from celeryops.ops.run.overlap_rules import ABORT, RESUME, Plan, PoolNow, pool_now, recovery_plan, stopped_map
+from celeryops.ops.run.recovery import Action, Choice, RecoveryPlan, Rollout
 from celeryops.ops.run.runner import Runner, uncut
 
 GONE_WAIT = 60.0  # seconds to wait for a retired revision's workers to leave (Cloud Run: SIGKILL 10 s after SIGTERM)
@@ -115,6 +115,10 @@ class PoolFlow:
     # A retirement that finds the new revision busy past max wait keeps it held (a canary: its workers never consume
     # again) instead of giving both revisions their consumers back (the overlap).
     _hold_new: ClassVar[bool] = False
+
+    async def deploy(self, release: str, targets: tuple[Target, ...]) -> RunFinished:
+        """The strategy's whole deploy run: preflight, the operator's go, the flow, its end."""
+        raise NotImplementedError
 
     async def _continue(self, run: Run, target: Target, *, resume: bool) -> Ending:
         """Abort (``resume`` False) or resume ``run`` by the strategy's rules, from its journal and the pool now."""
@@ -375,16 +379,48 @@ class PoolFlow:
                    workers={rev: registry.get(rev, ()) for rev in (plan.old, plan.new)}, consuming=consuming,
                    completed=completed, rate=rate)
 
-    async def _image_of(self, target: Target, revision: str) -> str:
+    async def _revision_info(self, target: Target, revision: str) -> RevisionInfo | None:
         try:
             found = [r for r in await self.deployer(target).revisions(target) if r.name == revision]
         except DeployError:
-            return ""
-        return found[0].image if found else ""
+            return None
+        return found[0] if found else None
+
+    async def _image_of(self, target: Target, revision: str) -> str:
+        info = await self._revision_info(target, revision)
+        return info.image if info is not None else ""
 
     async def _logs_url(self, target: Target, revision: str) -> str:
-        try:
-            found = [r for r in await self.deployer(target).revisions(target) if r.name == revision]
-        except DeployError:
-            return ""
-        return found[0].log_uri if found else ""
+        info = await self._revision_info(target, revision)
+        return info.log_uri if info is not None else ""
+
+
+@dataclass(frozen=True)
+class PoolStrategy:
+    """A strategy of two revisions on one worker pool: its ``flow`` (a :class:`PoolFlow`) run in the run context,
+    its recovery by the pool's rules (:func:`~celeryops.ops.run.overlap_rules.recovery_plan`), and the words of
+    its recovery choices."""
+
+    name: str
+    flow: type[PoolFlow]
+    resume_label: str
+    resume_detail: str
+    retire_label: str
+    cutover_label: str
+
+    async def deploy(self, ctx: RunContext, release: str, targets: tuple[Target, ...]) -> RunFinished:
+        return await self.flow(ctx).deploy(release, targets)
+
+    async def resume(self, ctx: RunContext, run: Run) -> RunFinished:
+        return await self.flow(ctx).resume(run)
+
+    async def abort(self, ctx: RunContext, run: Run, *, force_restore: bool = False) -> RecoveryPlan:
+        return await self.flow(ctx).abort(run)
+
+    def recovery_plan(self, run: Run, rollout: Rollout | None = None) -> RecoveryPlan:
+        return recovery_plan(run)
+
+    def choices(self, run: Run, decided: RecoveryPlan) -> tuple[Choice, ...]:
+        label = {"retire": self.retire_label, "cutover": self.cutover_label}.get(decided.action,
+                                                                                 "Abort (nothing to undo)")
+        return Choice("resume", self.resume_label, self.resume_detail), Choice("abort", label, decided.explanation)

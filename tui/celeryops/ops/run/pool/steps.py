@@ -9,15 +9,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterable, Mapping
+from typing import Literal
 
-from celeryops.adapters.deploy.base import DeployError, PoolUpdate, short_revision
+from celeryops.adapters.deploy.base import DeployError, PoolUpdate, RolloutState, short_revision
 from celeryops.adapters.taskevents import start_watch
 from celeryops.core.config import Target
-from celeryops.core.errors import EXIT_DEPLOY, EXIT_OK, EXIT_PREFLIGHT, UserError
+from celeryops.core.errors import EXIT_DEPLOY, EXIT_OK, EXIT_PREFLIGHT, EXIT_TIMEOUT, UserError
 from celeryops.core.events import (
     DrainFinished,
     Event,
     FleetBack,
+    Notice,
     StageStarted,
     TargetDeployed,
     TargetRolledBack,
@@ -25,10 +27,15 @@ from celeryops.core.events import (
 from celeryops.ops.drain.engine import Drain, DrainResult
 from celeryops.ops.drain.membership import held_by
 from celeryops.ops.journal import CANCEL_CONSUMERS, OVERLAP_CUTOVER, OVERLAP_REVERT, OVERLAP_UP, Run
+from celeryops.ops.preflight import Check
+from celeryops.ops.preflight.overlap import PoolView, overlap_checks
 from celeryops.ops.run.hooks import JournalHooks
-from celeryops.ops.run.overlap_rules import Plan, progress_of, stopped_map
+from celeryops.ops.run.overlap_rules import Plan, Step, decide, progress_of, stopped_map
 from celeryops.ops.run.pool.base import Destination, Ending, PoolFlow, _cap, _Refused, _Stop
 from celeryops.ops.run.runner import Runner, uncut
+
+#: Where a flow starts: the scale-up, waiting for the new revision, a promotion written ahead, the old revision's drain.
+Start = Literal["up", "wait", "promote", "drain"]
 
 
 class RevisionHooks(JournalHooks):
@@ -54,6 +61,103 @@ class RevisionHooks(JournalHooks):
 
 class PoolSteps(PoolFlow):
     """The steps a strategy of two revisions on one pool is made of."""
+
+    async def _continue(self, run: Run, target: Target, *, resume: bool) -> Ending:
+        """Abort (``resume`` False) or resume ``run`` by the pool's rules, from its journal and the pool now: what
+        every strategy of two revisions does alike (nothing to do, start again, ask, finish a cutover), then
+        :meth:`_go_on` for the rest."""
+        run = await self.runner.journal.aio.get(run.id)
+        plan = progress_of(run).plan
+        pool = None if plan is None else await self._pool(target)
+        decision = decide(run, pool, resume=resume, denied=self._denied)
+        self.emit(Notice(level="info", message=decision.explanation))
+        if decision.step == "done":
+            return Ending("aborted", EXIT_OK, decision.explanation)
+        if decision.step == "nothing":
+            await self.runner.advance(run.id, "aborted", reason="abort: nothing to undo")
+            return Ending("aborted", EXIT_OK, decision.explanation)
+        if decision.step == "start":
+            return await self._forward(run, target, "up")
+        if decision.step == "ask":
+            await self._give_back(run)
+            return Ending("deploy_failed", EXIT_DEPLOY, decision.explanation, action="ask")
+        assert plan is not None
+        if decision.step == "cutover":
+            return await self._finish_cutover(run, target, plan)
+        return await self._go_on(run, target, plan, decision.step, resume=resume)
+
+    async def _go_on(self, run: Run, target: Target, plan: Plan, step: Step, *, resume: bool) -> Ending:
+        """The strategy's own part of abort / resume: ``step`` is ``wait_new``, ``drain_old`` or ``retire``."""
+        raise NotImplementedError
+
+    async def _forward(self, run: Run, target: Target, start: Start, plan: Plan | None = None) -> Ending:
+        """The flow from ``start``: the scale-up, what the strategy does before the old revision goes
+        (:meth:`_before_drain`), the old revision's drain, the cutover. The new revision failing, or the old one not
+        idle in time, retires the new one."""
+        try:
+            if start == "up" or plan is None:
+                plan = await self._scale_up(run, target, self._destination(run), canary=self._canary_count(run))
+            else:
+                await self._settled(target)
+                pool = await self._pool(target)
+                if pool is not None and pool.revisions.get(plan.new) == "failed":
+                    raise _Stop(f"{_cap(self._words.new)} {plan.new} failed to start.")
+            async with self._ticker(run, target, plan):
+                before = await self._before_drain(run, target, plan, start)
+                if isinstance(before, Ending):
+                    return before
+                plan = before
+                drained = await self._drain_old(run, plan)
+            if drained is not None:
+                sentence, _done = await self._retire(run, target, plan)
+                return Ending("timeout", EXIT_TIMEOUT, f"{_cap(self._words.old)} {plan.old} was not idle within "
+                              f"{self._settings(run).max_wait:g} s ({drained}){self._late}: nothing was killed, its "
+                              f"consumers were restored; {sentence}")
+            return await self._cutover(run, target, plan)
+        except _Refused as refused:
+            return Ending("deploy_failed", EXIT_DEPLOY, str(refused))
+        except _Stop as stop:
+            plan = stop.plan or plan
+            assert plan is not None
+            sentence, _done = await self._retire(run, target, plan)
+            return Ending(stop.outcome, stop.code, f"{stop.message} {sentence}", logs_url=stop.logs_url)
+
+    _late = ""  # what the timeout's sentence adds about when the old revision's drain began
+
+    def _canary_count(self, run: Run) -> int:
+        """The new revision's instances beside the old ones at the scale-up (0: as many as the old one has)."""
+        return 0
+
+    async def _before_drain(self, run: Run, target: Target, plan: Plan, start: Start) -> Plan | Ending:
+        """Between the scale-up and the old revision's drain: the plan the drain goes on with, or the run's end.
+        The overlap's: wait until the new revision consumes (unless resumed at the drain)."""
+        if start != "drain":
+            await self._wait_new(run, plan)
+        return plan
+
+    def _checks(self, target: Target, destination: Destination, release: str, sha: str, *,
+                canary: int = 0) -> list[Check]:
+        """The deploy's checks, with the pool's own ``traffic``, ``validate`` (the scale-up: as many new instances
+        as old ones, or ``canary`` of them) and ``fence``, and ``mixed_versions``."""
+        ctx, runner = self.ctx, self.ctx.runner
+        deployer = self.deployer(target)
+        read: list[asyncio.Future[RolloutState]] = []
+
+        async def read_pool() -> PoolView:
+            if not read:
+                read.append(asyncio.ensure_future(deployer.current(target)))
+            return PoolView(await asyncio.shield(read[0]))
+
+        async def validate(change: PoolUpdate) -> None:
+            await deployer.validate_pool_update(target, change)
+
+        own = overlap_checks(target, read_pool, validate, destination.image or destination.revision,
+                             destination.revision, app=runner.fleet.app, fleet=runner.fleet_name,
+                             known=runner.fleet.members, has_registry=runner.coord is not None,
+                             revisions=lambda: deployer.missing_revision_permissions(target), canary=canary)
+        replaced = {c.id for c in own}
+        return [*(c for c in ctx.release_checks(release, sha, (target,)) if c.id not in replaced),
+                *(c for c in ctx.fleet_checks() if c.id not in replaced), *own]
 
     async def _scale_up(self, run: Run, target: Target, destination: Destination, *, canary: int = 0) -> Plan:
         """Step 2: name the plan, write it ahead, send the one update that runs the new revision beside the old one

@@ -17,23 +17,13 @@ below them: the drain (:mod:`celeryops.ops.run.runner`), two revisions on a pool
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
 from celeryops.core.config import Target
 from celeryops.core.events import RunFinished
 from celeryops.ops.journal import Run
 from celeryops.ops.run.context import RunContext
-from celeryops.ops.run.recovery import RecoveryPlan, Rollout
-
-
-@dataclass(frozen=True)
-class Choice:
-    """One recovery choice for an interrupted run: ``action`` (``resume`` / ``abort``), a label and what it does."""
-
-    action: Literal["resume", "abort"]
-    label: str
-    detail: str
+from celeryops.ops.run.recovery import Choice, RecoveryPlan, Rollout
 
 
 class Strategy(Protocol):

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from celeryops.adapters.canaryevents import OutcomeCollector
-from celeryops.adapters.deploy.base import DeployError, PoolUpdate, RolloutState, short_revision
+from celeryops.adapters.deploy.base import DeployError, PoolUpdate, short_revision
 from celeryops.core.canary import CanarySettings, RevisionCounts
 from celeryops.core.config import Target
 from celeryops.core.errors import (
@@ -45,27 +45,20 @@ from celeryops.core.errors import (
     EXIT_CANARY_ROLLED_BACK,
     EXIT_DEPLOY,
     EXIT_OK,
-    EXIT_TIMEOUT,
 )
 from celeryops.core.events import Notice, RunFinished, StageStarted
 from celeryops.ops.journal import OVERLAP_UP, Run
-from celeryops.ops.preflight import Check
-from celeryops.ops.preflight.overlap import PoolView, overlap_checks
 from celeryops.ops.run.canary_decisions import PauseCanary, PromoteNow, RollbackNow, decisions_of
 from celeryops.ops.run.canary_look import look_event
 from celeryops.ops.run.canary_rules import Judgement, judge, split_counts
 from celeryops.ops.run.canary_sources import crashed_workers, registry_revisions
-from celeryops.ops.run.context import RunContext
-from celeryops.ops.run.overlap_rules import Plan, decide, overlap_target, progress_of, recovery_plan
-from celeryops.ops.run.pool.base import Destination, Ending, _cap, _Refused, _Stop, new_revision_name
-from celeryops.ops.run.pool.steps import PoolSteps
-from celeryops.ops.run.recovery import RecoveryPlan, Rollout
-from celeryops.ops.run.strategies.base import Choice
+from celeryops.ops.run.overlap_rules import Plan, Step, overlap_target
+from celeryops.ops.run.pool.base import Destination, Ending, PoolStrategy, _Stop, new_revision_name
+from celeryops.ops.run.pool.steps import PoolSteps, Start
 
 LOOK = "canary_look"  # a journal note: one look's counts
 VERDICT = "canary_verdict"  # a journal note, written before the verdict is acted on
 Outcome = Literal["promote", "rollback", "paused"]
-Start = Literal["up", "wait", "promote", "drain"]
 
 
 @dataclass
@@ -123,6 +116,7 @@ class CanaryFlow(PoolSteps):
     """The canary deploy of one worker pool, in a run context."""
 
     _hold_new = True  # a canary taken away never consumes again, busy or not
+    _by_operator = False  # the verdict acted on was the operator's (P / B), not the analysis'
 
     # -- entry points ------------------------------------------------------------------------------------------
 
@@ -130,10 +124,12 @@ class CanaryFlow(PoolSteps):
         """Preflight (the overlap's checks at the canary's peak), the operator's go, then the canary."""
         target = overlap_target(targets, strategy="canary")
         settings = self.ctx.config.canary
-        self.emit(StageStarted(stage="preflight", detail=f"release {release}, canary on {target.name}"))
+        self.emit(StageStarted(stage="preflight", detail=f"release {release}, canary on {target.name}",
+                               strategy="canary"))
         sha = await self.ctx.release_sha(release)
         destination = Destination(new_revision_name(target, sha), target.image_for(sha, release, release))
-        ended = await self.ctx.checked(self.checks(target, destination, release, sha, settings.instances))
+        ended = await self.ctx.checked(self._checks(target, destination, release, sha,
+                                                     canary=settings.instances))
         if ended is not None:
             return ended
         drain = self.ctx.config.drain
@@ -147,108 +143,48 @@ class CanaryFlow(PoolSteps):
             await self._close()
         return self._finish(ending)
 
-    def checks(self, target: Target, destination: Destination, release: str, sha: str, canary: int) -> list[Check]:
-        """The deploy's checks, with the overlap's ``traffic``, ``validate`` (the canary's update) and ``fence``,
-        and ``mixed_versions``."""
-        ctx, runner = self.ctx, self.ctx.runner
-        deployer = self.deployer(target)
-        read: list[asyncio.Future[RolloutState]] = []
-
-        async def read_pool() -> PoolView:
-            if not read:
-                read.append(asyncio.ensure_future(deployer.current(target)))
-            return PoolView(await asyncio.shield(read[0]))
-
-        async def validate(change: PoolUpdate) -> None:
-            await deployer.validate_pool_update(target, change)
-
-        own = overlap_checks(target, read_pool, validate, destination.image or destination.revision,
-                             destination.revision, app=runner.fleet.app, fleet=runner.fleet_name,
-                             known=runner.fleet.members, has_registry=runner.coord is not None,
-                             revisions=lambda: deployer.missing_revision_permissions(target), canary=canary)
-        replaced = {c.id for c in own}
-        return [*(c for c in ctx.release_checks(release, sha, (target,)) if c.id not in replaced),
-                *(c for c in ctx.fleet_checks() if c.id not in replaced), *own]
-
     # -- the flow ----------------------------------------------------------------------------------------------
 
     def _canary_settings(self, run: Run) -> CanarySettings:
         recorded = run.settings.get("canary")
         return CanarySettings.from_dict(recorded) if isinstance(recorded, dict) else self.ctx.config.canary
 
-    async def _continue(self, run: Run, target: Target, *, resume: bool) -> Ending:
-        """Abort (``resume`` False: the canary is taken away, or a promotion's cutover finished) or resume ``run``
-        (the analysis goes on from the recorded counts; a verdict written ahead is carried out)."""
-        run = await self.runner.journal.aio.get(run.id)
-        progress = progress_of(run)
-        pool = None if progress.plan is None else await self._pool(target)
-        decision = decide(run, pool, resume=resume, denied=self._denied)
-        self.emit(Notice(level="info", message=decision.explanation))
-        plan = progress.plan
-        if decision.step == "done":
-            return Ending("aborted", EXIT_OK, decision.explanation)
-        if decision.step == "nothing":
-            await self.runner.advance(run.id, "aborted", reason="abort: nothing to undo")
-            return Ending("aborted", EXIT_OK, decision.explanation)
-        if decision.step == "start":
-            return await self._forward(run, target, "up")
-        if decision.step == "ask":
-            await self._give_back(run)
-            return Ending("deploy_failed", EXIT_DEPLOY, decision.explanation, action="ask")
-        assert plan is not None
-        if decision.step == "cutover":
-            return await self._finish_cutover(run, target, plan)
+    async def _go_on(self, run: Run, target: Target, plan: Plan, step: Step, *, resume: bool) -> Ending:
+        """Resume: the analysis goes on from the recorded counts, or a verdict written ahead is carried out; abort:
+        the canary is taken away."""
         verdict = analysis_of(run).verdict
-        if decision.step in ("wait_new", "drain_old") and verdict != "rollback":
-            start: Start = "drain" if decision.step == "drain_old" else (
+        if step in ("wait_new", "drain_old") and verdict != "rollback":
+            start: Start = "drain" if step == "drain_old" else (
                 "promote" if verdict == "promote" else "wait")
             return await self._forward(run, target, start, plan)
         sentence, done = await self._retire(run, target, plan)
         if verdict == "rollback" and done and resume:
-            return Ending("canary_rolled_back", EXIT_CANARY_ROLLED_BACK, f"The canary was rolled back: {sentence}",
+            return Ending("canary_rolled_back", EXIT_CANARY_ROLLED_BACK, f"The canary was rolled back: "
+                          f"{sentence[:1].lower()}{sentence[1:]}",
                           action="retire")
         if resume:
             return Ending("deploy_failed", EXIT_DEPLOY, f"The canary deploy did not take place: {sentence}")
         return Ending("aborted" if done else "deploy_failed", EXIT_OK if done else EXIT_DEPLOY, sentence,
                       action="retire" if done else "ask")
 
-    async def _forward(self, run: Run, target: Target, start: Start,
-                       plan: Plan | None = None) -> Ending:
-        """The canary from ``start``: its scale-up, the analysis, then the promotion (the overlap's drain of the old
-        revision and cutover) or the rollback."""
-        try:
-            if start == "up" or plan is None:
-                plan = await self._scale_up(run, target, self._destination(run),
-                                            canary=self._canary_settings(run).instances)
-            else:
-                await self._settled(target)
-                pool = await self._pool(target)
-                if pool is not None and pool.revisions.get(plan.new) == "failed":
-                    raise _Stop(f"{_cap(self._words.new)} {plan.new} failed to start.")
-            async with self._ticker(run, target, plan):
-                if start in ("up", "wait"):
-                    await self._wait_new(run, plan)
-                    outcome = await self._analyse(run, target, plan)
-                    if outcome == "rollback":
-                        return await self._rolled_back(run, target, plan)
-                    if outcome == "paused":
-                        return self._paused(run, plan)
-                if start != "drain" and plan.canary:
-                    plan = await self._promote(run, target, plan)
-                drained = await self._drain_old(run, plan)
-            if drained is not None:
-                sentence, _done = await self._retire(run, target, plan)
-                return Ending("timeout", EXIT_TIMEOUT, f"{_cap(self._words.old)} {plan.old} was not idle within "
-                              f"{self._settings(run).max_wait:g} s ({drained}) after the canary was promoted: "
-                              f"nothing was killed, its consumers were restored; {sentence}")
-            return await self._cutover(run, target, plan)
-        except _Refused as refused:
-            return Ending("deploy_failed", EXIT_DEPLOY, str(refused))
-        except _Stop as stop:
-            plan = stop.plan or plan
-            assert plan is not None
-            sentence, _done = await self._retire(run, target, plan)
-            return Ending(stop.outcome, stop.code, f"{stop.message} {sentence}", logs_url=stop.logs_url)
+    _late = " after the canary was promoted"
+
+    def _canary_count(self, run: Run) -> int:
+        return self._canary_settings(run).instances
+
+    async def _before_drain(self, run: Run, target: Target, plan: Plan, start: Start) -> Plan | Ending:
+        """The canary's: until it consumes, the analysis, then its rollback, its pause, or its promotion (the overlap's
+        peak: the old revision's drain follows)."""
+        if start in ("up", "wait"):
+            await self._wait_new(run, plan)
+            outcome = await self._analyse(run, target, plan)
+            if outcome == "rollback":
+                return await self._rolled_back(run, target, plan)
+            if outcome == "paused":
+                return self._paused(run, plan)
+        if start != "drain" and plan.canary:
+            plan = await self._promote(run, target, plan)
+        return plan
 
     def _paused(self, run: Run, plan: Plan) -> Ending:
         return Ending("canary_paused", EXIT_CANARY_PAUSED, f"The canary had no verdict within "
@@ -262,8 +198,9 @@ class CanaryFlow(PoolSteps):
         if not done:
             return Ending("canary_rolled_back", EXIT_CANARY_ROLLED_BACK, f"The canary is being rolled back: "
                           f"{sentence}", action="ask")
-        return Ending("canary_rolled_back", EXIT_CANARY_ROLLED_BACK, f"The canary was rolled back by the analysis: "
-                      f"{sentence}", action="retire")
+        by = "the operator" if self._by_operator else "the analysis"
+        return Ending("canary_rolled_back", EXIT_CANARY_ROLLED_BACK, f"The canary was rolled back by {by}: "
+                      f"{sentence[:1].lower()}{sentence[1:]}", action="retire")
 
     async def _promote(self, run: Run, target: Target, plan: Plan) -> Plan:
         """The promotion's update (written ahead as the overlap's ``overlap_up`` of the promoted plan): as many
@@ -307,6 +244,7 @@ class CanaryFlow(PoolSteps):
                     await asyncio.sleep(settings.look_interval)
                 if isinstance(decision, PromoteNow | RollbackNow):
                     chosen: Outcome = "promote" if isinstance(decision, PromoteNow) else "rollback"
+                    self._by_operator = True
                     await self._verdict(run, chosen, "operator", f"The operator chose to {decision.action}.")
                     return chosen
                 if isinstance(decision, PauseCanary):
@@ -357,31 +295,12 @@ class CanaryFlow(PoolSteps):
         self.emit(Notice(level="warning" if verdict == "rollback" else "info", message=reason))
 
 
-@dataclass(frozen=True)
-class CanaryStrategy:
-    """``strategy = "canary"``: judged by task outcomes per revision, then promoted or rolled back."""
-
-    name: str = "canary"
-
-    async def deploy(self, ctx: RunContext, release: str, targets: tuple[Target, ...]) -> RunFinished:
-        return await CanaryFlow(ctx).deploy(release, targets)
-
-    async def resume(self, ctx: RunContext, run: Run) -> RunFinished:
-        return await CanaryFlow(ctx).resume(run)
-
-    async def abort(self, ctx: RunContext, run: Run, *, force_restore: bool = False) -> RecoveryPlan:
-        return await CanaryFlow(ctx).abort(run)
-
-    def recovery_plan(self, run: Run, rollout: Rollout | None = None) -> RecoveryPlan:
-        return recovery_plan(run)
-
-    def choices(self, run: Run, decided: RecoveryPlan) -> tuple[Choice, ...]:
-        label = {"retire": "Abort: take the canary away", "cutover": "Abort: finish the promotion's cutover"}.get(
-            decided.action, "Abort (nothing to undo)")
-        return (Choice("resume", "Resume the canary",
-                       "Ask Cloud Run how the pool is and continue from the journal: the analysis goes on from the "
-                       "recorded counts, or a verdict written ahead is carried out (what `celeryops resume` does)."),
-                Choice("abort", label, decided.explanation))
+#: ``strategy = "canary"``: judged by task outcomes per revision, then promoted or rolled back.
+CanaryStrategy = PoolStrategy(
+    name="canary", flow=CanaryFlow, resume_label="Resume the canary",
+    resume_detail="Ask Cloud Run how the pool is and continue from the journal: the analysis goes on from the "
+                  "recorded counts, or a verdict written ahead is carried out (what `celeryops resume` does).",
+    retire_label="Abort: take the canary away", cutover_label="Abort: finish the promotion's cutover")
 
 
 __all__ = ["Analysis", "CanaryFlow", "CanaryStrategy", "analysis_of"]

@@ -87,7 +87,7 @@ class DrainStrategy:
     async def deploy(self, ctx: RunContext, release: str, targets: tuple[Target, ...]) -> RunFinished:
         """Preflight (the fleet's checks and the release's), the operator's go, drain, the operator's go, deploy,
         verify. Interrupted after the drain: the recovery rules, with the rollout's real outcome."""
-        ctx.emit(StageStarted(stage="preflight", detail=f"release {release}"))
+        ctx.emit(StageStarted(stage="preflight", detail=f"release {release}", strategy="drain"))
         sha = await ctx.release_sha(release)
         ended = await ctx.checked([*ctx.release_checks(release, sha, targets), *ctx.fleet_checks()])
         if ended is not None:

@@ -35,24 +35,16 @@ pins is recorded as celeryops' own, as is the one a retirement pins.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from celeryops.adapters.deploy.base import PoolUpdate, RolloutState
 from celeryops.core.config import Target
-from celeryops.core.errors import EXIT_DEPLOY, EXIT_OK, EXIT_TIMEOUT
-from celeryops.core.events import Notice, RunFinished, StageStarted
+from celeryops.core.errors import EXIT_DEPLOY, EXIT_OK
+from celeryops.core.events import RunFinished, StageStarted
 from celeryops.ops.journal import Run
-from celeryops.ops.preflight import Check
-from celeryops.ops.preflight.overlap import PoolView, overlap_checks
-from celeryops.ops.run.context import RunContext
-from celeryops.ops.run.overlap_rules import Plan, decide, overlap_target, progress_of, recovery_plan
-from celeryops.ops.run.pool.base import Destination, Ending, _cap, _Refused, _Stop, new_revision_name
+from celeryops.ops.run.overlap_rules import Plan, Step, overlap_target
+from celeryops.ops.run.pool.base import Destination, Ending, PoolStrategy, new_revision_name
 from celeryops.ops.run.pool.steps import PoolSteps
-from celeryops.ops.run.recovery import RecoveryPlan, Rollout
-from celeryops.ops.run.strategies.base import Choice
 
 
 class OverlapFlow(PoolSteps):
@@ -64,36 +56,14 @@ class OverlapFlow(PoolSteps):
         """Preflight (the overlap's checks), the operator's go, then :meth:`move` to a new revision of the release's
         image."""
         target = overlap_target(targets)
-        self.emit(StageStarted(stage="preflight", detail=f"release {release}, overlap on {target.name}"))
+        self.emit(StageStarted(stage="preflight", detail=f"release {release}, overlap on {target.name}",
+                               strategy="overlap"))
         sha = await self.ctx.release_sha(release)
         destination = Destination(new_revision_name(target, sha), target.image_for(sha, release, release))
-        ended = await self.ctx.checked(self.checks(target, destination, release, sha))
+        ended = await self.ctx.checked(self._checks(target, destination, release, sha))
         if ended is not None:
             return ended
         return await self.move(target, destination, release=release, settings={"sha": sha})  # closes them
-
-    def checks(self, target: Target, destination: Destination, release: str, sha: str) -> list[Check]:
-        """The deploy's checks, with the overlap's own ``traffic``, ``validate`` and ``fence``, and
-        ``mixed_versions``."""
-        ctx, runner = self.ctx, self.ctx.runner
-        deployer = self.deployer(target)
-        read: list[asyncio.Future[RolloutState]] = []
-
-        async def read_pool() -> PoolView:
-            if not read:
-                read.append(asyncio.ensure_future(deployer.current(target)))
-            return PoolView(await asyncio.shield(read[0]))
-
-        async def validate(change: PoolUpdate) -> None:
-            await deployer.validate_pool_update(target, change)
-
-        own = overlap_checks(target, read_pool, validate, destination.image or destination.revision,
-                             destination.revision, app=runner.fleet.app, fleet=runner.fleet_name,
-                             known=runner.fleet.members, has_registry=runner.coord is not None,
-                             revisions=lambda: deployer.missing_revision_permissions(target))
-        replaced = {c.id for c in own}
-        return [*(c for c in ctx.release_checks(release, sha, (target,)) if c.id not in replaced),
-                *(c for c in ctx.fleet_checks() if c.id not in replaced), *own]
 
     async def move(self, target: Target, destination: Destination, *, release: str | None,
                    settings: Mapping[str, Any] | None = None) -> RunFinished:
@@ -106,98 +76,30 @@ class OverlapFlow(PoolSteps):
             "streak": drain.streak, "max_wait": drain.max_wait, **dict(settings or {})})
         self._kind(run)
         try:
-            ending = await self._guarded(run, target, lambda: self._forward(run, target, destination, "up"))
+            ending = await self._guarded(run, target, lambda: self._forward(run, target, "up"))
         finally:
             await self._close()
         return self._finish(ending)
 
     # -- the flow ----------------------------------------------------------------------------------------------
 
-    async def _continue(self, run: Run, target: Target, *, resume: bool) -> Ending:
-        """Abort (``resume`` False) or resume ``run`` by the rules, from its journal and the pool now."""
-        run = await self.runner.journal.aio.get(run.id)
-        pool = None if progress_of(run).plan is None else await self._pool(target)
-        decision = decide(run, pool, resume=resume, denied=self._denied)
-        self.emit(Notice(level="info", message=decision.explanation))
-        plan = progress_of(run).plan
-        if decision.step == "done":
-            return Ending("aborted", EXIT_OK, decision.explanation)
-        if decision.step == "nothing":
-            await self.runner.advance(run.id, "aborted", reason="abort: nothing to undo")
-            return Ending("aborted", EXIT_OK, decision.explanation)
-        if decision.step == "start":
-            return await self._forward(run, target, self._destination(run), "up")
-        if decision.step == "ask":
-            await self._give_back(run)
-            return Ending("deploy_failed", EXIT_DEPLOY, decision.explanation, action="ask")
-        assert plan is not None
-        if decision.step in ("wait_new", "drain_old"):
-            return await self._forward(run, target, self._destination(run),
-                                       "wait" if decision.step == "wait_new" else "drain", plan)
-        if decision.step == "cutover":
-            return await self._finish_cutover(run, target, plan)
+    async def _go_on(self, run: Run, target: Target, plan: Plan, step: Step, *, resume: bool) -> Ending:
+        """Wait for the new revision or drain the old one again (resume), or retire the new one."""
+        if step in ("wait_new", "drain_old"):
+            return await self._forward(run, target, "wait" if step == "wait_new" else "drain", plan)
         sentence, done = await self._retire(run, target, plan)
         if resume:  # the new revision failed to start, or a retirement was begun: the deploy did not happen
             return Ending("deploy_failed", EXIT_DEPLOY, f"The {self._words.flow} did not take place: {sentence}")
         return Ending("aborted" if done else "deploy_failed", EXIT_OK if done else EXIT_DEPLOY, sentence,
                       action="retire" if done else "ask")
 
-    async def _forward(self, run: Run, target: Target, destination: Destination, start: Literal["up", "wait", "drain"],
-                       plan: Plan | None = None) -> Ending:
-        """The deploy from ``start``: the scale-up, waiting for the new revision to consume, the old revision's
-        drain, the cutover. The new revision failing, or the old one not idle in time, retires the new one."""
-        try:
-            if start == "up" or plan is None:
-                plan = await self._scale_up(run, target, destination)
-            else:
-                await self._settled(target)
-                pool = await self._pool(target)
-                if pool is not None and pool.revisions.get(plan.new) == "failed":
-                    raise _Stop(f"{_cap(self._words.new)} {plan.new} failed to start.")
-            async with self._ticker(run, target, plan):
-                if start != "drain":
-                    await self._wait_new(run, plan)
-                drained = await self._drain_old(run, plan)
-            if drained is not None:
-                sentence, _done = await self._retire(run, target, plan)
-                return Ending("timeout", EXIT_TIMEOUT, f"{_cap(self._words.old)} {plan.old} was not idle within "
-                              f"{self._settings(run).max_wait:g} s ({drained}): nothing was killed, its consumers were "
-                              f"restored; {sentence}")
-            return await self._cutover(run, target, plan)
-        except _Refused as refused:
-            return Ending("deploy_failed", EXIT_DEPLOY, str(refused))
-        except _Stop as stop:
-            plan = stop.plan or plan
-            assert plan is not None
-            sentence, _done = await self._retire(run, target, plan)
-            return Ending(stop.outcome, stop.code, f"{stop.message} {sentence}", logs_url=stop.logs_url)
 
-
-@dataclass(frozen=True)
-class OverlapStrategy:
-    """``strategy = "overlap"``: the new revision beside the old one, the old one drained, then the cutover."""
-
-    name: str = "overlap"
-
-    async def deploy(self, ctx: RunContext, release: str, targets: tuple[Target, ...]) -> RunFinished:
-        return await OverlapFlow(ctx).deploy(release, targets)
-
-    async def resume(self, ctx: RunContext, run: Run) -> RunFinished:
-        return await OverlapFlow(ctx).resume(run)
-
-    async def abort(self, ctx: RunContext, run: Run, *, force_restore: bool = False) -> RecoveryPlan:
-        return await OverlapFlow(ctx).abort(run)
-
-    def recovery_plan(self, run: Run, rollout: Rollout | None = None) -> RecoveryPlan:
-        return recovery_plan(run)
-
-    def choices(self, run: Run, decided: RecoveryPlan) -> tuple[Choice, ...]:
-        label = {"retire": "Abort: retire the new revision", "cutover": "Abort: finish the cutover"}.get(
-            decided.action, "Abort (nothing to undo)")
-        return (Choice("resume", "Resume the overlap deploy",
-                       "Ask Cloud Run how the pool is and continue from the journal: wait for the new revision, drain "
-                       "the old one again, or finish the cutover (what `celeryops resume` does)."),
-                Choice("abort", label, decided.explanation))
+#: ``strategy = "overlap"``: the new revision beside the old one, the old one drained, then the cutover.
+OverlapStrategy = PoolStrategy(
+    name="overlap", flow=OverlapFlow, resume_label="Resume the overlap deploy",
+    resume_detail="Ask Cloud Run how the pool is and continue from the journal: wait for the new revision, drain the "
+                  "old one again, or finish the cutover (what `celeryops resume` does).",
+    retire_label="Abort: retire the new revision", cutover_label="Abort: finish the cutover")
 
 
 __all__ = ["OverlapFlow", "OverlapStrategy"]
