@@ -48,9 +48,10 @@ class Pool:
     old: str
     count: int
     env: dict[str, str] = field(default_factory=dict)
+    strategy: str = "overlap"
 
     def args(self, *more: str) -> list[str]:
-        return ["deploy", RELEASE, "--strategy", "overlap", "--yes", "--accept-warnings", "--json", "--repo",
+        return ["deploy", RELEASE, "--strategy", self.strategy, "--yes", "--accept-warnings", "--json", "--repo",
                 str(self.git.work), *more]
 
     def instances(self) -> dict[str, int]:
@@ -74,17 +75,38 @@ class Pool:
             client.close()
 
 
+def toml_table(name: str, values: dict[str, object]) -> str:
+    """``[name]`` with ``values`` (numbers, strings, lists of strings) as TOML."""
+    def value(v: object) -> str:
+        if isinstance(v, str):
+            return json.dumps(v)
+        if isinstance(v, list | tuple):
+            return "[" + ", ".join(json.dumps(str(x)) for x in v) + "]"
+        return repr(v)
+
+    return f"\n[{name}]\n" + "".join(f"{k} = {value(v)}\n" for k, v in values.items())
+
+
 def make_pool(tmp_path: Path, redis_url: str, queue: str, *, count: int = 2, max_wait: float = 60,
               interval: float = 0.4, plugin: bool = True, kind: str = "cloudrun-worker-pool",
-              new_queues: list[str] | None = None, **env: str) -> Pool:
-    """``new_queues``: what the instances of every later revision consume (default: ``queue``, as the first)."""
+              new_queues: list[str] | None = None, new_env: dict[str, str] | None = None,
+              canary: dict[str, object] | None = None, strategy: str = "overlap", **env: str) -> Pool:
+    """``new_queues``: what the instances of every later revision consume (default: ``queue``, as the first).
+    ``new_env``: more environment for every instance of a later revision (``{"CELERYOPS_TEST_FAIL_RATE": "0.2"}``:
+    a bad release). ``canary``: a ``[canary]`` table for celeryops.toml. ``strategy``: what :meth:`Pool.args`
+    deploys with."""
     git = GitFixture(tmp_path / "git", branch=RELEASE).create(commits=2, age=timedelta(days=1))
     registry = RegistryStandIn().start()
     first: list[str] = []
 
     def options(spec: InstanceSpec) -> dict[str, object]:
         first.append(first[0] if first else spec.revision)
-        return {"queues": new_queues} if new_queues is not None and spec.revision != first[0] else {}
+        if spec.revision == first[0]:
+            return {}
+        later: dict[str, object] = {"queues": new_queues} if new_queues is not None else {}
+        if new_env:
+            later["env"] = dict(new_env)
+        return later
 
     workers = CeleryInstances(redis_url, app=FENCE_APP if plugin else "celeryops_harness.taskapp", queues=[queue],
                               log_dir=tmp_path, env={**PLUGIN, "CELERYOPS_TEST_RECORD": redis_url}, options=options,
@@ -100,8 +122,8 @@ def make_pool(tmp_path: Path, redis_url: str, queue: str, *, count: int = 2, max
     (old,) = standin.instances("worker")
     (tmp_path / "celeryops.toml").write_text(standin_config(
         broker=redis_url, endpoint=endpoint, image=f"{registry.host}/proj/worker:{{sha}}", kind=kind,
-        interval=interval, max_wait=max_wait))
-    pool = Pool(tmp_path, redis_url, queue, git, registry, workers, standin, sha, old, count)
+        interval=interval, max_wait=max_wait) + (toml_table("canary", canary) if canary is not None else ""))
+    pool = Pool(tmp_path, redis_url, queue, git, registry, workers, standin, sha, old, count, strategy=strategy)
     pool.env = cli_env(tmp_path / "state", CELERYOPS_FENCE_TTL="3", CELERYOPS_LEASE_TTL="2", **env)
     return pool
 
@@ -123,10 +145,12 @@ def running_pool(tmp_path: Path, redis_url: str, queue: str, **kw: Any) -> Itera
 
 
 class Producer:
-    """A steady stream of short tasks (one every ``every`` seconds) until stopped; ``ids`` in send order."""
+    """A steady stream of short tasks (one every ``every`` seconds) until stopped; ``ids`` in send order. ``task``:
+    what it sends (``sleep``; ``work`` fails on a bad release), with ``(seconds, "short")``."""
 
-    def __init__(self, broker: str, queue: str, *, seconds: float = 0.05, every: float = 0.1) -> None:
-        self.broker, self.queue, self.seconds, self.every = broker, queue, seconds, every
+    def __init__(self, broker: str, queue: str, *, seconds: float = 0.05, every: float = 0.1,
+                 task: Any = sleep) -> None:
+        self.broker, self.queue, self.seconds, self.every, self.task = broker, queue, seconds, every, task
         self.ids: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -143,9 +167,9 @@ class Producer:
         self._thread.join(10)
 
     def _run(self) -> None:
-        with sleep.app.connection_for_write(self.broker) as conn:
+        with self.task.app.connection_for_write(self.broker) as conn:
             while not self._stop.is_set():
-                self.ids.append(sleep.apply_async(args=(self.seconds, "short"), queue=self.queue,
+                self.ids.append(self.task.apply_async(args=(self.seconds, "short"), queue=self.queue,
                                                   connection=conn).id)
                 self._stop.wait(self.every)
 

@@ -1,4 +1,5 @@
-"""The harness itself: the private redis-server restarts on its port; a real worker runs a task."""
+"""The harness itself: the private redis-server restarts on its port; a real worker runs a task; a bad release's
+``work`` fails as often as its worker's CELERYOPS_TEST_FAIL_RATE says."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 import redis
 
 from celeryops.demo.standins.redis_server import PRIVATE_PORTS, PortTaken, RedisServer
-from celeryops_harness.taskapp import sleep
+from celeryops_harness.taskapp import sleep, work
 from celeryops_harness.workers import wait_for
 
 
@@ -60,3 +61,23 @@ def test_worker_runs_a_task(redis_url: str, redis_client: redis.Redis, start_wor
     wait_for(lambda: redis_client.hget(f"ct:run:{result.id}", "finished"), 20, "the task to finish")
     assert redis_client.hget(f"ct:run:{result.id}", "worker") == worker.nodename
     assert redis_client.get(f"ct:runs:{result.id}") == "1"
+
+
+def test_work_fails_only_on_a_worker_with_a_fail_rate(redis_url: str, redis_client: redis.Redis, start_workers,
+                                                     queue_name: str) -> None:
+    """``work`` on a worker without CELERYOPS_TEST_FAIL_RATE always succeeds, on one with 1 always fails (the fence
+    app runs it too); either way the run is recorded, a failure with ``failed`` and in ct:failed."""
+    (good,) = start_workers(redis_url, queues=[f"{queue_name}.good"])
+    (bad,) = start_workers(redis_url, queues=[f"{queue_name}.bad"], app="celeryops_harness.fenceapp",
+                           env={"CELERYOPS_TEST_FAIL_RATE": "1", "CELERYOPS_FENCE_INTERVAL": "0.3"})
+    with work.app.connection_for_write(redis_url) as conn:
+        sent = {side: [work.apply_async(args=(0.01, side), queue=f"{queue_name}.{side}", connection=conn).id
+                       for _ in range(5)] for side in ("good", "bad")}
+    ids = [*sent["good"], *sent["bad"]]
+    wait_for(lambda: all(redis_client.hget(f"ct:run:{t}", "finished") for t in ids), 30, "every task to finish")
+    assert all(redis_client.get(f"ct:runs:{t}") == "1" for t in ids)
+    assert sorted(redis_client.lrange("ct:failed", 0, -1)) == sorted(sent["bad"])
+    assert {redis_client.hget(f"ct:run:{t}", "worker") for t in sent["bad"]} == {bad.nodename}
+    assert not any(redis_client.hget(f"ct:run:{t}", "failed") for t in sent["good"])
+    assert {redis_client.hget(f"ct:run:{t}", "worker") for t in sent["good"]} == {good.nodename}
+    assert "BadReleaseError" in bad.log()

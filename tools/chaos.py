@@ -7,10 +7,14 @@
     python tools/chaos.py --broker amqp    # RabbitMQ on 127.0.0.1:5672 (a vhost per trial; Redis keeps lease, fence)
     python tools/chaos.py --strategy overlap   # only the 40 overlap trials: a worker pool, --strategy overlap
     python tools/chaos.py --strategy drain     # only the 100 drain trials
+    python tools/chaos.py --strategy canary    # 20 canary trials: a worker pool, --strategy canary, the deploy
+                                               #   SIGINT/SIGTERM/SIGKILLed at one of its steps, then abort/resume
+    python tools/chaos.py --strategy all       # drain, overlap, then canary
 
 Exit status 1 when any trial lost a task, ran one twice, left a live worker not consuming, or hit an anomaly (an
 exit code its faults do not explain, a recovery that leaves a run open or consumers stopped; in overlap trials, an
-instance the stand-in took away, SIGTERM or SIGKILL, while a task ran on it).
+instance the stand-in took away, SIGTERM or SIGKILL, while a task ran on it; in canary trials, a worker of the new
+revision still consuming once the canary was taken away).
 """
 
 from __future__ import annotations
@@ -23,14 +27,15 @@ from pathlib import Path
 
 from celeryops_harness.chaos import BROKERS, FLEET_KINDS, STRATEGIES, ChaosLab, summary
 
-#: Trials per strategy when -n is not given: 100 drain deploys of a service, 40 overlap deploys of a worker pool.
-DEFAULT_TRIALS = {"drain": 100, "overlap": 40}
+#: Trials per strategy when -n is not given: 100 drain deploys of a service, 40 overlap deploys of a worker pool,
+#: 20 canary deploys of a worker pool.
+DEFAULT_TRIALS = {"drain": 100, "overlap": 40, "canary": 20}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-n", "--trials", type=int, default=None,
-                        help="How many trials per strategy (default 100 drain, 40 overlap).")
+                        help="How many trials per strategy (default 100 drain, 40 overlap, 20 canary).")
     parser.add_argument("--first", type=int, default=1, help="The first seed (seeds are consecutive).")
     parser.add_argument("--seed", type=int, action="append", default=[], help="Run exactly these seeds.")
     parser.add_argument("--keep-logs", action="store_true", help="Keep the logs of passing trials too.")
@@ -39,17 +44,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="What the workers run: the celeryops.fence plugin (default), plain Celery, or both.")
     parser.add_argument("--broker", choices=BROKERS, default="redis",
                         help="The fleet's broker: a private redis-server per trial (default), or RabbitMQ.")
-    parser.add_argument("--strategy", choices=(*STRATEGIES, "both"), default=None,
+    parser.add_argument("--strategy", choices=(*STRATEGIES, "both", "all"), default=None,
                         help="drain: a service deployed with a drain; overlap: a worker pool deployed with "
-                             "--strategy overlap (fence-plugin workers on Redis only); both, one after the other "
-                             "(the default; drain only with --fleet or --broker).")
+                             "--strategy overlap (fence-plugin workers on Redis only); canary: the same with "
+                             "--strategy canary; both: drain then overlap (the default; drain only with --fleet or "
+                             "--broker); all: drain, overlap, canary.")
     args = parser.parse_args(argv)
     defaults = args.fleet == "fenced" and args.broker == "redis"
-    if args.strategy in ("overlap", "both") and not defaults:
-        parser.error("--strategy overlap runs fence-plugin workers on Redis: the overlap requires the plugin on "
-                     "every worker; drop --fleet / --broker.")
+    if args.strategy in ("overlap", "canary", "both", "all") and not defaults:
+        parser.error(f"--strategy {args.strategy} runs fence-plugin workers on Redis: the overlap and the canary "
+                     "require the plugin on every worker; drop --fleet / --broker.")
     chosen = args.strategy or ("both" if defaults else "drain")
-    strategies = STRATEGIES if chosen == "both" else (chosen,)
+    strategies = {"both": ("drain", "overlap"), "all": STRATEGIES}.get(chosen, (chosen,))
     # SIGTERM (a CI timeout) unwinds like Ctrl-C, so every worker and redis-server of the lab is stopped.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
     root = args.dir or Path(tempfile.mkdtemp(prefix="celeryops-chaos-"))

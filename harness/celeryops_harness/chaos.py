@@ -39,6 +39,10 @@ from celeryops.demo.standins.gitrepo import GitFixture
 from celeryops.demo.standins.redis_server import RedisServer
 from celeryops.demo.standins.registry import RegistryStandIn
 from celeryops_harness.chaos_plan import (
+    CANARY_MOMENTS,
+    CANARY_RELEASES,
+    CANARY_SIGNALS,
+    CLI_SIGNAL,
     FAULT_KINDS,
     KILL_POINTS,
     MOMENTS,
@@ -57,26 +61,28 @@ from celeryops_harness.chaos_trial import PROJECT, REGION, RELEASE, RESUMABLE, T
 from celeryops_harness.chaos_verdict import TrialResult, Verdict, summary
 
 __all__ = [
-    "BROKERS", "CLI", "FAULT_KINDS", "FENCED_APP", "FLEET_KINDS", "KILL_POINTS", "MOMENTS", "OVERLAP_FAULT_KINDS",
-    "OVERLAP_KILL_POINTS", "OVERLAP_MOMENTS", "PLAIN_APP", "PROJECT", "REGION", "RELEASE", "RESUMABLE", "STRATEGIES",
-    "WORKER_KILL", "WORKER_KILL_MOMENTS", "ChaosLab", "CliRun", "Fault", "Trial", "TrialFleet", "TrialPlan",
-    "TrialResult", "Verdict", "machine_lost", "summary",
+    "BROKERS", "CANARY_MOMENTS", "CANARY_RELEASES", "CANARY_SIGNALS", "CLI", "CLI_SIGNAL", "FAULT_KINDS",
+    "FENCED_APP", "FLEET_KINDS", "KILL_POINTS", "MOMENTS", "OVERLAP_FAULT_KINDS", "OVERLAP_KILL_POINTS",
+    "OVERLAP_MOMENTS", "PLAIN_APP", "PROJECT", "REGION", "RELEASE", "RESUMABLE", "STRATEGIES", "WORKER_KILL",
+    "WORKER_KILL_MOMENTS", "ChaosLab", "CliRun", "Fault", "Trial", "TrialFleet", "TrialPlan", "TrialResult",
+    "Verdict", "machine_lost", "summary",
 ]
 
 BROKERS = ("redis", "amqp")  # amqp: RabbitMQ (a vhost per trial); the trial's redis-server holds lease and fence
 
 
 class ChaosLab:
-    """What every trial shares. ``with ChaosLab(root) as lab: lab.run(seed)``. ``strategy="overlap"``: each trial's
-    resource is a worker pool deployed with ``--strategy overlap`` (the fleet runs the fence plugin, on Redis)."""
+    """What every trial shares. ``with ChaosLab(root) as lab: lab.run(seed)``. ``strategy="overlap"`` (or
+    ``"canary"``): each trial's resource is a worker pool deployed with ``--strategy overlap`` (``canary``; the fleet
+    runs the fence plugin, on Redis)."""
 
     def __init__(self, root: Path, *, keep_logs: bool = False, fleet: str = "fenced", broker: str = "redis",
                  strategy: str = "drain") -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}")
-        if strategy == "overlap" and (fleet != "fenced" or broker != "redis"):
-            raise ValueError("overlap trials run fence-plugin workers on a Redis broker (the overlap requires the "
-                             "plugin on every worker)")
+        if strategy in ("overlap", "canary") and (fleet != "fenced" or broker != "redis"):
+            raise ValueError(f"{strategy} trials run fence-plugin workers on a Redis broker (the {strategy} requires "
+                             "the plugin on every worker)")
         self.strategy = strategy
         if fleet not in FLEET_KINDS:
             raise ValueError(f"fleet must be one of {', '.join(FLEET_KINDS)}, not {fleet!r}")

@@ -12,6 +12,14 @@ from their own lists: the deploy SIGKILLed right after each write-ahead record o
 (``OVERLAP_KILL_POINTS``) or SIGINTed at one of its steps (``OVERLAP_MOMENTS``), the broker restarted, the new
 revision failing to start, the old instances taken away late; a worker SIGKILLed as above. A worker pool has no
 autoscaler: no scale-out.
+
+Canary trials (``strategy="canary"``, a worker pool deployed with ``--strategy canary``, issue 28): a steady stream
+of ``work`` tasks flows through the deploy and its recovery, the release is bad (its instances fail a fifth of
+their tasks: rolled back by the analysis) or good (promoted), and the deploy process gets SIGINT, SIGTERM or SIGKILL
+(``CANARY_SIGNALS``) a random delay after it reports one of ``CANARY_MOMENTS`` (``canary_look``: its first, second
+or third look); then the operator's ``abort`` or ``resume``. A moment only one verdict reaches decides the release:
+``stopping_old`` and ``cutting_over`` come after a promotion (a good release), ``retiring`` after a rollback (a bad
+one).
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ KILL_POINTS = ("created", "phase:stopping", "intent:cancel_consumers", "phase:dr
 #: Moments a timed fault waits for, as seen in the deploy's --json events.
 MOMENTS = ("preflight", "draining", "drained", "deploying")
 
-STRATEGIES = ("drain", "overlap")
+STRATEGIES = ("drain", "overlap", "canary")
 OVERLAP_FAULT_KINDS = ("kill", "sigint", "redis_restart", "fail_rollout", "late_sigterm")
 #: The first fault of an overlap trial is drawn with these weights (a kill most often: six points to cover).
 OVERLAP_WEIGHTS = (6, 3, 3, 1, 1)
@@ -41,6 +49,16 @@ OVERLAP_KILL_POINTS = ("intent:overlap_up", "settle:overlap_up", "intent:cancel_
                        "intent:overlap_cutover", "intent:overlap_revert")
 #: The steps of an overlap deploy a timed fault waits for (its --json ``overlap`` steps, ``poll``, ``drained``).
 OVERLAP_MOMENTS = ("scaling_up", "consuming", "draining", "drained", "cutting_over")
+
+
+#: The signals a canary trial sends its deploy process, and the steps it sends them at (``canary_look``: a look).
+CANARY_SIGNALS = ("SIGINT", "SIGTERM", "SIGKILL")
+CANARY_MOMENTS = ("scaling_up", "consuming", "canary_look", "stopping_old", "cutting_over", "retiring")
+#: The fault kind of a canary trial: a signal to the deploy process (``sig``) at a moment (``at``).
+CLI_SIGNAL = "cli_signal"
+#: Releases: ``bad`` (its instances fail CANARY_FAIL_RATE of their tasks), ``good`` (alike on both revisions).
+CANARY_RELEASES = ("bad", "good")
+CANARY_FAIL_RATE = 0.2
 
 
 @dataclass(frozen=True)
@@ -55,8 +73,13 @@ class Fault:
     then: str = ""
     downtime: float = 0.0
     lost: bool = False  # a kill that also loses the operator's machine: its state dir is deleted before recovery
+    sig: str = ""  # CLI_SIGNAL: SIGINT, SIGTERM or SIGKILL
+    look: int = 0  # CLI_SIGNAL at canary_look: which look (1-based)
 
     def describe(self) -> str:
+        if self.kind == CLI_SIGNAL:
+            at = f"look{self.look}" if self.at == "canary_look" else self.at
+            return f"{self.sig}@{at}+{self.delay:.1f}s->{self.then}"
         if self.kind == "kill":
             return f"{'lost_machine' if self.lost else 'kill'}@{self.point}->{self.then}"
         if self.kind in ("sigint", "scale_out", "redis_restart"):
@@ -78,11 +101,14 @@ class TrialPlan:
     late: tuple[tuple[float, float], ...]  # (seconds after the deploy started, duration) of the others
     faults: tuple[Fault, ...]
     strategy: str = "drain"
+    release: str = ""  # canary trials: CANARY_RELEASES
 
     @classmethod
     def draw(cls, seed: int, strategy: str = "drain") -> TrialPlan:
         if strategy == "overlap":
             return cls.draw_overlap(seed)
+        if strategy == "canary":
+            return cls.draw_canary(seed)
         rng = random.Random(seed)
 
         def duration() -> float:
@@ -143,6 +169,30 @@ class TrialPlan:
         if extra.random() < 0.35:
             faults.append(Fault(WORKER_KILL, at=extra.choice(WORKER_KILL_MOMENTS), delay=round(extra.uniform(0, 1), 2)))
         return cls(seed, early, late, tuple(faults), "overlap")
+
+    @classmethod
+    def draw_canary(cls, seed: int) -> TrialPlan:
+        """A canary trial: a few tasks of 1-4 s before the deploy and while it runs (``work`` ones then: the canary
+        or the old revision may be busy when it is held or drained), a steady stream of short ``work`` tasks (the
+        trial's, not drawn), a bad or good release, and one signal to the deploy process at one of
+        ``CANARY_MOMENTS``, then ``abort`` or ``resume``."""
+        rng = random.Random(f"canary:{seed}")
+        early = tuple(round(rng.uniform(1.0, 4.0), 2) for _ in range(rng.randint(2, 5)))
+        late = tuple((round(rng.uniform(0.0, 30.0), 2), round(rng.uniform(1.0, 4.0), 2))
+                     for _ in range(rng.randint(2, 5)))
+        at = rng.choice(CANARY_MOMENTS)
+        sig = rng.choice(CANARY_SIGNALS)
+        delay = round(rng.uniform(0.0, 1.0), 2)
+        look = rng.randint(1, 3) if at == "canary_look" else 0
+        then = rng.choice(("abort", "resume"))
+        release = rng.choice(CANARY_RELEASES)
+        if at in ("stopping_old", "cutting_over"):
+            release = "good"
+        elif at == "retiring":
+            release = "bad"
+        fault = Fault(CLI_SIGNAL, at=at, delay=delay, then=then, sig=sig, look=look,
+                      lost=sig == "SIGKILL" and machine_lost(seed))
+        return cls(seed, early, late, (fault,), "canary", release)
 
     def has(self, kind: str) -> Fault | None:
         return next((f for f in self.faults if f.kind == kind), None)

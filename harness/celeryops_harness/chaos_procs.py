@@ -126,9 +126,14 @@ class TrialFleet:
     exists). ``kind``: the fence plugin on every worker, none, or alternating."""
 
     def __init__(self, broker: str, record: str, queue: str, log_dir: Path, *, kind: str = "fenced",
-                 fleet: str = "", coord: str = "") -> None:
+                 fleet: str = "", coord: str = "", events: bool = False,
+                 new_env: dict[str, str] | None = None) -> None:
+        """``events``: the workers send task events (as under ``-E``: a canary credits outcomes from them).
+        ``new_env``: more environment for the instances of every revision after the first (a bad release)."""
         self.broker, self.record, self.queue, self.log_dir = broker, record, queue, log_dir
         self.kind, self.fleet = kind, fleet
+        self.events, self.new_env = events, dict(new_env or {})
+        self.first = ""  # the first revision an instance was started for
         self.coord = coord  # where the fence lives when the broker is not Redis
         self._serial = itertools.count()
         self.workers: list[WorkerProcess] = []
@@ -151,6 +156,7 @@ class TrialFleet:
 
     def __call__(self, spec: InstanceSpec) -> TrialInstance:
         """Start the instance ``spec`` (one worker) and return once it answers ping."""
+        self.first = self.first or spec.revision
         worker = self._worker(spec.env, spec.revision).start()
         with self._lock:
             self.workers.append(worker)
@@ -161,6 +167,10 @@ class TrialFleet:
     def _worker(self, cloud_run: dict[str, str], revision: str = "") -> WorkerProcess:
         fenced = self.kind == "fenced" or (self.kind == "mixed" and next(self._serial) % 2 == 0)
         env = {"CELERYOPS_TEST_RECORD": self.record, **cloud_run}
+        if self.events:
+            env["CELERYOPS_TEST_EVENTS"] = "1"
+        if revision and revision != self.first:
+            env.update(self.new_env)
         if fenced:  # the plugin: the fence lives in the broker Redis; a stopped worker leaves the registry soon
             env.update({"CELERYOPS_FLEET": self.fleet, "CELERYOPS_FENCE_INTERVAL": "0.5",
                         "CELERYOPS_FENCE_REGISTRY_TTL": "4"})
@@ -234,6 +244,11 @@ class TrialFleet:
     def alive(self) -> list[WorkerProcess]:
         with self._lock:
             return [w for w in self.workers if w.alive()]
+
+    def of_revision(self, revision: str) -> list[WorkerProcess]:
+        """Every worker started for ``revision`` (alive or not)."""
+        with self._lock:
+            return [w for w in self.workers if self.revision.get(w.nodename) == revision]
 
     def stop(self) -> None:
         """The verdict is in: no need for a graceful stop (SIGKILL every process group at once)."""

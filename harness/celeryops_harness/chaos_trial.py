@@ -10,6 +10,7 @@ reports their moment (its ``--json`` events) or right after a journal record (a 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -26,7 +27,14 @@ from celeryops.ops.fleetwide.lease import read_lease
 from celeryops.ops.journal import FleetStore, Journal, Run, journal_path, merge_open
 from celeryops.ops.run.recovery import plan as plan_recovery
 from celeryops_harness.chaos_amqp import create_vhost, delete_vhost
-from celeryops_harness.chaos_plan import WORKER_KILL, Fault, TrialPlan
+from celeryops_harness.chaos_plan import (
+    CANARY_FAIL_RATE,
+    CANARY_MOMENTS,
+    CLI_SIGNAL,
+    WORKER_KILL,
+    Fault,
+    TrialPlan,
+)
 from celeryops_harness.chaos_procs import CliRun, TrialFleet, aof_redis_server
 from celeryops_harness.chaos_verdict import TrialResult, Verdict
 from celeryops_harness.workers import wait_for
@@ -38,6 +46,13 @@ RELEASE = "release-chaos"
 PROJECT, REGION = "proj", "europe-west1"
 #: Phases a run can be resumed from (after a kill before the drain finished, the operator resumes half of the time).
 RESUMABLE = ("preflight", "stopping", "draining")
+#: The canary trials' judge: a look a second, at least 30 canary tasks, the default alpha (1 %) and margin (5 %).
+CANARY_TABLE = "\n[canary]\nlook_interval = 1\nmin_tasks = 30\nmax_duration = 60\n"
+#: A canary trial's stream: a short ``work`` task every STREAM_EVERY s from the deploy's start until the recovery
+#: ended (the analysis needs tasks on both revisions; a resume goes on judging them).
+STREAM_SECONDS, STREAM_EVERY = 0.05, 0.1
+#: Exit codes of a canary deploy or resume that ended by itself: promoted, rolled back, paused (inconclusive).
+CANARY_ENDS = (0, 7, 8)
 
 
 class Trial:
@@ -52,6 +67,8 @@ class Trial:
         self.queue = f"chaos-{self.tag}"
         self.broker = RedisServer(binary=aof_redis_server(self.dir))
         self.overlap = plan.strategy == "overlap"  # a worker pool deployed with --strategy overlap
+        self.canary = plan.strategy == "canary"  # a worker pool deployed with --strategy canary
+        self.pool = self.overlap or self.canary  # a worker pool (else a service)
         self.result = TrialResult(seed=plan.seed, faults=[], skipped=[], log_dir=str(self.dir), fleet=lab.fleet,
                                   broker=lab.broker, strategy=plan.strategy)
         self.amqp = ""  # the trial's RabbitMQ vhost URL (lab.broker == "amqp")
@@ -64,6 +81,9 @@ class Trial:
         self._last = 0.0
         self._first_revision = ""
         self._moment = "start"  # the last moment the deploy reported (where a SIGINT lands)
+        self._looks = 0  # canary_look events the deploy reported
+        self._stream_stop = threading.Event()
+        self._stream: threading.Thread | None = None
         late = plan.has("late_sigterm")
         self.fleet: TrialFleet | None = None
         self._late = late.delay if late is not None else None
@@ -83,19 +103,21 @@ class Trial:
         (self.dir / "celeryops.toml").write_text(standin_config(
             broker=self.broker_url, endpoint=lab.endpoint, image=f"{lab.registry.host}/proj/worker:{{sha}}",
             interval=0.3, project=PROJECT, region=REGION, resource=self.service,
-            kind="cloudrun-worker-pool" if self.overlap else "cloudrun-service"))
+            kind="cloudrun-worker-pool" if self.pool else "cloudrun-service")
+            + (CANARY_TABLE if self.canary else ""))
 
-    def enqueue(self, duration: float) -> None:
+    def enqueue(self, duration: float, task: Any = None) -> None:
         from celeryops_harness.taskapp import sleep
 
+        task = task or sleep
         tid = str(uuid.uuid4())
         with self._broker_lock:
             deadline = time.monotonic() + 30
             while True:
                 try:
-                    with sleep.app.connection_for_write(self.broker_url) as conn:
-                        sleep.apply_async(args=(duration, tid[:8]), task_id=tid, queue=self.queue, connection=conn,
-                                          retry=False)
+                    with task.app.connection_for_write(self.broker_url) as conn:
+                        task.apply_async(args=(duration, tid[:8]), task_id=tid, queue=self.queue, connection=conn,
+                                         retry=False)
                     break
                 except Exception:
                     if time.monotonic() > deadline:
@@ -106,11 +128,35 @@ class Trial:
 
     # -- faults -------------------------------------------------------------------------------------------------
 
+    def _stream_run(self) -> None:
+        from celeryops_harness.taskapp import work
+
+        while not self._stream_stop.is_set():
+            self.enqueue(STREAM_SECONDS, work)
+            self._stream_stop.wait(STREAM_EVERY)
+
+    def start_stream(self) -> None:
+        self._stream = threading.Thread(target=self._stream_run, daemon=True)
+        self._stream.start()
+
+    def stop_stream(self) -> None:
+        self._stream_stop.set()
+        if self._stream is not None:
+            self._stream.join(40)
+
     def _fire(self, index: int, fault: Fault) -> None:
         if index in self._fired:
             return
         self._fired.add(index)
         assert self.fleet is not None
+        if fault.kind == CLI_SIGNAL:
+            deploy = self._deploy
+            if deploy is None or deploy.proc.poll() is not None:
+                self.result.skipped.append(fault.describe())
+                return
+            deploy.proc.send_signal(getattr(signal, fault.sig))
+            self.result.faults.append(f"{fault.describe()}(in {self._moment})")
+            return
         if fault.kind == "scale_out":
             self.fleet.scale_out()
         elif fault.kind == "sigint":
@@ -140,8 +186,26 @@ class Trial:
                 self._timers.append(timer)
                 timer.start()
 
+    def _on_canary_event(self, event: dict[str, Any]) -> None:
+        kind = event.get("event")
+        if kind == "overlap" and event.get("step") in CANARY_MOMENTS:
+            self._moment = str(event["step"])
+            self._schedule(self._moment)
+        elif kind == "canary_look":
+            self._looks += 1
+            self._moment = f"look{self._looks}"
+            for index, fault in enumerate(self.plan.faults):
+                if fault.at == "canary_look" and fault.look == self._looks and index not in self._fired:
+                    timer = threading.Timer(fault.delay, self._fire, (index, fault))
+                    timer.daemon = True
+                    self._timers.append(timer)
+                    timer.start()
+
     def _on_event(self, event: dict[str, Any]) -> None:
         kind = event.get("event")
+        if self.canary:
+            self._on_canary_event(event)
+            return
         if kind == "overlap" and event.get("step") in ("scaling_up", "consuming", "cutting_over"):
             self._moment = str(event["step"])
             self._schedule(self._moment)
@@ -165,6 +229,8 @@ class Trial:
         started = time.monotonic()
         run = CliRun([*args, "--json"], self.env(), self.dir)
         rc = run.wait(timeout)
+        with contextlib.suppress(OSError), (self.dir / "commands.jsonl").open("a") as out:  # kept with the logs
+            out.write(json.dumps({"args": args, "rc": rc, "events": run.events, "stderr": run.stderr}) + "\n")
         self.result.timings[f"{len(self.result.timings)}:{' '.join(args)}"] = round(time.monotonic() - started, 2)
         self.result.commands.append((args[0] + ("+restore" if "--restore" in args else ""), rc))
         return rc, run.events, run.stderr
@@ -198,15 +264,27 @@ class Trial:
             if run is None:
                 return
             wait_for(self._lease_gone_or_orphaned, 60, "the dead deploy's lease to expire", step=0.2)
-            if not resumed and (run.phase in RESUMABLE or self.overlap):  # an overlap run resumes from any step
+            if not resumed and (run.phase in RESUMABLE or self.pool):  # a pool's run resumes from any step
                 resumed = True
                 rc, _, err = self.cli("resume")
                 # A deploy run resumes through its deploy: a pending failed rollout then exits 6, as a deploy does.
-                if rc not in ({0, 6} if self.plan.has("fail_rollout") else {0}):
+                # A canary's resume ends as its deploy does: promoted, rolled back, or paused again (left open).
+                ok = set(CANARY_ENDS) if self.canary else {0, 6} if self.plan.has("fail_rollout") else {0}
+                if rc not in ok:
                     self.result.anomalies.append(f"resume exited {rc}: {err.strip()[-200:]}")
                 continue
             rc, events, err = self.cli("abort")
             action = next((e.get("action") for e in events if e.get("event") == "abort"), None)
+            if self.canary:
+                # A canary still busy is held (it takes no task) and abort says: run `celeryops abort` again once it
+                # is idle. Follow that; anything else is a finding. Taken away or held, no worker of the new
+                # revision may consume once abort returned.
+                if rc != 0 and action != "ask":
+                    self.result.anomalies.append(f"abort exited {rc}: {err.strip()[-200:]}")
+                if action in ("retire", "ask"):
+                    self.result.canary_consuming.extend(f"after abort ({action}): {c}"
+                                                        for c in self.canary_consumers())
+                continue
             if action == "leave" or (action == "ask" and self.new_revision_serves()):
                 # The advice: "run `celeryops resume` once the new revision serves". Follow it.
                 rc, _, err = self.cli("resume")
@@ -318,10 +396,12 @@ class Trial:
         if lab.broker == "amqp":
             self.amqp = create_vhost(self.tag)
         self.fleet = TrialFleet(self.broker_url, lab.record.url, self.queue, self.dir, kind=lab.fleet,
-                                fleet=f"chaos-{self.tag}", coord=self.broker.url if self.amqp else "")
+                                fleet=f"chaos-{self.tag}", coord=self.broker.url if self.amqp else "",
+                                events=self.canary, new_env={"CELERYOPS_TEST_FAIL_RATE": f"{CANARY_FAIL_RATE:g}"}
+                                if self.canary and plan.release == "bad" else None)
         self.fleet.ids = self.ids  # what it checks for tasks still running on an instance taken away
         lab.route(self.service, self.fleet)  # the resource's two instances: real workers of its first revision
-        add = lab.standin.add_worker_pool if self.overlap else lab.standin.add_service
+        add = lab.standin.add_worker_pool if self.pool else lab.standin.add_service
         add(PROJECT, REGION, self.service, f"{lab.registry.host}/proj/worker:old", instances=2)
         self.fleet.attach(lab.standin, self.service)
         self._first_revision = lab.standin.revisions(self.service)[0].name
@@ -342,17 +422,23 @@ class Trial:
                          step=0.1)
             self._fire(plan.faults.index(before), before)
         kill = plan.has("kill")
-        producers = [threading.Timer(at, self.enqueue, (seconds,)) for at, seconds in plan.late]
+        from celeryops_harness.taskapp import sleep, work
+
+        late_task = work if self.canary else sleep  # a canary's: they run on either revision, and may fail there
+        producers = [threading.Timer(at, self.enqueue, (seconds, late_task)) for at, seconds in plan.late]
         for p in producers:
             p.daemon = True
             p.start()
-        strategy = ["--strategy", "overlap"] if self.overlap else []
+        strategy = ["--strategy", plan.strategy] if self.pool else []
+        if self.canary:
+            self.start_stream()
         self._deploy = CliRun(["deploy", RELEASE, *strategy, "--yes", "--accept-warnings", "--json", "--repo",
                                str(lab.git.work)], self.env(), self.dir, self._on_event,
                                kill_after=kill.point if kill is not None else None)
         rc = self._deploy.wait(180)
         self.result.commands.append(("deploy", rc))
         (self.dir / "deploy.stderr").write_text(self._deploy.stderr)  # kept with the logs of a failing trial
+        (self.dir / "deploy.jsonl").write_text("".join(json.dumps(e) + "\n" for e in self._deploy.events))
         self._mark("deploy")
         # Timed faults whose moment never came still hit the fleet (during the recovery), except a SIGINT.
         for index, fault in enumerate(plan.faults):
@@ -371,10 +457,13 @@ class Trial:
         for fault in plan.faults:
             if fault.kind == "sigint" and fault.describe() not in self.result.faults:
                 self.result.skipped.append(fault.describe())
-        self._check_exit(rc)
-        self._check_interrupted(rc)
-        if rc != 0:
-            self.recover(kill.then if kill is not None and rc == -signal.SIGKILL else "abort")
+        if self.canary:
+            self._canary_recovery(rc)
+        else:
+            self._check_exit(rc)
+            self._check_interrupted(rc)
+            if rc != 0:
+                self.recover(kill.then if kill is not None and rc == -signal.SIGKILL else "abort")
         self._mark("recovery")
         lab.standin.wait_rollouts(60)  # old instances taken away (a late SIGTERM too)
         self.follow_status()
@@ -382,9 +471,100 @@ class Trial:
             self.result.faults.append(f"late_sigterm+{self._late:.1f}s")
         self.result.anomalies.extend(self.fleet.errors)
         self.result.busy = list(self.fleet.taken_busy)
-        if self.overlap:  # the overlap's promise: no instance is taken away while it runs a task
+        if self.pool:  # the overlap's (and canary's) promise: no instance is taken away while it runs a task
             self.result.anomalies.extend(f"taken away busy: {b}" for b in self.result.busy)
         self.verdict(record)
+
+    # -- canary trials ------------------------------------------------------------------------------------------
+
+    def _canary_recovery(self, rc: int) -> None:
+        """A canary trial after its deploy exited ``rc``: the exit code its signal (or none) calls for, the
+        operator's recovery (``abort`` or ``resume`` as drawn) while the stream flows, then where the pool ended:
+        on its old revision at its count with no worker of the new revision consuming (rolled back, or the canary
+        taken away), or on the new one at its count (promoted)."""
+        (fault,) = self.plan.faults
+        fired = any(f.startswith(fault.sig + "@") for f in self.result.faults)
+        if fired and fault.lost and rc == -signal.SIGKILL:
+            self.result.faults[-1] += "+lost_machine"
+            self.lose_machine()
+        if not fired:
+            expected = set(CANARY_ENDS)
+        elif fault.sig == "SIGKILL":
+            expected = {-signal.SIGKILL}
+        else:
+            expected = {130, *CANARY_ENDS}  # the signal may land after the flow finished
+        if rc not in expected:
+            tail = self._deploy.stderr.strip()[-300:] if self._deploy is not None else ""
+            self.result.anomalies.append(f"deploy exited {rc}, expected {sorted(expected)}: {tail}")
+        self.result.verdicts = [str(e.get("verdict")) for e in (self._deploy.events if self._deploy else [])
+                                if e.get("event") == "canary_look" and e.get("verdict") in ("promote", "rollback")]
+        if rc not in (0, 7):
+            self.recover(fault.then if fired else "abort")
+        self.lab.standin.wait_rollouts(60)
+        ending = self._pool_ending()
+        self.result.ending = {self._first_short(): "old", self._new_short(): "new"}.get(ending, ending)
+        if self.result.ending == "old":
+            self.result.canary_consuming.extend(f"at the end: {c}" for c in self.canary_consumers())
+        elif self.result.ending != "new":
+            self.result.anomalies.append(f"the pool ended on {ending}, neither revision alone at its count")
+        if not fired and self.result.verdicts:
+            wanted = "rollback" if self.plan.release == "bad" else "promote"
+            if self.result.verdicts[-1] != wanted:
+                self.result.anomalies.append(f"a {self.plan.release} release got the verdict "
+                                             f"{self.result.verdicts[-1]}")
+        self.stop_stream()
+
+    def _first_short(self) -> str:
+        return self._first_revision.rsplit("/", 1)[-1]
+
+    def _new_short(self) -> str:
+        names = [r.name.rsplit("/", 1)[-1] for r in self.lab.standin.revisions(self.service)]
+        later = [n for n in names if n != self._first_short()]
+        return later[-1] if later else ""
+
+    def _pool_ending(self) -> str:
+        """``<revision>`` when the pool runs only that revision at its original count (2), else a description."""
+        found = {rev.rsplit("/", 1)[-1]: len(found) for rev, found in
+                 self.lab.standin.instances(self.service).items() if found}
+        if len(found) == 1 and next(iter(found.values())) == 2:
+            return next(iter(found))
+        return ", ".join(f"{rev} x{n}" for rev, n in sorted(found.items())) or "no instance"
+
+    def canary_consumers(self) -> list[str]:
+        """Workers of the new revision that still consume once the canary was taken away: a live one that is not
+        on its way out (SIGTERMed by the stand-in) whose active_queues name the queue, or whose fence registry
+        entry says it consumes. Waits (bounded) for the stand-in's SIGTERMed instances to leave first."""
+        from celeryops.fence.registry import plugin_workers
+
+        assert self.fleet is not None
+        fleet, new = self.fleet, self._new_short()
+        if not new:
+            return []
+        leaving = {w.nodename for w in fleet.leaving()}
+        live = [w for w in fleet.of_revision(new) if w.alive() and w.nodename not in leaving]
+        found: list[str] = []
+        if live:
+            names = [w.nodename for w in live]
+            try:
+                replies = fleet.app.control.inspect(destination=names, timeout=3,
+                                                    limit=len(names)).active_queues() or {}
+            except Exception as exc:
+                self.result.anomalies.append(f"active_queues of the new revision's workers failed: {exc}")
+                replies = {}
+            found += [f"{w} consumes {self.queue}" for w, qs in replies.items()
+                      if self.queue in {q["name"] for q in qs or []}]
+        client = redis.Redis.from_url(self.broker.url, socket_timeout=5, decode_responses=True)
+        try:
+            entries = plugin_workers(client, f"chaos-{self.tag}")
+        except redis.RedisError as exc:
+            self.result.anomalies.append(f"could not read the fence registry: {exc}")
+            entries = {}
+        finally:
+            client.close()
+        alive = {w.nodename for w in live}
+        found += [f"{info.hostname} listed consuming in the fence registry" for info in entries.values()
+                  if info.revision.rsplit("/", 1)[-1] == new and not info.held and info.hostname in alive]
+        return sorted(set(found))
 
     def _check_interrupted(self, rc: int) -> None:
         """A deploy stopped by SIGINT applies the recovery rules itself (its last words say so): a run it leaves

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -45,10 +46,15 @@ class TrialResult:
     broker: str = "redis"  # BROKERS
     strategy: str = "drain"  # STRATEGIES: a service deployed with a drain, or a worker pool with an overlap
     busy: list[str] = field(default_factory=list)  # instances the stand-in took away while a task ran on them
+    # canary trials: the verdicts the deploy reported (promote, rollback), the revision the pool ended on (at its
+    # count), and workers of the new revision that still consumed once the canary was taken away
+    verdicts: list[str] = field(default_factory=list)
+    ending: str = ""  # "old" (rolled back, the canary taken away), "new" (promoted), else what the pool runs
+    canary_consuming: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.duplicated or self.stranded)
+        return not (self.lost or self.duplicated or self.stranded or self.canary_consuming)
 
     def line(self) -> str:
         cmds = " ".join(f"{c}={rc}" for c, rc in self.commands)
@@ -56,7 +62,10 @@ class TrialResult:
         return (f"seed {self.seed:>5}  {verdict:<4}  tasks {self.tasks:>2} once {self.once:>2} queued {self.queued} "
                 f"lost {len(self.lost)} dup {len(self.duplicated)} stranded {len(self.stranded)}"
                 + (f" cut {len(self.cut)}" if self.cut else "")
-                + (f" busy-taken {len(self.busy)}" if self.busy else "") + "  "
+                + (f" busy-taken {len(self.busy)}" if self.busy else "")
+                + (f" canary-consuming {len(self.canary_consuming)}" if self.canary_consuming else "")
+                + (f"  verdict {'/'.join(self.verdicts) or '-'} ended {self.ending}" if self.strategy == "canary"
+                   else "") + "  "
                 f"{self.elapsed:5.1f}s  faults [{', '.join(self.faults)}]  {cmds}"
                 + (f"  anomalies: {'; '.join(self.anomalies)}" if self.anomalies else ""))
 
@@ -81,12 +90,24 @@ def summary(results: Iterable[TrialResult]) -> str:
                  f"duplicated {sum(len(r.duplicated) for r in results)}  "
                  f"stranded workers {sum(len(r.stranded) for r in results)}  "
                  f"instances taken away busy {sum(len(r.busy) for r in results)}  "
+                 + (f"canary consuming after removal {sum(len(r.canary_consuming) for r in results)}  "
+                    if "canary" in strategies else "") +
                  f"anomalies {sum(len(r.anomalies) for r in results)}")
     failing = [str(r.seed) for r in results if not r.ok]
     odd = [str(r.seed) for r in results if r.ok and r.anomalies]
+    canary = [r for r in results if r.strategy == "canary"]
+    if canary:
+        verdicts = Counter(r.verdicts[-1] if r.verdicts else "none" for r in canary)
+        endings = Counter(r.ending or "-" for r in canary)
+        lines.append(f"canary trials {len(canary)}: last verdict {_counts(verdicts)}; the pool ended on "
+                     f"{_counts(endings)} revision")
     lines.append(f"failing seeds (lost/duplicated/stranded): {', '.join(failing) if failing else 'none'}")
     lines.append(f"seeds with anomalies (exit codes, recovery dead ends): {', '.join(odd) if odd else 'none'}")
     return "\n".join(lines)
+
+
+def _counts(counter: Counter[str]) -> str:
+    return ", ".join(f"{k} {n}" for k, n in sorted(counter.items()))
 
 
 class Verdict:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 
 from celeryops.fence import install
-from celeryops_harness.taskapp import app, noop, sleep
+from celeryops_harness.taskapp import app, noop, sleep, work
 
 install(
     app,
@@ -22,4 +22,4 @@ install(
     else None,
 )
 
-__all__ = ["app", "noop", "sleep"]
+__all__ = ["app", "noop", "sleep", "work"]

@@ -6,11 +6,17 @@ Configured from the environment so that one module serves every broker:
   CELERYOPS_TEST_CONTROL_EXCHANGE  remote-control exchange name (isolates test sessions sharing one RabbitMQ)
   CELERYOPS_TEST_PREFETCH          worker_prefetch_multiplier (default 1)
   CELERYOPS_TEST_KEYPREFIX         the Redis transport's global_keyprefix (default: none)
+  CELERYOPS_TEST_FAIL_RATE         the share of ``work`` tasks this worker fails (0 to 1, default 0): a bad release
 
 Every task run records, in the record Redis:
   ct:run:<id>      hash: name, worker, started, finished (Redis TIME, seconds as float)
   ct:runs:<id>     counter of starts (a task that ran twice shows 2)
   ct:starts        list of ids in start order;  ct:finishes  list of ids in finish order
+
+A ``work`` task fails (``BadReleaseError``) with the probability CELERYOPS_TEST_FAIL_RATE of the worker that runs it:
+given to the instances of a new revision only, it is a bad release (issue 28's canary); without it, ``work`` runs
+alike on every revision (a good release). A failure is recorded too: ct:run:<id> gets ``failed`` = 1 and the id goes
+to the list ct:failed.
 
 A ``hold`` task runs until the test releases its gate (``release(record_client, gate)`` sets ct:release:<gate>): a
 drain a test must catch open stays open however slow the machine is, where a task of N seconds may already be over.
@@ -19,6 +25,7 @@ drain a test must catch open stays open however slow the machine is, where a tas
 from __future__ import annotations
 
 import os
+import random
 import time
 from typing import Any
 
@@ -146,3 +153,40 @@ def fail(self: Task[Any, Any], kind: str = "ValueError", retries: int = 0) -> No
     if self.request.retries < retries:
         raise self.retry(exc=exc, countdown=0.1, max_retries=retries)
     raise exc
+
+
+FAIL_RATE_ENV = "CELERYOPS_TEST_FAIL_RATE"
+
+
+class BadReleaseError(RuntimeError):
+    """Raised by ``work`` on a worker with CELERYOPS_TEST_FAIL_RATE: a type only a bad release raises."""
+
+
+def fail_rate() -> float:
+    """This worker's CELERYOPS_TEST_FAIL_RATE (0 when unset or empty), read at each task: the worker's own env."""
+    raw = os.environ.get(FAIL_RATE_ENV, "").strip()
+    rate = float(raw) if raw else 0.0
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"{FAIL_RATE_ENV} must be between 0 and 1, not {raw!r}")
+    return rate
+
+
+@app.task(bind=True, name="celeryops.testing.work")
+def work(self: Task[Any, Any], seconds: float = 0.05, tag: str = "") -> str:
+    """Run for ``seconds`` like ``sleep``, then fail with probability CELERYOPS_TEST_FAIL_RATE (``BadReleaseError``,
+    recorded: ``failed`` = 1 in ct:run:<id>, the id in ct:failed); recorded start and finish either way."""
+    mark_start(self)
+    deadline = time.monotonic() + float(seconds)
+    while time.monotonic() < deadline:
+        time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+    failing = random.random() < fail_rate()
+    if failing:
+        r = record()
+        pipe = r.pipeline()
+        pipe.hset(f"ct:run:{self.request.id}", "failed", 1)
+        pipe.rpush("ct:failed", self.request.id)
+        pipe.execute()
+    mark_finish(self)
+    if failing:
+        raise BadReleaseError(f"bad release: task {self.request.id} failed")
+    return tag
