@@ -128,3 +128,48 @@ def test_good_release_is_promoted(tmp_path: Path, redis_url: str, queue_name: st
         all_finished(redis_client, producer.ids, "every task to finish")
         assert all(runs(redis_client, t)["runs"] == 1 for t in producer.ids)
         assert redis_client.llen("ct:failed") == 0
+
+
+def test_no_verdict_pauses_then_resume_judges_on_and_abort_takes_the_canary_away(
+        tmp_path: Path, redis_url: str, queue_name: str, redis_client: redis.Redis, redis_control: Celery) -> None:
+    """A canary that cannot reach a verdict within max_duration (it would need more tasks than it gets) is never
+    promoted: the headless deploy ends exit 8 with both revisions consuming and the run open. ``resume`` judges it
+    for another max_duration from the recorded counts (its looks go on numbering, its counts only grow) and ends
+    exit 8 again; ``abort`` takes the canary away: the pool back on its old revision, every task run once."""
+    slow = {**CANARY, "min_tasks": 100_000, "max_duration": 4}
+    with running_pool(tmp_path, redis_url, queue_name, strategy="canary", canary=slow) as pool:
+        producer = Producer(redis_url, pool.queue, task=work, seconds=0.02, every=EVERY)
+        with producer:
+            proc = CliProcess(pool.args(), pool.env, cwd=pool.dir)
+            try:
+                assert proc.proc.wait(DEPLOY_WAIT) == 8, proc.read_stderr()[-3000:]
+                proc.finish()
+            finally:
+                proc.kill()
+            first = looks(proc)
+            assert first[-1]["verdict"] == "inconclusive" and proc.events[-1]["event"] == "canary_paused"
+            new = first[-1]["canary"]
+            assert pool.instances() == {pool.old: pool.count, new: 1}  # both consume, nothing promoted
+
+            resumed = CliProcess(["resume", "--json"], pool.env, cwd=pool.dir)
+            try:
+                assert resumed.proc.wait(DEPLOY_WAIT) == 8, resumed.read_stderr()[-3000:]
+                resumed.finish()
+            finally:
+                resumed.kill()
+            again = looks(resumed)
+            assert again[0]["look"] == first[-1]["look"] + 1 and again[-1]["verdict"] == "inconclusive"
+            assert again[-1]["counts"]["canary"]["completed"] >= first[-1]["counts"]["canary"]["completed"]
+
+            aborted = CliProcess(["abort", "--json"], pool.env, cwd=pool.dir)
+            try:
+                assert aborted.proc.wait(DEPLOY_WAIT) == 0, aborted.read_stderr()[-3000:]
+                aborted.finish()
+            finally:
+                aborted.kill()
+        assert pool.instances() == {pool.old: pool.count}, pool.instances()
+        wait_for(lambda: not pool.alive(new), WAIT, "the canary's workers to exit")
+        wait_consuming(redis_control, pool.alive(pool.old), pool.queue)
+        assert pool.fence() is None
+        all_finished(redis_client, producer.ids, "every task to finish")
+        assert all(runs(redis_client, t)["runs"] == 1 for t in producer.ids)
