@@ -60,7 +60,7 @@ from celeryops.demo.standins.registry import RegistryStandIn
 from celeryops.demo.standins.workers import CeleryInstances
 from celeryops_harness.taskapp import work
 from celeryops_harness.workers import wait_for
-from common import table
+from common import Producer, table
 
 RELEASE = "bench-2"
 TARGET_SHARE = 0.10  # canary's failed tasks at most this share of overlap's (issue 28)
@@ -88,30 +88,6 @@ class CaseResult:
     looks: int = 0
     rule: str = ""
     notes: list[str] = field(default_factory=list)
-
-
-class Producer:
-    """``work`` tasks, one every ``every`` s, until stopped; ``ids`` in send order."""
-
-    def __init__(self, broker: str, queue: str, seconds: float, every: float) -> None:
-        self.broker, self.queue, self.seconds, self.every = broker, queue, seconds, every
-        self.ids: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> Producer:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        with work.app.connection_for_write(self.broker) as conn:
-            while not self._stop.is_set():
-                self.ids.append(work.apply_async(args=(self.seconds, "w"), queue=self.queue, connection=conn).id)
-                self._stop.wait(self.every)
 
 
 class Deploy:
@@ -202,7 +178,7 @@ def run_case(strategy: str, args: argparse.Namespace, root: Path) -> CaseResult:
             kind="cloudrun-worker-pool", interval=1.0, max_wait=300) + canary_table(args))
         env = {k: v for k, v in os.environ.items() if not k.startswith("CELERYOPS_") and k != "CELERY_BROKER_URL"}
         env.update(CELERYOPS_STATE_DIR=str(work_dir / "state"), PYTHONUNBUFFERED="1")
-        producer = Producer(server.url, queue, args.seconds, args.every).start()
+        producer = Producer(server.url, queue, work, (args.seconds, "w"), args.every).start()
         time.sleep(args.preroll)  # the stream flows before the deploy (part of the workload, not a wait)
         start = redis_now(client)
         deploy = Deploy(["deploy", RELEASE, "--strategy", strategy, "--yes", "--accept-warnings", "--json",

@@ -22,7 +22,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -37,7 +36,7 @@ from celeryops.demo.standins.registry import RegistryStandIn
 from celeryops.demo.standins.workers import CeleryInstances
 from celeryops_harness.taskapp import sleep
 from celeryops_harness.workers import wait_for
-from common import table
+from common import Producer, table
 
 RELEASE = "bench-2"
 SHORT_SECONDS, SHORT_EVERY = 0.05, 0.1
@@ -55,31 +54,6 @@ class CaseResult:
     tasks: int
     lost: int
     duplicated: int
-
-
-class Producer:
-    """Short tasks, one every ``SHORT_EVERY`` s, until stopped; ``ids`` in send order."""
-
-    def __init__(self, broker: str, queue: str) -> None:
-        self.broker, self.queue = broker, queue
-        self.ids: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> Producer:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        with sleep.app.connection_for_write(self.broker) as conn:
-            while not self._stop.is_set():
-                self.ids.append(sleep.apply_async(args=(SHORT_SECONDS, "short"), queue=self.queue,
-                                                  connection=conn).id)
-                self._stop.wait(SHORT_EVERY)
 
 
 def finishes(client: redis.Redis, ids: list[str]) -> dict[str, tuple[int, float | None]]:
@@ -126,7 +100,7 @@ def run_case(strategy: str, long_tasks: int, long_seconds: float, root: Path) ->
             long_ids = [sleep.apply_async(args=(long_seconds, "long"), queue=queue, connection=conn).id
                         for _ in range(long_tasks)]
         wait_for(lambda: all(client.exists(f"ct:run:{t}") for t in long_ids), 60, "the long tasks to start")
-        producer = Producer(server.url, queue).start()
+        producer = Producer(server.url, queue, sleep, (SHORT_SECONDS, "short"), SHORT_EVERY).start()
         time.sleep(2.0)  # the stream flows before the deploy (part of the workload, not a wait for a condition)
         started = float(client.time()[0]) + client.time()[1] / 1e6
         proc = subprocess.run([sys.executable, "-m", "celeryops", "deploy", RELEASE, "--strategy", strategy, "--yes",
