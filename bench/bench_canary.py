@@ -58,9 +58,10 @@ from celeryops.demo.standins.gitrepo import GitFixture
 from celeryops.demo.standins.redis_server import RedisServer
 from celeryops.demo.standins.registry import RegistryStandIn
 from celeryops.demo.standins.workers import CeleryInstances
+from celeryops_harness.stream import TaskStream as Producer
 from celeryops_harness.taskapp import work
 from celeryops_harness.workers import wait_for
-from common import Producer, table
+from common import table
 
 RELEASE = "bench-2"
 TARGET_SHARE = 0.10  # canary's failed tasks at most this share of overlap's (issue 28)

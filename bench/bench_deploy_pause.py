@@ -34,9 +34,10 @@ from celeryops.demo.standins.gitrepo import GitFixture
 from celeryops.demo.standins.redis_server import RedisServer
 from celeryops.demo.standins.registry import RegistryStandIn
 from celeryops.demo.standins.workers import CeleryInstances
+from celeryops_harness.stream import TaskStream as Producer
 from celeryops_harness.taskapp import sleep
 from celeryops_harness.workers import wait_for
-from common import Producer, table
+from common import table
 
 RELEASE = "bench-2"
 SHORT_SECONDS, SHORT_EVERY = 0.05, 0.1

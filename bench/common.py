@@ -10,14 +10,13 @@ import math
 import signal
 import statistics
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from celery import Celery, Task
+from celery import Celery
 
 from celeryops.demo.standins.redis_server import RedisServer
 from celeryops_harness.workers import WorkerProcess
@@ -153,27 +152,3 @@ def bench_fleet() -> Iterator[BenchFleet]:
         yield fleet
     finally:
         fleet.close()
-
-
-class Producer:
-    """A steady stream of ``task`` with ``args``, one every ``every`` s, until stopped; ``ids`` in send order."""
-
-    def __init__(self, broker: str, queue: str, task: Task, args: tuple[object, ...], every: float) -> None:
-        self.broker, self.queue, self.task, self.args, self.every = broker, queue, task, args, every
-        self.ids: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> Producer:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        with self.task.app.connection_for_write(self.broker) as conn:
-            while not self._stop.is_set():
-                self.ids.append(self.task.apply_async(args=self.args, queue=self.queue, connection=conn).id)
-                self._stop.wait(self.every)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from celeryops.demo.standins.gitrepo import GitFixture
 from celeryops.demo.standins.registry import RegistryStandIn
 from celeryops.demo.standins.workers import CeleryInstances
 from celeryops.fence import FenceStore
+from celeryops_harness.stream import TaskStream
 from celeryops_harness.taskapp import sleep
 from celeryops_harness.workers import WorkerProcess, wait_for
 from clihelp import cli_env
@@ -144,34 +144,13 @@ def running_pool(tmp_path: Path, redis_url: str, queue: str, **kw: Any) -> Itera
         close_pool(pool)
 
 
-class Producer:
+class Producer(TaskStream):
     """A steady stream of short tasks (one every ``every`` seconds) until stopped; ``ids`` in send order. ``task``:
     what it sends (``sleep``; ``work`` fails on a bad release), with ``(seconds, "short")``."""
 
     def __init__(self, broker: str, queue: str, *, seconds: float = 0.05, every: float = 0.1,
                  task: Any = sleep) -> None:
-        self.broker, self.queue, self.seconds, self.every, self.task = broker, queue, seconds, every, task
-        self.ids: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> Producer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        with self.task.app.connection_for_write(self.broker) as conn:
-            while not self._stop.is_set():
-                self.ids.append(self.task.apply_async(args=(self.seconds, "short"), queue=self.queue,
-                                                  connection=conn).id)
-                self._stop.wait(self.every)
+        super().__init__(broker, queue, task, (seconds, "short"), every)
 
 
 def all_finished(client: redis.Redis, ids: list[str], what: str) -> None:
