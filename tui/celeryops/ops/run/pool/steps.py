@@ -42,7 +42,6 @@ class RevisionHooks(JournalHooks):
     """The drain's write-ahead records, each stop tagged with the revision whose workers it stops."""
 
     def __init__(self, runner: Runner, run_id: str, revision: str, exempt: str) -> None:
-
         async def raise_fence(queues: tuple[str, ...]) -> None:
             await runner.raise_fence(queues, only_revisions=(revision,), exempt_revisions=(exempt,))
 
@@ -56,7 +55,6 @@ class RevisionHooks(JournalHooks):
         if self.on_first_stop is not None:
             first, self.on_first_stop = self.on_first_stop, None
             await first(tuple(sorted({q for qs in stops.values() for q in qs})))
-
 
 
 class PoolSteps(PoolFlow):
