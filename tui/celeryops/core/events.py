@@ -43,6 +43,7 @@ class TaskInfo:
     args: str = ""
     runtime: float | None = None  # seconds running, for active tasks
     eta: str | None = None  # ISO time, for scheduled tasks
+    queue: str = ""  # the queue it came from (its delivery's routing key; "" when the worker did not say)
 
 
 @dataclass(frozen=True)
