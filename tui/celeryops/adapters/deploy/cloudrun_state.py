@@ -215,15 +215,16 @@ def _set_image(target: Target, resource: Any, image: str) -> None:
         resource.template.containers[0].image = image
 
 
-def refuse_unready(target: Target, before: RolloutState, *, traffic: bool = True) -> None:
+def refuse_unready(target: Target, before: RolloutState, *, traffic: bool = True, count: int | None = None) -> None:
     """Raise DeployError when ``before`` is still rolling out, when it is a worker pool that runs no instance
-    (the new revision would run none either), or (``traffic``) when its split pins older revisions and the target
-    does not ask for ``traffic = "latest"``: nothing is changed then."""
+    (the new revision would run none either) and the update gives it none (``count``: the instance count it sets),
+    or (``traffic``) when its split pins older revisions and the target does not ask for ``traffic = "latest"``:
+    nothing is changed then."""
     if before.reconciling:
         raise DeployError(f"{target.display} is still rolling out revision "
                           f"{short_revision(before.latest_created_revision)}: nothing was changed; wait "
                           "until it finished and deploy again.", code="BUSY")
-    if target.kind == "cloudrun-worker-pool" and before.instance_count == 0:
+    if target.kind == "cloudrun-worker-pool" and before.instance_count == 0 and count is None:
         raise no_instances(target)
     if traffic and before.pinned and target.traffic != "latest" and not before.owned:
         raise traffic_pinned(target, before)
