@@ -160,7 +160,8 @@ def decide(look: Look, settings: AutoscaleSettings, memory: Memory = Memory()) -
     kept = Memory(surplus_since=since)
     surplus = have - want
     lasted = look.at - since
-    head = f"{_demand_text(look)[:1].upper()}{_demand_text(look)[1:]}: {_plural(want)} are needed of {have}"
+    head = (f"{_demand_text(look)[:1].upper()}{_demand_text(look)[1:]}: {want} of the {_plural(have)} "
+            f"{'is' if want == 1 else 'are'} needed")
     if lasted < settings.idle_after:
         return replace(base, reason=f"{head}; the surplus of {surplus} has lasted {lasted:.0f} s, one goes after "
                                     f"{settings.idle_after:g} s."), kept
@@ -169,10 +170,10 @@ def decide(look: Look, settings: AutoscaleSettings, memory: Memory = Memory()) -
         return replace(base, reason=f"{head}, but every cohort runs or holds a task (or is starting): waiting for "
                                     "one to be idle; no busy instance is taken away."), kept
     keep = max(0, chosen.count - surplus)
-    what = f"all {_plural(chosen.count)}" if keep == 0 else f"{chosen.count - keep} of its {chosen.count}"
+    what = "taken away" if keep == 0 else f"{chosen.count - keep} of its {chosen.count} instances taken away"
     return replace(base, action="in", revision=chosen.revision, keep=keep,
-                   reason=f"{head} for {lasted:.0f} s: cohort {chosen.revision} is idle, so it is drained and "
-                          f"{what} taken away."), kept
+                   reason=f"{head} for {lasted:.0f} s: cohort {chosen.revision} ({_plural(chosen.count)}) is idle, "
+                          f"so it is drained and {what}."), kept
 
 
 def choose(cohorts: tuple[Cohort, ...], surplus: int) -> Cohort | None:
