@@ -17,7 +17,6 @@ from celery import Celery
 
 from autoscalehelp import running, scaled_pool, start, steps_of, wait_instances
 from celeryops_harness.taskapp import sleep, until
-from celeryops_harness.workers import wait_for
 from drainhelp import finished, runs, started
 from overlaphelp import WAIT, all_finished, wait_consuming
 
