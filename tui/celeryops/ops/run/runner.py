@@ -208,8 +208,7 @@ class Runner(RunnerBase):
                             "nothing was changed; use `celeryops abort` to apply the recovery rules.", EXIT_FAILURE)
         await self.fleet.check_broker()
         st = run.settings
-        settings = DrainSettings(interval=float(st.get("interval", 15.0)), streak=int(st.get("streak", 2)),
-                                 max_wait=float(st.get("max_wait", 1200.0)))
+        settings = run.drain_settings()
         queues = tuple(st.get("queues") or ())
         forget = tuple(st.get("forget") or ())
         self._loop = asyncio.get_running_loop()

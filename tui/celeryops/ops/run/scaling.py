@@ -27,21 +27,21 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from celeryops.adapters.deploy.base import DeployError, PoolDeployer, PoolUpdate
+from celeryops.adapters.deploy.base import DeployError, PoolUpdate
 from celeryops.core.autoscale import AutoscaleSettings
-from celeryops.core.config import DrainSettings, Target
-from celeryops.core.errors import EXIT_USAGE, UserError
-from celeryops.core.events import Event, Notice
+from celeryops.core.config import Target
+from celeryops.core.errors import EXIT_OK, EXIT_USAGE, UserError
+from celeryops.core.events import Event
 from celeryops.core.scaleevents import AutoscaleStep, ScaleStepName
-from celeryops.core.splits import counts_of, split_for
-from celeryops.ops.drain.engine import Drain, DrainResult, NoWorkers
-from celeryops.ops.drain.membership import held_by
-from celeryops.ops.journal import SCALE_POOL, Run
+from celeryops.core.splits import counts_of
+from celeryops.ops.drain.engine import NoWorkers
+from celeryops.ops.journal import SCALE_POOL, Phase, Run
 from celeryops.ops.run.context import RunContext
-from celeryops.ops.run.pool.steps import RevisionHooks
+from celeryops.ops.run.pool.pool import GONE_WAIT, Ending, Pool, Words
+from celeryops.ops.run.pool.recover import taken_over
+from celeryops.ops.run.pool.rules import Destination
+from celeryops.ops.run.pool.steps import drain_revision, hold, scale_to
 from celeryops.ops.run.runner import Runner, uncut
-
-GONE_WAIT = 60.0  # seconds for the instances taken away to leave (Cloud Run: SIGKILL 10 s after SIGTERM)
 
 
 @dataclass(frozen=True)
@@ -65,8 +65,12 @@ def nonzero(counts: Mapping[str, int]) -> dict[str, int]:
     return {rev: n for rev, n in counts.items() if n > 0}
 
 
+WORDS = Words(name="autoscale step", old="the cohort", new="the new cohort")
+
+
 class Scaling:
-    """The steps of the autoscaler on ``target`` in run context ``ctx`` (see the module)."""
+    """The steps of the autoscaler on ``target`` in run context ``ctx`` (see the module), on the pool's public steps
+    (:mod:`celeryops.ops.run.pool.steps`)."""
 
     def __init__(self, ctx: RunContext, target: Target, settings: AutoscaleSettings) -> None:
         self.ctx = ctx
@@ -77,13 +81,6 @@ class Scaling:
     def runner(self) -> Runner:
         return self.ctx.runner
 
-    def deployer(self) -> PoolDeployer:
-        deployer = self.ctx.rollouts.deployer(self.target)
-        if not hasattr(deployer, "update_worker_pool"):
-            raise UserError(f"The deployer of target {self.target.name!r} cannot change a worker pool's counts: "
-                            "nothing was changed.", EXIT_USAGE)
-        return deployer  # type: ignore[return-value]
-
     def emit(self, event: Event) -> None:
         self.ctx.emit(event)
 
@@ -91,60 +88,61 @@ class Scaling:
         self.emit(AutoscaleStep(step=step, target=self.target.name, revision=revision, count=count,
                                 run_id=run.id if run else "", message=message))
 
-    async def _open(self, step: str, **more: object) -> Run:
+    async def _open(self, step: str, **more: object) -> tuple[Run, Pool]:
         """A new step run, the fleet's lease held for it (LeaseHeld or a UserError when another run holds the
-        fleet: nothing changed)."""
+        fleet: nothing changed), and the pool in it."""
         drain = self.ctx.config.drain
-        return await self.runner.open_run(release=None, settings={
+        run = await self.runner.open_run(release=None, settings={
             "kind": "autoscale", "strategy": "drain", "step": step, "targets": [self.target.name], "queues": [],
             "forget": [], "interval": min(drain.interval, max(0.5, self.settings.interval)), "streak": drain.streak,
             "max_wait": self.settings.drain_timeout, "autoscale": self.settings.to_dict(), **more})
+        return run, Pool.of(self.ctx, run, self.target, WORDS)
+
+    async def _scale(self, pool: Pool, before: Mapping[str, int], after: Mapping[str, int], *,
+                     new: Destination | None = None) -> str:
+        """One update to exactly ``after`` (written ahead as ``scale_pool``, recorded as celeryops' own split); ""
+        when Cloud Run serves it, else why it refused."""
+        wanted = nonzero(after)
+        payload = {"target": self.target.name, "before": dict(before), "after": wanted, "count": sum(wanted.values()),
+                   "revision": new.revision if new is not None else ""}
+        try:
+            if wanted:
+                await scale_to(pool, wanted, intent=SCALE_POOL, payload=payload, new=new,
+                               owned_by=f"autoscale run {pool.run_id}")
+            else:  # no instance at all: the count goes to 0, the split stays as it is
+                await pool.written_ahead(SCALE_POOL, payload, lambda: pool.update(PoolUpdate(instance_count=0)))
+        except DeployError as err:
+            return str(err)
+        return ""
 
     # -- add a cohort ------------------------------------------------------------------------------------------
 
     async def add(self, before: Mapping[str, int], add: int) -> StepOutcome:
-        """A new cohort of ``add`` instances beside the cohorts ``before`` (revision -> count, as set now)."""
+        """A new cohort of ``add`` instances (a new revision of the pool's image) beside the cohorts ``before``
+        (revision -> count, as set now)."""
         revision = cohort_name(self.target)
         after = {**nonzero(before), revision: add}
-        run = await self._open("out", revision=revision, add=add)
+        run, pool = await self._open("out", revision=revision, add=add)
         try:
-            return await uncut(self._add(run, before, after, revision))
+            return await uncut(self._add(run, pool, before, after, revision))
         finally:
             await self.runner.release_lease()
 
-    async def _add(self, run: Run, before: Mapping[str, int], after: dict[str, int], revision: str) -> StepOutcome:
+    async def _add(self, run: Run, pool: Pool, before: Mapping[str, int], after: dict[str, int],
+                   revision: str) -> StepOutcome:
         add = after[revision]
         self._step("adding", run, f"adding cohort {revision} of {add} instance(s): {sum(after.values())} in all",
                    revision, add)
-        await self.runner.advance(run.id, "scaling")
-        ok, why = await self._update(run, before, after, revision=revision)
-        if not ok:
-            await self.runner.advance(run.id, "aborted", reason="the pool update was refused")
+        await pool.phase("scaling")
+        image = (await pool.state()).image
+        why = await self._scale(pool, before, after, new=Destination(revision, image))
+        if why:
+            await pool.phase("aborted", reason="the pool update was refused")
             self._step("given_up", run, f"Cloud Run did not add cohort {revision}: {why}", revision, add)
             return StepOutcome(False, why, dict(before), run.id)
-        await self.runner.advance(run.id, "done")
+        await pool.phase("done")
         self._step("added", run, f"cohort {revision} of {add} instance(s) runs", revision, add)
         return StepOutcome(True, f"added cohort {revision}", after, run.id)
-
-    async def _update(self, run: Run, before: Mapping[str, int], after: Mapping[str, int], *,
-                      revision: str = "") -> tuple[bool, str]:
-        """One pool update to exactly ``after`` (written ahead, settled); False and why when Cloud Run refused."""
-        wanted = nonzero(after)
-        total = sum(wanted.values())
-        split = split_for(wanted) if total else tuple((rev, pct) for rev, pct in
-                                                      (await self.deployer().current(self.target)).served_split)
-        intent = await self.runner.journal.aio.intend(run.id, SCALE_POOL, {
-            "target": self.target.name, "before": dict(before), "after": dict(wanted), "count": total,
-            "revision": revision, "split": [list(e) for e in split]})
-        change = PoolUpdate(revision=revision, instance_count=total, split=split or None,
-                            owned_by=f"autoscale run {run.id}")
-        try:
-            await self.deployer().update_worker_pool(self.target, change, self.emit)
-        except DeployError as err:
-            await self.runner.journal.aio.settle(intent, {"ok": False, "error": str(err)})
-            return False, str(err)
-        await self.runner.journal.aio.settle(intent, {"ok": True, "counts": dict(wanted)})
-        return True, ""
 
     # -- take a cohort away ------------------------------------------------------------------------------------
 
@@ -152,118 +150,76 @@ class Scaling:
         """Drain cohort ``revision`` alone, then lower its count to ``keep`` (0: it goes), the others as ``before``.
         Interrupted while draining: its workers consume again (nothing removed); once the update is sent: finished."""
         count = before.get(revision, 0)
-        run = await self._open("in", revision=revision, keep=keep, before=dict(before))
+        run, pool = await self._open("in", revision=revision, keep=keep, before=dict(before))
         try:
             self._step("draining", run, f"the workers of cohort {revision} stop taking tasks and are confirmed "
                        "idle; every other cohort consumes", revision, count)
+            await pool.phase("stopping")
             try:
-                result = await self._drain(run, revision)
+                drained = await drain_revision(pool, revision, phases=True)
             except asyncio.CancelledError:
-                await uncut(self._give_back(run, "interrupted"))
+                await uncut(self._give_back(pool, "interrupted"))
                 self._step("restored", run, f"interrupted: the workers of cohort {revision} consume again, nothing "
                            "was removed", revision, count)
                 raise
             except NoWorkers:
-                await uncut(self._give_back(run, "no worker of the cohort answered"))
+                await uncut(self._give_back(pool, "no worker of the cohort answered"))
                 return StepOutcome(False, f"no worker of cohort {revision} answered: nothing was removed",
                                    dict(before), run.id)
-            if result.outcome != "drained":
-                what = held_by(result.last)
-                await uncut(self._give_back(run, f"busy: {what}"))
-                self._step("given_up", run, f"cohort {revision} got busy ({what}): nothing was removed, its workers "
-                           "consume again", revision, count)
+            if not drained.idle:
+                await uncut(self._give_back(pool, f"busy: {drained.held_by}"))
+                self._step("given_up", run, f"cohort {revision} got busy ({drained.held_by}): nothing was removed, "
+                           "its workers consume again", revision, count)
                 return StepOutcome(False, f"cohort {revision} got busy", dict(before), run.id)
-            return await uncut(self._take_away(run, before, revision, keep))
+            return await uncut(self._take_away(run, pool, before, revision, keep))
         finally:
             await self.runner.release_lease()
 
-    async def _drain(self, run: Run, revision: str) -> DrainResult:
-        """The workers of ``revision`` alone, by the drain's rules (fence scoped to it), within ``drain_timeout``."""
-        runner = self.runner
-        st = run.settings
-        settings = DrainSettings(interval=float(st["interval"]), streak=int(st["streak"]),
-                                 max_wait=float(st["max_wait"]))
-        await runner.advance(run.id, "stopping")
-
-        async def members() -> set[str]:
-            if runner.coord is None:
-                return set()
-            from celeryops.fence import listed_workers
-
-            infos = await asyncio.to_thread(listed_workers, runner.coord, runner.fleet_name)
-            return {host for host, info in infos.items() if info.revision == revision}
-
-        drain = Drain(runner.fleet, settings, on_event=self.emit, hooks=RevisionHooks(runner, run.id, revision, ""),
-                      restore_patience=runner.settings.recovery_patience, scope=members,
-                      scope_label=f"of cohort {revision}")
-        await drain.start()
-        await runner.advance(run.id, "draining")
-        result = await drain.run()
-        if result.outcome == "drained":
-            await runner.advance(run.id, "drained")
-        return result
-
-    async def _take_away(self, run: Run, before: Mapping[str, int], revision: str, keep: int) -> StepOutcome:
+    async def _take_away(self, run: Run, pool: Pool, before: Mapping[str, int], revision: str,
+                         keep: int) -> StepOutcome:
         count = before.get(revision, 0)
-        await self.runner.park_fence()  # held even if this process dies before the update
+        await pool.phase("drained")
+        await hold(pool)  # held even if this process dies before the update
         self._step("drained", run, f"cohort {revision} is idle and held", revision, count)
         after = {**nonzero(before), revision: keep}
-        await self.runner.advance(run.id, "scaling")
+        await pool.phase("scaling")
         self._step("removing", run, f"{count - keep} instance(s) of cohort {revision} are taken away: idle and held",
                    revision, keep)
-        ok, why = await self._update(run, before, after)
-        if not ok:
-            await self._give_back(run, f"the pool update was refused: {why}")
+        why = await self._scale(pool, before, after)
+        if why:
+            await self._give_back(pool, f"the pool update was refused: {why}")
             self._step("given_up", run, f"Cloud Run did not take cohort {revision} away ({why}): its workers "
                        "consume again", revision, count)
             return StepOutcome(False, why, dict(before), run.id)
-        await self._wait_left(revision, keep)
-        await self._give_back(run, "", end="done")
+        await self._wait_left(pool, revision, keep)
+        await self._give_back(pool, "", end="done")
         what = "it is gone" if keep == 0 else f"{keep} of its instance(s) consume again"
         self._step("removed", run, f"cohort {revision}: {count - keep} idle instance(s) taken away, {what}",
                    revision, keep)
         return StepOutcome(True, f"took {count - keep} instance(s) of {revision} away", nonzero(after), run.id)
 
-    async def _live(self, revision: str) -> set[str]:
-        """The live plugin workers of ``revision`` (the fence registry)."""
-        coord = self.runner.coord
-        if coord is None:
-            return set()
-        from celeryops.fence import plugin_workers
-
-        infos = await asyncio.to_thread(plugin_workers, coord, self.runner.fleet_name)
-        return {host for host, info in infos.items() if info.revision == revision}
-
-    async def _wait_left(self, revision: str, keep: int) -> None:
-        """Until at most ``keep`` instances of ``revision`` are live, at most :data:`GONE_WAIT` seconds."""
-        coord = self.runner.coord
-        if coord is None:
+    async def _wait_left(self, pool: Pool, revision: str, keep: int) -> None:
+        """Until at most ``keep`` instances of ``revision`` are live (all gone: :meth:`Pool.wait_gone`)."""
+        if keep == 0:
+            await pool.wait_gone(revision)
             return
-        from celeryops.fence import instances_by_revision, plugin_workers
-
         deadline = time.monotonic() + GONE_WAIT
-        while time.monotonic() < deadline:
-            infos = await asyncio.to_thread(plugin_workers, coord, self.runner.fleet_name)
-            if instances_by_revision(infos).get(revision, 0) <= keep:
-                return
+        while (await pool.instances(revision)).get(revision, 0) > keep and time.monotonic() < deadline:
             await asyncio.sleep(0.5)
-        self.emit(Notice(level="warning", message=f"Instances of cohort {revision} are still registered {GONE_WAIT:g} "
-                                                  "s after they were taken away; check the pool in the Cloud "
-                                                  "console."))
 
-    async def _give_back(self, run: Run, why: str, *, end: str = "aborted") -> None:
+    async def _give_back(self, pool: Pool, why: str, *, end: Phase = "aborted") -> None:
         """The fence lifted and every consumer the step stopped whose worker is still there consuming again; the
         run ends ``end``."""
-        current = await self.runner.journal.aio.get(run.id)
-        await self.runner.lift_fence(run.id)
+        current = await pool.run()
+        await self.runner.lift_fence(pool.run_id)
         stopped = current.stopped_consumers()
         if stopped:
-            live = await self._live(str(current.settings.get("revision") or ""))
+            live = set((await pool.registry()).get(str(current.settings.get("revision") or ""), ()))
             back = {w: sorted(qs) for w, qs in stopped.items() if w in live}
             if back:
                 await self.runner.restore(current, back)
-        if not (await self.runner.journal.aio.get(run.id)).finished:
-            await self.runner.advance(run.id, end, reason=why or None)  # type: ignore[arg-type]
+        if not (await pool.run()).finished:
+            await self.runner.advance(pool.run_id, end, reason=why or None)
 
     # -- recovery ----------------------------------------------------------------------------------------------
 
@@ -271,44 +227,39 @@ class Scaling:
         """Finish or undo an interrupted step (``abort``, ``resume``, the next ``autoscale``, from any machine): a
         pool update begun is followed to its end; the fence is lifted; the stopped consumers of the workers still
         there consume again. Returns one sentence. Refused while the step's own process still runs it."""
-        await self.runner.hold(run)  # refused while its owner lives
-        try:
-            await asyncio.to_thread(self.runner.journal.bring_home, run.id,
-                                    self.runner.journal.fleet_copy.store_for(run.fleet))
-            run = await self.runner.journal.aio.get(run.id)
-            sentence = await self._recover(run)
-        finally:
-            await self.runner.release_lease()
-        self._step("recovered", run, sentence, str(run.settings.get("revision") or ""))
-        return sentence
+        pool = Pool.of(self.ctx, run, self.target, WORDS)
+        said: list[str] = []
 
-    async def _recover(self, run: Run) -> str:
+        async def work() -> Ending:
+            said.append(await self._recover(pool))
+            return Ending("aborted", EXIT_OK, said[-1])
+
+        await taken_over(pool, work, work)
+        self._step("recovered", run, said[-1], str(run.settings.get("revision") or ""))
+        return said[-1]
+
+    async def _recover(self, pool: Pool) -> str:
+        run = await pool.run()
         updates = run.intents(SCALE_POOL)
         revision = str(run.settings.get("revision") or "")
         if not updates:
-            await self._give_back(run, "abort: no pool update was sent")
+            await self._give_back(pool, "abort: no pool update was sent")
             return (f"Autoscale step {run.id} was interrupted before it changed the pool: the fence is lifted and "
                     "its workers consume again; nothing was removed.")
-        await self._settled()
-        state = await self.deployer().current(self.target)
+        await pool.settled()
+        state = await pool.state()
         now = nonzero(counts_of(state.instance_count or 0, state.served_split))
         asked = {str(k): int(v) for k, v in (updates[-1].payload.get("after") or {}).items()}
         took = now == asked
         if took and run.settings.get("step") == "in":
-            await self._wait_left(revision, int(run.settings.get("keep") or 0))
-        await self._give_back(run, "" if took else "the pool update did not take effect", end="done" if took
-                              else "aborted")
+            await self._wait_left(pool, revision, int(run.settings.get("keep") or 0))
+        await self._give_back(pool, "" if took else "the pool update did not take effect",
+                              end="done" if took else "aborted")
         if took:
             return (f"Autoscale step {run.id} had sent its pool update and Cloud Run runs it ({_counts(now)}): the "
                     "fence is lifted and every remaining worker consumes.")
         return (f"Autoscale step {run.id}'s pool update did not take effect (the pool runs {_counts(now)}): the fence "
                 "is lifted and its workers consume again; nothing was removed.")
-
-    async def _settled(self) -> None:
-        """Until no rollout of the pool is in progress, up to the target's timeout."""
-        deadline = time.monotonic() + self.target.timeout
-        while (await self.deployer().current(self.target)).reconciling and time.monotonic() < deadline:
-            await asyncio.sleep(1.0)
 
 
 def _counts(counts: Mapping[str, int]) -> str:
@@ -329,4 +280,4 @@ async def recover_open_step(ctx: RunContext, run: Run, settings: AutoscaleSettin
             await ctx.rollouts.close()
 
 
-__all__ = ["GONE_WAIT", "Scaling", "StepOutcome", "cohort_name", "recover_open_step"]
+__all__ = ["Scaling", "StepOutcome", "cohort_name", "recover_open_step"]
