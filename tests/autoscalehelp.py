@@ -20,15 +20,16 @@ FAST = {"interval": 0.5, "idle_after": 2, "drain_timeout": 30}
 
 @contextlib.contextmanager
 def scaled_pool(tmp_path: Path, redis_url: str, queue: str, *, count: int = 1, streak: int | None = None,
-                **autoscale: Any) -> Iterator[Pool]:
+                poll: float = 0.3, **autoscale: Any) -> Iterator[Pool]:
     """A worker pool of ``count`` instances with ``[autoscale]`` ``autoscale`` (over :data:`FAST`); the drain's
-    ``streak`` when given. Stopped (stand-ins and every worker) when the block ends."""
-    pool = make_pool(tmp_path, redis_url, queue, count=count, interval=0.3)
+    ``streak`` and ``poll`` interval (a cohort's drain lasts about their product). Stopped (stand-ins and every
+    worker) when the block ends."""
+    pool = make_pool(tmp_path, redis_url, queue, count=count, interval=poll)
     try:
         config = tmp_path / "celeryops.toml"
         text = config.read_text() + toml_table("autoscale", {**FAST, "queues": [queue], **autoscale})
         if streak is not None:
-            text = text.replace("[drain]\n", f"[drain]\nstreak = {streak}\n")
+            text = text.replace("streak = 2\n", f"streak = {streak}\n")
         config.write_text(text)
         yield pool
     finally:

@@ -15,10 +15,11 @@ import pytest
 import redis
 from celery import Celery
 
-from autoscalehelp import running, scaled_pool, start, steps_of, wait_instances
+from autoscalehelp import running, scaled_pool, start, status_json, steps_of, wait_instances
 from celeryops_harness.taskapp import sleep, until
+from clihelp import CliProcess, run_cli
 from drainhelp import finished, runs, started
-from overlaphelp import WAIT, all_finished, wait_consuming
+from overlaphelp import WAIT, all_finished, wait_consuming, wait_lease_orphaned
 
 pytestmark = pytest.mark.slow
 
@@ -82,3 +83,88 @@ def test_only_an_idle_cohort_is_taken_away_while_a_long_task_runs(tmp_path: Path
         assert pool.fence() is None
         (left,) = running(pool)
         wait_consuming(redis_control, pool.alive(left), pool.queue)
+
+
+def test_sigterm_in_the_middle_of_a_drain_gives_the_cohort_back(tmp_path: Path, redis_url: str, queue_name: str,
+                                                               redis_control: Celery) -> None:
+    """Two idle instances, one needed: the cohort is drained (a long streak) to take one away; SIGTERM while it
+    drains: its workers consume again, nothing is removed, the fence is gone, exit 0."""
+    with scaled_pool(tmp_path, redis_url, queue_name, count=2, streak=20, min_instances=1,
+                     tasks_per_instance=1) as pool:
+        proc = start(pool)
+        try:
+            proc.wait_event("poll", WAIT)  # the cohort's drain polls: its workers are stopped and held
+            assert pool.fence() is not None
+            proc.signal(signal.SIGTERM)
+            assert proc.finish() == 0, proc.read_stderr()
+        finally:
+            proc.kill()
+        assert ("restored", pool.old) in steps_of(proc.events)
+        assert not any(step == "removed" for step, _ in steps_of(proc.events))
+        assert proc.events[-1]["event"] == "autoscale_stopped"
+        assert running(pool) == {pool.old: 2}
+        assert pool.fence() is None
+        wait_consuming(redis_control, pool.alive(pool.old), pool.queue)
+
+
+@pytest.mark.parametrize("kill_after", ["phase:draining", "intent:scale_pool"])
+def test_a_step_killed_is_finished_or_undone_by_abort_and_the_next_autoscale(
+        tmp_path: Path, redis_url: str, queue_name: str, redis_control: Celery, kill_after: str) -> None:
+    """SIGKILL right after a step's record (its cohort drained and held; its pool update written ahead): the fence
+    stays up, ``status`` names the open autoscale step and what recovery does; ``abort`` (phase:draining) or the
+    next ``autoscale`` (scale_pool) lifts the fence and every remaining worker consumes again."""
+    with scaled_pool(tmp_path, redis_url, queue_name, count=2, min_instances=1, tasks_per_instance=1) as pool:
+        killed = run_cli(["autoscale", "--json"], pool.env, cwd=pool.dir, kill_after=kill_after, timeout=WAIT * 2)
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+        assert pool.fence() is not None
+        status = status_json(pool)
+        assert status["run"]["kind"] == "autoscale" and status["recovery"]["action"] in ("restore", "nothing")
+        assert "Autoscale step" in status["recovery"]["explanation"]
+        wait_lease_orphaned(pool)
+        if kill_after == "phase:draining":
+            aborted = run_cli(["abort", "--json"], pool.env, cwd=pool.dir)
+            assert aborted.returncode == 0, aborted.stdout + aborted.stderr
+            assert running(pool) == {pool.old: 2}
+        else:
+            proc = start(pool)
+            try:
+                proc.wait_event("autoscale", WAIT)
+                assert pool.fence() is None or pool.fence().run_id != status["run"]["id"]
+                proc.signal(signal.SIGINT)
+                assert proc.finish() == 0, proc.read_stderr()
+            finally:
+                proc.kill()
+            assert any("was interrupted" in e.get("message", "") or "pool update" in e.get("message", "")
+                       for e in proc.events if e["event"] in ("notice", "autoscale_step"))
+        assert pool.fence() is None
+        assert status_json(pool).get("run") is None or status_json(pool)["run"]["phase"] in ("done", "aborted")
+        wait_consuming(redis_control, pool.alive(), pool.queue)
+
+
+def test_a_deploy_waits_for_the_step_and_the_autoscaler_goes_on_from_its_revision(
+        tmp_path: Path, redis_url: str, queue_name: str, redis_control: Celery) -> None:
+    """A deploy started while a step of the autoscaler holds the fleet waits for it (says so), then deploys at the
+    count the step left; the autoscaler waits while the deploy holds the fleet and goes on from the new revision."""
+    with scaled_pool(tmp_path, redis_url, queue_name, count=2, streak=12, min_instances=1,
+                     tasks_per_instance=1) as pool:
+        proc = start(pool)
+        try:
+            proc.wait_event("poll", WAIT)  # a step holds the fleet: its cohort drains
+            deploy = CliProcess([*pool.args()[:3], "drain", *pool.args()[4:]], pool.env, cwd=pool.dir)
+            try:
+                deploy.wait_event("notice", WAIT, where=lambda e: "a step of the autoscaler" in e["message"])
+                deploy.wait_event("deployed", WAIT * 2)
+                assert deploy.finish() == 0, deploy.read_stderr()
+            finally:
+                deploy.kill()
+            proc.wait_event("notice", WAIT, where=lambda e: "goes on from the pool as it is" in e["message"])
+            proc.signal(signal.SIGINT)
+            assert proc.finish() == 0, proc.read_stderr()
+        finally:
+            proc.kill()
+        assert ("removed", pool.old) in steps_of(proc.events)  # the step ended first: 2 -> 1
+        new = pool.new_revision()
+        assert running(pool) == {new: 1}
+        waits = [e for e in proc.events if e["event"] == "autoscale" and e["action"] == "wait"]
+        assert waits and any("holds the fleet" in e["reason"] for e in waits)
+        wait_consuming(redis_control, pool.alive(new), pool.queue)

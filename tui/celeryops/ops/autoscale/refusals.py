@@ -72,7 +72,7 @@ async def refusals(ctx: RunContext, target: Target, settings: AutoscaleSettings,
     if state.scaling_mode == "automatic":
         return (f"Cloud Run scales {pool} itself (automatic scaling), so celeryops leaves it alone: nothing was "
                 "changed; set the pool to manual scaling to let `celeryops autoscale` size it.")
-    if published is not None and published.state == "running" and not published.stale() and not dry_run:
+    if published is not None and published.alive() and not dry_run:
         return (f"An autoscaler already runs for fleet {published.fleet} ({published.owner}@{published.host}, pid "
                 f"{published.pid}, on {published.target}): nothing was changed; one autoscaler per fleet: stop that "
                 "one first.")

@@ -68,6 +68,13 @@ class ScaleStatus:
         now = time.time() if now is None else now
         return self.state == "running" and now - self.updated_at > max(30.0, 3 * self.interval)
 
+    def alive(self, now: float | None = None) -> bool:
+        """An autoscaler runs: it said ``running``, has looked lately, and its process is not known dead (it ran on
+        this host and is gone)."""
+        from celeryops.ops.fleetwide.lease import process_gone
+
+        return self.state == "running" and not self.stale(now) and not process_gone(self.host, self.pid)
+
     @property
     def last(self) -> dict[str, Any] | None:
         return self.decisions[-1] if self.decisions else None
