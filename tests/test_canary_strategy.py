@@ -15,7 +15,7 @@ from celeryops.core.configload import load_config
 from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.demo.standins.cloudrun_instances import allocate
 from celeryops.ops.journal import Record, Run
-from celeryops.ops.run.overlap_rules import Plan, overlap_target
+from celeryops.ops.run.pool.rules import Plan, pool_target
 from celeryops.ops.run.strategies.canary import LOOK, VERDICT, Analysis, analysis_of
 
 
@@ -79,12 +79,12 @@ def test_canary_settings_round_trip_as_journaled() -> None:
 def test_a_canary_on_a_service_is_refused_in_one_sentence(tmp_path: Path) -> None:
     service = Target(name="web", kind="cloudrun-service", project="p", region="r", resource="web", image="i")
     with pytest.raises(UserError) as err:
-        overlap_target((service,), strategy="canary")
+        pool_target((service,), "canary")
     assert err.value.exit_code == EXIT_USAGE
     assert str(err.value).startswith("The canary strategy is refused: target 'web' is a Cloud Run service")
     pool = Target(name="pool", kind="cloudrun-worker-pool", project="p", region="r", resource="pool", image="i")
     with pytest.raises(UserError) as err:
-        overlap_target((pool, pool), strategy="canary")
+        pool_target((pool, pool), "canary")
     assert str(err.value).startswith("A canary deploy moves one worker pool at a time")
     (tmp_path / "celeryops.toml").write_text('[[targets]]\nname = "web"\nkind = "cloudrun-service"\nproject = "p"\n'
                                              'region = "r"\nresource = "web"\nimage = "i:{sha}"\n'

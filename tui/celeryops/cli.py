@@ -41,6 +41,10 @@ COMMAND_TABLE: dict[str, tuple[str, str]] = {
     "acl": ("acl", "Print the Redis ACL rules of ROLE (watcher, operator, worker) on one line, to put after `ACL "
                    "SETUSER <name> on ><password>` (Redis 7.0 or later). Reads nothing from Redis."),
     "abort": ("drain", "Restore the consumers stopped by the current run (recovery rules), and end it."),
+    "autoscale": ("autoscale", "Size a Cloud Run worker pool by what Celery holds (ready + reserved + active per "
+                               "queue) and scale it in without killing a task, until SIGINT or SIGTERM (exit 0, every "
+                               "worker consuming). TARGET may be left out when the configuration has one worker pool; "
+                               "`--dry-run` changes nothing."),
     "demo": ("demo", "Run celeryops on a local sandbox: Redis, Celery workers, Cloud Run and registry stand-ins, a "
                      "git remote."),
     "deploy": ("deploy", "Deploy RELEASE (a branch pushed to the release remote): preflight, drain, deploy, verify. "

@@ -236,8 +236,11 @@ class BrokerLink:
     # -- queues -----------------------------------------------------------------------------------------------------
 
     async def queue_depths(self, queues: Iterable[str]) -> list[QueueDepth]:
-        """Messages waiting per queue, read from the broker (they pile up during a drain)."""
+        """Messages waiting per queue, read from the broker (they pile up during a drain); on Redis the lists of
+        every priority step of kombu's (``priority_steps``, default 0, 3, 6, 9) are added up."""
         names = sorted(set(queues))
+        options = self.app.conf.broker_transport_options or {}
+        steps = sorted({int(p) for p in options.get("priority_steps") or (0, 3, 6, 9)} | {0})
 
         def read() -> list[QueueDepth]:
             out: list[QueueDepth] = []
@@ -245,11 +248,11 @@ class BrokerLink:
                 channel = conn.default_channel
                 for name in names:
                     try:
-                        if self.is_redis:
-                            client = channel.client
-                            total = sum(int(client.llen(name + (f"\x06\x16{p}" if p else "")))
-                                        for p in (0, 3, 6, 9))
-                            out.append(QueueDepth(name, total))
+                        if self.is_redis:  # one list per priority step: <queue>, <queue>\x06\x16<step>
+                            pipe = channel.client.pipeline(transaction=False)
+                            for p in steps:
+                                pipe.llen(name + (f"\x06\x16{p}" if p else ""))
+                            out.append(QueueDepth(name, sum(int(n) for n in pipe.execute())))
                         else:
                             ok = channel.queue_declare(queue=name, passive=True)
                             out.append(QueueDepth(name, int(ok.message_count)))

@@ -52,9 +52,9 @@ def deploy(release: str, fleet: FleetSpec, targets: tuple[str, ...], yes: bool, 
         chosen = tuple(replace(t, strategy=strategy) for t in chosen)  # type: ignore[arg-type]
     pool = next((t.strategy for t in chosen if t.strategy in POOL_STRATEGIES), None)
     if pool is not None:
-        from celeryops.ops.run.overlap_rules import overlap_target
+        from celeryops.ops.run.pool.rules import pool_target
 
-        overlap_target(chosen, strategy=pool)  # one worker pool, or one sentence (exit 2) before anything is contacted
+        pool_target(chosen, pool)  # one worker pool, or one sentence (exit 2) before anything is contacted
     from celeryops.commands.console import open_console, wants_console
 
     if wants_console(as_json, headless):

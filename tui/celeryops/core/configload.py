@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from celeryops.core.autoscale import AutoscaleSettings
 from celeryops.core.canary import CanarySettings
 from celeryops.core.config import (
     ENV_KEYS,
@@ -25,6 +26,7 @@ from celeryops.core.config import (
     accept_problem,
     did_you_mean,
 )
+from celeryops.core.configautoscale import validate_autoscale
 from celeryops.core.configcanary import validate_canary
 from celeryops.core.configcheck import integer, number, type_name, typed, unknown_keys
 from celeryops.core.configtargets import validate_targets
@@ -32,7 +34,7 @@ from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.core.masking import mask_text
 from celeryops.core.runsettings import run_settings
 
-_TOP_KEYS = ("broker", "app", "state_dir", "drain", "release", "preflight", "targets", "canary")
+_TOP_KEYS = ("broker", "app", "state_dir", "drain", "release", "preflight", "targets", "canary", "autoscale")
 _DRAIN_KEYS = ("interval", "streak", "max_wait")
 _RELEASE_KEYS = ("remote", "max_age_days", "branches")
 _PREFLIGHT_KEYS = ("accept",)
@@ -88,6 +90,7 @@ def load_config(path: str | None, cwd: Path, env: Mapping[str, str],
         run=run_settings(env),
         preflight=PreflightSettings(**raw["preflight"]),
         canary=raw["canary"],
+        autoscale=raw["autoscale"],
     )
 
 
@@ -147,6 +150,7 @@ def _validate_file(data: dict[str, Any], base_dir: Path, problems: list[str]) ->
     """Check the file's keys and types; returns a working dict with ``drain``/``release`` kwargs and targets."""
     raw: dict[str, Any] = {"drain": {}, "release": {}, "preflight": {}, "targets": []}
     raw["canary"] = validate_canary(data["canary"], problems) if "canary" in data else CanarySettings()
+    raw["autoscale"] = validate_autoscale(data["autoscale"], problems) if "autoscale" in data else AutoscaleSettings()
     unknown_keys(data, _TOP_KEYS, "", problems)
     for key in ("broker", "app", "state_dir"):
         if key in data:

@@ -38,8 +38,6 @@ from celeryops.adapters.deploy import DeployError
 from celeryops.adapters.deploy.base import (
     Deployer,
     DeployResult,
-    PoolUpdate,
-    RolloutState,
     Router,
     describe_split,
 )
@@ -48,9 +46,11 @@ from celeryops.core.errors import EXIT_DEPLOY, EXIT_OK, EXIT_PREFLIGHT, EXIT_USA
 from celeryops.core.events import Event, Notice, PhaseChanged, RunFinished, StageStarted, TargetRolledBack
 from celeryops.ops.journal import DEPLOY_START, FleetStoreDown, Run
 from celeryops.ops.preflight import Check, CheckResult, permissions_check, validate_check
-from celeryops.ops.preflight.overlap import PoolView, overlap_checks, revisions_check
+from celeryops.ops.preflight.overlap import revisions_check
 from celeryops.ops.run.context import RunContext
-from celeryops.ops.run.pool.base import Destination
+from celeryops.ops.run.pool.checks import rollback_checks
+from celeryops.ops.run.pool.rules import Destination
+from celeryops.ops.run.pool.switch import move, resume_switch
 from celeryops.ops.run.recovery import Rollout
 from celeryops.ops.run.rollback_plan import (
     Recorded,
@@ -69,7 +69,6 @@ from celeryops.ops.run.rollback_plan import (
 from celeryops.ops.run.rollout import DeployFailure, Rollouts
 from celeryops.ops.run.runner import Runner
 from celeryops.ops.run.strategies.drain import DrainWords, drain_then, is_drain_phase, resume_drain_then
-from celeryops.ops.run.strategies.overlap import OverlapFlow
 
 __all__ = ["STRATEGIES", "DrainStrategy", "OverlapStrategy", "Rollback", "RollbackRequest", "RollbackStep",
            "Strategy"]
@@ -147,32 +146,16 @@ class OverlapStrategy:
         """``revision``, ``permissions``, then the overlap deploy's ``traffic``, ``validate`` (the scale-up to the
         existing revision), ``fence`` and ``mixed_versions`` in place of the fleet's own of those ids."""
         (step,) = steps  # one worker pool (chosen_targets)
-        target, runner = step.target, rollback.runner
-        deployer = OverlapFlow(rollback.ctx).deployer(target)  # one sentence when it cannot run two revisions
-        read: list[asyncio.Future[RolloutState]] = []
-
-        async def read_pool() -> PoolView:
-            if not read:
-                read.append(asyncio.ensure_future(deployer.current(target)))
-            return PoolView(await asyncio.shield(read[0]))
-
-        async def validate(change: PoolUpdate) -> None:  # the revision exists: only the count and the split
-            await deployer.validate_pool_update(target, change)
-
-        own = overlap_checks(target, read_pool, validate, step.image or step.revision, step.revision,
-                             app=runner.fleet.app, fleet=runner.fleet_name, known=runner.fleet.members,
-                             has_registry=runner.coord is not None, rollback=True)
-        replaced = {c.id for c in own}
-        return [*rollback.checks(steps), *(c for c in rollback.ctx.fleet_checks() if c.id not in replaced), *own]
+        return rollback_checks(rollback.ctx, step.target, Destination(step.revision, step.image or None),
+                               rollback.checks(steps))
 
     async def bring(self, rollback: Rollback, steps: tuple[RollbackStep, ...]) -> RunFinished:
         (step,) = steps
-        return await OverlapFlow(rollback.ctx).move(step.target, Destination(step.revision, image=None),
-                                                          release=label_of(steps),
-                                                          settings=settings_of(steps, self.name))
+        return await move(rollback.ctx, step.target, Destination(step.revision, image=None), strategy=self.name,
+                          release=label_of(steps), settings=settings_of(steps, self.name))
 
     async def resume(self, rollback: Rollback, run: Run, steps: tuple[RollbackStep, ...]) -> RunFinished:
-        return await OverlapFlow(rollback.ctx).resume(run)
+        return await resume_switch(rollback.ctx, run)
 
 
 #: The strategies a rollback can use, by name (``--strategy``, a target's ``strategy``; the flag wins).

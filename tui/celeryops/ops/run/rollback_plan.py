@@ -21,7 +21,7 @@ from celeryops.adapters.deploy.base import RevisionInfo, RolloutState, describe_
 from celeryops.core.config import STRATEGIES, Config, Target
 from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.ops.journal import DEPLOY_START, OVERLAP_CUTOVER, OVERLAP_UP, Journal, Record, Run, UnknownRun
-from celeryops.ops.run.overlap_rules import Plan, overlap_target
+from celeryops.ops.run.pool.rules import Plan, pool_target
 
 Split = tuple[tuple[str, int], ...]
 HISTORY_DEPTH = 200  # how many of the fleet's latest runs are searched for a target's last deploy
@@ -104,7 +104,7 @@ def chosen_targets(config: Config, request: RollbackRequest, journal: Journal | 
         raise UserError(f"The targets ask for different strategies ({', '.join(sorted(strategies))}): nothing was "
                         "changed; roll them back one at a time (--target), or say --strategy.", EXIT_USAGE)
     if strategies == {"overlap"}:
-        overlap_target(targets, rollback=True)
+        pool_target(targets, "overlap", rollback=True)
     return targets
 
 

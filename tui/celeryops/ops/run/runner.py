@@ -69,9 +69,11 @@ class Runner(RunnerBase):
         await self.fleet.check_broker()
         open_run = self.unfinished()
         if self.coord is not None and not take_over:
-            holder = await asyncio.to_thread(read_lease, self.coord, self.fleet_name)
+            holder = await (self._after_steps() if self.waits_for_steps  # a step of the autoscaler is waited for
+                            else asyncio.to_thread(read_lease, self.coord, self.fleet_name))
             if holder is not None:
                 raise LeaseHeld(self.fleet_name, holder)
+            open_run = self.unfinished()
         if open_run is not None and open_run.holds_fleet() and not take_over:
             held = ("stopped consumers: nothing was changed; run `celeryops abort` to restore them"
                     if open_run.stopped_consumers() else
@@ -206,8 +208,7 @@ class Runner(RunnerBase):
                             "nothing was changed; use `celeryops abort` to apply the recovery rules.", EXIT_FAILURE)
         await self.fleet.check_broker()
         st = run.settings
-        settings = DrainSettings(interval=float(st.get("interval", 15.0)), streak=int(st.get("streak", 2)),
-                                 max_wait=float(st.get("max_wait", 1200.0)))
+        settings = run.drain_settings()
         queues = tuple(st.get("queues") or ())
         forget = tuple(st.get("forget") or ())
         self._loop = asyncio.get_running_loop()

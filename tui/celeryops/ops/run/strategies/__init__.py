@@ -13,7 +13,7 @@ from celeryops.ops.run.strategies.canary import CanaryStrategy
 from celeryops.ops.run.strategies.drain import DrainStrategy
 from celeryops.ops.run.strategies.overlap import OverlapStrategy
 
-STRATEGIES: dict[str, Strategy] = {s.name: s for s in (DrainStrategy(), OverlapStrategy, CanaryStrategy)}
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in (DrainStrategy(), OverlapStrategy(), CanaryStrategy())}
 
 
 def strategy_named(name: str) -> Strategy:

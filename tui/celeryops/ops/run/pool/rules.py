@@ -1,7 +1,11 @@
-"""The overlap deploy's recovery rules: what ``abort`` and ``resume`` do with an interrupted overlap run, decided
-from its journal and what the worker pool reports now. Pure, no I/O (the flow is :mod:`celeryops.ops.run.overlap`).
+"""The rules of two revisions on one worker pool: what a flow plans (:class:`Plan`, from the old revision to the new
+one, the exact instance counts of each) and what ``abort`` and ``resume`` do with an interrupted run of an overlap or
+canary deploy or a pool rollback, decided from its journal and what the worker pool reports now. Pure, no I/O (the
+steps are :mod:`celeryops.ops.run.pool.steps`).
 
-An overlap deploy moves a Cloud Run worker pool from its old revision to a new one without pausing processing:
+An overlap deploy moves a Cloud Run worker pool from its old revision to a new one without pausing processing (a
+canary's first update runs a few instances of the new revision instead, its promotion the overlap's; a rollback's
+"new" revision is the previous one, which exists):
 
 1. ``overlap_up`` (written ahead): one update runs the new revision beside the old one, at twice the count with the
    split old 50 / new 50 (no old instance is taken away);
@@ -38,6 +42,7 @@ from celeryops.adapters.deploy.base import DeployError, RevisionInfo, RolloutSta
 from celeryops.core.canary import canary_split
 from celeryops.core.config import Target, overlap_refusal
 from celeryops.core.errors import EXIT_USAGE, UserError
+from celeryops.core.splits import split_for
 from celeryops.ops.journal import CANCEL_CONSUMERS, OVERLAP_CUTOVER, OVERLAP_REVERT, OVERLAP_UP, Run
 from celeryops.ops.run.recovery import RecoveryPlan
 
@@ -46,6 +51,32 @@ Step = Literal["done", "nothing", "start", "wait_new", "drain_old", "cutover", "
 
 ABORT = "celeryops abort"
 RESUME = "celeryops resume"
+
+
+@dataclass(frozen=True)
+class Destination:
+    """What the pool moves to: the revision ``revision``, made by the update from ``image`` (its name chosen up
+    front), or, with ``image`` None, a revision that exists already (a rollback)."""
+
+    revision: str
+    image: str | None = None
+
+
+def exact_split(counts: Mapping[str, int]) -> Split:
+    """The instance split that runs exactly ``counts[revision]`` instances of each revision (in that order; those
+    with none left out): integer percentages that Cloud Run's division by percent (each revision its share rounded
+    down, the rest to the largest remainders) turns back into exactly those counts, for two revisions and up to 100
+    instances in all (:func:`~celeryops.core.canary.canary_split`; more revisions:
+    :func:`~celeryops.core.splits.split_for`, which may list them in another order to stay exact)."""
+    live = [(rev, n) for rev, n in counts.items() if n > 0]
+    if not live:
+        raise ValueError("a pool runs at least one instance")
+    if len(live) == 1:
+        return ((live[0][0], 100),)
+    if len(live) == 2:
+        (old, count), (new, beside) = live
+        return canary_split(old, new, count, beside)
+    return split_for(dict(live))
 
 
 @dataclass(frozen=True)
@@ -70,6 +101,11 @@ class Plan:
     @property
     def peak(self) -> int:
         return self.count + self.new_count
+
+    @property
+    def up_counts(self) -> dict[str, int]:
+        """The instances of each revision while both run: all ``count`` of the old one, ``new_count`` of the new."""
+        return {self.old: self.count, self.new: self.new_count}
 
     @property
     def up_split(self) -> Split:
@@ -245,9 +281,9 @@ def describe_split(split: Mapping[str, int] | Sequence[tuple[str, int]]) -> str:
     return ", ".join(f"{rev or 'latest'} {pct}%" for rev, pct in pairs if pct > 0) or "no revision"
 
 
-def overlap_target(targets: Sequence[Target], *, rollback: bool = False, strategy: str = "overlap") -> Target:
-    """The one worker pool an overlap (or canary) deploy, or an overlap rollback, moves; one sentence (exit 2) for
-    anything else."""
+def pool_target(targets: Sequence[Target], strategy: str, *, rollback: bool = False) -> Target:
+    """The one worker pool a deploy or rollback of two revisions side by side (``strategy``: its name) moves; one
+    sentence (exit 2) for anything else."""
     run, alone, other = (("rollback", "roll the worker pool back alone", "roll it back") if rollback else
                          ("deploy", "deploy the worker pool alone", "deploy it"))
     if len(targets) != 1:
