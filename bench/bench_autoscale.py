@@ -161,9 +161,9 @@ class CaseResult:
         return ordered[len(ordered) // 2] if ordered else 0.0
 
 
-def autoscale_table(args: argparse.Namespace) -> str:
+def autoscale_table(args: argparse.Namespace, queue: str) -> str:
     return (f"\n[autoscale]\nmin_instances = {args.min}\nmax_instances = {args.max}\n"
-            f"interval = {INTERVAL * args.scale:g}\nidle_after = {IDLE_AFTER * args.scale:g}\n")
+            f"interval = {INTERVAL * args.scale:g}\nidle_after = {IDLE_AFTER * args.scale:g}\nqueues = [\"{queue}\"]\n")
 
 
 class CeleryopsScaler:
@@ -206,7 +206,7 @@ def run_case(scaler: str, trace: BurstTrace, args: argparse.Namespace, root: Pat
         (work / "celeryops.toml").write_text(standin_config(
             broker=server.url, endpoint=endpoint, image="img:{sha}", kind="cloudrun-worker-pool", project=PROJECT,
             region=REGION, resource=POOL, name=POOL, interval=DRAIN_INTERVAL * args.scale, max_wait=600)
-            + autoscale_table(args))
+            + autoscale_table(args, queue))
         env = {k: v for k, v in os.environ.items() if not k.startswith("CELERYOPS_") and k != "CELERY_BROKER_URL"}
         env.update(CELERYOPS_STATE_DIR=str(work / "state"), PYTHONUNBUFFERED="1")
         if scaler == "keda":
@@ -225,7 +225,12 @@ def run_case(scaler: str, trace: BurstTrace, args: argparse.Namespace, root: Pat
         if ours is not None:
             ours.stop()
             if ours.rc != 0:
-                notes.append(f"celeryops autoscale exited {ours.rc}: {ours.stderr.strip()[-300:]}")
+                raise RuntimeError(f"celeryops autoscale exited {ours.rc}: {ours.stderr.strip()[-1000:]}")
+            steps = [e for e in ours.run.events if e.get("event") == "autoscale_step"]
+            notes.append(f"celeryops: {sum(1 for e in ours.run.events if e.get('event') == 'autoscale')} looks, "
+                         f"cohorts added {sum(1 for e in steps if e.get('step') == 'added')}, removed "
+                         f"{sum(1 for e in steps if e.get('step') == 'removed')}, given up "
+                         f"{sum(1 for e in steps if e.get('step') == 'given_up')}")
         instance_seconds = clock.seconds(start, window_end)
         ids = list(producer.ids)
 
