@@ -28,8 +28,10 @@ Measured from the tasks' own records (``ct:run:<id>``: sent, started, finished, 
 - **not run**: tasks never started by the end (prefetched by an instance that was SIGKILLed: kombu gives them back
   only after the visibility timeout, 1 h);
 - **instance-min**: instance-minutes inside the window (what Cloud Run bills, measured, not scaled back);
-- **p95 wait**: send to start, nearest rank, over every task (one never started counts as infinite);
-- **completed**: tasks finished inside the window.
+- **p95 wait**: send to start, nearest rank, over every task (one never started counts as infinite); and over the
+  tasks that started only;
+- **completed**: tasks finished inside the window; **inst-s per task-s done**: instance-seconds paid per second of
+  task run to completion (1.0 would be an instance busy all its life with work that was kept).
 
 Targets (issue 36): celeryops 0 killed; instance-minutes <= 1.15x the KEDA-like scaler's; p95 wait <= the KEDA-like
 scaler's. Same settings for both scalers.
@@ -141,6 +143,7 @@ class CaseResult:
     scaler: str
     tasks: int
     completed: int
+    done_seconds: float  # task-seconds of the tasks completed inside the window
     killed: list[str]
     lost_seconds: float
     not_run: int
@@ -156,9 +159,18 @@ class CaseResult:
         return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)] if ordered else 0.0
 
     @property
+    def p95_started(self) -> float:
+        ordered = sorted(w for w in self.waits if not math.isinf(w))
+        return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)] if ordered else math.inf
+
+    @property
     def median(self) -> float:
         ordered = sorted(self.waits)
         return ordered[len(ordered) // 2] if ordered else 0.0
+
+    @property
+    def paid_per_done(self) -> float:
+        return self.instance_seconds / self.done_seconds if self.done_seconds else math.inf
 
 
 def autoscale_table(args: argparse.Namespace, queue: str) -> str:
@@ -251,9 +263,10 @@ def run_case(scaler: str, trace: BurstTrace, args: argparse.Namespace, root: Pat
             if r.get("started") and not r.get("finished") and died is not None:
                 lost += max(0.0, died - float(r["started"]))
         waits = [float(r["started"]) - float(r["sent"]) if r.get("started") else math.inf for r in recs.values()]
+        done = [r for r in recs.values() if r.get("finished") and float(r["finished"]) <= window_end]
         return CaseResult(
-            scaler=scaler, tasks=len(ids),
-            completed=sum(1 for r in recs.values() if r.get("finished") and float(r["finished"]) <= window_end),
+            scaler=scaler, tasks=len(ids), completed=len(done),
+            done_seconds=sum(float(r["finished"]) - float(r["started"]) for r in done),
             killed=killed, lost_seconds=lost, not_run=sum(1 for r in recs.values() if not r.get("started")),
             instance_seconds=instance_seconds, waits=waits, instances=len(clock.lives), peak=clock.peak(),
             notes=notes)
@@ -277,11 +290,13 @@ def wait_text(seconds: float) -> str:
 def report(results: list[CaseResult], trace: BurstTrace, args: argparse.Namespace) -> bool:
     """Print the table and the targets; True when celeryops killed nothing (the hard promise)."""
     rows = [[r.scaler, r.tasks, r.completed, len(r.killed), f"{r.lost_seconds:.1f}", r.not_run,
-             f"{r.instance_seconds / 60:.2f}", wait_text(r.p95), wait_text(r.median), r.instances, r.peak]
+             f"{r.instance_seconds / 60:.2f}", f"{r.paid_per_done:.2f}", wait_text(r.p95), wait_text(r.p95_started),
+             wait_text(r.median), r.instances, r.peak]
             for r in results]
     s = args.scale
-    print(table(["scaler", "tasks", "completed", "killed", "task-s lost", "not run", "instance-min", "p95 wait (s)",
-                 "median wait (s)", "instances started", "peak"], rows,
+    print(table(["scaler", "tasks", "completed", "killed", "task-s lost", "not run", "instance-min",
+                 "inst-s per task-s done", "p95 wait (s)", "p95 of started", "median wait (s)", "instances started",
+                 "peak"], rows,
                 title=f"{trace.describe()}, played at scale {s:g}: EVERY DURATION x{s:g} (tasks "
                       f"{30 * s:g}-{120 * s:g} s, grace {GRACE_SECONDS * s:g} s, interval {INTERVAL * s:g} s, "
                       f"idle_after/cooldown {IDLE_AFTER * s:g} s, drain poll {DRAIN_INTERVAL * s:g} s; worker start-up "
