@@ -2,7 +2,8 @@
 journal made the record KIND durable (``created``, ``phase:draining``, ``intent:cancel_consumers``,
 ``settle:deploy_start`` ...): a process killed at an exact point of a run, for recovery tests and chaos trials.
 ``A>B`` kills at the first record B written after a record A (``phase:drained>intent:scale_pool``: the pool update
-of an autoscaler's scale-in, not the scale-out that came first).
+of an autoscaler's scale-in, not the scale-out that came first). ``SIGINT@KIND`` sends SIGINT instead (once): the
+process goes on and handles it as an operator's Ctrl-C at that exact point.
 
 The product has no test hook: this wrapper installs the journal's ``after_write`` callback from outside."""
 
@@ -18,8 +19,10 @@ from celeryops.ops import journal
 
 def kill_after(kind: str) -> None:
     original = journal.Journal.__init__
+    name, _, kind = kind.rpartition("@")
+    sig = getattr(signal, name) if name else signal.SIGKILL
     *before, last = kind.split(">")
-    seen = [0]  # how many of ``before`` were written, in order (shared by every journal of the process)
+    seen = [0]  # how many of ``before`` were written, in order (shared by every journal of the process); then 1 more
 
     def init(self: journal.Journal, *args: Any, **kwargs: Any) -> None:
         previous = kwargs.pop("after_write", None)
@@ -29,8 +32,9 @@ def kill_after(kind: str) -> None:
                 previous(written)
             if seen[0] < len(before):
                 seen[0] += written == before[seen[0]]
-            elif written == last:
-                os.kill(os.getpid(), signal.SIGKILL)
+            elif seen[0] == len(before) and written == last:
+                seen[0] += 1  # once
+                os.kill(os.getpid(), sig)
 
         original(self, *args, after_write=after_write, **kwargs)
 
