@@ -14,10 +14,10 @@ instances are real fence-plugin workers and whose dropped counts take instances 
    crashed and restarted, ``celeryops deploy`` started (it waits for the step, then deploys at the count in force);
 4. once every task ran and the pool is back at its minimum (or a deadline passed), SIGINT: exit 0.
 
-The verdict: the chaos trials' (0 lost, 0 duplicated, every live worker consuming, exit codes, no run left open), plus
-no fence left up, no instance taken away busy (the trial's instance handles see every SIGTERM and SIGKILL), and no
-count of a revision lowered while any of its instances ran or held a task of the trial, whichever instance the
-stand-in then picked (:class:`WatchedInstances`).
+The verdict: the chaos trials' (0 lost, 0 duplicated, every live worker consuming, exit codes, no run left open),
+plus no fence and no lease left up (stranded: the next run would wait for it), no instance taken away busy (the
+trial's instance handles see every SIGTERM and SIGKILL), and no count of a revision lowered while any of its
+instances ran or held a task of the trial, whichever instance the stand-in then picked (:class:`WatchedInstances`).
 """
 
 from __future__ import annotations
@@ -36,9 +36,11 @@ import redis
 from celeryops.demo.standins.cloudrun import CloudRunStandIn
 from celeryops.demo.standins.cloudrun_instances import Instance, InstanceSet
 from celeryops.fence.store import FenceStore
+from celeryops.ops.fleetwide.lease import LeaseInfo, read_lease
 from celeryops_harness.chaos_plan import RECORD_SIGNAL, Fault
 from celeryops_harness.chaos_procs import CliRun, TrialFleet, TrialInstance
 from celeryops_harness.chaos_trial import PROJECT, REGION, RELEASE, Trial
+from celeryops_harness.chaos_verdict import Verdict
 from celeryops_harness.workers import wait_for
 
 if TYPE_CHECKING:
@@ -47,7 +49,9 @@ if TYPE_CHECKING:
 #: The trials' [autoscale] table (min_instances is drawn; queues is the trial's queue).
 SETTINGS = {"max_instances": 3, "interval": 0.5, "idle_after": 2, "drain_timeout": 30, "tasks_per_instance": 1}
 #: Seconds a trial's autoscalers are given, from the first start, to run every task and scale back to the minimum.
-TRIAL_LIMIT = 150.0
+TRIAL_LIMIT = 100.0
+#: Seconds the autoscaler may wait for the lease of a run whose owner is gone before the trial calls it stranded.
+STUCK_LIMIT = 20.0
 #: Deploys and recovery commands: seconds each may take.
 COMMAND_LIMIT = 240.0
 
@@ -88,6 +92,7 @@ class AutoscaleTrial(Trial):
         self._record: redis.Redis | None = None
         self._producers: list[threading.Timer] = []
         self._drops: list[str] = []  # count drops while an instance of the revision was busy
+        self._stuck_since = 0.0  # since when the autoscaler waits for an orphaned lease
         self._events = self.dir / "autoscale.jsonl"  # every autoscaler's events, kept with a failing trial's logs
 
     def write_config(self) -> None:
@@ -154,6 +159,14 @@ class AutoscaleTrial(Trial):
         trial's time is up."""
         if time.monotonic() - started > TRIAL_LIMIT:
             return True
+        if self._look.get("action") == "wait" and "orphaned" in str(self._look.get("reason")):
+            self._stuck_since = self._stuck_since or time.monotonic()
+            if time.monotonic() - self._stuck_since > STUCK_LIMIT:  # it waits for a dead run's lease: for good
+                self.result.stranded.append(f"the autoscaler waited {STUCK_LIMIT:g} s for an orphaned lease: "
+                                            f"{self._look.get('reason')}")
+                return True
+        else:
+            self._stuck_since = 0.0
         if any(t.is_alive() for t in self._producers) or self.open_run() is not None:
             return False
         assert self.fleet is not None and self._record is not None
@@ -161,7 +174,11 @@ class AutoscaleTrial(Trial):
         pipe = self._record.pipeline()
         for tid in self.ids:
             pipe.hmget(f"ct:run:{tid}", "finished", "worker")
-        if not all(done or worker in killed for done, worker in pipe.execute()):
+        states = pipe.execute()
+        # A killed worker's prefetched tasks wait out the visibility timeout in ``unacked``: held, not to wait for.
+        stuck = Verdict(self.fleet, self.queue, self.ids, self.broker.url).unacked() if killed else set()
+        if not all(done or worker in killed or tid in stuck for tid, (done, worker) in zip(self.ids, states,
+                                                                                          strict=True)):
             return False
         return self._look.get("instances") == self.plan.min_instances and self._look.get("action") == "hold"
 
@@ -200,6 +217,15 @@ class AutoscaleTrial(Trial):
         finally:
             client.close()
         return record.run_id if record is not None else ""
+
+    def _lease(self) -> LeaseInfo | None:
+        client = redis.Redis.from_url(self.broker.url, socket_timeout=5, decode_responses=True)
+        try:
+            return read_lease(client, f"chaos-{self.tag}")
+        except redis.RedisError:
+            return None
+        finally:
+            client.close()
 
     def _interrupted(self, fault: Fault, rc: int) -> None:
         """The autoscaler exited at the interruption's record: the exit code it owes, then the operator's part."""
@@ -285,6 +311,10 @@ class AutoscaleTrial(Trial):
         fence = self._fence()
         if fence:
             self.result.stranded.append(f"fence of run {fence} left up at the end")
+        lease = self._lease()
+        if lease is not None:  # nothing runs any more: a lease left behind keeps every later run waiting
+            self.result.stranded.append(f"the fleet's lease left held by run {lease.run_id} at the end "
+                                        f"({'orphaned' if lease.orphaned else 'live'})")
         counts = [len(found) for found in lab.standin.instances(self.service).values() if found]
         self.result.ending = f"{sum(counts)} instance(s) on {len(counts)} revision(s)"
         self.result.anomalies.extend(self.fleet.errors)

@@ -65,8 +65,13 @@ class TrialResult:
                 + (f" busy-taken {len(self.busy)}" if self.busy else "")
                 + (f" canary-consuming {len(self.canary_consuming)}" if self.canary_consuming else "")
                 + (f"  verdict {'/'.join(self.verdicts) or '-'} ended {self.ending}" if self.strategy == "canary"
-                   else "") + "  "
+                   else "")
+                + (f"  ended {self.ending}" if self.strategy == "autoscale" else "") + "  "
                 f"{self.elapsed:5.1f}s  faults [{', '.join(self.faults)}]  {cmds}"
+                + (f"  never came [{', '.join(self.skipped)}]" if self.strategy == "autoscale" and self.skipped
+                   else "")
+                + (f"  stranded: {'; '.join(self.stranded)}" if self.strategy == "autoscale" and self.stranded
+                   else "")
                 + (f"  anomalies: {'; '.join(self.anomalies)}" if self.anomalies else ""))
 
 
