@@ -40,6 +40,9 @@ def test_an_idle_pool_goes_to_zero_and_comes_back_on_demand(tmp_path: Path, redi
         try:
             proc.wait_event("autoscale_step", WAIT, where=lambda e: e["step"] == "removed")
             wait_instances(pool, lambda now: not now, "the pool to run no instance")
+            seen = status_json(pool)["autoscaler"]
+            assert seen["alive"] and seen["target"] == "worker" and seen["state"] == "running"
+            assert seen["decisions"] and seen["points"] and seen["settings"]["min_instances"] == 0
             ids = send(redis_url, pool.queue, sleep, 1.0, "demand", n=3)
             added = proc.wait_event("autoscale_step", WAIT, where=lambda e: e["step"] == "added")
             assert added["count"] == 3
@@ -54,6 +57,7 @@ def test_an_idle_pool_goes_to_zero_and_comes_back_on_demand(tmp_path: Path, redi
         looks = [e for e in proc.events if e["event"] == "autoscale"]
         assert looks and all(e["reason"].endswith(".") for e in looks)
         assert ("removed", pool.old) in steps_of(proc.events)
+        assert status_json(pool)["autoscaler"]["state"] == "stopped"
 
 
 def test_only_an_idle_cohort_is_taken_away_while_a_long_task_runs(tmp_path: Path, redis_url: str, queue_name: str,
