@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
     from celeryops.ops.backend import views
     from celeryops.ops.backend.console import OpsBackend
+    from celeryops.ops.fleetwide.scalestatus import ScaleStatus
     from celeryops.ops.run.canary_decisions import CanaryDecision
     from celeryops.ops.run.rollback_plan import RollbackRequest
     from celeryops.ops.run.session import DrainRequest
@@ -124,6 +125,9 @@ class LateBackend:
 
     async def slots_snapshot(self) -> views.SlotsView | None:
         return await (await self._opened()).slots_snapshot()
+
+    async def autoscaler(self) -> ScaleStatus | None:
+        return await (await self._opened()).autoscaler()
 
     async def unfinished_run(self) -> views.RunView | None:
         return await (await self._opened()).unfinished_run()
