@@ -172,3 +172,24 @@ def test_a_deploy_waits_for_the_step_and_the_autoscaler_goes_on_from_its_revisio
         waits = [e for e in proc.events if e["event"] == "autoscale" and e["action"] == "wait"]
         assert waits and any("holds the fleet" in e["reason"] for e in waits)
         wait_consuming(redis_control, pool.alive(new), pool.queue)
+
+
+def test_cloud_run_refusing_for_a_while_is_said_and_survived(tmp_path: Path, redis_url: str, queue_name: str) -> None:
+    """Cloud Run answers no read of the pool for a few looks: each is one warning, nothing changes, and the loop
+    goes on once it answers again (a long-running autoscaler outlives an outage)."""
+    import grpc
+
+    with scaled_pool(tmp_path, redis_url, queue_name, min_instances=1, max_instances=2, tasks_per_instance=1) as pool:
+        proc = start(pool)
+        try:
+            proc.wait_event("autoscale", WAIT)
+            pool.standin.refuse(grpc.StatusCode.PERMISSION_DENIED, "denied for a while", rpcs=("GetWorkerPool",),
+                                times=3)
+            said = proc.wait_event("notice", WAIT, where=lambda e: "could not look at" in e["message"])
+            assert "changes nothing" in said["message"]
+            proc.wait_event("autoscale", WAIT, where=lambda e: e["_at"] > said["_at"])  # it looks again
+            proc.signal(signal.SIGINT)
+            assert proc.finish() == 0, proc.read_stderr()
+        finally:
+            proc.kill()
+        assert running(pool) == {pool.old: 1}
