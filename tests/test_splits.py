@@ -7,7 +7,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from celeryops.core.splits import counts_of, split_for
@@ -43,6 +43,8 @@ def test_split_for_gives_exactly_the_counts(counts: list[int]) -> None:
 
 
 @given(st.integers(0, 200), st.lists(st.integers(0, 100), min_size=1, max_size=6))
+@example(50, [25, 25, 100])  # remainders tie at a third each: the first listed gets the instance (floats broke it)
+@settings(max_examples=500, deadline=None)
 def test_counts_of_is_the_division(count: int, percents: list[int]) -> None:
     split = tuple((f"r{i % 4}", p) for i, p in enumerate(percents))
     assert counts_of(count, split) == allocate(count, split)
