@@ -25,10 +25,10 @@ def decisions() -> tuple[dict[str, object], ...]:
     b = COHORTS[1]
     return (
         {"action": "hold", "at": NOW - 300, "desired": 2, "current": 2, "add": 0, "revision": "", "keep": 0,
-         "reason": "1 task(s) wait or run (gpu 1): 2 instances of 2 fit."},
+         "reason": "1 task(s) wait or run (gpu 1): the pool's 2 instances at 2 task(s) each fit."},
         {"action": "out", "at": NOW - 245, "desired": 5, "current": 2, "add": 3, "revision": "", "keep": 0,
-         "reason": "9 task(s) wait or run (gpu 9): 5 instances of 2 are needed and the pool runs 2: adding a cohort "
-                   "of 3 instances."},
+         "reason": "9 task(s) wait or run (gpu 9): 5 instances at 2 task(s) each are needed and the pool runs 2: "
+                   "adding a cohort of 3 instances."},
         {"action": "hold", "at": NOW - 150, "desired": 3, "current": 5, "add": 0, "revision": "", "keep": 0,
          "reason": "5 task(s) wait or run (gpu 5): 3 of the 5 instances are needed; the surplus of 2 has lasted 0 s, "
                    "one goes after 60 s."},
