@@ -193,3 +193,26 @@ def test_cloud_run_refusing_for_a_while_is_said_and_survived(tmp_path: Path, red
         finally:
             proc.kill()
         assert running(pool) == {pool.old: 1}
+
+
+def test_a_pool_someone_else_resized_is_named_and_left_alone(tmp_path: Path, redis_url: str,
+                                                             queue_name: str) -> None:
+    """Someone sets the pool's count behind the autoscaler's back (the Cloud console, gcloud): every look says so in
+    one sentence and the autoscaler changes nothing, although the pool is now far above what is needed."""
+    with scaled_pool(tmp_path, redis_url, queue_name, min_instances=1, max_instances=4, tasks_per_instance=1,
+                     idle_after=0) as pool:
+        proc = start(pool)
+        try:
+            proc.wait_event("autoscale", WAIT, where=lambda e: e["action"] == "hold")
+            with pool.standin._lock:  # what an update from elsewhere leaves: another manual count
+                pool.standin._find("worker").message.scaling.manual_instance_count = 3
+            left = proc.wait_event("autoscale", WAIT, where=lambda e: e["action"] == "wait")
+            assert "Someone else changed Cloud Run worker pool worker" in left["reason"]
+            assert "leaves it alone and changes nothing" in left["reason"]
+            for _ in range(3):  # later looks too: nothing is taken away
+                assert proc.wait_event("autoscale", WAIT)["action"] == "wait"
+            proc.signal(signal.SIGINT)
+            assert proc.finish() == 0, proc.read_stderr()
+        finally:
+            proc.kill()
+        assert not [e for e in proc.events if e["event"] == "autoscale_step"]
