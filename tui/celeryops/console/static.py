@@ -17,7 +17,7 @@ from celeryops.ops.backend import views
 
 if TYPE_CHECKING:
     from celeryops.ops.fleetwide.scalestatus import ScaleStatus
-    from celeryops.ops.run.canary_decisions import CanaryDecision
+    from celeryops.ops.run.decisions import Decision
 
 
 @dataclass
@@ -37,7 +37,7 @@ class StaticBackend:
     proceed_script: Sequence[Event] = ()  # emitted by proceed
     follow_script: Sequence[Event] = ()  # emitted by follow_run (watch mode)
     calls: list[tuple[str, ...]] = field(default_factory=list)
-    decisions: list[CanaryDecision] = field(default_factory=list)  # the canary decisions sent, as sent
+    decisions: list[Decision] = field(default_factory=list)  # the canary decisions sent, as sent
     sink: views.EventSink | None = None
 
     def emit(self, event: Event) -> None:
@@ -98,7 +98,7 @@ class StaticBackend:
         self._dangerous("stop consumers")
         self._play(self.proceed_script)
 
-    async def canary_decision(self, decision: CanaryDecision) -> None:
+    async def canary_decision(self, decision: Decision) -> None:
         self._dangerous("canary", decision.action)
         self.decisions.append(decision)
 

@@ -39,7 +39,7 @@ from types import TracebackType
 
 import redis
 
-from celeryops.core.config import POOL_STRATEGIES, Config, Strategy
+from celeryops.core.config import DEFAULT_STRATEGY, STRATEGY_KINDS, Config
 from celeryops.core.configload import load_config
 from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.demo.autoscaler import Autoscaler
@@ -64,12 +64,8 @@ SERVICE = "worker"
 IMAGE_NAME = "demo/worker"
 HINT = (f"Press D and Enter to deploy release {RELEASE} · w watches the run · r runs · s slots · ? every action · "
         "no pause: celeryops demo --strategy overlap")
-OVERLAP_HINT = (f"Press D and Enter to deploy release {RELEASE} without a pause (the new revision consumes while the "
-                "old one drains) · w watches the run · ? every action.")
 AUTOSCALE_HINT = ("The worker pool is sized by celeryops autoscale: press a for its demand against capacity, cohorts "
                   f"and decisions · D and Enter deploys {RELEASE} (it waits for a step in progress) · ? every action.")
-CANARY_HINT = (f"Press D and Enter to deploy release {RELEASE} as a canary (one new instance judged by its task "
-               "outcomes, then promoted or rolled back; P / B on its screen) · w watches the run · ? every action.")
 SLOT_TOTALS = {"CPU": 4, "GPU": 1}
 DEMO_HOST = "demo-node"
 
@@ -95,12 +91,12 @@ class Sandbox:
     line per part started (for a readable startup); ``root`` defaults to a fresh temporary directory."""
 
     def __init__(self, timing: Timing | None = None, *, workers: int = 2, cap: int = 3, root: Path | None = None,
-                 keep: bool = False, progress: Progress | None = None, strategy: Strategy = "drain",
+                 keep: bool = False, progress: Progress | None = None, strategy: str = DEFAULT_STRATEGY,
                  autoscale: bool = False) -> None:
         self.timing = timing or Timing()
         self.autoscale = autoscale  # a worker pool sized by `celeryops autoscale` (PoolScaler)
-        # "overlap": the ``worker`` target is a Cloud Run worker pool whose workers all run the fence plugin, deployed
-        # with the overlap strategy (no autoscaler: a worker pool runs its manual instance count).
+        # A strategy that runs on worker pools only (overlap, canary): the ``worker`` target is a Cloud Run worker pool
+        # whose workers all run the fence plugin (no autoscaler: a worker pool runs its manual instance count).
         self.strategy = strategy
         self.initial_workers = workers
         self.cap = max(cap, workers)
@@ -170,13 +166,19 @@ class Sandbox:
     def handoff(self) -> DemoHandoff:
         return DemoHandoff(config=self.config, config_path=self.config_path, repo=self.repo, release=RELEASE,
                            broker_url=self.url, state_dir=self.state_dir, notice=self.notice,
-                           hint=AUTOSCALE_HINT if self.autoscale else CANARY_HINT if self.strategy == "canary"
-                           else OVERLAP_HINT if self.overlap else HINT)
+                           hint=AUTOSCALE_HINT if self.autoscale else self._hint())
+
+    def _hint(self) -> str:
+        from celeryops.ops.run.strategies import strategy_named
+
+        how = strategy_named(self.strategy).demo  # how the strategy says a deploy goes ("": the plain hint)
+        return (f"Press D and Enter to deploy release {RELEASE} {how} · w watches the run · ? every action." if how
+                else HINT)
 
     @property
     def overlap(self) -> bool:
-        """A worker pool deployed with two revisions side by side (the overlap or the canary strategy)."""
-        return self.strategy in POOL_STRATEGIES
+        """The target is a worker pool (the strategy runs on worker pools only: two revisions side by side)."""
+        return "cloudrun-service" not in STRATEGY_KINDS.get(self.strategy, ())
 
     @property
     def pool(self) -> bool:
@@ -270,7 +272,9 @@ class Sandbox:
             self.progress(f"producer running; celeryops autoscale sizes the worker pool (1 to {self.cap} instances)")
             return
         if self.overlap:  # a worker pool runs its manual instance count: no autoscaler
-            peak = self.initial_workers + (1 if self.strategy == "canary" else self.initial_workers)
+            from celeryops.ops.run.strategies import strategy_named
+
+            peak = strategy_named(self.strategy).peak(self.initial_workers, self.config)
             self.progress(f"producer running; the worker pool runs {self.initial_workers} instances, "
                           f"{peak} at the {self.strategy}'s peak")
             return
@@ -304,9 +308,9 @@ class Sandbox:
             text += (f"\n[autoscale]\nmin_instances = 1\nmax_instances = {self.cap}\n"
                      f"interval = {t.autoscale_every:g}\nidle_after = {t.scaled(30.0, floor=2.0):g}\n"
                      f"drain_timeout = {t.drain_max_wait:g}\n")
-        if self.strategy == "canary":  # judged quickly at the demo's task rate (the defaults wait for 50 tasks)
-            text += ('\n[canary]\nmin_tasks = 30\nlook_interval = "2s"\nmax_duration = "3m"\n'
-                     'instances = 1\n')
+        # A canary is judged quickly at the demo's task rate (the defaults wait for 50 tasks); the other strategies
+        # read no [canary] table.
+        text += '\n[canary]\nmin_tasks = 30\nlook_interval = "2s"\nmax_duration = "3m"\ninstances = 1\n'
         self.config_path.write_text(text, encoding="utf-8")
 
     def wait_busy(self, tasks: int = 2, timeout: float = 60.0) -> bool:
@@ -327,23 +331,14 @@ class Sandbox:
         if self._stopped or not self._started:
             return
         self._stopped = True
-        steps: list[tuple[str, Callable[[], None]]] = []
-        if self.pool_scaler is not None:  # first: its step in progress completes or is undone while all runs
-            steps.append(("autoscaler", self.pool_scaler.stop))
-        if self.autoscaler is not None:
-            steps.append(("autoscaler", self.autoscaler.request_stop))
-        if self.producer is not None:
-            steps.append(("producer", self.producer.stop))
-        if self.fleet is not None:
-            steps.append(("workers", self.fleet.stop))
-        if self.autoscaler is not None:
-            steps.append(("autoscaler", self.autoscaler.stop))
-        if self.standin is not None:
-            steps.append(("Cloud Run stand-in", self.standin.stop))
-        if self.registry is not None:
-            steps.append(("registry stand-in", self.registry.stop))
-        steps.append(("redis", self.redis.stop))
-        steps.append(("reaper", self.reaper.close))
+        parts: tuple[tuple[str, object, str], ...] = (
+            ("autoscaler", self.pool_scaler, "stop"),  # first: its step in progress completes or is undone
+            ("autoscaler", self.autoscaler, "request_stop"), ("producer", self.producer, "stop"),
+            ("workers", self.fleet, "stop"), ("autoscaler", self.autoscaler, "stop"),
+            ("Cloud Run stand-in", self.standin, "stop"), ("registry stand-in", self.registry, "stop"),
+            ("redis", self.redis, "stop"), ("reaper", self.reaper, "close"))
+        steps: list[tuple[str, Callable[[], None]]] = [(what, getattr(part, method)) for what, part, method in parts
+                                                       if part is not None]
         for what, step in steps:
             try:
                 step()
