@@ -40,6 +40,9 @@ def test_an_idle_pool_goes_to_zero_and_comes_back_on_demand(tmp_path: Path, redi
         try:
             proc.wait_event("autoscale_step", WAIT, where=lambda e: e["step"] == "removed")
             wait_instances(pool, lambda now: not now, "the pool to run no instance")
+            seen = status_json(pool)["autoscaler"]
+            assert seen["alive"] and seen["target"] == "worker" and seen["state"] == "running"
+            assert seen["decisions"] and seen["points"] and seen["settings"]["min_instances"] == 0
             ids = send(redis_url, pool.queue, sleep, 1.0, "demand", n=3)
             added = proc.wait_event("autoscale_step", WAIT, where=lambda e: e["step"] == "added")
             assert added["count"] == 3
@@ -54,6 +57,7 @@ def test_an_idle_pool_goes_to_zero_and_comes_back_on_demand(tmp_path: Path, redi
         looks = [e for e in proc.events if e["event"] == "autoscale"]
         assert looks and all(e["reason"].endswith(".") for e in looks)
         assert ("removed", pool.old) in steps_of(proc.events)
+        assert status_json(pool)["autoscaler"]["state"] == "stopped"
 
 
 def test_only_an_idle_cohort_is_taken_away_while_a_long_task_runs(tmp_path: Path, redis_url: str, queue_name: str,
@@ -168,3 +172,47 @@ def test_a_deploy_waits_for_the_step_and_the_autoscaler_goes_on_from_its_revisio
         waits = [e for e in proc.events if e["event"] == "autoscale" and e["action"] == "wait"]
         assert waits and any("holds the fleet" in e["reason"] for e in waits)
         wait_consuming(redis_control, pool.alive(new), pool.queue)
+
+
+def test_cloud_run_refusing_for_a_while_is_said_and_survived(tmp_path: Path, redis_url: str, queue_name: str) -> None:
+    """Cloud Run answers no read of the pool for a few looks: each is one warning, nothing changes, and the loop
+    goes on once it answers again (a long-running autoscaler outlives an outage)."""
+    import grpc
+
+    with scaled_pool(tmp_path, redis_url, queue_name, min_instances=1, max_instances=2, tasks_per_instance=1) as pool:
+        proc = start(pool)
+        try:
+            proc.wait_event("autoscale", WAIT)
+            pool.standin.refuse(grpc.StatusCode.PERMISSION_DENIED, "denied for a while", rpcs=("GetWorkerPool",),
+                                times=3)
+            said = proc.wait_event("notice", WAIT, where=lambda e: "could not look at" in e["message"])
+            assert "changes nothing" in said["message"]
+            proc.wait_event("autoscale", WAIT, where=lambda e: e["_at"] > said["_at"])  # it looks again
+            proc.signal(signal.SIGINT)
+            assert proc.finish() == 0, proc.read_stderr()
+        finally:
+            proc.kill()
+        assert running(pool) == {pool.old: 1}
+
+
+def test_a_pool_someone_else_resized_is_named_and_left_alone(tmp_path: Path, redis_url: str,
+                                                             queue_name: str) -> None:
+    """Someone sets the pool's count behind the autoscaler's back (the Cloud console, gcloud): every look says so in
+    one sentence and the autoscaler changes nothing, although the pool is now far above what is needed."""
+    with scaled_pool(tmp_path, redis_url, queue_name, min_instances=1, max_instances=4, tasks_per_instance=1,
+                     idle_after=0) as pool:
+        proc = start(pool)
+        try:
+            proc.wait_event("autoscale", WAIT, where=lambda e: e["action"] == "hold")
+            with pool.standin._lock:  # what an update from elsewhere leaves: another manual count
+                pool.standin._find("worker").message.scaling.manual_instance_count = 3
+            left = proc.wait_event("autoscale", WAIT, where=lambda e: e["action"] == "wait")
+            assert "Someone else changed Cloud Run worker pool worker" in left["reason"]
+            assert "leaves it alone and changes nothing" in left["reason"]
+            for _ in range(3):  # later looks too: nothing is taken away
+                assert proc.wait_event("autoscale", WAIT)["action"] == "wait"
+            proc.signal(signal.SIGINT)
+            assert proc.finish() == 0, proc.read_stderr()
+        finally:
+            proc.kill()
+        assert not [e for e in proc.events if e["event"] == "autoscale_step"]

@@ -87,8 +87,8 @@ def test_scale_out_from_zero_within_one_look() -> None:
     look = Look(at=10.0, demand=(QueueDemand("gpu", ready=3),), per_instance=1, cohorts=())
     decision, _ = decide(look, AutoscaleSettings(min_instances=0, max_instances=4))
     assert (decision.action, decision.add) == ("out", 3)
-    assert decision.reason == ("3 task(s) wait or run (gpu 3): 3 instances of 1 are needed and the pool runs 0: "
-                               "adding a cohort of 3 instances.")
+    assert decision.reason == ("3 task(s) wait or run (gpu 3): 3 instances at 1 task(s) each are needed and the "
+                               "pool runs 0: adding a cohort of 3 instances.")
     capped, _ = decide(look, AutoscaleSettings(min_instances=0, max_instances=4, max_step=2))
     assert capped.add == 2
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+from collections.abc import Callable
 
 import click
 
@@ -18,6 +19,8 @@ from celeryops.commands.common import FleetSpec, fleet_options, state_dir_option
 from celeryops.commands.headless import SIGNALS, flag_operator, open_wiring
 from celeryops.commands.output import Printer
 from celeryops.core.errors import EXIT_USAGE, UserError
+from celeryops.core.events import Event
+from celeryops.core.scaleevents import AutoscaleLook
 
 
 @click.command()
@@ -45,7 +48,7 @@ def autoscale(target: str | None, fleet: FleetSpec, dry_run: bool, as_json: bool
         raise UserError(refused, EXIT_USAGE)
     printer = Printer(as_json)
     wiring = open_wiring(fleet, config)
-    session = wiring.session(flag_operator(yes=True), printer)
+    session = wiring.session(flag_operator(yes=True), printer if as_json else news_only(printer))
 
     async def main() -> int:
         stop = asyncio.Event()
@@ -77,6 +80,22 @@ def autoscale(target: str | None, fleet: FleetSpec, dry_run: bool, as_json: bool
     finally:
         wiring.close()
     sys.exit(code)
+
+
+def news_only(printer: Printer) -> Callable[[Event], None]:
+    """Text output: a look is printed when its decision is news (another action, another count needed or run), not
+    every interval; ``--json`` prints every look."""
+    last: list[tuple[object, ...]] = []
+
+    def sink(event: Event) -> None:
+        if isinstance(event, AutoscaleLook):
+            gist = (event.action, event.desired, event.instances, event.reason if event.action == "wait" else "")
+            if last and last[-1] == gist:
+                return
+            last[:] = [gist]
+        printer(event)
+
+    return sink
 
 
 COMMANDS = [autoscale]

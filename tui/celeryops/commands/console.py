@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 
     from celeryops.ops.backend import views
     from celeryops.ops.backend.console import OpsBackend
-    from celeryops.ops.run.canary_decisions import CanaryDecision
+    from celeryops.ops.fleetwide.scalestatus import ScaleStatus
+    from celeryops.ops.run.decisions import Decision
     from celeryops.ops.run.rollback_plan import RollbackRequest
     from celeryops.ops.run.session import DrainRequest
 
@@ -125,6 +126,9 @@ class LateBackend:
     async def slots_snapshot(self) -> views.SlotsView | None:
         return await (await self._opened()).slots_snapshot()
 
+    async def autoscaler(self) -> ScaleStatus | None:
+        return await (await self._opened()).autoscaler()
+
     async def unfinished_run(self) -> views.RunView | None:
         return await (await self._opened()).unfinished_run()
 
@@ -152,7 +156,7 @@ class LateBackend:
     async def proceed(self) -> None:
         await (await self._opened()).proceed()
 
-    async def canary_decision(self, decision: CanaryDecision) -> None:
+    async def canary_decision(self, decision: Decision) -> None:
         await (await self._opened()).canary_decision(decision)
 
     async def abort_run(self, on_event: views.EventSink | None = None) -> None:

@@ -11,7 +11,7 @@ import click
 from celeryops.commands.common import FleetSpec, fleet_options, state_dir_option
 from celeryops.commands.headless import RECOVERED, flag_operator, open_wiring, run_headless
 from celeryops.commands.output import Printer
-from celeryops.core.config import POOL_STRATEGIES, STRATEGIES
+from celeryops.core.config import STRATEGIES
 from celeryops.core.errors import EXIT_USAGE, UserError
 
 
@@ -50,11 +50,10 @@ def deploy(release: str, fleet: FleetSpec, targets: tuple[str, ...], yes: bool, 
     chosen = tuple(config.target(name) for name in targets) if targets else config.targets
     if strategy is not None:
         chosen = tuple(replace(t, strategy=strategy) for t in chosen)  # type: ignore[arg-type]
-    pool = next((t.strategy for t in chosen if t.strategy in POOL_STRATEGIES), None)
-    if pool is not None:
-        from celeryops.ops.run.pool.rules import pool_target
+    from celeryops.ops.run.strategies import strategy_of_targets
 
-        pool_target(chosen, pool)  # one worker pool, or one sentence (exit 2) before anything is contacted
+    strategy_of_targets(chosen).check_targets(chosen)  # e.g. one worker pool, or one sentence (exit 2) before anything
+    #                                                     is contacted
     from celeryops.commands.console import open_console, wants_console
 
     if wants_console(as_json, headless):

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # annotations only: the console's first frame does not wait for the ops layer's views
     from celeryops.ops.backend import views
-    from celeryops.ops.run.canary_decisions import CanaryDecision
+    from celeryops.ops.fleetwide.scalestatus import ScaleStatus
+    from celeryops.ops.run.decisions import Decision
 
 
 class ConsoleBackend(Protocol):
@@ -37,6 +38,10 @@ class ConsoleBackend(Protocol):
 
     async def slots_snapshot(self) -> views.SlotsView | None:
         """The slot pool, or None when the fleet has none."""
+        ...
+
+    async def autoscaler(self) -> ScaleStatus | None:
+        """What the fleet's autoscaler last published (its looks, cohorts, decisions), or None. Reads only."""
         ...
 
     async def unfinished_run(self) -> views.RunView | None:
@@ -77,9 +82,9 @@ class ConsoleBackend(Protocol):
         """Stop consumers and drain (then deploy, for a deploy run). Dangerous."""
         ...
 
-    async def canary_decision(self, decision: CanaryDecision) -> None:
+    async def canary_decision(self, decision: Decision) -> None:
         """The canary screen's keys: promote now, roll back now, pause or resume the automatic verdicts; the run's
-        canary strategy takes them (``celeryops.ops.run.canary_decisions``). Dangerous."""
+        canary strategy takes them (``celeryops.ops.run.decisions``). Dangerous."""
         ...
 
     async def abort_run(self, on_event: views.EventSink | None = None) -> None:

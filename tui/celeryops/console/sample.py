@@ -13,6 +13,7 @@ from celeryops.core.events import (
     OverlapStep,
     PhaseChanged,
     PreflightDone,
+    StageStarted,
     TaskInfo,
     WorkerObs,
 )
@@ -228,8 +229,10 @@ def overlap_checks() -> list[CheckUpdate]:
     ]
 
 
-def overlap_preflight_script() -> list[object]:
-    return [PhaseChanged("preflight", "checking before anything changes"), *overlap_checks(),
+def overlap_preflight_script(strategy: str = "overlap") -> list[object]:
+    """The preflight of a deploy of two revisions on a worker pool (``strategy``: the one its stage names)."""
+    return [StageStarted(stage="preflight", detail=f"release v2.14.0, {strategy} on worker-pool", strategy=strategy),
+            PhaseChanged("preflight", "checking before anything changes"), *overlap_checks(),
             PreflightDone(failed=0, warnings=1)]
 
 

@@ -16,7 +16,8 @@ from celeryops.core.events import Event
 from celeryops.ops.backend import views
 
 if TYPE_CHECKING:
-    from celeryops.ops.run.canary_decisions import CanaryDecision
+    from celeryops.ops.fleetwide.scalestatus import ScaleStatus
+    from celeryops.ops.run.decisions import Decision
 
 
 @dataclass
@@ -25,6 +26,7 @@ class StaticBackend:
 
     fleet: views.FleetView = field(default_factory=views.FleetView)
     slots: views.SlotsView | None = None
+    scale: ScaleStatus | None = None  # the autoscaler's published status
     run: views.RunView | None = None
     releases_view: views.ReleasesView = field(default_factory=views.ReleasesView)
     history: tuple[views.RunRecordView, ...] = ()
@@ -35,7 +37,7 @@ class StaticBackend:
     proceed_script: Sequence[Event] = ()  # emitted by proceed
     follow_script: Sequence[Event] = ()  # emitted by follow_run (watch mode)
     calls: list[tuple[str, ...]] = field(default_factory=list)
-    decisions: list[CanaryDecision] = field(default_factory=list)  # the canary decisions sent, as sent
+    decisions: list[Decision] = field(default_factory=list)  # the canary decisions sent, as sent
     sink: views.EventSink | None = None
 
     def emit(self, event: Event) -> None:
@@ -57,6 +59,9 @@ class StaticBackend:
 
     async def slots_snapshot(self) -> views.SlotsView | None:
         return self.slots
+
+    async def autoscaler(self) -> ScaleStatus | None:
+        return self.scale
 
     async def unfinished_run(self) -> views.RunView | None:
         return self.run
@@ -93,7 +98,7 @@ class StaticBackend:
         self._dangerous("stop consumers")
         self._play(self.proceed_script)
 
-    async def canary_decision(self, decision: CanaryDecision) -> None:
+    async def canary_decision(self, decision: Decision) -> None:
         self._dangerous("canary", decision.action)
         self.decisions.append(decision)
 

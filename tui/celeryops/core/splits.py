@@ -9,7 +9,6 @@ instances in all.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
 Split = tuple[tuple[str, int], ...]
@@ -24,10 +23,10 @@ def counts_of(count: int, split: Sequence[tuple[str, int]]) -> dict[str, int]:
     total = sum(merged.values())
     if count <= 0 or total <= 0:
         return dict.fromkeys(merged, 0)
-    exact = {rev: count * pct / total for rev, pct in merged.items()}
-    out = {rev: int(share) for rev, share in exact.items()}
+    out = {rev: count * pct // total for rev, pct in merged.items()}  # integers: equal remainders are ties
+    rest = {rev: count * pct % total for rev, pct in merged.items()}
     order = list(merged)
-    by_remainder = sorted(order, key=lambda rev: (-(exact[rev] - out[rev]), order.index(rev)))
+    by_remainder = sorted(order, key=lambda rev: (-rest[rev], order.index(rev)))
     for rev in by_remainder[:count - sum(out.values())]:
         out[rev] += 1
     return out
@@ -42,10 +41,10 @@ def split_for(counts: Mapping[str, int]) -> Split:
     total = sum(wanted.values())
     if total <= 0 or total > 100:
         raise ValueError(f"an exact split needs 1 to 100 instances in all, not {total}")
-    exact = {rev: 100 * n / total for rev, n in wanted.items()}
-    pct = {rev: math.floor(share) for rev, share in exact.items()}
+    pct = {rev: 100 * n // total for rev, n in wanted.items()}
+    rest = {rev: 100 * n % total for rev, n in wanted.items()}
     order = list(wanted)
-    up = sorted(order, key=lambda rev: (-(exact[rev] - pct[rev]), order.index(rev)))[:100 - sum(pct.values())]
+    up = sorted(order, key=lambda rev: (-rest[rev], order.index(rev)))[:100 - sum(pct.values())]
     for rev in up:
         pct[rev] += 1
     listed = [rev for rev in order if rev not in up] + [rev for rev in order if rev in up]

@@ -2,7 +2,9 @@
 
 ``strategy="overlap"`` (``celeryops demo --strategy overlap``) makes the ``worker`` target a Cloud Run worker pool whose
 workers all run the fence plugin (what an overlap deploy requires), with ``strategy = "overlap"`` in its config and no
-autoscaler (a worker pool runs its manual instance count).
+autoscaler (a worker pool runs its manual instance count). ``autoscale=True`` (``celeryops demo --autoscale``) makes it
+a worker pool sized by the real ``celeryops autoscale`` (:class:`~celeryops.demo.poolscaler.PoolScaler`, an
+``[autoscale]`` table in the config), deployed with the drain strategy.
 
 Parts: a private Redis (:class:`~celeryops.demo.broker.DemoRedis`: ``redis-server`` or the fakeredis fallback, whose
 :attr:`Sandbox.notice` the console shows), the Cloud Run stand-in as the ``worker`` target whose instances are real
@@ -37,12 +39,13 @@ from types import TracebackType
 
 import redis
 
-from celeryops.core.config import POOL_STRATEGIES, Config, Strategy
+from celeryops.core.config import DEFAULT_STRATEGY, STRATEGY_KINDS, Config
 from celeryops.core.configload import load_config
 from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.demo.autoscaler import Autoscaler
 from celeryops.demo.broker import DemoRedis
 from celeryops.demo.fleet import DemoFleet
+from celeryops.demo.poolscaler import PoolScaler
 from celeryops.demo.producer import Producer
 from celeryops.demo.reaper import Reaper
 from celeryops.demo.standins.cloudrun import CloudRunStandIn, standin_config
@@ -61,10 +64,8 @@ SERVICE = "worker"
 IMAGE_NAME = "demo/worker"
 HINT = (f"Press D and Enter to deploy release {RELEASE} · w watches the run · r runs · s slots · ? every action · "
         "no pause: celeryops demo --strategy overlap")
-OVERLAP_HINT = (f"Press D and Enter to deploy release {RELEASE} without a pause (the new revision consumes while the "
-                "old one drains) · w watches the run · ? every action.")
-CANARY_HINT = (f"Press D and Enter to deploy release {RELEASE} as a canary (one new instance judged by its task "
-               "outcomes, then promoted or rolled back; P / B on its screen) · w watches the run · ? every action.")
+AUTOSCALE_HINT = ("The worker pool is sized by celeryops autoscale: press a for its demand against capacity, cohorts "
+                  f"and decisions · D and Enter deploys {RELEASE} (it waits for a step in progress) · ? every action.")
 SLOT_TOTALS = {"CPU": 4, "GPU": 1}
 DEMO_HOST = "demo-node"
 
@@ -90,10 +91,12 @@ class Sandbox:
     line per part started (for a readable startup); ``root`` defaults to a fresh temporary directory."""
 
     def __init__(self, timing: Timing | None = None, *, workers: int = 2, cap: int = 3, root: Path | None = None,
-                 keep: bool = False, progress: Progress | None = None, strategy: Strategy = "drain") -> None:
+                 keep: bool = False, progress: Progress | None = None, strategy: str = DEFAULT_STRATEGY,
+                 autoscale: bool = False) -> None:
         self.timing = timing or Timing()
-        # "overlap": the ``worker`` target is a Cloud Run worker pool whose workers all run the fence plugin, deployed
-        # with the overlap strategy (no autoscaler: a worker pool runs its manual instance count).
+        self.autoscale = autoscale  # a worker pool sized by `celeryops autoscale` (PoolScaler)
+        # A strategy that runs on worker pools only (overlap, canary): the ``worker`` target is a Cloud Run worker pool
+        # whose workers all run the fence plugin (no autoscaler: a worker pool runs its manual instance count).
         self.strategy = strategy
         self.initial_workers = workers
         self.cap = max(cap, workers)
@@ -109,6 +112,7 @@ class Sandbox:
         self.fleet: DemoFleet | None = None
         self.producer: Producer | None = None
         self.autoscaler: Autoscaler | None = None
+        self.pool_scaler: PoolScaler | None = None
         self.sha = ""
         self._config: Config | None = None
         self._saved_env: dict[str, str] | None = None
@@ -162,12 +166,24 @@ class Sandbox:
     def handoff(self) -> DemoHandoff:
         return DemoHandoff(config=self.config, config_path=self.config_path, repo=self.repo, release=RELEASE,
                            broker_url=self.url, state_dir=self.state_dir, notice=self.notice,
-                           hint=CANARY_HINT if self.strategy == "canary" else OVERLAP_HINT if self.overlap else HINT)
+                           hint=AUTOSCALE_HINT if self.autoscale else self._hint())
+
+    def _hint(self) -> str:
+        from celeryops.ops.run.strategies import strategy_named
+
+        how = strategy_named(self.strategy).demo  # how the strategy says a deploy goes ("": the plain hint)
+        return (f"Press D and Enter to deploy release {RELEASE} {how} · w watches the run · ? every action." if how
+                else HINT)
 
     @property
     def overlap(self) -> bool:
-        """A worker pool deployed with two revisions side by side (the overlap or the canary strategy)."""
-        return self.strategy in POOL_STRATEGIES
+        """The target is a worker pool (the strategy runs on worker pools only: two revisions side by side)."""
+        return "cloudrun-service" not in STRATEGY_KINDS.get(self.strategy, ())
+
+    @property
+    def pool(self) -> bool:
+        """The ``worker`` target is a Cloud Run worker pool whose workers all run the fence plugin."""
+        return self.overlap or self.autoscale
 
     def env(self) -> dict[str, str]:
         """The variables the sandbox sets in this process (children inherit them)."""
@@ -236,7 +252,7 @@ class Sandbox:
         self.progress(f"registry stand-in on {self.registry.host} holding {IMAGE_NAME}:{self.sha[:7]}")
 
         self.fleet = DemoFleet(self.url, log_dir=self.log_dir, env=self.worker_env(), reaper=self.reaper,
-                               cap=self.cap, all_fenced=self.overlap)
+                               cap=self.cap, all_fenced=self.pool)
         self.standin = CloudRunStandIn(rollout_seconds=self.timing.rollout, launcher=self.fleet.launch)
         endpoint = self.standin.start()
         self.progress(f"Cloud Run stand-in on {endpoint}")
@@ -244,15 +260,21 @@ class Sandbox:
         self._config = load_config(str(self.config_path), self.root, self.env())
 
         # The service's (worker pool's) instances are the Celery workers: seeding it starts them (its first revision).
-        add = self.standin.add_worker_pool if self.overlap else self.standin.add_service
+        add = self.standin.add_worker_pool if self.pool else self.standin.add_service
         add(PROJECT, REGION, SERVICE, f"{self.registry.host}/{IMAGE_NAME}:old", instances=self.initial_workers)
         self.fleet.attach(self.standin, SERVICE)
-        kind = "worker pool" if self.overlap else "service"
+        kind = "worker pool" if self.pool else "service"
         self.progress(f"{PROJECT}/{REGION}/{SERVICE} ({kind}) runs {len(self.fleet.names())} Celery workers: "
                       f"{', '.join(self.fleet.names())}")
         self.producer = Producer(self.url, self.timing).start()
+        if self.autoscale:
+            self.pool_scaler = PoolScaler(self.url, self.config, self.progress).start()
+            self.progress(f"producer running; celeryops autoscale sizes the worker pool (1 to {self.cap} instances)")
+            return
         if self.overlap:  # a worker pool runs its manual instance count: no autoscaler
-            peak = self.initial_workers + (1 if self.strategy == "canary" else self.initial_workers)
+            from celeryops.ops.run.strategies import strategy_named
+
+            peak = strategy_named(self.strategy).peak(self.initial_workers, self.config)
             self.progress(f"producer running; the worker pool runs {self.initial_workers} instances, "
                           f"{peak} at the {self.strategy}'s peak")
             return
@@ -278,13 +300,17 @@ class Sandbox:
             broker=self.url, endpoint=endpoint, image=f"{self.registry.host}/{IMAGE_NAME}:{{sha}}",
             interval=t.drain_interval, max_wait=t.drain_max_wait, project=PROJECT, region=REGION,
             resource=SERVICE, name=SERVICE, state_dir="state", branches="demo-*",
-            kind="cloudrun-worker-pool" if self.overlap else "cloudrun-service",
+            kind="cloudrun-worker-pool" if self.pool else "cloudrun-service",
             comment=f"Written by `celeryops demo`: everything points at the sandbox in {self.root}.")
         if self.overlap:  # the target table is the file's last: its strategy goes at its end
             text += f'strategy = "{self.strategy}"\n'
-        if self.strategy == "canary":  # judged quickly at the demo's task rate (the defaults wait for 50 tasks)
-            text += ('\n[canary]\nmin_tasks = 30\nlook_interval = "2s"\nmax_duration = "3m"\n'
-                     'instances = 1\n')
+        if self.autoscale:  # looks at the demo's pace; an idle cohort goes after 30 s (at speed 1)
+            text += (f"\n[autoscale]\nmin_instances = 1\nmax_instances = {self.cap}\n"
+                     f"interval = {t.autoscale_every:g}\nidle_after = {t.scaled(30.0, floor=2.0):g}\n"
+                     f"drain_timeout = {t.drain_max_wait:g}\n")
+        # A canary is judged quickly at the demo's task rate (the defaults wait for 50 tasks); the other strategies
+        # read no [canary] table.
+        text += '\n[canary]\nmin_tasks = 30\nlook_interval = "2s"\nmax_duration = "3m"\ninstances = 1\n'
         self.config_path.write_text(text, encoding="utf-8")
 
     def wait_busy(self, tasks: int = 2, timeout: float = 60.0) -> bool:
@@ -305,21 +331,14 @@ class Sandbox:
         if self._stopped or not self._started:
             return
         self._stopped = True
-        steps: list[tuple[str, Callable[[], None]]] = []
-        if self.autoscaler is not None:
-            steps.append(("autoscaler", self.autoscaler.request_stop))
-        if self.producer is not None:
-            steps.append(("producer", self.producer.stop))
-        if self.fleet is not None:
-            steps.append(("workers", self.fleet.stop))
-        if self.autoscaler is not None:
-            steps.append(("autoscaler", self.autoscaler.stop))
-        if self.standin is not None:
-            steps.append(("Cloud Run stand-in", self.standin.stop))
-        if self.registry is not None:
-            steps.append(("registry stand-in", self.registry.stop))
-        steps.append(("redis", self.redis.stop))
-        steps.append(("reaper", self.reaper.close))
+        parts: tuple[tuple[str, object, str], ...] = (
+            ("autoscaler", self.pool_scaler, "stop"),  # first: its step in progress completes or is undone
+            ("autoscaler", self.autoscaler, "request_stop"), ("producer", self.producer, "stop"),
+            ("workers", self.fleet, "stop"), ("autoscaler", self.autoscaler, "stop"),
+            ("Cloud Run stand-in", self.standin, "stop"), ("registry stand-in", self.registry, "stop"),
+            ("redis", self.redis, "stop"), ("reaper", self.reaper, "close"))
+        steps: list[tuple[str, Callable[[], None]]] = [(what, getattr(part, method)) for what, part, method in parts
+                                                       if part is not None]
         for what, step in steps:
             try:
                 step()

@@ -85,9 +85,10 @@ class Autoscaler:
             watcher = asyncio.ensure_future(self._cancel_step_on(stop))
             try:
                 while not stop.is_set():
-                    decision, view = await self.once()
-                    if decision.action in ("out", "in") and not self.dry_run and not stop.is_set():
-                        await self.act(decision, view, stop)
+                    looked = await self._look_or_say()
+                    if looked is not None and looked[0].action in ("out", "in") and not self.dry_run \
+                            and not stop.is_set():
+                        await self.act(*looked, stop)
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stop.wait(), self.settings.interval)
             finally:
@@ -100,6 +101,17 @@ class Autoscaler:
                    f"{' (dry run: nothing was changed)' if self.dry_run else ''}.")
         self.ctx.emit(AutoscaleStopped(target=self.target.name, message=message, exit_code=EXIT_OK))
         return EXIT_OK
+
+    async def _look_or_say(self) -> tuple[Decision, PoolView] | None:
+        """:meth:`once`, or None when the pool could not be looked at now (Cloud Run, the broker or Redis did not
+        answer): said in one sentence; nothing is changed and the next look tries again."""
+        try:
+            return await self.once()
+        except (UserError, redis.RedisError) as err:
+            self.ctx.emit(Notice(level="warning", message=f"The autoscaler could not look at {self.target.display} "
+                                                          f"({str(err).rstrip('.')}): it changes nothing and looks "
+                                                          f"again in {self.settings.interval:g} s."))
+            return None
 
     async def _cancel_step_on(self, stop: asyncio.Event) -> None:
         await stop.wait()
@@ -140,6 +152,11 @@ class Autoscaler:
         except asyncio.CancelledError:
             if not stop.is_set():
                 raise
+            return
+        except Exception as exc:  # the step's run stays open with what it did recorded: the next look recovers it
+            self.ctx.emit(Notice(level="error", message=f"An autoscale step on {self.target.display} stopped on an "
+                                                        f"error ({type(exc).__name__}: {exc}); the next look finishes "
+                                                        "or undoes it from the journal."))
             return
         finally:
             self._step = None

@@ -150,12 +150,12 @@ def decide(look: Look, settings: AutoscaleSettings, memory: Memory = Memory()) -
         add = want - have if settings.max_step <= 0 else min(want - have, settings.max_step)
         why = (f"the pool runs {_plural(have)} under its minimum of {settings.min_instances}"
                if have < settings.min_instances and look.tasks <= have * per else
-               f"{_demand_text(look)}: {_plural(want)} of {per} are needed and the pool runs {have}")
+               f"{_demand_text(look)}: {_plural(want)} at {per} task(s) each are needed and the pool runs {have}")
         return replace(base, action="out", add=add, reason=f"{why[:1].upper()}{why[1:]}: adding a cohort of "
                                                            f"{_plural(add)}."), Memory()
     if want == have:
-        return replace(base, reason=f"{_demand_text(look)[:1].upper()}{_demand_text(look)[1:]}: "
-                                    f"{_plural(have)} of {per} fit."), Memory()
+        return replace(base, reason=f"{_demand_text(look)[:1].upper()}{_demand_text(look)[1:]}: the pool's "
+                                    f"{_plural(have)} at {per} task(s) each fit."), Memory()
     since = memory.surplus_since if memory.surplus_since is not None else look.at
     kept = Memory(surplus_since=since)
     surplus = have - want

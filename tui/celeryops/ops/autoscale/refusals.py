@@ -14,6 +14,7 @@ from celeryops.ops.fleetwide.scalestatus import ScaleStatus
 from celeryops.ops.run.context import RunContext
 
 POOL_KIND = 'kind = "cloudrun-worker-pool"'
+MAX_POOL_NAME = 63 - len("-as0611101502-3f1a")  # a revision name is at most 63 characters
 
 
 def target_refusal(target: Target) -> str | None:
@@ -58,6 +59,10 @@ async def refusals(ctx: RunContext, target: Target, settings: AutoscaleSettings,
     if kind is not None:
         return kind
     pool = target.display
+    if len(target.resource) > MAX_POOL_NAME:
+        return (f"{pool} has a name of {len(target.resource)} characters, and a cohort's revision is named "
+                f"<pool>-asMMDDHHMMSS-xxxx within Cloud Run's 63: nothing was changed; autoscale a pool whose name "
+                f"has at most {MAX_POOL_NAME} characters.")
     deployer = reader.deployer
     try:
         missing = [] if dry_run else await deployer.missing_permissions(target)

@@ -113,6 +113,15 @@ async def recovery_step(pool: Pool, *, resume: bool) -> Ending | Next:
     return Next(decision.step, plan)
 
 
+def unforced(pool: Pool, force_restore: bool) -> None:
+    """``abort --restore`` (the operator says the old revision serves) decides a drain deploy whose rollout is
+    unknown; on a pool, Cloud Run says which revision serves: said so, and the pool's rules decide."""
+    if force_restore:
+        pool.emit(Notice(level="info", message=f"--restore decides a drain deploy whose rollout is unknown; run "
+                                               f"{pool.run_id} moves a worker pool, whose revisions Cloud Run "
+                                               "reports: its recovery rules decide from them."))
+
+
 def abort_plan(ending: Ending) -> RecoveryPlan:
     """What ``abort`` did, as the recovery plan it returns (``ask`` when it could not finish)."""
     if ending.code != EXIT_OK:
@@ -127,4 +136,5 @@ def pool_choices(decided: RecoveryPlan, *, resume: str, detail: str, retire: str
     return Choice("resume", resume, detail), Choice("abort", label, decided.explanation)
 
 
-__all__ = ["Next", "abort_plan", "after_error", "give_back", "guarded", "pool_choices", "recovery_step", "taken_over"]
+__all__ = ["Next", "abort_plan", "after_error", "give_back", "guarded", "pool_choices", "recovery_step", "taken_over",
+           "unforced"]

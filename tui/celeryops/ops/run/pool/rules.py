@@ -40,7 +40,7 @@ from typing import Any, Literal
 
 from celeryops.adapters.deploy.base import DeployError, RevisionInfo, RolloutState, role_for
 from celeryops.core.canary import canary_split
-from celeryops.core.config import Target, overlap_refusal
+from celeryops.core.config import Target, strategy_refusal
 from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.core.splits import split_for
 from celeryops.ops.journal import CANCEL_CONSUMERS, OVERLAP_CUTOVER, OVERLAP_REVERT, OVERLAP_UP, Run
@@ -292,8 +292,17 @@ def pool_target(targets: Sequence[Target], strategy: str, *, rollback: bool = Fa
         raise UserError(f"{article} {strategy} {run} moves one worker pool at a time and {len(targets)} targets "
                         f"were chosen ({names}): nothing was changed; {alone} with --target NAME (the others with "
                         "--strategy drain).", EXIT_USAGE)
-    refusal = overlap_refusal(targets[0], strategy)
+    refusal = strategy_refusal(targets[0], strategy)
     if refusal:
         raise UserError(f"The {strategy} strategy is refused: {refusal}: nothing was changed; {other} with --strategy "
                         "drain.", EXIT_USAGE)
     return targets[0]
+
+
+def one_revision(target: Target, split: Split, source: str) -> None:
+    """A rollback of a pool moves every instance to one revision: one sentence (exit 2) when what it would go back to
+    is a split of several (``source``: where the split came from, in words)."""
+    if len(split) != 1:
+        raise UserError(f"An overlap rollback moves every instance of {target.display} to one revision, and what it "
+                        f"would go back to is a split ({describe_split(split)}, {source}): nothing was changed; name "
+                        "one revision with --to REVISION, or roll back with --strategy drain.", EXIT_USAGE)

@@ -9,7 +9,7 @@ ends with :func:`hand_over`; a rollback of a worker pool (:func:`move`) is the s
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from celeryops.adapters.deploy.base import DeployError, PoolUpdate, short_revision
@@ -21,7 +21,7 @@ from celeryops.ops.journal import OVERLAP_CUTOVER, OVERLAP_REVERT, Run
 from celeryops.ops.run.context import RunContext
 from celeryops.ops.run.pool.pool import Ending, Pool, Refused, Stop, cap
 from celeryops.ops.run.pool.progress import ticking
-from celeryops.ops.run.pool.recover import Next, abort_plan, guarded, recovery_step, taken_over
+from celeryops.ops.run.pool.recover import Next, abort_plan, guarded, recovery_step, taken_over, unforced
 from celeryops.ops.run.pool.rules import Destination, Plan, Step, progress_of, stopped_map
 from celeryops.ops.run.pool.steps import (
     Drained,
@@ -34,6 +34,7 @@ from celeryops.ops.run.pool.steps import (
     wait_new,
 )
 from celeryops.ops.run.recovery import RecoveryPlan
+from celeryops.ops.run.rollback_plan import RollbackStep, label_of, settings_of
 from celeryops.ops.run.runner import uncut
 
 #: Where a flow on two revisions starts: the scale-up, waiting for the new revision, a promotion written ahead, the
@@ -265,6 +266,15 @@ async def move(ctx: RunContext, target: Target, destination: Destination, *, str
     return pool.finish(ending)
 
 
+async def move_back(ctx: RunContext, steps: Sequence[RollbackStep], strategy: str) -> RunFinished:
+    """A rollback of one pool (``steps``: its one step), the overlap's way to the existing revision it goes back to:
+    it comes up beside the deployed one and consumes, only the deployed revision's workers stop and are drained, then
+    every instance moves to it at the original count, recorded as celeryops' own split. No pause, no image."""
+    (step,) = steps
+    return await move(ctx, step.target, Destination(step.revision), strategy=strategy, release=label_of(steps),
+                      settings=settings_of(steps, strategy))
+
+
 async def resume_switch(ctx: RunContext, run: Run) -> RunFinished:
     """``celeryops resume`` of a run of :func:`switch`: the rules' resume column (finish the cutover, go on, ...)."""
     pool = Pool.of(ctx, run)
@@ -272,10 +282,12 @@ async def resume_switch(ctx: RunContext, run: Run) -> RunFinished:
                                         lambda: switched(pool, resume=False)))
 
 
-async def abort_switch(ctx: RunContext, run: Run) -> RecoveryPlan:
+async def abort_switch(ctx: RunContext, run: Run, *, force_restore: bool = False) -> RecoveryPlan:
     """``celeryops abort`` of a run of :func:`switch`: the rules' abort column (retire the new revision, or finish a
-    cutover that was begun)."""
+    cutover that was begun). ``force_restore`` (``abort --restore``: the operator says the old revision serves) has
+    nothing to decide here, where Cloud Run says which revision serves: it is said so, and the rules go on."""
     pool = Pool.of(ctx, run)
+    unforced(pool, force_restore)
     return abort_plan(await taken_over(pool, lambda: switched(pool, resume=False),
                                        lambda: switched(pool, resume=False)))
 
@@ -297,6 +309,6 @@ async def open_pool_run(ctx: RunContext, target: Target, destination: Destinatio
         "streak": drain.streak, "max_wait": drain.max_wait, **dict(settings or {})})
 
 
-__all__ = ["Start", "abort_switch", "attempt", "cut_over", "finish_cutover", "go_on", "hand_over", "move",
+__all__ = ["Start", "abort_switch", "attempt", "cut_over", "finish_cutover", "go_on", "hand_over", "move", "move_back",
            "open_pool_run", "pool_destination", "resume_switch", "retire_new", "switch", "switched"]
 

@@ -10,7 +10,7 @@ The flow (each pool update and each verdict written ahead in the journal; the po
    gives exactly those counts (:func:`~celeryops.core.canary.canary_split`); wait until the canary consumes;
 3. the analysis: Celery task events (turned on for the canary's length where they were off, and back after) credit
    every outcome to the revision of the worker that ran it (the fence registry knows it); every ``look_interval``
-   the judge (:func:`~celeryops.ops.run.canary_rules.judge`, pure) looks at the counts, a ``canary_look`` event
+   the judge (:func:`~celeryops.ops.run.analysis.rules.judge`, pure) looks at the counts, a ``canary_look`` event
    carries them with its statistic and verdict, and the counts are journaled (a resume goes on from them);
 4. **promote** (the verdict, or the operator): written ahead, then the overlap's way: one update to as many new
    instances as old ones (``promoting``), the old revision drained by the drain's rules (no busy instance is taken
@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 from celeryops.adapters.canaryevents import OutcomeCollector
 from celeryops.core.canary import CanarySettings, RevisionCounts
-from celeryops.core.config import Target
+from celeryops.core.config import Config, Target
 from celeryops.core.errors import (
     EXIT_CANARY_PAUSED,
     EXIT_CANARY_ROLLED_BACK,
@@ -47,27 +47,30 @@ from celeryops.core.errors import (
 )
 from celeryops.core.events import Notice, RunFinished, StageStarted
 from celeryops.ops.journal import Run
-from celeryops.ops.run.canary_decisions import PauseCanary, PromoteNow, RollbackNow, decisions_of
-from celeryops.ops.run.canary_look import look_event
-from celeryops.ops.run.canary_rules import Judgement, judge, split_counts
-from celeryops.ops.run.canary_sources import crashed_workers, registry_revisions
+from celeryops.ops.run.analysis.look import look_event
+from celeryops.ops.run.analysis.rules import Judgement, judge, split_counts
+from celeryops.ops.run.analysis.sources import crashed_workers, registry_revisions
 from celeryops.ops.run.context import RunContext
-from celeryops.ops.run.pool.checks import deploy_checks
+from celeryops.ops.run.decisions import DecisionAction, PauseCanary, PromoteNow, RollbackNow, decisions_of
+from celeryops.ops.run.pool.checks import begin_deploy, deploy_checks
 from celeryops.ops.run.pool.pool import Ending, Pool
 from celeryops.ops.run.pool.progress import ticking
-from celeryops.ops.run.pool.recover import abort_plan, guarded, pool_choices, recovery_step, taken_over
-from celeryops.ops.run.pool.rules import Destination, Plan, Step, pool_target, recovery_plan
-from celeryops.ops.run.pool.steps import new_revision_name, promote, resumed, scale_up, wait_new
+from celeryops.ops.run.pool.recover import abort_plan, guarded, recovery_step, taken_over, unforced
+from celeryops.ops.run.pool.rules import Plan, Step
+from celeryops.ops.run.pool.steps import promote, resumed, scale_up, wait_new
 from celeryops.ops.run.pool.switch import (
     Start,
+    abort_switch,
     attempt,
     finish_cutover,
     hand_over,
     open_pool_run,
     pool_destination,
+    resume_switch,
     retire_new,
 )
-from celeryops.ops.run.recovery import Choice, RecoveryPlan, Rollout
+from celeryops.ops.run.recovery import RecoveryPlan
+from celeryops.ops.run.strategies.base import OnePool
 
 LOOK = "canary_look"  # a journal note: one look's counts
 VERDICT = "canary_verdict"  # a journal note, written before the verdict is acted on
@@ -290,19 +293,36 @@ class CanaryFlow:
 
 
 @dataclass(frozen=True)
-class CanaryStrategy:
-    """``strategy = "canary"``: judged by task outcomes per revision, then promoted or rolled back."""
+class CanaryStrategy(OnePool):
+    """``strategy = "canary"``: judged by task outcomes per revision, then promoted or rolled back. A rollback of its
+    target (after a promotion) goes back the overlap's way: no pause."""
 
     name: str = "canary"
+    decisions: tuple[DecisionAction, ...] = ("promote", "rollback", "pause", "resume")
+    demo: str = ("as a canary (one new instance judged by its task outcomes, then promoted or rolled back; P / B on "
+                 "its screen)")
+    aside: str = " (canary: a few instances of the new revision judged beside the old ones)"
+    go: str = "Press G to start the canary: a few new instances first, judged by their tasks."
+    plan: str = ("{peak}A canary of{release} comes up beside the old revision (no old instance is taken away) and "
+                 "consumes; every task's outcome is credited to the revision that ran it and judged every look. If the "
+                 "canary fails more often than the old revision beyond chance, raises a new exception repeatedly or "
+                 "crashes, its workers stop taking tasks at once, finish what they run, and the pool goes back to the "
+                 "old revision. Once enough canary tasks show no worse failure rate, it is promoted as an overlap: the "
+                 "old revision drains while the new one consumes, then every instance moves to it. No verdict by max "
+                 "duration: it pauses for you (P promotes, B rolls back).")
+    resume_label: str = "Resume the canary"
+    resume_detail: str = ("Ask Cloud Run how the pool is and continue from the journal: the analysis goes on from the "
+                          "recorded counts, or a verdict written ahead is carried out (what `celeryops resume` does).")
+    retire_label: str = "Abort: take the canary away"
+    cutover_label: str = "Abort: finish the promotion's cutover"
+
+    def peak(self, count: int, config: Config) -> int:
+        return count + config.canary.instances  # the canary's few beside every old instance
 
     async def deploy(self, ctx: RunContext, release: str, targets: tuple[Target, ...]) -> RunFinished:
         """Preflight (the pool's checks at the canary's peak), the operator's go, then the canary."""
-        target = pool_target(targets, self.name)
         settings = ctx.config.canary
-        ctx.emit(StageStarted(stage="preflight", detail=f"release {release}, canary on {target.name}",
-                              strategy=self.name))
-        sha = await ctx.release_sha(release)
-        destination = Destination(new_revision_name(target, sha), target.image_for(sha, release, release))
+        target, sha, destination = await begin_deploy(ctx, self.name, release, targets)
         ended = await ctx.checked(deploy_checks(ctx, target, destination, release, sha, beside=settings.instances))
         if ended is not None:
             return ended
@@ -316,24 +336,19 @@ class CanaryStrategy:
         return flow.pool.finish(ending)
 
     async def resume(self, ctx: RunContext, run: Run) -> RunFinished:
+        if run.kind == "rollback":
+            return await resume_switch(ctx, run)
         flow = CanaryFlow.of(ctx, run)
         return flow.pool.finish(await taken_over(flow.pool, lambda: flow.recover(resume=True),
                                                  lambda: flow.recover(resume=False)))
 
     async def abort(self, ctx: RunContext, run: Run, *, force_restore: bool = False) -> RecoveryPlan:
+        if run.kind == "rollback":
+            return await abort_switch(ctx, run, force_restore=force_restore)
         flow = CanaryFlow.of(ctx, run)
+        unforced(flow.pool, force_restore)
         return abort_plan(await taken_over(flow.pool, lambda: flow.recover(resume=False),
                                            lambda: flow.recover(resume=False)))
-
-    def recovery_plan(self, run: Run, rollout: Rollout | None = None) -> RecoveryPlan:
-        return recovery_plan(run)
-
-    def choices(self, run: Run, decided: RecoveryPlan) -> tuple[Choice, ...]:
-        return pool_choices(decided, resume="Resume the canary", retire="Abort: take the canary away",
-                            cutover="Abort: finish the promotion's cutover", detail=(
-                                "Ask Cloud Run how the pool is and continue from the journal: the analysis goes on "
-                                "from the recorded counts, or a verdict written ahead is carried out (what "
-                                "`celeryops resume` does)."))
 
 
 __all__ = ["Analysis", "CanaryFlow", "CanaryStrategy", "analysis_of"]

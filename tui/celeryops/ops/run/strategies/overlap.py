@@ -28,32 +28,45 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from celeryops.core.config import Target
-from celeryops.core.events import RunFinished, StageStarted
+from celeryops.core.config import Config, Target
+from celeryops.core.events import RunFinished
 from celeryops.ops.journal import Run
 from celeryops.ops.run.context import RunContext
-from celeryops.ops.run.pool.checks import deploy_checks
-from celeryops.ops.run.pool.recover import pool_choices
-from celeryops.ops.run.pool.rules import Destination, pool_target, recovery_plan
-from celeryops.ops.run.pool.steps import new_revision_name
+from celeryops.ops.run.decisions import DecisionAction
+from celeryops.ops.run.pool.checks import begin_deploy, deploy_checks
 from celeryops.ops.run.pool.switch import abort_switch, move, resume_switch
-from celeryops.ops.run.recovery import Choice, RecoveryPlan, Rollout
+from celeryops.ops.run.recovery import RecoveryPlan
+from celeryops.ops.run.strategies.base import OnePool
 
 
 @dataclass(frozen=True)
-class OverlapStrategy:
+class OverlapStrategy(OnePool):
     """``strategy = "overlap"``: the new revision beside the old one, the old one drained, then the cutover."""
 
     name: str = "overlap"
+    decisions: tuple[DecisionAction, ...] = ()
+    demo: str = "without a pause (the new revision consumes while the old one drains)"
+    aside: str = " (overlap: the new revision consumes beside the old one)"
+    go: str = "Press G to start the overlap: the new revision first, then the old one drains."
+    plan: str = ("{peak}The new revision of{release} comes up beside the old one (no old instance is taken away) and "
+                 "starts consuming. Only then do the old revision's workers stop taking new tasks: their running and "
+                 "prefetched tasks finish while the new revision consumes, so processing never pauses. Once the old "
+                 "revision is idle (the drain's empty streak), every instance moves to the new revision, back to the "
+                 "original count. Nothing is killed: if the old revision is not idle within max wait, or the new one "
+                 "does not consume, the old revision consumes again and the new one is retired.")
+    resume_label: str = "Resume the overlap deploy"
+    resume_detail: str = ("Ask Cloud Run how the pool is and continue from the journal: wait for the new revision, "
+                          "drain the old one again, or finish the cutover (what `celeryops resume` does).")
+    retire_label: str = "Abort: retire the new revision"
+    cutover_label: str = "Abort: finish the cutover"
+
+    def peak(self, count: int, config: Config) -> int:
+        return 2 * count  # as many new instances as old ones, beside them
 
     async def deploy(self, ctx: RunContext, release: str, targets: tuple[Target, ...]) -> RunFinished:
         """Preflight (the pool's checks), the operator's go, then the pool moved to a new revision of the release's
         image: scale up, hand over."""
-        target = pool_target(targets, self.name)
-        ctx.emit(StageStarted(stage="preflight", detail=f"release {release}, overlap on {target.name}",
-                              strategy=self.name))
-        sha = await ctx.release_sha(release)
-        destination = Destination(new_revision_name(target, sha), target.image_for(sha, release, release))
+        target, sha, destination = await begin_deploy(ctx, self.name, release, targets)
         ended = await ctx.checked(deploy_checks(ctx, target, destination, release, sha))
         if ended is not None:
             return ended
@@ -63,17 +76,7 @@ class OverlapStrategy:
         return await resume_switch(ctx, run)
 
     async def abort(self, ctx: RunContext, run: Run, *, force_restore: bool = False) -> RecoveryPlan:
-        return await abort_switch(ctx, run)
-
-    def recovery_plan(self, run: Run, rollout: Rollout | None = None) -> RecoveryPlan:
-        return recovery_plan(run)
-
-    def choices(self, run: Run, decided: RecoveryPlan) -> tuple[Choice, ...]:
-        return pool_choices(decided, resume="Resume the overlap deploy", retire="Abort: retire the new revision",
-                            cutover="Abort: finish the cutover", detail=(
-                                "Ask Cloud Run how the pool is and continue from the journal: wait for the new "
-                                "revision, drain the old one again, or finish the cutover (what `celeryops resume` "
-                                "does)."))
+        return await abort_switch(ctx, run, force_restore=force_restore)
 
 
 __all__ = ["OverlapStrategy"]
