@@ -93,6 +93,7 @@ class AutoscaleTrial(Trial):
         self._producers: list[threading.Timer] = []
         self._drops: list[str] = []  # count drops while an instance of the revision was busy
         self._stuck_since = 0.0  # since when the autoscaler waits for an orphaned lease
+        self._stranded: list[str] = []  # a fence or lease left up (the verdict adds the workers not consuming)
         self._events = self.dir / "autoscale.jsonl"  # every autoscaler's events, kept with a failing trial's logs
 
     def write_config(self) -> None:
@@ -162,7 +163,7 @@ class AutoscaleTrial(Trial):
         if self._look.get("action") == "wait" and "orphaned" in str(self._look.get("reason")):
             self._stuck_since = self._stuck_since or time.monotonic()
             if time.monotonic() - self._stuck_since > STUCK_LIMIT:  # it waits for a dead run's lease: for good
-                self.result.stranded.append(f"the autoscaler waited {STUCK_LIMIT:g} s for an orphaned lease: "
+                self._stranded.append(f"the autoscaler waited {STUCK_LIMIT:g} s for an orphaned lease: "
                                             f"{self._look.get('reason')}")
                 return True
         else:
@@ -201,7 +202,7 @@ class AutoscaleTrial(Trial):
         """Right after an autoscaler's exit on SIGINT: no fence up, no run open."""
         fence = self._fence()
         if fence:
-            self.result.stranded.append(f"{what}: fence of run {fence} up after the autoscaler exited on SIGINT")
+            self._stranded.append(f"{what}: fence of run {fence} up after the autoscaler exited on SIGINT")
         left = self.open_run()
         if left is not None:
             self.result.anomalies.append(f"{what}: run {left.id} open in phase {left.phase} after the autoscaler "
@@ -250,7 +251,7 @@ class AutoscaleTrial(Trial):
             if rc != 0:
                 self.result.anomalies.append(f"{fault.then} of the killed step exited {rc}: {err.strip()[-300:]}")
             elif self._fence():
-                self.result.stranded.append(f"{fault.then} exited 0 and left the fence up")
+                self._stranded.append(f"{fault.then} exited 0 and left the fence up")
 
     # -- the whole trial ------------------------------------------------------------------------------------------
 
@@ -310,10 +311,10 @@ class AutoscaleTrial(Trial):
             self.result.anomalies.append(f"run {left.id} left open in phase {left.phase} at the end")
         fence = self._fence()
         if fence:
-            self.result.stranded.append(f"fence of run {fence} left up at the end")
+            self._stranded.append(f"fence of run {fence} left up at the end")
         lease = self._lease()
         if lease is not None:  # nothing runs any more: a lease left behind keeps every later run waiting
-            self.result.stranded.append(f"the fleet's lease left held by run {lease.run_id} at the end "
+            self._stranded.append(f"the fleet's lease left held by run {lease.run_id} at the end "
                                         f"({'orphaned' if lease.orphaned else 'live'})")
         counts = [len(found) for found in lab.standin.instances(self.service).values() if found]
         self.result.ending = f"{sum(counts)} instance(s) on {len(counts)} revision(s)"
@@ -322,3 +323,4 @@ class AutoscaleTrial(Trial):
         self.result.anomalies.extend(f"taken away busy: {b}" for b in self.fleet.taken_busy)
         self.result.anomalies.extend(f"count dropped busy: {d}" for d in self._drops)
         self.verdict(record)
+        self.result.stranded.extend(self._stranded)
