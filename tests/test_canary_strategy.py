@@ -30,7 +30,7 @@ def test_the_canary_split_gives_exactly_the_counts(count: int, canary: int) -> N
 
 
 def test_a_canary_plan_round_trips_through_the_journal_and_promotes_to_the_overlaps() -> None:
-    plan = Plan(target="worker", old="w-1", new="w-2", count=4, image="img", canary=1)
+    plan = Plan(target="worker", old="w-1", new="w-2", count=4, image="img", beside=1)
     assert (plan.peak, plan.new_count, dict(plan.up_split)) == (5, 1, {"w-1": 80, "w-2": 20})
     assert Plan.from_payload(plan.payload()) == plan
     full = plan.promoted()

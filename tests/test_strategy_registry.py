@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from celeryops.core.config import STRATEGIES as CONFIG_STRATEGIES
+from celeryops.core.config import STRATEGY_KINDS, STRATEGY_NAMES
 from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.ops.journal import Run
 from celeryops.ops.run.strategies import STRATEGIES, strategy_named, strategy_of_run
@@ -13,15 +13,17 @@ from celeryops.ops.run.strategies.base import Strategy
 
 
 def test_every_configurable_strategy_is_registered_and_nothing_else() -> None:
-    assert tuple(STRATEGIES) == CONFIG_STRATEGIES
+    assert tuple(STRATEGIES) == STRATEGY_NAMES == tuple(STRATEGY_KINDS)
 
 
 @pytest.mark.parametrize("name", sorted(STRATEGIES))
 def test_each_strategy_implements_the_protocol(name: str) -> None:
     strategy: Strategy = STRATEGIES[name]
     assert strategy.name == name
-    for method in ("deploy", "resume", "abort", "recovery_plan", "choices"):
+    for method in ("check_targets", "deploy", "check_rollback", "rollback_checks", "rollback", "resume", "abort",
+                   "recovery_plan", "choices", "said", "peak"):
         assert callable(getattr(strategy, method))
+    assert isinstance(strategy.decisions, tuple) and isinstance(strategy.demo, str)
 
 
 def test_an_unknown_strategy_is_one_sentence_exit_2() -> None:

@@ -72,8 +72,8 @@ STRATEGY_KINDS: dict[str, tuple[TargetKind, ...]] = {
     "overlap": ("cloudrun-worker-pool",),
     "canary": ("cloudrun-worker-pool",),
 }
-STRATEGIES: tuple[str, ...] = tuple(STRATEGY_KINDS)
-DEFAULT_STRATEGY = STRATEGIES[0]
+STRATEGY_NAMES: tuple[str, ...] = tuple(STRATEGY_KINDS)
+DEFAULT_STRATEGY = STRATEGY_NAMES[0]
 
 #: Environment variable -> dotted configuration key.
 ENV_KEYS: dict[str, str] = {
@@ -172,7 +172,7 @@ class Target:
     command: str = ""
     timeout: float = DEFAULT_TARGET_TIMEOUT
     traffic: str = ""  # "latest": the update also routes all traffic (instances) to the new revision
-    strategy: str = DEFAULT_STRATEGY  # how a deploy replaces the workers (STRATEGIES, on the kinds STRATEGY_KINDS says)
+    strategy: str = DEFAULT_STRATEGY  # how a deploy replaces the workers (on the kinds STRATEGY_KINDS says)
 
     @property
     def is_cloudrun(self) -> bool:
@@ -295,8 +295,8 @@ __all__ = [
     "ENV_KEYS",
     "IMAGE_PLACEHOLDERS",
     "PREFLIGHT_CHECKS",
-    "STRATEGIES",
     "STRATEGY_KINDS",
+    "STRATEGY_NAMES",
     "TARGET_KINDS",
     "TRAFFIC_MODES",
     "WARNING_CHECKS",

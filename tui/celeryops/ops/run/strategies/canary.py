@@ -165,7 +165,7 @@ class CanaryFlow:
                         return await self.rolled_back(now)
                     if outcome == "paused":
                         return self.paused(now)
-                if start != "drain" and now.canary:
+                if start != "drain" and now.beside:
                     now = await promote(pool, now)
             return await hand_over(pool, now, skip_wait=True, late=" after the canary was promoted")
 
