@@ -228,9 +228,13 @@ class OpsBackend:
         self._refuse_if_running()
         targets = self.targets if self.targets is not None else self.config.targets
         live = self._new_live("deploy", release, on_event)
-        if targets:
-            live.decisions = strategy_of_targets(targets).decisions
-        self._begin(live, lambda s: s.deploy(release, targets))
+
+        async def deploy(session: RunSession) -> object:
+            if targets:  # (an unknown strategy is the run's failure: its sentence on the preflight's screen)
+                live.decisions = strategy_of_targets(targets).decisions
+            return await session.deploy(release, targets)
+
+        self._begin(live, deploy)
 
     async def start_rollback(self, run_id: str | None, on_event: EventSink) -> None:
         self._writable("start a rollback")
