@@ -38,3 +38,17 @@ def test_a_run_of_an_unknown_strategy_is_refused_in_one_sentence() -> None:
     with pytest.raises(UserError) as err:
         strategy_of_run(run)
     assert "bluegreen" in str(err.value) and err.value.exit_code == EXIT_USAGE
+
+
+@pytest.mark.parametrize("name", ["overlap", "canary"])
+def test_a_pool_rollback_run_is_offered_as_a_rollback(name: str) -> None:
+    """An interrupted rollback of a pool (the overlap's way back, whatever the target's strategy) is told as one in
+    the recovery view, not as its strategy's deploy."""
+    run = Run(id="r2", fleet="f", broker="redis://x", user="u", host="h", pid=1, release="worker-00001-abc",
+              settings={"strategy": name, "kind": "rollback", "targets": ["worker"]}, created=0.0, updated=0.0,
+              phase="overlapping", outcome=None)
+    strategy = strategy_of_run(run)
+    decided = strategy.recovery_plan(run)
+    labels = [c.label for c in strategy.choices(run, decided)]
+    assert labels[0] == "Resume the rollback" and strategy.said("rollback", None).question == "Start the overlap " \
+        "rollback?", labels
