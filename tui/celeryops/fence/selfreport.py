@@ -20,21 +20,22 @@ from typing import Any, Literal
 
 from celeryops.fence.record import Platform, platform_of
 
-#: PID 1 of the worker's container: the worker itself, a process that catches SIGTERM (tini, dumb-init, a shell with
-#: a trap: it can pass it on), one that does not (the kernel drops a signal PID 1 has no handler for, so a shell
-#: running the worker as a child never passes SIGTERM on), or unreadable.
+#: PID 1 of the worker's container, when the worker is PID 1 or its child: the worker itself, a parent that catches
+#: SIGTERM (tini, dumb-init, a shell with a trap: it can pass it on), one that does not (the kernel drops a signal
+#: PID 1 has no handler for, so a shell running the worker as a child never passes SIGTERM on); ``unknown``: /proc
+#: cannot tell, or PID 1 is further up (not a container's entrypoint of this worker: not judged).
 Pid1Kind = Literal["worker", "forwards", "drops", "unknown"]
 STATS_KEY = "celeryops_doctor"  # the key of the report in the worker's ``inspect stats`` reply
 TASKS_KEPT = 500  # task option overrides reported at most (the registry entry stays small)
 TASK_OPTIONS = ("acks_late", "reject_on_worker_lost", "time_limit", "soft_time_limit")
 
 
-def pid1_kind(own_pid: int, sigcgt: str | None, sigign: str | None) -> Pid1Kind:
-    """Pure: what PID 1 does with SIGTERM, from this process's pid and PID 1's ``SigCgt`` / ``SigIgn`` masks (hex,
-    from ``/proc/1/status``; None when unreadable)."""
+def pid1_kind(own_pid: int, parent_pid: int, sigcgt: str | None, sigign: str | None) -> Pid1Kind:
+    """Pure: what PID 1 does with the SIGTERM meant for this process, from its pid, its parent's, and PID 1's
+    ``SigCgt`` / ``SigIgn`` masks (hex, from ``/proc/1/status``; None when unreadable)."""
     if own_pid == 1:
         return "worker"
-    if sigcgt is None:
+    if parent_pid != 1 or sigcgt is None:
         return "unknown"
     bit = 1 << (signal.SIGTERM - 1)
     try:
@@ -57,7 +58,7 @@ def read_pid1() -> dict[str, str]:
                 fields[key] = value.strip()
     except OSError:
         pass
-    return {"kind": pid1_kind(os.getpid(), fields.get("SigCgt"), fields.get("SigIgn")), "name": name}
+    return {"kind": pid1_kind(os.getpid(), os.getppid(), fields.get("SigCgt"), fields.get("SigIgn")), "name": name}
 
 
 def _seconds(value: Any) -> float | None:

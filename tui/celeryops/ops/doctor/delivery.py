@@ -70,7 +70,7 @@ def visibility_runtime(facts: FleetFacts) -> list[Finding]:
         why = (f" ({', '.join(seen)} ran longer than that already)" if seen else "")
         out.append(Finding(
             "visibility_runtime", title("visibility_runtime"),
-            f"{w.name} acknowledges these tasks late and nothing ends them within the broker's visibility_timeout "
+            f"these tasks acknowledge late on {w.name} and nothing ends them within the broker's visibility_timeout "
             f"of {duration(vt)}{why}: one still running then is handed to another worker and runs twice",
             f"a time limit under the visibility timeout (task_time_limit, or time_limit= on the task, below {vt:g}), "
             "or broker_transport_options={'visibility_timeout': N} above their longest run",
@@ -94,7 +94,7 @@ def prefetch_long_tasks(facts: FleetFacts, long: float) -> list[Finding]:
             why.append("late acks are off, so a running task does not count against the prefetch")
         out.append(Finding(
             "prefetch_long_tasks", title("prefetch_long_tasks"),
-            f"{w.name} runs tasks that take {duration(max(longest[n] for n in slow))} or more while "
+            f"on {w.name}, tasks run {duration(max(longest[n] for n in slow))} or more while "
             f"{' and '.join(why)}: tasks it reserved wait behind a busy process while other processes or workers "
             "sit idle",
             "worker_prefetch_multiplier=1 and task_acks_late=True (with task_reject_on_worker_lost=True) on the "

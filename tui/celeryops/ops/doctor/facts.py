@@ -57,7 +57,7 @@ def parse_registered(entries: object) -> dict[str, dict[str, str]]:
     """``inspect registered`` with :data:`TASK_ITEMS`: task name -> its options as the worker printed them."""
     out: dict[str, dict[str, str]] = {}
     for entry in entries if isinstance(entries, list) else []:
-        match = _REGISTERED.match(str(entry))
+        match = _REGISTERED.match(entry) if isinstance(entry, str) else None
         if match is None:
             continue
         items = dict(part.split("=", 1) for part in (match.group("items") or "").split() if "=" in part)
