@@ -11,7 +11,8 @@ import redis
 READS = {"hgetall", "hget", "hmget", "xrange", "xrevrange", "llen", "pttl", "ttl", "time", "get", "mget", "exists",
          "type", "smembers", "scard", "ping", "info", "select", "client", "hello", "multi", "exec", "zrange",
          "zrevrange", "lrange", "evalsha_ro", "eval_ro", "scan",
-         "hlen"}  # the watcher's permission probe: may this user read the published status (ops/access/probe.py)
+         "hlen",  # the watcher's permission probe: may this user read the published status (ops/access/probe.py)
+         "psubscribe", "punsubscribe"}  # task events, read from the broker's events channel (the live findings)
 
 
 class Monitor:

@@ -271,3 +271,23 @@ def test_every_setting_finding_is_caused_by_a_test_here() -> None:
     """Each finding id of the catalog has a test above that causes it with real workers."""
     source = Path(__file__).read_text()
     assert all(f'"{finding}"' in source for finding in SETTING_FINDINGS), SETTING_FINDINGS
+
+
+def test_a_drain_shows_each_finding_as_a_warning_of_its_own_id(
+        redis_url: str, start_workers: Any, queue_name: str, tmp_path: Path) -> None:
+    """The drain's preflight runs the doctor: its `settings` check passes and the finding follows as a warning
+    (a drain accepts its warnings; a deploy asks for --accept-warning shutdown_grace)."""
+    cloud = worker(start_workers, redis_url, fence=True, env=CLOUD_RUN, queues=[queue_name])
+    env = _env(tmp_path / "state")
+    drained = run_cli(["drain", "--broker", redis_url, "-Q", queue_name, "--interval", "0.2", "--streak", "1",
+                       "--json"], env)
+    try:
+        events = [json.loads(line) for line in drained.stdout.splitlines() if line.strip()]
+        checks = {e["id"]: e for e in events if e["event"] == "check" and e["status"] != "running"}
+        assert checks["settings"]["status"] == "ok", checks["settings"]
+        warned = checks["shutdown_grace"]
+        assert warned["status"] == "warn" and warned["accepted"] and cloud.nodename in warned["detail"], warned
+        assert "--accept-warning shutdown_grace" in warned["remedy"]
+        assert drained.returncode == 0, drained.stderr
+    finally:
+        assert run_cli(["abort", "--broker", redis_url], env).returncode == 0

@@ -80,3 +80,29 @@ def test_an_old_celery_without_these_settings_is_not_blamed_for_them() -> None:
 def test_no_worker_at_all_is_unchecked_not_healthy() -> None:
     found = diagnose(FleetFacts({}, now=0.0))
     assert found.ids == ("unchecked",) and "no worker answered" in found.findings[0].what
+
+
+async def test_a_check_with_parts_reports_each_part_as_a_warning_of_its_own_id() -> None:
+    """The settings check passes and its findings follow it, each accepted by its own id."""
+    from celeryops.ops.preflight import (
+        Check,
+        CheckFinished,
+        CheckResult,
+        check_accept_ids,
+        run_checks,
+        unaccepted_warnings,
+    )
+
+    async def run() -> CheckResult:
+        return CheckResult("settings", "", "ok", "2 worker(s) checked",
+                           parts=(CheckResult("shutdown_grace", "Shutdown", "warn", "a\nb", "fix it"),
+                                  CheckResult("lost_on_crash", "Late acks", "warn", "c")))
+
+    seen: list[str] = []
+    report = await run_checks([Check("settings", "Worker settings", run)],
+                              lambda e: seen.append(e.result.id) if isinstance(e, CheckFinished) else None)
+    assert seen == ["settings", "shutdown_grace", "lost_on_crash"]
+    assert [r.id for r in report.warnings] == ["shutdown_grace", "lost_on_crash"]
+    assert report.get("shutdown_grace") is not None and report.get("shutdown_grace").detail == "a b"  # one line
+    assert [r.id for r in unaccepted_warnings(report, False, check_accept_ids(["shutdown_grace"]))] == \
+        ["lost_on_crash"]

@@ -145,3 +145,12 @@ def _same_server(a: str, b: str) -> bool:
         return bool(x.path) and x.path.split("?")[0] == y.path.split("?")[0]  # unix sockets
     except ValueError:
         return False
+
+
+def registry_facts(coord: redis.Redis | None, fleet_name: str, broker_url: str) -> FleetFacts:
+    """Watch mode: what the plugin workers report from inside, from the fence registry alone (reads only: no
+    inspect command). Workers without the plugin are not in it."""
+    live, expired = _registry(coord, fleet_name)
+    workers = {n: WorkerFacts(n, report=i.report) for n, i in live.items() if i.report is not None}
+    return FleetFacts(workers=workers, now=time.time(), transport=urlsplit(broker_url).scheme or "redis",
+                      gone=tuple(sorted(expired)))
