@@ -106,3 +106,81 @@ async def test_a_check_with_parts_reports_each_part_as_a_warning_of_its_own_id()
     assert report.get("shutdown_grace") is not None and report.get("shutdown_grace").detail == "a b"  # one line
     assert [r.id for r in unaccepted_warnings(report, False, check_accept_ids(["shutdown_grace"]))] == \
         ["lost_on_crash"]
+
+
+# -- live findings (celeryops.ops.doctor.live): what the console sees happen -------------------------------------------
+
+
+def _received(task_id: str, worker: str, retries: int = 0, eta: str | None = None) -> dict[str, object]:
+    return {"type": "task-received", "uuid": task_id, "hostname": worker, "name": "billing.charge",
+            "retries": retries, "eta": eta}
+
+
+def test_a_task_received_twice_is_a_redelivery_with_its_likely_cause() -> None:
+    from celeryops.ops.doctor.live import LiveFindings
+
+    live = LiveFindings(clock=lambda: 100.0)
+    live.on_task_event(_received("t1", "w@1", eta="2030-01-01T00:00:00+00:00"))
+    live.on_task_event(_received("t1", "w@2", eta="2030-01-01T00:00:00+00:00"))
+    (found,) = live.findings()
+    assert found.id == "redelivered" and found.workers == ("w@1", "w@2") and found.tasks == ("billing.charge",)
+    assert "ETA" in found.what and "celery#5935" in found.what
+    live.on_task_event(_received("t2", "w@1"))
+    live.on_task_event({"type": "task-started", "uuid": "t2", "hostname": "w@1"})
+    live.on_task_event(_received("t2", "w@2"))
+    assert "still running" in live.findings()[1].what
+
+
+def test_a_retry_is_no_redelivery() -> None:
+    from celeryops.ops.doctor.live import LiveFindings
+
+    live = LiveFindings()
+    live.on_task_event(_received("t1", "w@1"))
+    live.on_task_event({"type": "task-retried", "uuid": "t1", "hostname": "w@1"})
+    live.on_task_event(_received("t1", "w@1", retries=1))
+    assert live.findings() == ()
+
+
+def test_a_task_started_on_a_worker_that_left_is_orphaned_and_what_it_never_started_is_no_redelivery() -> None:
+    from celeryops.ops.doctor.live import LiveFindings
+
+    live = LiveFindings()
+    live.on_task_event(_received("run", "w@1"))
+    live.on_task_event({"type": "task-started", "uuid": "run", "hostname": "w@1"})
+    live.on_task_event(_received("held", "w@1"))
+    live.on_task_event({"type": "worker-offline", "hostname": "w@1"})
+    (orphan,) = live.findings()
+    assert orphan.id == "orphaned_task" and "task run " in orphan.what and orphan.workers == ("w@1",)
+    live.on_task_event(_received("held", "w@2"))  # given back by a worker that left, unstarted: it runs once
+    assert [f.id for f in live.findings()] == ["orphaned_task"]
+
+
+def test_reserved_tasks_behind_busy_processes_while_a_worker_of_the_queue_is_idle() -> None:
+    from celeryops.core.events import Observation, TaskInfo, WorkerObs
+    from celeryops.ops.doctor.live import LiveFindings
+
+    busy = WorkerObs("w@1", True, active=2, reserved=3, queues=("render",))
+    idle = WorkerObs("w@2", True, active=0, queues=("render",))
+    other = WorkerObs("w@3", True, active=0, queues=("mail",))
+    tasks = (TaskInfo("w@1", "a", "render.page", "active"), TaskInfo("w@1", "b", "render.page", "reserved"))
+    live = LiveFindings()
+    live.observe(Observation({"w@1": busy, "w@3": other}, tasks), {"w@1": 2, "w@3": 1})
+    assert live.findings() == ()  # nobody idle consumes render
+    live.observe(Observation({"w@1": busy, "w@2": idle}, tasks), {"w@1": 2, "w@2": 1})
+    (found,) = live.findings()
+    assert found.id == "hoarding" and found.workers == ("w@1", "w@2") and found.tasks == ("render.page",)
+    live2 = LiveFindings()
+    live2.observe(Observation({"w@1": busy, "w@2": idle}, tasks), {"w@1": 4})  # a free process: no hoarding
+    assert live2.findings() == ()
+
+
+def test_a_task_seen_on_one_worker_then_another_in_the_polls_is_a_redelivery() -> None:
+    from celeryops.core.events import Observation, TaskInfo, WorkerObs
+    from celeryops.ops.doctor.live import LiveFindings
+
+    workers = {"w@1": WorkerObs("w@1", True, active=1), "w@2": WorkerObs("w@2", True, active=1)}
+    live = LiveFindings()
+    live.observe(Observation(workers, (TaskInfo("w@1", "t", "report", "active"),)), {})
+    live.observe(Observation(workers, (TaskInfo("w@2", "t", "report", "active"),)), {})
+    (found,) = live.findings()
+    assert found.id == "redelivered" and "still running" in found.what

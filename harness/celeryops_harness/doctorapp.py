@@ -3,7 +3,8 @@ finding is caused by real workers started with the settings that cause it.
 
   CELERYOPS_TEST_BROKER    broker URL;  CELERYOPS_TEST_RECORD  the Redis where ``hold`` waits for its gate
   CELERYOPS_DOCTOR_CONF    JSON object applied to ``app.conf`` (e.g. {"task_acks_late": true}); nothing else is set
-  CELERYOPS_DOCTOR_FENCE   "1": install the drain fence plugin (it reports the platform, REMAP_SIGTERM, PID 1, ...)
+  CELERYOPS_DOCTOR_FENCE   "1": install the drain fence plugin (it reports the platform, REMAP_SIGTERM, PID 1, ...),
+                           with CELERYOPS_FENCE_REGISTRY_TTL if set
   CELERYOPS_DOCTOR_LATE    "1": also register ``doctor.late_hold``, a task with its own ``acks_late=True``
 
 Tasks: ``doctor.quick`` returns at once; ``doctor.hold`` runs until its gate is released (``gates.release``),
@@ -32,7 +33,8 @@ app.conf.update(json.loads(os.environ.get("CELERYOPS_DOCTOR_CONF") or "{}"))
 if os.environ.get("CELERYOPS_DOCTOR_FENCE") == "1":
     from celeryops.fence import install
 
-    install(app, interval=0.5)
+    ttl = os.environ.get("CELERYOPS_FENCE_REGISTRY_TTL")
+    install(app, interval=0.5, registry_ttl=float(ttl) if ttl else None)
 
 
 def started_key(task_id: str) -> str:

@@ -69,6 +69,7 @@ class PubSubFeed:
         self.broker_url = broker_url
         self.on_event = on_event
         self.stopping = threading.Event()
+        self.ready = threading.Event()  # set once it listens
         self.thread = threading.Thread(target=self._run, name="celeryops-event-tap", daemon=True)
 
     def pattern(self) -> str:
@@ -93,6 +94,7 @@ class PubSubFeed:
             try:
                 pubsub: Any = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
                 pubsub.psubscribe(self.pattern())
+                self.ready.set()
                 pause = RECONNECT_FIRST
                 while not self.stopping.is_set():
                     message = pubsub.get_message(timeout=0.5)

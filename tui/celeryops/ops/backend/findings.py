@@ -50,6 +50,11 @@ class FleetFindings:
         if self._feed:
             self._feed.start()
 
+    @property
+    def listening(self) -> bool:
+        """Whether the task events reach the live findings now (the feed started and listens)."""
+        return bool(self._feed) and self._feed.ready.is_set()
+
     async def _settings(self) -> None:
         """Read the workers' settings again when the last reading is older than SETTINGS_EVERY."""
         now = time.monotonic()
