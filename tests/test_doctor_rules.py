@@ -184,3 +184,19 @@ def test_a_task_seen_on_one_worker_then_another_in_the_polls_is_a_redelivery() -
     live.observe(Observation(workers, (TaskInfo("w@2", "t", "report", "active"),)), {})
     (found,) = live.findings()
     assert found.id == "redelivered" and "still running" in found.what
+
+
+def test_runtimes_in_task_events_count_as_long_tasks() -> None:
+    """A fleet that sends task events: their runtimes make a task long (prefetch), without the fence plugin."""
+    import dataclasses
+
+    from celeryops.ops.doctor.live import LiveFindings
+
+    live = LiveFindings()
+    live.on_task_event(_received("t1", "w@1"))
+    live.on_task_event({"type": "task-succeeded", "uuid": "t1", "hostname": "w@1", "runtime": 95.0})
+    assert live.runtimes() == {"w@1": {"billing.charge": 95.0}}
+    plain = WorkerFacts("w@1", conf={"worker_prefetch_multiplier": 4, "task_acks_late": False})
+    assert "prefetch_long_tasks" not in diagnose(FleetFacts({"w@1": plain}, now=0.0)).ids
+    timed = dataclasses.replace(plain, event_runs=live.runtimes()["w@1"])
+    assert "prefetch_long_tasks" in diagnose(FleetFacts({"w@1": timed}, now=0.0)).ids

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import click
@@ -17,15 +16,6 @@ from celeryops.core.events import DoctorDone, DoctorNote, Finding
 from celeryops.core.masking import mask_text
 
 CLIENT_NAME = "celeryops-doctor"
-
-
-def _positive(name: str) -> Callable[[click.Context, click.Parameter, Any], Any]:
-    def check(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
-        if value is not None and value <= 0:
-            raise click.BadParameter(f"{name} must be greater than 0")
-        return value
-
-    return check
 
 
 def finding_lines(finding: Finding) -> list[str]:
@@ -50,11 +40,11 @@ def done_line(done: DoctorDone) -> str:
 
 @click.command()
 @fleet_options
-@click.option("--grace", type=float, default=None, callback=_positive("--grace"), metavar="SECONDS",
+@click.option("--grace", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
               help="Seconds between SIGTERM and SIGKILL where the workers cannot see it: Kubernetes' "
                    "terminationGracePeriodSeconds (default 30), or any platform celeryops does not recognise (not "
                    "checked there unless given). Cloud Run's is 10.")
-@click.option("--long", "long_task", type=float, default=None, callback=_positive("--long"), metavar="SECONDS",
+@click.option("--long", "long_task", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
               help="A task that runs at least this long counts as long, for prefetch (default 60).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per finding and note, then a final one.")
 def doctor(fleet: FleetSpec, grace: float | None, long_task: float | None, as_json: bool) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -65,12 +66,15 @@ class FleetFindings:
         try:
             if self.read_only:
                 facts: FleetFacts = await asyncio.to_thread(registry_facts, w.coord, w.fleet_name, w.fleet.broker_url)
-                self._diagnosis = diagnose(facts) if facts.workers else None
             else:
                 facts = await read_fleet(w.fleet, w.coord, w.fleet_name)
-                self._diagnosis = diagnose(facts)
         except (UserError, OSError):  # the broker is away: the fleet view says so; keep the last reading
             return
+        runs = self.live.runtimes()  # the runs task events reported count as long tasks too (prefetch)
+        facts = dataclasses.replace(facts, workers={n: dataclasses.replace(f, event_runs=runs.get(n, {}))
+                                                    for n, f in facts.workers.items()})
+        # watch mode knows only the plugin workers: without any, it has nothing to say (not "no worker answered")
+        self._diagnosis = diagnose(facts) if facts.workers or not self.read_only else None
         self._concurrency = {f.name: f.concurrency for f in facts.checked}
 
     def observe(self, obs: Observation, gone: Iterable[str] = ()) -> None:

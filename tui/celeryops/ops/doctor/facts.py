@@ -110,6 +110,7 @@ class WorkerFacts:
     report: WorkerReport | None = None
     scheduled: tuple[Held, ...] = ()
     active: tuple[Held, ...] = ()
+    event_runs: dict[str, float] = field(default_factory=dict)  # task name -> longest run in task events
 
     @property
     def checked(self) -> bool:
@@ -245,8 +246,10 @@ class WorkerFacts:
         return out
 
     def longest(self) -> dict[str, float]:
-        """The longest run seen of each task name: the plugin's record, and what runs now."""
+        """The longest run seen of each task name: the plugin's record, task events, and what runs now."""
         seen = dict(self.report.longest) if self.report is not None else {}
+        for name, runtime in self.event_runs.items():
+            seen[name] = max(seen.get(name, 0.0), runtime)
         for held in self.active:
             if held.runtime is not None:
                 seen[held.name] = max(seen.get(held.name, 0.0), held.runtime)

@@ -51,6 +51,7 @@ class LiveFindings:
         self._left: set[str] = set()
         self._found: dict[tuple[str, str], tuple[float, Finding]] = {}
         self._last_active: dict[str, dict[str, str]] = {}  # worker -> running task id -> name, at the last poll
+        self._runtimes: dict[str, dict[str, float]] = {}  # worker -> task name -> longest run (task events)
 
     # -- inputs ------------------------------------------------------------------------------------------------
 
@@ -76,6 +77,10 @@ class LiveFindings:
                 seen.worker, seen.started = worker or seen.worker, True
             elif seen is not None and kind in END_EVENTS:
                 seen.ended = True
+                runtime = event.get("runtime")
+                if isinstance(runtime, int | float) and seen.name:
+                    runs = self._runtimes.setdefault(worker or seen.worker, {})
+                    runs[seen.name] = max(runs.get(seen.name, 0.0), float(runtime))
 
     def observe(self, obs: Observation, concurrency: Mapping[str, int], gone: Iterable[str] = ()) -> None:
         """One poll of the console: who holds which task, who left (``gone``: by evidence), and how many processes
@@ -96,6 +101,11 @@ class LiveFindings:
                     active.setdefault(task.worker, {})[task.id] = task.name
             self._last_active = {w: a for w, a in active.items()}
             self._hoarding(obs, concurrency)
+
+    def runtimes(self) -> dict[str, dict[str, float]]:
+        """The longest run of each task name on each worker, as task events reported them."""
+        with self._lock:
+            return {w: dict(r) for w, r in self._runtimes.items()}
 
     # -- the findings ------------------------------------------------------------------------------------------
 
