@@ -66,7 +66,7 @@ def _run(fleet: FleetSpec, grace: float | None, long_task: float | None, printer
     from celeryops.ops.run.wiring import wire
 
     app = fleet.celery_app()
-    wiring = wire(app, fleet.config(), read_only=True, client_name=CLIENT_NAME)
+    wiring = wire(app, fleet.config(), read_only=True, client_name=CLIENT_NAME, journal=False)
     try:
         async def read() -> Any:
             await wiring.fleet.check_broker()
