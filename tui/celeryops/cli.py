@@ -46,6 +46,8 @@ COMMAND_TABLE: dict[str, tuple[str, str]] = {
     "deploy": ("deploy", "Deploy RELEASE (a branch pushed to the release remote): preflight, drain, deploy, verify. "
                          "In a terminal (without --json or --headless) it opens the console on the deploy's "
                          "preflight."),
+    "doctor": ("doctor", "Name the worker settings that lose or duplicate work on the platform the fleet runs on, "
+                         "read from the live workers (exit 0: nothing found, 1: findings). Reads only."),
     "drain": ("drain", "Stop consumers and wait until no task runs (exit 0: drained, consumers stay stopped). In a "
                        "terminal (without --json or --headless) it opens the console on the drain's preflight."),
     "resume": ("drain", "Continue the fleet's interrupted run from its phase (same settings): drain again, then "

@@ -73,7 +73,7 @@ class BrokerLink:
             return None
         if self._redis is None:
             self._redis = redis.Redis.from_url(self.broker_url, socket_connect_timeout=3, socket_timeout=5,
-                                               decode_responses=True)
+                                               decode_responses=True, client_name=client_name(self.app))
         return self._redis
 
     async def check_broker(self, timeout: float = 3.0) -> None:
@@ -279,6 +279,13 @@ def management_uptime(broker_url: str, timeout: float = 1.0) -> float | None:
     except Exception:  # no plugin, refused, not JSON: no reading
         return None
     return min(uptimes) / 1000.0 if uptimes else None
+
+
+def client_name(app: Celery) -> str | None:
+    """The name kombu gives this app's broker connections (``broker_transport_options["client_name"]``, set by the
+    wiring for watch mode and the doctor), for the Redis clients opened beside them: a MONITOR log tells them apart."""
+    name = (app.conf.broker_transport_options or {}).get("client_name")
+    return str(name) if name else None
 
 
 def suppress() -> contextlib.suppress:

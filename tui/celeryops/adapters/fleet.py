@@ -160,6 +160,16 @@ class Fleet(BrokerLink):
         return {w: sum(int(n) for n in (r.get("total") or {}).values())
                 for w, r in replies.items() if isinstance(r, dict)}
 
+    async def inspect(self, commands: Iterable[tuple[str, dict[str, Any]]],
+                      destination: Iterable[str]) -> list[dict[str, Any]]:
+        """Read-only inspect ``commands`` (name, arguments) to ``destination``, in one round that returns as soon as
+        every addressed worker answered each (on Redis one publish and one collection): per command, worker ->
+        reply; a worker that did not answer is left out."""
+        dest = tuple(sorted(set(destination)))
+        if not dest:
+            return [{} for _ in commands]
+        return await self._rounds([Request(name, dest, tuple(sorted(args.items()))) for name, args in commands])
+
     # -- observation --------------------------------------------------------------------------------------------
 
     async def observe(self, known: Iterable[str], queues: Iterable[str] = (), *,

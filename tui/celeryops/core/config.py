@@ -23,6 +23,8 @@ from typing import Literal
 
 from celeryops.core.canary import CanarySettings
 from celeryops.core.errors import EXIT_USAGE, UserError
+from celeryops.core.findings import CATALOG as FINDINGS
+from celeryops.core.findings import SETTING_FINDINGS
 from celeryops.core.runsettings import RunSettings
 from celeryops.core.urls import is_loopback
 
@@ -55,9 +57,14 @@ PREFLIGHT_CHECKS: dict[str, str] = {
     "broker_safety": "no Redis of the fleet may evict keys (maxmemory-policy noeviction, or no maxmemory); warns when "
                      "it keeps no data across a restart (no AOF, no RDB)",
     "mixed_versions": "an overlap deploy: old and new code consume the same queues for a while (warns)",
+    "settings": "`celeryops doctor`: no worker setting loses or duplicates work (each finding is a warning of its own, "
+                "under the finding's id)",
+    **{finding: f"`celeryops doctor`'s finding: {FINDINGS[finding].title.lower()} (warns)"
+       for finding in SETTING_FINDINGS},
 }
 #: The checks that can warn, hence whose warnings can be accepted; the others only pass or fail.
-WARNING_CHECKS = ("branch", "freshness", "traffic", "workers", "lease", "fence", "mixed_versions", "broker_safety")
+WARNING_CHECKS = ("branch", "freshness", "traffic", "workers", "lease", "fence", "mixed_versions", "broker_safety",
+                  *SETTING_FINDINGS)
 #: Values of a target's ``traffic`` key.
 TRAFFIC_MODES = ("latest",)
 #: How a deploy replaces a target's workers (a target's ``strategy``, ``celeryops deploy --strategy``): ``drain``

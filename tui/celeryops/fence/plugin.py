@@ -39,6 +39,7 @@ from celeryops.core.namespace import fleet_name
 from celeryops.fence import registry
 from celeryops.fence.control import CONSUMER_ATTR, register_command
 from celeryops.fence.record import FEATURES, UNKNOWN_HOLD, Hold, cloud_run_identity
+from celeryops.fence.selfreport import STATS_KEY, SelfReport
 from celeryops.fence.store import FenceStore
 
 logger: logging.Logger = get_logger(__name__)
@@ -111,6 +112,7 @@ class FenceGuard:
         self._tref: Any = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._doctor: SelfReport | None = None  # what `celeryops doctor` reads from inside (made at first status)
 
     # --- consumer bootstep hooks (consumer thread) ---
 
@@ -266,7 +268,17 @@ class FenceGuard:
             "fence_readable": self._readable, "interval": self.interval, "beats": self._beats,
             "consumer_starts": self._consumer_starts, "features": list(FEATURES),
             "instance_id": self.instance.value, "instance_source": self.instance.source,
+            "doctor": self.doctor_report(),
         }
+
+    def doctor_report(self) -> dict[str, Any]:
+        """What `celeryops doctor` reads from inside this worker (:mod:`celeryops.fence.selfreport`)."""
+        try:
+            if self._doctor is None:
+                self._doctor = SelfReport(self.c)
+            return self._doctor.snapshot()
+        except Exception:  # a report never takes the plugin down
+            return {}
 
     def beat(self) -> None:
         self._beats += 1
@@ -307,6 +319,10 @@ class FenceStep(bootsteps.StartStopStep):  # type: ignore[misc]
 
     def start(self, c: Any) -> None:
         self.guard.on_consumer_start()
+
+    def info(self, c: Any) -> dict[str, Any]:
+        """Added to the worker's ``inspect stats`` reply: what `celeryops doctor` reads from inside this worker."""
+        return {STATS_KEY: self.guard.doctor_report()}
 
     def stop(self, c: Any) -> None:
         self.guard.on_consumer_stop()

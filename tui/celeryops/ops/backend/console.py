@@ -133,6 +133,7 @@ class OpsBackend:
                 await task
 
     def close_sync(self) -> None:
+        self.snapshots.close()
         self.wiring.close()
 
     # -- views (read-only) -----------------------------------------------------------------------------------------

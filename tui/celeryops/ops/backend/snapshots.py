@@ -17,6 +17,7 @@ import redis
 from celeryops.core.events import DrainProgress
 from celeryops.core.untrusted import MalformedRecord
 from celeryops.ops.backend import views
+from celeryops.ops.backend.findings import FleetFindings
 from celeryops.ops.backend.watch import live_status, published_progress, summary_from_status
 from celeryops.ops.fleetwide.brokersafety import assess_all, safety_targets
 from celeryops.ops.fleetwide.lease import LeaseInfo, read_lease
@@ -40,10 +41,23 @@ class Snapshots:
     read_only: bool = False  # watch mode: between runs, list the workers from cheap reads, broadcast nothing
     _history: dict[str, deque[int]] = field(default_factory=dict)
     _safety: tuple[float, views.BrokerSafetyView | None] | None = None  # (read at, view): read again after SAFETY_EVERY
+    _findings: FleetFindings | None = None  # the doctor's findings and the live ones (made at the first poll)
+
+    @property
+    def findings(self) -> FleetFindings:
+        if self._findings is None:
+            self._findings = FleetFindings(self.wiring, read_only=self.read_only)
+        return self._findings
 
     async def fleet(self, own: views.RunSummary | None, own_progress: DrainProgress | None) -> views.FleetView:
         view = await self._fleet(own, own_progress)
-        return dataclasses.replace(view, broker_safety=await self.broker_safety())
+        found, note = await self.findings.current()
+        return dataclasses.replace(view, broker_safety=await self.broker_safety(), findings=found,
+                                   findings_note=note)
+
+    def close(self) -> None:
+        if self._findings is not None:
+            self._findings.close()
 
     async def broker_safety(self) -> views.BrokerSafetyView | None:
         """The broker's safety (eviction policy, persistence), read at most every ``SAFETY_EVERY`` seconds: reads
@@ -86,6 +100,8 @@ class Snapshots:
         if latest is not None:
             self.queues.update(run_queues(latest))
         obs = await fleet.observe(await fleet.members())
+        gone = {name for name, live in (await fleet.heartbeats()).items() if not live}
+        self.findings.observe(obs, gone)
         workers = tuple(views.WorkerView(w.name, w.state, w.queues, w.active, w.reserved, w.scheduled, w.plugin)
                         for w in obs.workers.values())
         lost = stranded(latest, {w.name: w.queues for w in obs.workers.values() if w.replied})
@@ -119,6 +135,7 @@ class Snapshots:
                                interrupted=interrupted)
 
     async def _from_progress(self, progress: DrainProgress, run: views.RunSummary | None) -> views.FleetView:
+        self.findings.observe_progress(progress)
         workers = tuple(views.WorkerView(w.name, w.state, w.queues, w.active, w.reserved, w.scheduled, w.plugin)
                         for w in progress.workers.values())
         return views.FleetView(workers=workers, queues=await self._queue_views(workers), tasks=progress.tasks, run=run)

@@ -24,7 +24,7 @@ from celeryops.adapters.deploy.base import (
     RouteStarted,
     short_revision,
 )
-from celeryops.core.events import Event, RunKind, RunPhase, TaskInfo, WorkerState
+from celeryops.core.events import Event, Finding, RunKind, RunPhase, TaskInfo, WorkerState
 
 RolloutState = Literal["pending", "creating", "rolling", "ready", "failed"]
 ImageState = Literal["exists", "missing", "unknown", "none"]
@@ -101,6 +101,9 @@ class FleetView:
     interrupted: RunView | None = None
     stranded: tuple[StrandedWorker, ...] = ()
     broker_safety: BrokerSafetyView | None = None  # None: not read (yet)
+    # `celeryops doctor`'s findings (worker settings, read every minute) and what the console saw happen (live)
+    findings: tuple[Finding, ...] = ()
+    findings_note: str = ""  # where the findings come from, when it is not the whole story (watch mode)
 
 
 @dataclass(frozen=True)

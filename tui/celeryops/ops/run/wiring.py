@@ -68,33 +68,35 @@ class Wiring:
             self.journal.close()
 
 
-def wire(app: Celery, config: Config, *, read_only: bool = False, client_name: str | None = None) -> Wiring:
-    """Everything for the fleet of ``app``. Read-only (watch mode): the journal is opened read-only (if it exists)
-    and every Redis connection is named ``celeryops-watch`` so a MONITOR log can tell them apart."""
+def wire(app: Celery, config: Config, *, read_only: bool = False, client_name: str | None = None,
+         journal: bool = True) -> Wiring:
+    """Everything for the fleet of ``app``. Read-only (watch mode): the journal is opened read-only (if it exists;
+    not at all without ``journal``: ``celeryops doctor`` touches no file) and every Redis connection is named
+    ``celeryops-watch`` (or ``client_name``) so a MONITOR log can tell them apart."""
     name = client_name or (WATCH_CLIENT_NAME if read_only else None)
     if read_only:
         options = dict(app.conf.broker_transport_options or {})
         options.setdefault("client_name", name)
         app.conf.broker_transport_options = options
         path = journal_path(config.state_dir)
-        journal: Journal | None = Journal(path, read_only=True) if path.exists() else None
+        opened: Journal | None = Journal(path, read_only=True) if journal and path.exists() else None
     else:
-        journal = Journal(state_dir=config.state_dir)
+        opened = Journal(state_dir=config.state_dir)
     fleet = Fleet(app)
     coord_at = config.run.coordination_url(fleet.broker_url)
     slots_at = config.run.slots_url(fleet.broker_url)
     coord = named_redis(coord_at, name) if coord_at else None
     slots_client = coord if slots_at == coord_at else (named_redis(slots_at, name) if slots_at else None)
     fleet_id = config.run.fleet
-    if coord is not None and journal is not None:
+    if coord is not None and opened is not None:
         # The journal is held by the fleet too: any machine with the broker can finish or undo its open runs.
-        journal.fleet_store = FleetStore(coord, fleet_id, ttl=max(DEFAULT_TTL, config.run.fence_parked_ttl + DAY))
+        opened.fleet_store = FleetStore(coord, fleet_id, ttl=max(DEFAULT_TTL, config.run.fence_parked_ttl + DAY))
     if coord is not None:
         # The fence plugin's registry is a membership source: it lists plugin workers even while they are busy.
         fleet.extra_members.append(lambda: _plugin_members(coord, fleet_id))
         # ... and its heartbeats are evidence: an expired one says the worker is gone (membership by evidence).
         fleet.heartbeat_sources.append(lambda: _plugin_heartbeats(coord, fleet_id))
-    return Wiring(config, fleet, journal, coord, slots_client, read_only)
+    return Wiring(config, fleet, opened, coord, slots_client, read_only)
 
 
 async def _plugin_members(coord: redis.Redis, fleet: str) -> set[str]:
