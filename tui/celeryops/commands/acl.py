@@ -21,7 +21,7 @@ def _schema(fleet: FleetSpec, queues: tuple[str, ...], results: bool | None, fle
     name = fleet_name or cfg.run.fleet
     prefix = slots_prefix or os.environ.get("CELERYOPS_SLOTS_PREFIX") or "resource"
     found: dict[str, Any] = {}
-    if fleet.app_path or fleet.broker or cfg.app or cfg.broker or os.environ.get("CELERY_BROKER_URL"):
+    if fleet.given:
         app = fleet.celery_app()
         conn = app.connection_for_write()
         try:

@@ -21,6 +21,7 @@ from celeryops.core.errors import UserError
 from celeryops.core.events import RUN_PHASES
 from celeryops.core.masking import mask_text, mask_url
 from celeryops.core.untrusted import MalformedRecord
+from celeryops.ops.access.probe import refused_login
 from celeryops.ops.fleetwide.brokersafety import SafetyVerdict, assess
 from celeryops.ops.fleetwide.lease import LeaseInfo, ago, read_lease
 from celeryops.ops.fleetwide.publish import PublishedStatus, read_status
@@ -213,6 +214,9 @@ def gather_status(fleet_spec: FleetSpec, state_dir: str | None, fleet: str | Non
             report.notes.append(mask_text(str(exc)).rstrip("."))
             report.broker_safety = assess(client, f"the fleet's Redis at {mask_url(url)}")
         except redis.RedisError as exc:
+            refused = refused_login(client, exc)
+            if refused is not None:  # the URL's user and password: wrong now and later, not a Redis that is away
+                raise refused from None
             report.redis_unreachable = True
             report.notes.append(f"Redis at {mask_url(url)} is unreachable ({mask_text(str(exc)).rstrip('.')}), "
                                 "so this is the local journal only")
