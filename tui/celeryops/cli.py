@@ -124,8 +124,14 @@ class _Main(click.Group):
 @click.pass_context
 def main(ctx: click.Context, fleet: FleetSpec, state_dir: str | None) -> None:
     """Drain, deploy and recover Celery fleets safely. Without a command: the console's home view."""
-    if ctx.invoked_subcommand is None:
-        from celeryops.commands.console import open_console
+    if ctx.invoked_subcommand is not None:
+        # `celeryops --broker URL status`: the flags given before the command are its defaults (its own win), so a
+        # flag is never dropped in favour of $CELERY_BROKER_URL or the config.
+        given = {"app_path": fleet.app_path, "broker": fleet.broker, "config_path": fleet.config_path,
+                 "state_dir": state_dir}
+        ctx.default_map = {ctx.invoked_subcommand: {k: v for k, v in given.items() if v is not None}}
+        return
+    from celeryops.commands.console import open_console
 
-        open_console(fleet, start="home", state_dir=state_dir)
+    open_console(fleet, start="home", state_dir=state_dir)
 

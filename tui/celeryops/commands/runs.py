@@ -333,7 +333,7 @@ def _status_lines(report: StatusReport) -> list[str]:
 @state_dir_option()
 def status(fleet: FleetSpec, as_json: bool, state_dir: str | None) -> None:
     """Show the fleet's current run (phase, age, owner) and what recovery would do. Reads only."""
-    report = gather_status(fleet, state_dir)
+    report = gather_status(fleet, fleet.config({"state_dir": state_dir}).state_dir)  # flag > env > config file
     if as_json:
         click.echo(mask_text(json.dumps(report.as_dict(), default=str)))
     else:
@@ -356,6 +356,7 @@ def safety_line(verdict: SafetyVerdict) -> str:
 @state_dir_option()
 def runs(limit: int, as_json: bool, state_dir: str | None) -> None:
     """List the runs recorded in the local journal, newest first. Reads only."""
+    state_dir = FleetSpec().config({"state_dir": state_dir}).state_dir  # flag > env > ./celeryops.toml's
     journal = open_journal_if_any(state_dir)
     kinds: dict[str, str] = {}  # run id -> deploy | drain | rollback
     if journal is None:
