@@ -70,7 +70,8 @@ class _Main(click.Group):
             rv = super().main(args, prog_name or "celeryops", complete_var, standalone_mode=False, **extra)
         except click.UsageError as err:
             path = err.ctx.command_path if err.ctx is not None else "celeryops"
-            click.echo(f"celeryops: {mask_text(err.format_message().rstrip('.'))}: nothing was run; "
+            said = " ".join(err.format_message().split()).rstrip(".")  # click lists choices on lines of their own
+            click.echo(f"celeryops: {mask_text(said)}: nothing was run; "
                        f"see `{path} --help`.", err=True)
             sys.exit(err.exit_code)
         except click.ClickException as err:

@@ -29,6 +29,8 @@ def _schema(fleet: FleetSpec, queues: tuple[str, ...], results: bool | None, fle
                 found["db"] = int(conn.virtual_host or 0) if str(conn.virtual_host or "0").isdigit() else 0
             options = app.conf.broker_transport_options or {}
             found["keyprefix"] = str(options.get("global_keyprefix", ""))
+            if options.get("sep"):
+                found["priority_sep"] = str(options["sep"])
             found["control"] = str(app.conf.control_exchange)
             found["events"] = str(app.conf.event_exchange)
             named = [str(app.conf.task_default_queue)] + [str(q.name) for q in (app.conf.task_queues or [])]
