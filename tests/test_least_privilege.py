@@ -77,6 +77,18 @@ def test_acl_prints_one_line_per_role_with_the_least_each_needs() -> None:
     assert "~celeryops:{blue}:*" in fleet and "&/3.celery.pidbox" in fleet
 
 
+def release_1_deploy(tmp_path: Path, broker: str) -> tuple[Path, str]:
+    """A git repository with a fresh branch release-1, and a directory whose celeryops.toml names ``broker`` and one
+    command target (``true``), with a quick drain: (that directory, the repository's checkout)."""
+    git = GitFixture(tmp_path / "git", branch="release-1").create(commits=1, age=timedelta(hours=1))
+    here = tmp_path / "deploy"
+    here.mkdir()
+    (here / "celeryops.toml").write_text(
+        f'broker = "{broker}"\n[drain]\ninterval = 0.3\nstreak = 2\n[release]\nremote = "origin"\n'
+        '[[targets]]\nname = "worker"\nkind = "command"\ncommand = "true"\n')
+    return here, str(git.work)
+
+
 @pytest.fixture
 def users(redis_url: str) -> Iterator[dict[str, str]]:
     """Three ACL users made from ``celeryops acl ROLE`` (unique names; deleted afterwards): role -> broker URL."""
@@ -191,14 +203,9 @@ def test_each_role_does_its_job_with_its_rules_alone(redis_url: str, users: dict
         wait_for(lambda: consuming(control, worker.nodename) == [queue], 30, "the consumers to come back")
 
         # the operator deploys (a command target: drain, deploy, verify, fence lifted)
-        git = GitFixture(tmp_path / "git", branch="release-1").create(commits=1, age=timedelta(hours=1))
-        here = tmp_path / "deploy"
-        here.mkdir()
-        (here / "celeryops.toml").write_text(
-            f'broker = "{users["operator"]}"\n[drain]\ninterval = 0.3\nstreak = 2\n[release]\nremote = "origin"\n'
-            '[[targets]]\nname = "worker"\nkind = "command"\ncommand = "true"\n')
-        deployed = run_cli(["deploy", "release-1", "--yes", "--accept-warnings", "--json", "--repo", str(git.work)],
-                           env, cwd=here)
+        here, repo = release_1_deploy(tmp_path, users["operator"])
+        deployed = run_cli(["deploy", "release-1", "--yes", "--accept-warnings", "--json", "--repo", repo], env,
+                           cwd=here)
         assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr
         final = json.loads(deployed.stdout.strip().splitlines()[-1])
         assert final["event"] == "deployed" and final["exit_code"] == 0, final

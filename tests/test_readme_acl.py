@@ -110,7 +110,7 @@ def allowed(client: redis.Redis, *command: str) -> bool:
 
 
 def as_user(server: RedisServer, user: str, password: str) -> redis.Redis:
-    return redis.Redis(host="127.0.0.1", port=server.port, username=user, password=password, socket_timeout=5)
+    return redis.Redis(host="127.0.0.1", port=server.port, username=user, password=password, socket_timeout=30)
 
 
 def check_role(client: redis.Redis, role: str, *, queues: tuple[str, ...], fleet: str = "default",
