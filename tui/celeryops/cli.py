@@ -39,7 +39,9 @@ from celeryops.core.masking import mask_text
 # tests/test_cli_startup.py (which prints the table to paste when it is not).
 COMMAND_TABLE: dict[str, tuple[str, str]] = {
     "acl": ("acl", "Print the Redis ACL rules of ROLE (watcher, operator, worker) on one line, to put after `ACL "
-                   "SETUSER <name> on ><password>` (Redis 7.0 or later). Reads nothing from Redis."),
+                   "SETUSER <name> on ><password>` (Redis 7.0 or later), as in `redis-cli ACL SETUSER NAME on "
+                   "'>PASSWORD' $(celeryops acl ROLE)` (bash, zsh) or in redis-cli; --json gives the exact rules as "
+                   "`args`. Reads nothing from Redis."),
     "abort": ("drain", "Restore the consumers stopped by the current run (recovery rules), and end it."),
     "demo": ("demo", "Run celeryops on a local sandbox: Redis, Celery workers, Cloud Run and registry stand-ins, a "
                      "git remote."),

@@ -59,7 +59,9 @@ def _schema(fleet: FleetSpec, queues: tuple[str, ...], results: bool | None, fle
 def acl(role: Role, fleet: FleetSpec, queues: tuple[str, ...], fleet_name: str | None, results: bool | None,
         slots_prefix: str | None, as_json: bool) -> None:
     """Print the Redis ACL rules of ROLE (watcher, operator, worker) on one line, to put after
-    `ACL SETUSER <name> on ><password>` (Redis 7.0 or later). Reads nothing from Redis."""
+    `ACL SETUSER <name> on ><password>` (Redis 7.0 or later), as in
+    `redis-cli ACL SETUSER NAME on '>PASSWORD' $(celeryops acl ROLE)` (bash, zsh) or in redis-cli; --json gives the
+    exact rules as `args`. Reads nothing from Redis."""
     schema = _schema(fleet, queues, results, fleet_name, slots_prefix)
     line = rules(role, schema)
     if as_json:

@@ -119,7 +119,8 @@ def state_dir_option(read_only: bool = False) -> Callable[[F], F]:
 def fleet_options(func: F) -> F:
     """Adds ``-A/--app`` and ``--broker`` and passes a ``fleet: FleetSpec`` keyword to the command."""
 
-    @click.option("-A", "--app", "app_path", metavar="MODULE", help="Celery app to load, as for `celery -A`.")
+    @click.option("-A", "--app", "app_path", metavar="MODULE",
+                  help="Celery app to load, as for `celery -A` (its broker too: $CELERY_BROKER_URL, else the app's).")
     @click.option("--broker", metavar="URL",
                   help="Broker URL of every connection (wins over $CELERY_BROKER_URL, -A's and the config's).")
     @click.option("--config", "config_path", metavar="PATH",
