@@ -89,6 +89,11 @@ class BrokerLink:
         try:
             await asyncio.wait_for(asyncio.to_thread(connect), timeout + 5)
         except Exception as exc:  # kombu raises many types: OperationalError, socket errors, auth errors
+            if login_refused(exc):
+                raise BrokerUnreachable(
+                    f"The broker at {self.display_url} refused the login ({mask_text(reason(exc))}): nothing was "
+                    "changed; check that URL's user and password (a --broker URL is used as given, whatever "
+                    "$CELERY_BROKER_URL says).") from None
             raise BrokerUnreachable(
                 f"Cannot reach the broker at {self.display_url} ({mask_text(reason(exc))}): nothing was changed; "
                 "check the URL (--broker / -A) and that the broker is up.") from None
@@ -290,6 +295,18 @@ def client_name(app: Celery) -> str | None:
 
 def suppress() -> contextlib.suppress:
     return contextlib.suppress(Exception)
+
+
+def login_refused(exc: BaseException) -> bool:
+    """Whether ``exc`` (kombu's, or one it wraps) is the broker refusing the user's login: a wrong password, an
+    unknown or disabled user (Redis ``WRONGPASS``, RabbitMQ ``ACCESS_REFUSED``)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, redis.AuthenticationError) or type(seen).__name__ == "AccessRefused":
+            return True
+        seen = seen.__cause__ or seen.__context__
+    text = str(exc)
+    return any(word in text for word in ("WRONGPASS", "invalid username-password", "ACCESS_REFUSED"))
 
 
 def reason(exc: BaseException) -> str:

@@ -5,7 +5,8 @@ Sources, lowest precedence first:
 
 1. ``--config PATH``, else ``celeryops.toml`` in the working directory (keys at the top level), else the
    ``[tool.celeryops]`` table of ``pyproject.toml`` in the working directory, else nothing (all defaults);
-2. ``CELERYOPS_*`` environment variables (see :data:`ENV_KEYS`);
+2. environment variables: ``CELERYOPS_*`` (see :data:`ENV_KEYS`), and Celery's own ``CELERY_BROKER_URL`` for the
+   broker, below ``CELERYOPS_BROKER`` (see :data:`CELERY_ENV_KEYS`);
 3. command-line flags, passed to :func:`load_config` as ``overrides``.
 
 Everything is validated at load time. Every problem found becomes one sentence, and all of them are reported
@@ -91,6 +92,9 @@ ENV_KEYS: dict[str, str] = {
     "CELERYOPS_RELEASE_MAX_AGE_DAYS": "release.max_age_days",
     "CELERYOPS_RELEASE_BRANCHES": "release.branches",
 }
+
+#: Celery's own environment variables that celeryops reads too, below its own (``CELERYOPS_BROKER`` wins).
+CELERY_ENV_KEYS: dict[str, str] = {"CELERY_BROKER_URL": "broker"}
 
 _TAG_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 

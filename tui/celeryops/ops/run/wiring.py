@@ -16,7 +16,9 @@ from celery import Celery
 
 from celeryops.adapters.fleet import Fleet
 from celeryops.core.config import Config
+from celeryops.core.errors import UserError
 from celeryops.core.events import Event
+from celeryops.ops.access.probe import require_login
 from celeryops.ops.journal import DAY, DEFAULT_TTL, FleetStore, Journal, journal_path
 from celeryops.ops.run.operator import Operator
 from celeryops.ops.run.runner import Runner
@@ -58,6 +60,16 @@ class Wiring:
             self.journal.on_warning = runner.journal_warning
         return RunSession(runner, self.config, operator, repo=repo or Path.cwd(), accept_all=accept_all,
                           accepted=frozenset((*accept, *self.config.preflight.accept)))
+
+    def require_login(self) -> None:
+        """Raise :class:`~celeryops.ops.access.probe.LoginRefused` (and close everything) when the fleet's Redis
+        refuses the login of the URL's user (a wrong password in --broker, say), before anything is read."""
+        try:
+            for client in {id(c): c for c in (self.coord, self.slots_client) if c is not None}.values():
+                require_login(client)
+        except UserError:
+            self.close()
+            raise
 
     def close(self) -> None:
         for client in {id(c): c for c in (self.coord, self.slots_client) if c is not None}.values():
