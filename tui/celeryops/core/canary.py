@@ -20,10 +20,11 @@ CANARY_KEYS = ("min_tasks", "max_duration", "instances", "margin", "min_effect",
 class CanarySettings:
     """How a canary is run and judged (defaults documented in the README's "Canary settings").
 
-    ``min_tasks``: canary tasks that must complete before it can be promoted. ``max_duration``: seconds; past it
-    with no verdict the run is inconclusive and pauses for the operator (never promotes). ``instances``: canary
-    instances of the new revision added beside the old ones. ``margin``: the tolerated increase of the failure
-    rate (canary minus baseline, a fraction): promote once the upper confidence bound of the increase is below it.
+    ``min_tasks``: canary tasks that must complete before it can be promoted. ``max_duration``: seconds; a look at
+    or past it that neither promotes nor rolls back is inconclusive and pauses the run for the operator.
+    ``instances``: canary instances of the new revision added beside the old ones. ``margin``: the tolerated
+    increase of the failure rate (canary minus baseline, a fraction): promote once the upper confidence bound of
+    the increase is below it.
     ``min_effect``: a rollback by failure rate also needs the observed increase to be at least this. ``alpha``: the
     chance of rolling back a release as good as the old one, over the whole canary (spent over the looks:
     :mod:`celeryops.ops.run.canary_rules`). ``confidence``: of the promotion bound (one-sided) and of the
