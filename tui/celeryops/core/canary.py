@@ -66,6 +66,13 @@ class CanarySettings:
         return cls(**values)
 
 
+def run_peak(count: int, canary: int = 0) -> int:
+    """The most instances a deploy of a worker pool of ``count`` instances runs at once (quota, cost): the overlap's
+    ``2 * count`` (``canary`` 0); a canary's ``count + canary`` while it is judged, then the overlap's peak when it
+    is promoted: whichever is more, since the run may reach both."""
+    return count + max(count, canary)
+
+
 def canary_split(old: str, new: str, count: int, canary: int) -> tuple[tuple[str, int], ...]:
     """The instance split that runs exactly ``count`` instances of ``old`` beside ``canary`` of ``new`` (``count +
     canary`` in all): integer percentages, the canary's the nearest to its share, which Cloud Run's division by
@@ -144,4 +151,4 @@ class RevisionCounts:
                               self.runtimes + other.runtimes)
 
 
-__all__ = ["CANARY_KEYS", "CanarySettings", "RevisionCounts"]
+__all__ = ["CANARY_KEYS", "CanarySettings", "RevisionCounts", "canary_split", "run_peak"]
