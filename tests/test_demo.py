@@ -222,6 +222,29 @@ def test_headless_demo_overlap_deploys_a_worker_pool_without_a_pause(tmp_path: P
 
 
 @pytest.mark.slow
+def test_headless_demo_canary_promotes_the_good_release(tmp_path: Path) -> None:
+    """``celeryops demo --strategy canary``: the good release is judged and promoted by the analysis on its own (no
+    pause for the operator), and the peak named in the preflight is the promotion's (4), which the run reaches."""
+    env, mark = demo_env(tmp_path)
+    proc = CliProcess(["demo", "--strategy", "canary", "--headless", "--json", "--speed", "10"], env, cwd=tmp_path)
+    try:
+        deployed = proc.wait_event("deployed", 300)
+        assert proc.finish(60) == 0, proc.read_stderr()
+    finally:
+        proc.kill()
+    assert deployed["exit_code"] == 0
+    events = proc.events
+    looks = [e for e in events if e["event"] == "canary_look"]
+    assert looks and looks[-1]["verdict"] == "promote" and looks[-1]["rule"] == "bound", looks[-1:]
+    assert all(e["verdict"] == "continue" and not e["paused"] for e in looks[:-1])
+    traffic = next(e for e in events if e["event"] == "check" and e["id"] == "traffic" and e["status"] == "ok")
+    assert "4 instances at the peak" in traffic["detail"], traffic["detail"]
+    peaks = {e["step"]: e["peak"] for e in events if e["event"] == "overlap" and e["step"] != "progress"}
+    assert peaks["planned"] == peaks["promoting"] == 4, peaks
+    assert_nothing_left(mark, tmp_path)
+
+
+@pytest.mark.slow
 def test_ctrl_c_mid_drain_restores_consumers_and_leaves_no_process(tmp_path: Path) -> None:
     env, mark = demo_env(tmp_path)
     proc = CliProcess(["demo", "--headless", "--json", "--speed", "3"], env, cwd=tmp_path)
