@@ -24,13 +24,21 @@ from celeryops.ops.fleetwide.publish import PublishedStatus
 from celeryops.ops.journal import ALL_WORKERS, FleetStore, Run
 from celeryops.ops.run.interrupted import RunHolder, holder_of
 from celeryops.ops.run.stranded import stranded
-from celeryops.ops.run.strategies import STRATEGIES
-from celeryops.ops.run.wiring import Wiring
 
 SAFETY_EVERY = 30.0  # seconds between two reads of the broker's eviction policy and persistence
 
 if TYPE_CHECKING:
+    from celeryops.ops.run.wiring import Wiring
     from celeryops.slots.snapshot import PoolSnapshot, Snapshot
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What the polls of :class:`Snapshots` go on from: every queue seen so far, and each slot resource's history
+    (the sparkline's usage values, oldest first). A first look read elsewhere hands them to the console's own."""
+
+    queues: frozenset[str] = frozenset()
+    history: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
 @dataclass
