@@ -125,7 +125,10 @@ class _Main(click.Group):
 def main(ctx: click.Context, fleet: FleetSpec, state_dir: str | None) -> None:
     """Drain, deploy and recover Celery fleets safely. Without a command: the console's home view."""
     if ctx.invoked_subcommand is None:
+        from celeryops.commands.firstlook import first_look_for_home
+
+        look = first_look_for_home(fleet, state_dir)  # read on another core from now on
         from celeryops.commands.console import open_console
 
-        open_console(fleet, start="home", state_dir=state_dir)
+        open_console(fleet, start="home", state_dir=state_dir, first_look=look)
 

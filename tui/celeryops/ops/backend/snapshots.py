@@ -49,6 +49,16 @@ class Snapshots:
     _history: dict[str, deque[int]] = field(default_factory=dict)
     _safety: tuple[float, views.BrokerSafetyView | None] | None = None  # (read at, view): read again after SAFETY_EVERY
 
+    def seen(self) -> Seen:
+        return Seen(frozenset(self.queues), tuple((key, tuple(values)) for key, values in self._history.items()))
+
+    def go_on_from(self, seen: Seen) -> None:
+        """Go on from what another reader of this fleet saw before this one's first poll (a first look)."""
+        self.queues |= seen.queues
+        for key, values in seen.history:
+            mine = self._history.get(key, ())
+            self._history[key] = deque((*values, *mine), maxlen=60)
+
     async def fleet(self, own: views.RunSummary | None, own_progress: DrainProgress | None) -> views.FleetView:
         view = await self._fleet(own, own_progress)
         return dataclasses.replace(view, broker_safety=await self.broker_safety())
@@ -229,6 +239,8 @@ class Snapshots:
 
     @staticmethod
     def _recovery_view(opened: OpenRun) -> views.RunView:
+        from celeryops.ops.run.strategies import STRATEGIES  # with the first interrupted run: not on every start
+
         run, holder = opened.run, opened.holder
         strategy = STRATEGIES.get(run.strategy) or STRATEGIES["drain"]  # a newer version's: the drain's rules
         decided = strategy.recovery_plan(run, None)
