@@ -34,7 +34,6 @@ if TYPE_CHECKING:  # asyncio and pickle load after the fork: the child starts so
 Send = Callable[[str, object, "BaseException | None"], None]
 
 _HEADER = struct.Struct("!I")  # each frame: its length, then a pickled (part, value, error)
-CHILD_NICENESS = 10  # where the cores are busy, the child yields: the console's first frame comes first
 
 
 @dataclass(frozen=True)
@@ -194,8 +193,6 @@ def _child(rfd: int, wfd: int, read: Callable[[Send], None]) -> None:
 
         gc.disable()  # a short life: what it allocates is freed with it
         os.close(rfd)
-        with contextlib.suppress(OSError):  # the console's own start comes first where the cores are busy
-            os.nice(CHILD_NICENESS)
         quiet = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):  # the terminal is the console's: nothing of the child may reach it
             os.dup2(quiet, fd)
