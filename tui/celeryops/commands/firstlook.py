@@ -172,16 +172,17 @@ class FirstLook:
 
 
 def spare_core() -> bool:
-    """A core is free now: fewer tasks run than there are cores (Linux: the running count of /proc/loadavg, this
-    process included; elsewhere the 1-minute load average)."""
+    """A core is free now and has been of late: fewer tasks run than there are cores (Linux: the running count of
+    /proc/loadavg, this process included) and the 1-minute load average leaves a core idle. A child on a busy machine
+    would take its time from the console's own first frame."""
     cores = os.cpu_count() or 1
-    if cores < 2:
+    if cores < 2 or os.getloadavg()[0] >= cores - 1:
         return False
     try:
         with open("/proc/loadavg") as fh:
             running = int(fh.read().split()[3].split("/")[0])
     except (OSError, ValueError, IndexError):
-        return os.getloadavg()[0] < cores - 1
+        return True  # not Linux: the load average alone
     return running < cores
 
 
