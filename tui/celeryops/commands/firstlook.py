@@ -2,10 +2,10 @@
 
 ``celeryops --broker URL`` paints its first frame before Celery, kombu, redis-py and the ops layer are loaded
 (:class:`~celeryops.commands.console.LateBackend`); loading them and polling the fleet then took another ~0.3 s of
-one core before the fleet was on screen. A child forked before Textual loads does that part on another core, the
-way the console backend's first poll would (:func:`celeryops.ops.backend.firstlook.read_first_look`), and sends each
-part (the fleet, the slot pool, the unfinished run, then what the next polls go on from) through a pipe as soon as
-it is read. The console serves each part once, to its first call for it, then opens its own backend.
+one core before the fleet was on screen. Where a core is idle, a child forked before Textual loads does that part
+on it, the way the console backend's first poll would (:func:`celeryops.ops.backend.firstlook.read_first_look`), and
+sends each part (the fleet, the slot pool, the unfinished run, then what the next polls go on from) through a pipe as
+soon as it is read. The console serves each part once, to its first call for it, then opens its own backend.
 
 Safe by construction: the fork happens only while this process runs one thread (no lock of another thread is
 copied held), the child never touches the terminal (its standard streams go to /dev/null) and leaves with
