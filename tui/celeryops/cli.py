@@ -136,7 +136,10 @@ def main(ctx: click.Context, fleet: FleetSpec, state_dir: str | None) -> None:
                  "state_dir": state_dir}
         ctx.default_map = {ctx.invoked_subcommand: {k: v for k, v in given.items() if v is not None}}
         return
+    from celeryops.commands.firstlook import first_look_for_home
+
+    look = first_look_for_home(fleet, state_dir)  # read on another core from now on
     from celeryops.commands.console import open_console
 
-    open_console(fleet, start="home", state_dir=state_dir)
+    open_console(fleet, start="home", state_dir=state_dir, first_look=look)
 

@@ -287,7 +287,8 @@ class OverlapStep(Event):
     ``old_revision`` to ``new_revision``. ``step``:
 
     - ``planned``: the new revision's name, chosen up front, the instance count and ``peak`` (the most instances the
-      pool runs at once: quota, cost); ``scaling_up`` / ``scaled_up``: the update that brings the new revision up
+      run can make the pool run at once: quota, cost; a canary's is its promotion's, the overlap's, unless its
+      canary instances are more); ``scaling_up`` / ``scaled_up``: the update that brings the new revision up
       beside the old one (no old instance taken away) was sent / Cloud Run serves it; ``consuming``: the new
       revision's workers consume (``consuming``: their names);
     - ``stopping_old``: only the old revision's workers are told to stop taking tasks (the drain's ``started``,

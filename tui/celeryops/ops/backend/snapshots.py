@@ -25,13 +25,21 @@ from celeryops.ops.fleetwide.publish import PublishedStatus
 from celeryops.ops.journal import ALL_WORKERS, FleetStore, Run
 from celeryops.ops.run.interrupted import RunHolder, holder_of
 from celeryops.ops.run.stranded import stranded
-from celeryops.ops.run.strategies import STRATEGIES
-from celeryops.ops.run.wiring import Wiring
 
 SAFETY_EVERY = 30.0  # seconds between two reads of the broker's eviction policy and persistence
 
 if TYPE_CHECKING:
+    from celeryops.ops.run.wiring import Wiring
     from celeryops.slots.snapshot import PoolSnapshot, Snapshot
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What the polls of :class:`Snapshots` go on from: every queue seen so far, and each slot resource's history
+    (the sparkline's usage values, oldest first). A first look read elsewhere hands them to the console's own."""
+
+    queues: frozenset[str] = frozenset()
+    history: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
 @dataclass
@@ -48,6 +56,16 @@ class Snapshots:
         if self._findings is None:
             self._findings = FleetFindings(self.wiring, read_only=self.read_only)
         return self._findings
+
+    def seen(self) -> Seen:
+        return Seen(frozenset(self.queues), tuple((key, tuple(values)) for key, values in self._history.items()))
+
+    def go_on_from(self, seen: Seen) -> None:
+        """Go on from what another reader of this fleet saw before this one's first poll (a first look)."""
+        self.queues |= seen.queues
+        for key, values in seen.history:
+            mine = self._history.get(key, ())
+            self._history[key] = deque((*values, *mine), maxlen=60)
 
     async def fleet(self, own: views.RunSummary | None, own_progress: DrainProgress | None) -> views.FleetView:
         view = await self._fleet(own, own_progress)
@@ -238,6 +256,8 @@ class Snapshots:
 
     @staticmethod
     def _recovery_view(opened: OpenRun) -> views.RunView:
+        from celeryops.ops.run.strategies import STRATEGIES  # with the first interrupted run: not on every start
+
         run, holder = opened.run, opened.holder
         strategy = STRATEGIES.get(run.strategy) or STRATEGIES["drain"]  # a newer version's: the drain's rules
         decided = strategy.recovery_plan(run, None)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from celeryops.adapters.deploy.base import DeployError, RevisionInfo, RolloutState, role_for
-from celeryops.core.canary import canary_split
+from celeryops.core.canary import canary_split, run_peak
 from celeryops.core.config import Target, overlap_refusal
 from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.ops.journal import CANCEL_CONSUMERS, OVERLAP_CUTOVER, OVERLAP_REVERT, OVERLAP_UP, Run
@@ -69,7 +69,13 @@ class Plan:
 
     @property
     def peak(self) -> int:
+        """The instances this plan's scale-up asks for (both revisions side by side)."""
         return self.count + self.new_count
+
+    @property
+    def highest(self) -> int:
+        """The most instances the run can reach: :attr:`peak`, or a canary's promotion (the overlap's peak)."""
+        return run_peak(self.count, self.canary)
 
     @property
     def up_split(self) -> Split:

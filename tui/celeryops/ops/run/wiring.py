@@ -10,6 +10,7 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import redis
 from celery import Celery
@@ -20,9 +21,10 @@ from celeryops.core.errors import UserError
 from celeryops.core.events import Event
 from celeryops.ops.access.probe import require_login
 from celeryops.ops.journal import DAY, DEFAULT_TTL, FleetStore, Journal, journal_path
-from celeryops.ops.run.operator import Operator
-from celeryops.ops.run.runner import Runner
-from celeryops.ops.run.session import RunSession
+
+if TYPE_CHECKING:  # a session's parts load with the first session: the console's first look reads the fleet only
+    from celeryops.ops.run.operator import Operator
+    from celeryops.ops.run.session import RunSession
 
 CONSOLE_CLIENT_NAME = "celeryops-console"
 WATCH_CLIENT_NAME = "celeryops-watch"
@@ -53,6 +55,9 @@ class Wiring:
         """A run session whose events go to ``sink`` (and to the published status while it holds the run); warnings
         accepted up front: ``accept_all``, or these check ids and the config's. The journal's warnings (a record the
         fleet's Redis did not take) go to the newest session: the one that writes."""
+        from celeryops.ops.run.runner import Runner
+        from celeryops.ops.run.session import RunSession
+
         assert self.journal is not None, "a session needs the journal"
         runner = Runner(fleet=self.fleet, journal=self.journal, fleet_name=self.fleet_name, on_event=sink,
                         read_only=self.read_only, coord=self.coord, settings=self.config.run)

@@ -213,7 +213,7 @@ class PoolFlow:
 
     def _step(self, step: OverlapStepName, plan: Plan, message: str = "", **more: Any) -> None:
         self.emit(OverlapStep(step=step, target=plan.target, old_revision=plan.old, new_revision=plan.new,
-                              peak=plan.peak, message=message, **more))
+                              peak=plan.highest, message=message, **more))
 
     async def _guarded(self, run: Run, target: Target, work: Callable[[], Awaitable[Ending]]) -> Ending:
         """``work``, and when it is interrupted the abort's rules before the interruption goes on (unless the

@@ -171,8 +171,9 @@ class PoolSteps(PoolFlow):
         old = next(iter(served))
         plan = Plan(target=target.name, old=old, new=destination.revision, count=count, image=destination.image,
                     split_before=state.traffic, canary=canary)
-        each = f"{count} instance(s) each" if not canary else f"{canary} instance(s) beside {count}"
-        self._step("planned", plan, f"{plan.new} will run beside {old}: {each}, {plan.peak} at the peak",
+        each = f"{count} instance(s) each" if not canary else \
+            f"{canary} instance(s) beside {count} ({plan.peak} while judged, as many as {old} if promoted)"
+        self._step("planned", plan, f"{plan.new} will run beside {old}: {each}, {plan.highest} at the peak",
                    instances={old: count}, split=served)
         self.emit(StageStarted(stage="overlap", detail=f"{plan.new} beside {old} on {target.name}"))
         await self._phase(run, "overlapping")

@@ -18,7 +18,7 @@ The flow (each pool update and each verdict written ahead in the journal; the po
 5. **roll back** (the verdict, or the operator): written ahead, then the canary's workers stop consuming at once (a
    fence scoped to its revision, then ``cancel_consumer``), finish what they run, and the pool goes back to 100 %
    old at the original count. Exit :data:`~celeryops.core.errors.EXIT_CANARY_ROLLED_BACK`;
-6. **inconclusive** (``max_duration`` without a verdict): never promoted. In the console the run pauses for the
+6. **inconclusive** (no verdict by ``max_duration``, its look included). In the console the run pauses for the
    operator (promote, roll back); a headless run ends :data:`~celeryops.core.errors.EXIT_CANARY_PAUSED` with both
    revisions consuming, for ``celeryops resume`` (the analysis goes on from the recorded counts) or ``celeryops
    abort`` (the canary is taken away).
