@@ -3,12 +3,15 @@ No real hostnames, no wall-clock times (instants are relative to ``NOW``)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from celeryops.adapters.deploy.base import ConditionChanged, RevisionCreated, RolloutEvent, RolloutReady
 from celeryops.core.events import (
     CheckUpdate,
     ConsumersCancelled,
     DrainProgress,
     DrainStarted,
+    Finding,
     Notice,
     PhaseChanged,
     PoolStep,
@@ -17,6 +20,7 @@ from celeryops.core.events import (
     TaskInfo,
     WorkerObs,
 )
+from celeryops.core.findings import docs, title
 from celeryops.ops.backend.views import (
     BrokerSafetyView,
     DeviceView,
@@ -79,6 +83,25 @@ def fleet(with_run: bool = True) -> FleetView:
         queues=(QueueView("default", 1284, 2), QueueView("render", 37, 1), QueueView("gpu", 0, 1),
                 QueueView("reports", None, 0)),
         tasks=tasks(8), run=run, broker_safety=BrokerSafetyView("ok", "noeviction, AOF"))
+
+
+def findings_fleet() -> FleetView:
+    """No run; `celeryops doctor`'s findings on Cloud Run workers and one redelivery the console saw."""
+    found = (
+        Finding("shutdown_grace", title("shutdown_grace"),
+                "on Cloud Run (worker pool), a worker is SIGKILLed 10 seconds after SIGTERM, but Celery's SIGTERM is "
+                "a warm shutdown that waits for running tasks without a limit",
+                "set REMAP_SIGTERM=SIGQUIT and worker_soft_shutdown_timeout=8", docs("shutdown_grace"),
+                workers=("celery@render-1", "celery@render-2", "celery@gpu-1")),
+        Finding("visibility_eta", title("visibility_eta"),
+                "2 task(s) held by celery@web-1 wait for an ETA up to 3 hours away, past the broker's "
+                "visibility_timeout of 1 hour", "broker_transport_options={'visibility_timeout': 14400}",
+                docs("visibility_eta"), workers=("celery@web-1",), tasks=("billing.charge",)),
+        Finding("redelivered", title("redelivered"),
+                "task 5f1c0d2e (billing.charge) was delivered to celery@web-2 after celery@web-1 had received it: "
+                "it may run twice", docs=docs("redelivered"), workers=("celery@web-1", "celery@web-2")),
+    )
+    return dataclasses.replace(fleet(with_run=False), findings=found)
 
 
 def interrupted_fleet() -> FleetView:

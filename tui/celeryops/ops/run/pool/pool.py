@@ -167,9 +167,10 @@ class Pool:
         return PHASES.index((await self.run()).phase) >= PHASES.index(phase)
 
     def step(self, step: PoolStepName, plan: Plan, message: str = "", **more: Any) -> None:
-        """The ``overlap`` event of ``step`` (``--json``, the console's revision rows)."""
+        """The ``overlap`` event of ``step`` (``--json``, the console's revision rows); its peak is the most the run
+        can reach."""
         self.emit(PoolStep(step=step, target=plan.target, old_revision=plan.old, new_revision=plan.new,
-                              peak=plan.peak, message=message, **more))
+                           peak=plan.highest, message=message, **more))
 
     # -- the pool as Cloud Run reports it ----------------------------------------------------------------------
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from celeryops.adapters.deploy.base import DeployError, RevisionInfo, RolloutState, role_for
-from celeryops.core.canary import canary_split
+from celeryops.core.canary import canary_split, run_peak
 from celeryops.core.config import Target, strategy_refusal
 from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.ops.journal import CANCEL_CONSUMERS, OVERLAP_CUTOVER, OVERLAP_REVERT, OVERLAP_UP, Run
@@ -103,7 +103,14 @@ class Plan:
 
     @property
     def peak(self) -> int:
+        """The instances this plan's scale-up asks for (both revisions side by side)."""
         return self.count + self.new_count
+
+    @property
+    def highest(self) -> int:
+        """The most instances the run can reach: :attr:`peak`, or, a few instances beside the old ones, their
+        promotion's (the overlap's peak)."""
+        return run_peak(self.count, self.beside)
 
     @property
     def up_counts(self) -> dict[str, int]:
