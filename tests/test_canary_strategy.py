@@ -38,7 +38,7 @@ def test_a_canary_plan_round_trips_through_the_journal_and_promotes_to_the_overl
     assert (full.peak, full.new_count, dict(full.up_split)) == (8, 4, {"w-1": 50, "w-2": 50})
     # the peak named up front is the most the run can reach: the promotion's, or the canary's if it is larger
     assert plan.highest == full.highest == full.peak == 8
-    assert replace(plan, canary=6).highest == 10 and Plan("worker", "w-1", "w-2", count=3).highest == 6
+    assert replace(plan, beside=6).highest == 10 and Plan("worker", "w-1", "w-2", count=3).highest == 6
     overlap = Plan(target="worker", old="w-1", new="w-2", count=3)
     assert Plan.from_payload({k: v for k, v in overlap.payload().items() if k != "canary"}) == overlap  # older runs
 
