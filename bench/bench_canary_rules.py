@@ -1,4 +1,4 @@
-"""The canary's decision function alone (``celeryops.ops.run.canary_rules.judge``), seeded: how often it rolls back,
+"""The canary's decision function alone (``celeryops.ops.run.analysis.rules.judge``), seeded: how often it rolls back,
 promotes or gives up on a release as good as the old one and on one that fails 20 % of its tasks on top, at a low
 and a realistic task rate.
 
@@ -28,7 +28,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from celeryops.core.canary import CanarySettings, RevisionCounts
-from celeryops.ops.run.canary_rules import judge
+from celeryops.ops.run.analysis.rules import judge
 from common import table
 
 EXCEPTIONS = (("ConnectionError", 0.55), ("TimeoutError", 0.40), ("ValueError", 0.05))

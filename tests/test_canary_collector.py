@@ -19,7 +19,7 @@ from celeryops.adapters.canaryevents import OutcomeCollector, exception_type
 from celeryops.core.canary import RevisionCounts
 from celeryops.demo.standins.redis_server import RedisServer
 from celeryops.fence import registry
-from celeryops.ops.run.canary_sources import crashed_workers, registry_revisions
+from celeryops.ops.run.analysis.sources import crashed_workers, registry_revisions
 from celeryops_harness.workers import WorkerProcess, control_app, wait_for
 
 WAIT = 60.0

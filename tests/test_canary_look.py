@@ -23,17 +23,16 @@ from celeryops.core.errors import ReadOnlyRefused, UserError
 from celeryops.ops.backend.console import open_backend
 from celeryops.ops.fleetwide.decode import decode
 from celeryops.ops.fleetwide.publish import Publisher, read_events
-from celeryops.ops.run.canary_decisions import (
-    CanaryConsoleOperator,
-    CanaryDecisions,
+from celeryops.ops.run.analysis.look import look_event
+from celeryops.ops.run.analysis.rules import judge
+from celeryops.ops.run.decisions import (
+    Decisions,
     PauseCanary,
     PromoteNow,
     RollbackNow,
     decisions_of,
 )
-from celeryops.ops.run.canary_look import look_event
-from celeryops.ops.run.canary_rules import judge
-from celeryops.ops.run.operator import FlagOperator
+from celeryops.ops.run.operator import ConsoleOperator, FlagOperator
 
 
 def bad_release_look() -> CanaryLook:
@@ -108,7 +107,7 @@ async def test_published_looks_decode_for_watchers(redis_url: str) -> None:
 
 
 async def test_decisions_are_polled_in_order_and_awaited_across_threads() -> None:
-    box = CanaryDecisions()
+    box = Decisions()
     assert box.poll() is None
     box.send(PauseCanary())
     box.send(PauseCanary(paused=False))
@@ -125,7 +124,7 @@ async def test_decisions_are_polled_in_order_and_awaited_across_threads() -> Non
 
 
 def test_only_the_console_operator_sends_canary_decisions() -> None:
-    operator = CanaryConsoleOperator()
+    operator = ConsoleOperator()
     assert decisions_of(operator) is operator.decisions
     assert decisions_of(FlagOperator()) is None
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from celeryops.core.canary import CanarySettings, RevisionCounts, canary_split
@@ -16,7 +16,7 @@ from celeryops.core.configload import load_config
 from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.demo.standins.cloudrun_instances import allocate
 from celeryops.ops.journal import Record, Run
-from celeryops.ops.run.overlap_rules import Plan, overlap_target
+from celeryops.ops.run.pool.rules import Plan, pool_target
 from celeryops.ops.run.strategies.canary import LOOK, VERDICT, Analysis, analysis_of
 
 
@@ -24,22 +24,21 @@ from celeryops.ops.run.strategies.canary import LOOK, VERDICT, Analysis, analysi
 def test_the_canary_split_gives_exactly_the_counts(count: int, canary: int) -> None:
     """Cloud Run divides a worker pool's instances by percent (each its share rounded down, the rest to the largest
     remainders, as the stand-in does): the canary's split must come back as exactly N old + k new."""
-    if count + canary > 100:
-        return
+    assume(count + canary <= 100)
     split = canary_split("old", "new", count, canary)
     assert sum(p for _, p in split) == 100 and all(0 < p < 100 for _, p in split)
     assert allocate(count + canary, split) == {"old": count, "new": canary}
 
 
 def test_a_canary_plan_round_trips_through_the_journal_and_promotes_to_the_overlaps() -> None:
-    plan = Plan(target="worker", old="w-1", new="w-2", count=4, image="img", canary=1)
+    plan = Plan(target="worker", old="w-1", new="w-2", count=4, image="img", beside=1)
     assert (plan.peak, plan.new_count, dict(plan.up_split)) == (5, 1, {"w-1": 80, "w-2": 20})
     assert Plan.from_payload(plan.payload()) == plan
     full = plan.promoted()
     assert (full.peak, full.new_count, dict(full.up_split)) == (8, 4, {"w-1": 50, "w-2": 50})
     # the peak named up front is the most the run can reach: the promotion's, or the canary's if it is larger
     assert plan.highest == full.highest == full.peak == 8
-    assert replace(plan, canary=6).highest == 10 and Plan("worker", "w-1", "w-2", count=3).highest == 6
+    assert replace(plan, beside=6).highest == 10 and Plan("worker", "w-1", "w-2", count=3).highest == 6
     overlap = Plan(target="worker", old="w-1", new="w-2", count=3)
     assert Plan.from_payload({k: v for k, v in overlap.payload().items() if k != "canary"}) == overlap  # older runs
 
@@ -83,12 +82,12 @@ def test_canary_settings_round_trip_as_journaled() -> None:
 def test_a_canary_on_a_service_is_refused_in_one_sentence(tmp_path: Path) -> None:
     service = Target(name="web", kind="cloudrun-service", project="p", region="r", resource="web", image="i")
     with pytest.raises(UserError) as err:
-        overlap_target((service,), strategy="canary")
+        pool_target((service,), "canary")
     assert err.value.exit_code == EXIT_USAGE
     assert str(err.value).startswith("The canary strategy is refused: target 'web' is a Cloud Run service")
     pool = Target(name="pool", kind="cloudrun-worker-pool", project="p", region="r", resource="pool", image="i")
     with pytest.raises(UserError) as err:
-        overlap_target((pool, pool), strategy="canary")
+        pool_target((pool, pool), "canary")
     assert str(err.value).startswith("A canary deploy moves one worker pool at a time")
     (tmp_path / "celeryops.toml").write_text('[[targets]]\nname = "web"\nkind = "cloudrun-service"\nproject = "p"\n'
                                              'region = "r"\nresource = "web"\nimage = "i:{sha}"\n'

@@ -18,7 +18,7 @@ from celeryops.ops.journal import (
     Record,
     Run,
 )
-from celeryops.ops.run.overlap_rules import Plan, PoolNow, decide, progress_of, recovery_plan
+from celeryops.ops.run.pool.rules import Plan, PoolNow, decide, progress_of, recovery_plan
 from celeryops.ops.run.recovery import plan as recovery
 
 PLAN = Plan(target="worker", old="worker-00001-old", new="worker-abc1234-beef", count=2, image="img:new")

@@ -26,18 +26,19 @@ from celeryops.demo.standins.cloudrun import CloudRunStandIn
 from celeryops.ops.fleetwide.publish import Publisher, read_status, status_key
 from celeryops.ops.journal import OVERLAP_CUTOVER, OVERLAP_UP, Journal
 from celeryops.ops.preflight import traffic_check
+from celeryops.ops.run.rollback import chosen
 from celeryops.ops.run.rollback_plan import (
     Recorded,
     RollbackRequest,
     RollbackStep,
     changed_since,
     checked_step,
-    chosen_targets,
     recorded_deploy,
     replaced_split,
     settings_of,
     steps_of,
 )
+from celeryops.ops.run.strategies import strategy_named
 from test_cloudrun_deployer import (  # the stand-in with a service and a worker pool, their targets, a fast deployer
     LATEST,
     POOL,
@@ -203,7 +204,7 @@ def test_bad_requests_are_refused_before_anything_is_read(tmp_path: Path) -> Non
     ]
     for config, request, words in cases:
         with pytest.raises(UserError) as info:
-            chosen_targets(config, request, None)
+            chosen(config, request, None)
         assert info.value.exit_code == EXIT_USAGE and words in str(info.value) and "nothing was changed" in str(
             info.value), str(info.value)
 
@@ -273,24 +274,28 @@ def test_overlap_rollbacks_are_refused_in_one_sentence_before_anything_is_read()
     ]
     for config, request, words in cases:
         with pytest.raises(UserError) as info:
-            chosen_targets(config, request, None)
+            chosen(config, request, None)
         message = str(info.value)
         assert info.value.exit_code == EXIT_USAGE and message.startswith(words), message
         assert "nothing was changed" in message and "\n" not in message, message
-    assert chosen_targets(_config(overlap_pool, SVC), RollbackRequest(strategy="drain"), None) == (overlap_pool, SVC)
-    assert chosen_targets(_config(overlap_pool), RollbackRequest(), None) == (overlap_pool,)
-    assert chosen_targets(_config(POOL_TARGET), RollbackRequest(strategy="overlap"), None) == (POOL_TARGET,)
+    assert chosen(_config(overlap_pool, SVC), RollbackRequest(strategy="drain"), None)[0] == (overlap_pool, SVC)
+    assert chosen(_config(overlap_pool), RollbackRequest(), None)[0] == (overlap_pool,)
+    targets, strategy = chosen(_config(POOL_TARGET), RollbackRequest(strategy="overlap"), None)
+    assert targets == (POOL_TARGET,) and strategy.name == "overlap"
 
 
 def test_an_overlap_rollback_goes_back_to_one_revision() -> None:
     revisions = [RevisionInfo(name=n, state="succeeded", image=f"gpu:{n[-1]}") for n in ("gpu-2", "gpu-1", "gpu-0")]
     now = RolloutState(resource="gpu", latest_ready_revision="gpu-2", traffic_statuses=(("gpu-2", 100),))
     split = (("gpu-1", 50), ("gpu-0", 50))
+    overlap, drain = strategy_named("overlap"), strategy_named("drain")
     with pytest.raises(UserError) as info:
-        checked_step(POOL_TARGET, split, "replaced by run x", now, revisions, "overlap")
+        checked_step(POOL_TARGET, split, "replaced by run x", now, revisions, "overlap", overlap.check_rollback)
     assert "moves every instance of" in str(info.value) and "--to REVISION" in str(info.value)
-    assert checked_step(POOL_TARGET, split, "replaced by run x", now, revisions, "drain").split == split
-    step = checked_step(POOL_TARGET, (("gpu-1", 100),), "replaced by run x", now, revisions, "overlap")
+    assert checked_step(POOL_TARGET, split, "replaced by run x", now, revisions, "drain",
+                        drain.check_rollback).split == split
+    step = checked_step(POOL_TARGET, (("gpu-1", 100),), "replaced by run x", now, revisions, "overlap",
+                        overlap.check_rollback)
     assert (step.revision, step.was, step.image, step.strategy) == ("gpu-1", "gpu-2", "gpu:1", "overlap")
 
 
@@ -326,7 +331,7 @@ def test_what_an_overlap_deploy_replaced_is_in_its_journal(tmp_path: Path) -> No
         config = _config(POOL_TARGET)
         assert replaced_split(config, journal, POOL_TARGET) == ((("gpu-1", 100),), f"replaced by run {deployed}, "
                                                                                     "release r-3")
-        assert chosen_targets(config, RollbackRequest(run_id=deployed), journal) == (POOL_TARGET,)
+        assert chosen(config, RollbackRequest(run_id=deployed), journal)[0] == (POOL_TARGET,)
 
 
 async def test_a_pool_update_records_its_split_as_celeryops_own_only_when_told(

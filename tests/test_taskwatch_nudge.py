@@ -26,6 +26,15 @@ from celeryops_harness.workers import control_app, wait_for
 WAIT = 30.0
 
 
+async def periods(watch: TaskWatch, n: int) -> None:
+    """Until ``n`` more nudge periods of ``watch`` went by (its nudger's own count, not a guessed sleep)."""
+    until = watch.rounds + n
+    deadline = time.monotonic() + WAIT
+    while watch.rounds < until:
+        assert time.monotonic() < deadline, f"the nudger did not go through {n} periods"
+        await asyncio.sleep(0.05)
+
+
 def progress(worker: str, task_id: str, streak: int) -> DrainProgress:
     task = TaskInfo(worker=worker, id=task_id, name="celeryops.testing.hold", state="active", runtime=0.1)
     return DrainProgress(elapsed=1.0, remaining=100.0, streak=streak, required=2, active=1, reserved=0, scheduled=0,
@@ -51,6 +60,14 @@ class ControlSpy:
                 envelope = json.loads(msg["data"])
                 self.messages.append(json.loads(base64.b64decode(envelope["body"])))
 
+    def caught_up(self, app: Any) -> None:
+        """Until the spy received a marker published now: every message published before it has arrived too (Redis
+        delivers a channel's messages in the order it took them)."""
+        marker = f"spy-marker-{uuid.uuid4()}"
+        app.control.broadcast("ping", reply=False, destination=[marker])
+        wait_for(lambda: any(m.get("destination") == [marker] for m in self.messages), WAIT, "the spy's marker")
+        self.messages = [m for m in self.messages if m.get("destination") != [marker]]
+
     def close(self) -> None:
         self.stop.set()
         self.thread.join(5)
@@ -75,7 +92,7 @@ def test_the_watch_nudges_the_busy_worker_until_its_task_ended(own_redis: RedisS
             await asyncio.to_thread(watch.start)
             try:
                 watch.on_event(progress(worker.nodename, "some-other-task", streak=1))  # not armed: no nudge
-                await asyncio.sleep(0.6)
+                await periods(watch, 3)  # three nudge periods went by, none nudged
                 assert watch.nudges == 0 and not spy.messages
                 watch.on_event(progress(worker.nodename, tid, streak=0))  # armed: waits for tid
                 deadline = time.monotonic() + WAIT
@@ -85,7 +102,7 @@ def test_the_watch_nudges_the_busy_worker_until_its_task_ended(own_redis: RedisS
                 release(redis_client, queue_name)
                 await asyncio.wait_for(wake.wait(), WAIT)
                 fired = watch.nudges
-                await asyncio.sleep(0.6)  # three nudge periods: none once the wake fired (the watch is disarmed)
+                await periods(watch, 3)  # three nudge periods: none once the wake fired (the watch is disarmed)
                 return watch, fired
             finally:
                 await asyncio.to_thread(watch.stop)
@@ -94,8 +111,7 @@ def test_the_watch_nudges_the_busy_worker_until_its_task_ended(own_redis: RedisS
         assert redis_client.hget(f"ct:run:{tid}", "finished")  # woken by the task's end
         # (one nudge may have been on its way while the wake fired; none after)
         assert watch.wakes == 1 and fired >= 1 and fired <= watch.nudges <= fired + 1
-        wait_for(lambda: len(spy.messages) >= watch.nudges, WAIT, "the nudges on the broker")
-        time.sleep(0.2)
+        spy.caught_up(app)  # every nudge published before the watch stopped has reached the spy
         assert spy.messages and all(m["method"] == "ping" and m["destination"] == [worker.nodename]
                                     and not m.get("reply_to") for m in spy.messages), spy.messages
         assert len(spy.messages) == watch.nudges

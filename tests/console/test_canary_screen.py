@@ -15,13 +15,13 @@ from celeryops.console.screens.canary import CanaryScreen
 from celeryops.console.screens.confirm import ConfirmScreen
 from celeryops.console.static import StaticBackend
 from celeryops.core.events import PhaseChanged
-from celeryops.ops.run.canary_decisions import PauseCanary, PromoteNow, RollbackNow
+from celeryops.ops.run.decisions import PauseCanary, PromoteNow, RollbackNow
 
 SIZE = (140, 45)
 
 
 def backend(**kw: Any) -> StaticBackend:
-    kw.setdefault("preflight_script", sample.overlap_preflight_script())
+    kw.setdefault("preflight_script", sample.overlap_preflight_script("canary"))
     kw.setdefault("proceed_script", canary_script())
     return StaticBackend(fleet=sample.fleet(), slots=sample.slots(), **kw)
 

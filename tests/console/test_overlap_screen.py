@@ -22,6 +22,7 @@ from celeryops.core.events import (
     PhaseChanged,
     PreflightDone,
     RunFinished,
+    StageStarted,
 )
 
 SIZE = (120, 40)
@@ -60,7 +61,8 @@ async def test_g_says_what_the_overlap_does_and_lists_the_warning(app_factory: A
 
 async def test_accepted_warning_leaves_a_plain_start(app_factory: Any) -> None:
     checks = [replace(c, accepted=True) if c.id == "mixed_versions" else c for c in sample.overlap_checks()]
-    script = [PhaseChanged("preflight"), *checks, PreflightDone(failed=0, warnings=1, accepted=("mixed_versions",))]
+    script = [StageStarted(stage="preflight", strategy="overlap"), PhaseChanged("preflight"), *checks,
+              PreflightDone(failed=0, warnings=1, accepted=("mixed_versions",))]
     app = app_factory(backend(preflight_script=script), start="deploy", release="v2.14.0")
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)

@@ -277,8 +277,8 @@ def test_overlap_deploy(snap_compare: Any, app_factory: Any) -> None:
 def canary_backend() -> StaticBackend:
     from celeryops.console.samplecanary import canary_script
 
-    return StaticBackend(fleet=sample.fleet(), slots=sample.slots(), preflight_script=sample.overlap_preflight_script(),
-                         proceed_script=canary_script())
+    return StaticBackend(fleet=sample.fleet(), slots=sample.slots(),
+                         preflight_script=sample.overlap_preflight_script("canary"), proceed_script=canary_script())
 
 
 def test_canary(snap_compare: Any, app_factory: Any) -> None:

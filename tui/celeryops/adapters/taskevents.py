@@ -54,6 +54,7 @@ class TaskWatch(EventReceiverThread):
         self.nudger = threading.Thread(target=self._nudge_loop, name="taskwatch-nudge", daemon=True)
         self.wakes = 0
         self.nudges = 0
+        self.rounds = 0  # nudge periods gone by (nudged or not): how long the nudger has been watching
 
     def start(self, timeout: float = 30.0) -> TaskWatch:
         self.thread.start()
@@ -97,6 +98,7 @@ class TaskWatch(EventReceiverThread):
         while not self.stopping.wait(self.nudge):
             with self.lock:
                 workers = sorted(set(self.holders.values())) if self.armed else []
+                self.rounds += 1
             if not workers:
                 continue
             try:

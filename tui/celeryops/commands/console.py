@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from celeryops.ops.backend import views
     from celeryops.ops.backend.console import OpsBackend
     from celeryops.ops.backend.snapshots import Seen
-    from celeryops.ops.run.canary_decisions import CanaryDecision
+    from celeryops.ops.run.decisions import Decision
     from celeryops.ops.run.rollback_plan import RollbackRequest
     from celeryops.ops.run.session import DrainRequest
 
@@ -207,7 +207,7 @@ class LateBackend:
     async def proceed(self) -> None:
         await (await self._opened()).proceed()
 
-    async def canary_decision(self, decision: CanaryDecision) -> None:
+    async def canary_decision(self, decision: Decision) -> None:
         await (await self._opened()).canary_decision(decision)
 
     async def abort_run(self, on_event: views.EventSink | None = None) -> None:

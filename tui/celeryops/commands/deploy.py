@@ -11,7 +11,7 @@ import click
 from celeryops.commands.common import FleetSpec, fleet_options, state_dir_option
 from celeryops.commands.headless import RECOVERED, flag_operator, open_wiring, run_headless
 from celeryops.commands.output import Printer
-from celeryops.core.config import POOL_STRATEGIES, STRATEGIES
+from celeryops.core.config import STRATEGY_NAMES
 from celeryops.core.errors import EXIT_USAGE, UserError
 
 
@@ -24,7 +24,7 @@ from celeryops.core.errors import EXIT_USAGE, UserError
 @click.option("--accept-warning", "accept", multiple=True, metavar="ID",
               help="Accept the warnings of this check (repeatable): branch, freshness, traffic, workers, lease, "
                    "fence or mixed_versions.")
-@click.option("--strategy", type=click.Choice(STRATEGIES), default=None,
+@click.option("--strategy", type=click.Choice(STRATEGY_NAMES), default=None,
               help="How the workers are replaced (wins over the targets' strategy): drain (stop every consumer, "
                    "wait until nothing runs, deploy; the default), overlap (a Cloud Run worker pool: the new "
                    "revision consumes beside the old one, whose instances go once idle; no pause) or canary (a "
@@ -50,11 +50,10 @@ def deploy(release: str, fleet: FleetSpec, targets: tuple[str, ...], yes: bool, 
     chosen = tuple(config.target(name) for name in targets) if targets else config.targets
     if strategy is not None:
         chosen = tuple(replace(t, strategy=strategy) for t in chosen)  # type: ignore[arg-type]
-    pool = next((t.strategy for t in chosen if t.strategy in POOL_STRATEGIES), None)
-    if pool is not None:
-        from celeryops.ops.run.overlap_rules import overlap_target
+    from celeryops.ops.run.strategies import strategy_of_targets
 
-        overlap_target(chosen, strategy=pool)  # one worker pool, or one sentence (exit 2) before anything is contacted
+    strategy_of_targets(chosen).check_targets(chosen)  # e.g. one worker pool, or one sentence (exit 2) before anything
+    #                                                     is contacted
     from celeryops.commands.console import open_console, wants_console
 
     if wants_console(as_json, headless):

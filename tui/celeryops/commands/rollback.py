@@ -11,7 +11,7 @@ import click
 from celeryops.commands.common import FleetSpec, fleet_options, state_dir_option
 from celeryops.commands.headless import RECOVERED, flag_operator, open_wiring, run_headless
 from celeryops.commands.output import Printer
-from celeryops.core.config import STRATEGIES
+from celeryops.core.config import STRATEGY_NAMES
 from celeryops.core.errors import EXIT_USAGE, UserError
 
 
@@ -20,10 +20,10 @@ from celeryops.core.errors import EXIT_USAGE, UserError
 @click.option("--target", "targets", multiple=True, metavar="NAME", help="Roll back only this target (repeatable).")
 @click.option("--to", "to", default="", metavar="REVISION",
               help="Go back to this revision of the one target (default: what its last deploy replaced).")
-@click.option("--strategy", type=click.Choice(STRATEGIES), default=None,
-              help="How the revision is brought to serve: drain (stop everything, wait, route back) or overlap (one "
-                   "Cloud Run worker pool: the previous revision comes up beside the deployed one, which stops once "
-                   "idle; no pause). Default: the target's strategy, else drain.")
+@click.option("--strategy", type=click.Choice(STRATEGY_NAMES), default=None,
+              help="How the revision is brought to serve: drain (stop everything, wait, route back), overlap or "
+                   "canary (one Cloud Run worker pool: the previous revision comes up beside the deployed one, which "
+                   "stops once idle; no pause). Default: the target's strategy, else drain.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before stopping consumers and before routing back.")
 @click.option("--accept-warnings", is_flag=True, help="Go ahead although preflight checks warned (all of them).")
 @click.option("--accept-warning", "accept", multiple=True, metavar="ID",
@@ -38,13 +38,13 @@ def rollback(fleet: FleetSpec, targets: tuple[str, ...], to: str, strategy: str 
     overlap), route back, verify; no new image. In a terminal (without --json or --headless) it opens the console on
     its preflight."""
     from celeryops.ops.preflight.accept import check_accept_ids
-    from celeryops.ops.run.rollback import Rollback
-    from celeryops.ops.run.rollback_plan import RollbackRequest, chosen_targets
+    from celeryops.ops.run.rollback import chosen
+    from celeryops.ops.run.rollback_plan import RollbackRequest
 
     accept = check_accept_ids(accept)
     config = fleet.config({"state_dir": state_dir})
     request = RollbackRequest(targets=tuple(config.target(name) for name in targets), to=to, strategy=strategy or "")
-    chosen_targets(config, request, None)  # refused before anything is contacted
+    chosen(config, request, None)  # refused before anything is contacted
     from celeryops.commands.console import open_console, wants_console
 
     if wants_console(as_json, headless):
@@ -55,7 +55,7 @@ def rollback(fleet: FleetSpec, targets: tuple[str, ...], to: str, strategy: str 
     printer = Printer(as_json)
     wiring = open_wiring(fleet, config)
     session = wiring.session(flag_operator(yes=yes), printer, accept_all=accept_warnings, accept=accept)
-    sys.exit(run_headless(wiring, session, printer, lambda s: Rollback(s).run(request), RECOVERED).exit_code)
+    sys.exit(run_headless(wiring, session, printer, lambda s: s.rollback(request), RECOVERED).exit_code)
 
 
 COMMANDS = [rollback]

@@ -359,18 +359,25 @@ def runs(limit: int, as_json: bool, state_dir: str | None) -> None:
     state_dir = FleetSpec().config({"state_dir": state_dir}).state_dir  # flag > env > ./celeryops.toml's
     journal = open_journal_if_any(state_dir)
     kinds: dict[str, str] = {}  # run id -> deploy | drain | rollback
+    previous: dict[str, dict[str, str]] = {}  # run id -> target -> what its deploy replaced there
     if journal is None:
         rows = []
     else:
+        from celeryops.adapters.deploy.base import describe_split
+        from celeryops.ops.run.rollback_plan import replaced
+
         try:
             rows = journal.history(limit)
-            kinds = {r.id: journal.get(r.id).kind for r in rows}
+            for r in rows:
+                run = journal.get(r.id)
+                kinds[r.id] = run.kind
+                previous[r.id] = {target: describe_split(split) for target, split in replaced(run).items()}
         finally:
             journal.close()
     if as_json:
         click.echo(json.dumps([{"id": r.id, "fleet": r.fleet, "kind": kinds[r.id], "release": r.release,
-                                "phase": r.phase, "outcome": r.outcome, "created": r.created, "duration": r.duration}
-                               for r in rows]))
+                                "phase": r.phase, "outcome": r.outcome, "created": r.created, "duration": r.duration,
+                                "previous": previous[r.id]} for r in rows]))
         return
     if not rows:
         click.echo(f"No runs recorded in {journal_path(state_dir)}.")

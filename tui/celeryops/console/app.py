@@ -282,9 +282,18 @@ class ConsoleApp(App[int]):
         except asyncio.CancelledError:
             _close(calls)
             raise
+        except Exception as exc:  # never swallowed, never a crash: one sentence like the others
+            self._report(UserError(f"Could not {what}: {type(exc).__name__}: {exc}"))
+            _close(calls)
 
     def _report(self, err: UserError) -> None:
         text = mask_text(str(err))
+        if self.model.phase in ("preflight", "ready") and self.model.preflight is None and self.model.kind:
+            # A run that could not start shows why on its checklist, never "Checking… 0 check(s) left".
+            from celeryops.core.events import CheckUpdate, PreflightDone
+
+            self.model.apply(CheckUpdate("preflight", "Preflight could not finish", "fail", text))
+            self.model.apply(PreflightDone(failed=1, warnings=0))
         self.model.say("error", text)
         if not self.screen_stack:
             return

@@ -16,63 +16,17 @@ if TYPE_CHECKING:
 Question = tuple[str, str, str]
 
 
-def stop_plan(model: RunModel) -> str:
-    """What G starts on a run that stops consumers (a drain, a deploy, a rollback that is no overlap)."""
-    if model.kind == "rollback":
-        return ("Consumers are cancelled on every worker (running and prefetched tasks finish), the fleet is "
-                "drained, then each target is routed back to its earlier revision (no new image, no new "
-                "revision). A timeout restores consumers and changes nothing.")
-    deploy = f" then deploy {model.release}" if model.kind == "deploy" else ""
-    return ("Consumers are cancelled on every worker (running and prefetched tasks finish), the fleet is "
-            f"drained{deploy}. A timeout restores consumers and deploys nothing.")
-
-
-def overlap_plan(model: RunModel) -> str:
-    """What G starts on an overlap deploy: the peak (the ``traffic`` check's finding names it), then the steps."""
+def proceed_question(model: RunModel) -> Question:
+    """G in the preflight: the warnings to accept first, if any, then what starts (the run's strategy says it)."""
+    said = model.said
     traffic = model.checks.get("traffic")
     peak = f"Instances: {traffic.detail}.\n" if traffic is not None and traffic.status == "ok" else ""
-    release = f" {model.release}" if model.release else ""
-    if model.strategy == "canary":
-        return (f"{peak}A canary of{release} comes up beside the old revision (no old instance is taken away) and "
-                "consumes; every task's outcome is credited to the revision that ran it and judged every look. "
-                "If the canary fails more often than the old revision beyond chance, raises a new exception "
-                "repeatedly or crashes, its workers stop taking tasks at once, finish what they run, and the pool "
-                "goes back to the old revision. Once enough canary tasks show no worse failure rate, it is "
-                "promoted as an overlap: the old revision drains while the new one consumes, then every instance "
-                "moves to it. No verdict by max duration: it pauses for you (P promotes, B rolls back).")
-    if model.kind == "rollback":  # the "new" revision is the previous one, routed back to
-        return (f"{peak}The previous revision{release} comes up beside the current one (no instance is taken "
-                "away) and starts consuming. Only then do the current revision's workers stop taking new "
-                "tasks: their running and prefetched tasks finish while the previous revision consumes, so "
-                "processing never pauses. Once they are idle, every instance moves back to the previous "
-                "revision at the original count. Nothing is killed: if the current revision is not idle "
-                "within max wait, it consumes again and the previous one is retired.")
-    return (f"{peak}The new revision of{release} comes up beside the old one (no old instance is taken away) "
-            "and starts consuming. Only then do the old revision's workers stop taking new tasks: their running "
-            "and prefetched tasks finish while the new revision consumes, so processing never pauses. Once the "
-            "old revision is idle (the drain's empty streak), every instance moves to the new revision, back "
-            "to the original count. Nothing is killed: if the old revision is not idle within max wait, or the "
-            "new one does not consume, the old revision consumes again and the new one is retired.")
-
-
-def starts_overlap(model: RunModel) -> bool:
-    """G starts an overlap (a deploy or rollback of a worker pool whose strategy is overlap), not a drain."""
-    return model.is_overlap and model.kind != "drain"
-
-
-def proceed_question(model: RunModel) -> Question:
-    """G in the preflight: the warnings to accept first, if any, then what starts."""
+    plan = said.plan.replace("{peak}", peak)
     warned = model.warned_checks
-    overlap = starts_overlap(model)
-    plan = overlap_plan(model) if overlap else stop_plan(model)
-    flow = "canary" if model.strategy == "canary" else "overlap"
     if warned:
         listing = "\n".join(f"▲ {c.title}: {c.detail}" for c in warned)
-        return (f"Proceed despite {len(warned)} warning(s)?", f"{listing}\n\n{plan}",
-                f"Accept warnings and start the {flow}" if overlap else "Accept warnings and stop consumers")
-    if overlap:
-        return f"Start the {flow} {_overlap_word(model)}?", plan, f"Start the {flow}"
-    return "Stop consumers and drain?", plan, "Stop consumers"
+        return f"Proceed despite {len(warned)} warning(s)?", f"{listing}\n\n{plan}", said.warned_button
+    return said.question, plan, said.button
 
 
 def abort_question(model: RunModel) -> Question:
@@ -109,7 +63,7 @@ def rollback_question(run: RunRecordView) -> Question:
             f"Each target of run {run.run_id}{release} goes back to the revision that deploy replaced: "
             "no new image, no new revision. The preflight checklist runs first and names the revisions; "
             "nothing changes until you press G there, then, as for a deploy, the fleet is drained (or, "
-            "on a worker pool whose strategy is overlap, the previous revision comes up beside the current "
+            "on a worker pool deployed without a pause, the previous revision comes up beside the current "
             "one first) and the targets are routed back.", "Start the rollback's preflight")
 
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # imported by apply() with the first event: the console's fir
         DrainProgress,
         DrainStarted,
         Event,
-        OverlapStep,
+        PoolStep,
         PreflightDone,
         RunFinished,
         RunFollowed,
@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # imported by apply() with the first event: the console's fir
         RunPhase,
     )
     from celeryops.ops.backend.views import DeployTarget, WorkerView
+    from celeryops.ops.run.strategies import Said
 
 View = Literal["preflight", "drain", "deploy", "overlap", "canary"]
 ACTIVE_PHASES = ("preflight", "ready", "overlapping", "stopping", "draining", "cutting_over", "deploying", "deployed",
@@ -64,7 +65,7 @@ class OverlapState:
     steps: list[str] = field(default_factory=list)  # every step but progress, in order
     count: int = 0  # the pool's instance count before the deploy (and after it)
 
-    def fold(self, event: OverlapStep) -> None:
+    def fold(self, event: PoolStep) -> None:
         if event.step != "progress":
             self.step = event.step
             self.steps.append(event.step)
@@ -130,6 +131,13 @@ class RunModel:
         steps (the old revision's drain, the cutover, the retirement: the overlap screen shows those)."""
         return self.canary is not None and (self.overlap is None or not any(
             self.overlap.seen(step) for step in ("stopping_old", "cutting_over", "retiring", "holding_new")))
+
+    @property
+    def said(self) -> Said:
+        """What the run's strategy says before it starts (its preflight names the strategy; a drain-only run none)."""
+        from celeryops.ops.run.strategies import said_of
+
+        return said_of(self.strategy, self.kind or "drain", self.release)
 
     @property
     def is_overlap(self) -> bool:
@@ -214,56 +222,44 @@ class RunModel:
 
     def _fold(self, event: Event) -> None:
         from celeryops.adapters.deploy.base import RolloutEvent
+        from celeryops.core import events as ev
         from celeryops.core.canarylook import CanaryLook
-        from celeryops.core.events import (
-            CheckUpdate,
-            DrainFinished,
-            DrainProgress,
-            DrainStarted,
-            FleetBack,
-            OverlapStep,
-            PhaseChanged,
-            PreflightDone,
-            RunFinished,
-            RunFollowed,
-            StageStarted,
-        )
         from celeryops.ops.backend.views import WorkerView, fold_rollout
 
-        if isinstance(event, PhaseChanged):
+        if isinstance(event, ev.PhaseChanged):
             self.phase = event.phase
-        elif isinstance(event, CheckUpdate):
+        elif isinstance(event, ev.CheckUpdate):
             self.checks[event.id] = event
-        elif isinstance(event, PreflightDone):
+        elif isinstance(event, ev.PreflightDone):
             self.preflight = event
             self.phase = "ready" if not event.failed else "failed"
-        elif isinstance(event, DrainStarted):
+        elif isinstance(event, ev.DrainStarted):
             if self.started is not None:  # another drain of the same run (an overlap retiring its new revision)
                 self.finished, self.progress = None, None
             self.started = event
-        elif isinstance(event, DrainProgress):
+        elif isinstance(event, ev.DrainProgress):
             self._progress(event)
-        elif isinstance(event, DrainFinished):
+        elif isinstance(event, ev.DrainFinished):
             self.finished = event
         elif isinstance(event, RolloutEvent):
             targets = dict(self.deploy or {})
             targets[event.target] = fold_rollout(targets.get(event.target), event)
             self.deploy = targets
-        elif isinstance(event, FleetBack):
+        elif isinstance(event, ev.FleetBack):
             self.fleet_back = tuple(WorkerView(w, "consuming", tuple(q)) for w, q in sorted(event.workers.items()))
-        elif isinstance(event, OverlapStep):
+        elif isinstance(event, ev.PoolStep):
             if self.overlap is None or (event.new_revision and event.new_revision != self.overlap.new
                                         and self.overlap.new):
                 self.overlap = OverlapState(event.target, event.old_revision, event.new_revision)
             self.overlap.fold(event)
-        elif isinstance(event, StageStarted):
+        elif isinstance(event, ev.StageStarted):
             self.strategy = event.strategy or self.strategy
         elif isinstance(event, CanaryLook):
             self.canary = event
             self.canary_history.append(event.increase_high)
-        elif isinstance(event, RunFinished):
+        elif isinstance(event, ev.RunFinished):
             self._finished(event)
-        elif isinstance(event, RunFollowed):
+        elif isinstance(event, ev.RunFollowed):
             self._follow(event)
 
     def _finished(self, event: RunFinished) -> None:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # annotations only: the console's first frame does not wait for the ops layer's views
     from celeryops.ops.backend import views
-    from celeryops.ops.run.canary_decisions import CanaryDecision
+    from celeryops.ops.run.decisions import Decision
 
 
 class ConsoleBackend(Protocol):
@@ -77,9 +77,9 @@ class ConsoleBackend(Protocol):
         """Stop consumers and drain (then deploy, for a deploy run). Dangerous."""
         ...
 
-    async def canary_decision(self, decision: CanaryDecision) -> None:
+    async def canary_decision(self, decision: Decision) -> None:
         """The canary screen's keys: promote now, roll back now, pause or resume the automatic verdicts; the run's
-        canary strategy takes them (``celeryops.ops.run.canary_decisions``). Dangerous."""
+        canary strategy takes them (``celeryops.ops.run.decisions``). Dangerous."""
         ...
 
     async def abort_run(self, on_event: views.EventSink | None = None) -> None:

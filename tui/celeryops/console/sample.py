@@ -13,9 +13,10 @@ from celeryops.core.events import (
     DrainStarted,
     Finding,
     Notice,
-    OverlapStep,
     PhaseChanged,
+    PoolStep,
     PreflightDone,
+    StageStarted,
     TaskInfo,
     WorkerObs,
 )
@@ -251,8 +252,10 @@ def overlap_checks() -> list[CheckUpdate]:
     ]
 
 
-def overlap_preflight_script() -> list[object]:
-    return [PhaseChanged("preflight", "checking before anything changes"), *overlap_checks(),
+def overlap_preflight_script(strategy: str = "overlap") -> list[object]:
+    """The preflight of a deploy of two revisions on a worker pool (``strategy``: the one its stage names)."""
+    return [StageStarted(stage="preflight", detail=f"release v2.14.0, {strategy} on worker-pool", strategy=strategy),
+            PhaseChanged("preflight", "checking before anything changes"), *overlap_checks(),
             PreflightDone(failed=0, warnings=1)]
 
 
@@ -260,12 +263,12 @@ OLD_WORKERS = ("celery@worker-1", "celery@worker-2", "celery@worker-3")
 NEW_WORKERS = ("celery@worker-4", "celery@worker-5", "celery@worker-6")
 
 
-def overlap_step(step: str, message: str = "", **more: object) -> OverlapStep:
-    return OverlapStep(step=step, target="worker-pool", old_revision=OLD_REV, new_revision=NEW_REV,  # type: ignore[arg-type]
+def overlap_step(step: str, message: str = "", **more: object) -> PoolStep:
+    return PoolStep(step=step, target="worker-pool", old_revision=OLD_REV, new_revision=NEW_REV,  # type: ignore[arg-type]
                        peak=6, message=message, **more)  # type: ignore[arg-type]
 
 
-def overlap_progress(completed: int, rate: float | None) -> OverlapStep:
+def overlap_progress(completed: int, rate: float | None) -> PoolStep:
     return overlap_step("progress", instances={OLD_REV: 3, NEW_REV: 3}, split={OLD_REV: 50, NEW_REV: 50},
                         workers={OLD_REV: OLD_WORKERS, NEW_REV: NEW_WORKERS}, consuming=NEW_WORKERS,
                         completed=completed, rate=rate)

@@ -7,8 +7,8 @@ from celeryops.console.sample import NEW_REV, OLD_REV
 from celeryops.core.canary import CanarySettings, RevisionCounts
 from celeryops.core.canarylook import CanaryLook
 from celeryops.core.events import PhaseChanged
-from celeryops.ops.run.canary_look import look_event
-from celeryops.ops.run.canary_rules import judge
+from celeryops.ops.run.analysis.look import look_event
+from celeryops.ops.run.analysis.rules import judge
 
 SETTINGS = CanarySettings(min_tasks=50, max_duration=900.0, look_interval=30.0)
 #: (task name, share of the tasks, runtime base in seconds, exception type its failures raise)

@@ -16,7 +16,7 @@ from celeryops.core.events import Event
 from celeryops.ops.backend import views
 
 if TYPE_CHECKING:
-    from celeryops.ops.run.canary_decisions import CanaryDecision
+    from celeryops.ops.run.decisions import Decision
 
 
 @dataclass
@@ -35,7 +35,7 @@ class StaticBackend:
     proceed_script: Sequence[Event] = ()  # emitted by proceed
     follow_script: Sequence[Event] = ()  # emitted by follow_run (watch mode)
     calls: list[tuple[str, ...]] = field(default_factory=list)
-    decisions: list[CanaryDecision] = field(default_factory=list)  # the canary decisions sent, as sent
+    decisions: list[Decision] = field(default_factory=list)  # the canary decisions sent, as sent
     sink: views.EventSink | None = None
 
     def emit(self, event: Event) -> None:
@@ -93,7 +93,7 @@ class StaticBackend:
         self._dangerous("stop consumers")
         self._play(self.proceed_script)
 
-    async def canary_decision(self, decision: CanaryDecision) -> None:
+    async def canary_decision(self, decision: Decision) -> None:
         self._dangerous("canary", decision.action)
         self.decisions.append(decision)
 

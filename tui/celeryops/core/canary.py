@@ -27,7 +27,7 @@ class CanarySettings:
     the increase is below it.
     ``min_effect``: a rollback by failure rate also needs the observed increase to be at least this. ``alpha``: the
     chance of rolling back a release as good as the old one, over the whole canary (spent over the looks:
-    :mod:`celeryops.ops.run.canary_rules`). ``confidence``: of the promotion bound (one-sided) and of the
+    :mod:`celeryops.ops.run.analysis.rules`). ``confidence``: of the promotion bound (one-sided) and of the
     console's intervals.
     ``new_exception_count``: an exception type seen this many times on the canary and never on the baseline rolls
     back. ``crash_limit``: canary instance crashes that roll back. ``look_interval``: seconds between looks.

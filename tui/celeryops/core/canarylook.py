@@ -3,8 +3,8 @@
 prints it (one line per look, :func:`celeryops.core.wording.say`), the console folds it into its canary screen, and
 :mod:`celeryops.ops.fleetwide.decode` turns the published entry back into this type for watchers.
 
-A canary strategy emits one per look, built by :func:`celeryops.ops.run.canary_look.look_event` from the judge's
-:class:`~celeryops.ops.run.canary_rules.Judgement` and the collector's counts. Pure data, no I/O.
+A canary strategy emits one per look, built by :func:`celeryops.ops.run.analysis.look.look_event` from the judge's
+:class:`~celeryops.ops.run.analysis.rules.Judgement` and the collector's counts. Pure data, no I/O.
 """
 
 from __future__ import annotations

@@ -68,17 +68,20 @@ WARNING_CHECKS = ("branch", "freshness", "traffic", "workers", "lease", "fence",
                   *SETTING_FINDINGS)
 #: Values of a target's ``traffic`` key.
 TRAFFIC_MODES = ("latest",)
-#: How a deploy replaces a target's workers (a target's ``strategy``, ``celeryops deploy --strategy``): ``drain``
-#: stops every consumer, waits until nothing runs, deploys, then the new workers consume (the default);
-#: ``overlap`` (Cloud Run worker pools only) brings the new revision up beside the old one, stops only the old
-#: revision's consumers and moves the instances once the old ones are idle: processing never pauses; ``canary``
-#: (Cloud Run worker pools only) runs ``[canary] instances`` of the new revision beside the old ones, compares their
-#: task outcomes, then promotes (the overlap's cutover) or rolls back. The implementations are registered in
-#: ``celeryops.ops.run.strategies.STRATEGIES`` (a test keeps the two lists equal).
-Strategy = Literal["drain", "overlap", "canary"]
-STRATEGIES: tuple[Strategy, ...] = ("drain", "overlap", "canary")
-#: The strategies that run two revisions side by side on one Cloud Run worker pool.
-POOL_STRATEGIES: tuple[Strategy, ...] = ("overlap", "canary")
+#: How a deploy replaces a target's workers (a target's ``strategy``, ``celeryops deploy --strategy``), as the config
+#: schema knows it: each strategy's name and the target kinds it runs on. ``drain`` stops every consumer, waits until
+#: nothing runs, deploys, then the new workers consume (the default; every kind); ``overlap`` brings the new revision
+#: up beside the old one, stops only the old revision's consumers and moves the instances once the old ones are idle:
+#: processing never pauses; ``canary`` runs ``[canary] instances`` of the new revision beside the old ones, compares
+#: their task outcomes, then promotes (the overlap's cutover) or rolls back (both: Cloud Run worker pools only). What
+#: a strategy does and says is its module's in ``celeryops.ops.run.strategies`` (a test keeps the two lists equal).
+STRATEGY_KINDS: dict[str, tuple[TargetKind, ...]] = {
+    "drain": TARGET_KINDS,
+    "overlap": ("cloudrun-worker-pool",),
+    "canary": ("cloudrun-worker-pool",),
+}
+STRATEGY_NAMES: tuple[str, ...] = tuple(STRATEGY_KINDS)
+DEFAULT_STRATEGY = STRATEGY_NAMES[0]
 
 #: Environment variable -> dotted configuration key.
 ENV_KEYS: dict[str, str] = {
@@ -140,10 +143,11 @@ class PreflightSettings:
     accept: tuple[str, ...] = ()
 
 
-def overlap_refusal(target: Target, strategy: str = "overlap") -> str | None:
-    """Why ``target`` cannot be deployed with the overlap (or canary) strategy, as one clause (no final period), or
-    None."""
-    if target.kind == "cloudrun-worker-pool":
+def strategy_refusal(target: Target, strategy: str) -> str | None:
+    """Why ``target`` cannot be deployed with ``strategy`` (by the kinds it runs on, :data:`STRATEGY_KINDS`), as one
+    clause (no final period), or None."""
+    kinds = STRATEGY_KINDS.get(strategy, TARGET_KINDS)
+    if target.kind in kinds:
         return None
     if target.kind == "cloudrun-service":
         return (f"target {target.name!r} is a Cloud Run service, and the {strategy} strategy runs only on Cloud Run "
@@ -179,7 +183,7 @@ class Target:
     command: str = ""
     timeout: float = DEFAULT_TARGET_TIMEOUT
     traffic: str = ""  # "latest": the update also routes all traffic (instances) to the new revision
-    strategy: Strategy = "drain"  # how a deploy replaces the workers (STRATEGIES; overlap: worker pools only)
+    strategy: str = DEFAULT_STRATEGY  # how a deploy replaces the workers (on the kinds STRATEGY_KINDS says)
 
     @property
     def is_cloudrun(self) -> bool:
@@ -298,10 +302,12 @@ def did_you_mean(word: str, choices: tuple[str, ...] | list[str], *, braces: boo
 __all__ = [
     "CLOUDRUN_KINDS",
     "COMMAND_PLACEHOLDERS",
+    "DEFAULT_STRATEGY",
     "ENV_KEYS",
     "IMAGE_PLACEHOLDERS",
     "PREFLIGHT_CHECKS",
-    "STRATEGIES",
+    "STRATEGY_KINDS",
+    "STRATEGY_NAMES",
     "TARGET_KINDS",
     "TRAFFIC_MODES",
     "WARNING_CHECKS",
@@ -309,13 +315,12 @@ __all__ = [
     "DrainSettings",
     "PreflightSettings",
     "ReleaseSettings",
-    "Strategy",
     "Target",
     "TargetKind",
     "accept_problem",
     "did_you_mean",
     "expand",
     "is_loopback_endpoint",
-    "overlap_refusal",
     "placeholders",
+    "strategy_refusal",
 ]

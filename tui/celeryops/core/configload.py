@@ -148,7 +148,8 @@ def _normalise_override_key(key: str) -> str | None:
 def _validate_file(data: dict[str, Any], base_dir: Path, problems: list[str]) -> dict[str, Any]:
     """Check the file's keys and types; returns a working dict with ``drain``/``release`` kwargs and targets."""
     raw: dict[str, Any] = {"drain": {}, "release": {}, "preflight": {}, "targets": []}
-    raw["canary"] = validate_canary(data["canary"], problems) if "canary" in data else CanarySettings()
+    canary = data.get("canary")  # the [canary] table (a TOML table is never null)
+    raw["canary"] = validate_canary(canary, problems) if canary is not None else CanarySettings()
     unknown_keys(data, _TOP_KEYS, "", problems)
     for key in ("broker", "app", "state_dir"):
         if key in data:

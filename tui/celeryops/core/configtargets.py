@@ -8,15 +8,14 @@ from celeryops.core.config import (
     CLOUDRUN_KINDS,
     COMMAND_PLACEHOLDERS,
     IMAGE_PLACEHOLDERS,
-    POOL_STRATEGIES,
-    STRATEGIES,
+    STRATEGY_NAMES,
     TARGET_KINDS,
     TRAFFIC_MODES,
     Target,
     did_you_mean,
     is_loopback_endpoint,
-    overlap_refusal,
     placeholders,
+    strategy_refusal,
 )
 from celeryops.core.configcheck import number, quoted, template_problem, typed, unknown_keys
 
@@ -73,11 +72,11 @@ def validate_targets(targets: list[dict[str, Any]], problems: list[str]) -> list
             _check_command_target(label, table, values, problems)
 
         strategy = values.get("strategy")
-        if isinstance(strategy, str) and strategy not in STRATEGIES:
+        if isinstance(strategy, str) and strategy not in STRATEGY_NAMES:
             problems.append(f"{label}: strategy {strategy!r} is not a deploy strategy"
-                            f"{did_you_mean(strategy, STRATEGIES)}; use one of {quoted(STRATEGIES)}.")
-        elif strategy in POOL_STRATEGIES and isinstance(kind, str) and isinstance(values.get("name"), str):
-            refusal = overlap_refusal(Target(name=values["name"], kind=kind), strategy)  # type: ignore[arg-type]
+                            f"{did_you_mean(strategy, STRATEGY_NAMES)}; use one of {quoted(STRATEGY_NAMES)}.")
+        elif isinstance(strategy, str) and isinstance(kind, str) and isinstance(values.get("name"), str):
+            refusal = strategy_refusal(Target(name=values["name"], kind=kind), strategy)  # type: ignore[arg-type]
             if refusal:
                 problems.append(f"{label}: strategy = \"{strategy}\" is refused: {refusal}; remove it (the default "
                                 "is drain) or change the kind.")

@@ -276,15 +276,16 @@ class RunFinished(Event):
         return data
 
 
-OverlapStepName = Literal["planned", "scaling_up", "scaled_up", "consuming", "stopping_old", "old_idle", "cutting_over",
-                          "cut_over", "retiring", "old_restored", "holding_new", "retired", "kept_both", "progress",
-                          "promoting"]
+PoolStepName = Literal["planned", "scaling_up", "scaled_up", "consuming", "stopping_old", "old_idle", "cutting_over",
+                       "cut_over", "retiring", "old_restored", "holding_new", "retired", "kept_both", "progress",
+                       "promoting"]
 
 
 @dataclass(frozen=True)
-class OverlapStep(Event):
-    """A step of an overlap deploy of worker pool ``target`` (``--json`` event ``overlap``), from the old revision
-    ``old_revision`` to ``new_revision``. ``step``:
+class PoolStep(Event):
+    """A step of two revisions on worker pool ``target`` (an overlap or canary deploy, a pool's rollback; ``--json``
+    event ``overlap``, its name since the overlap deploy), from the old revision ``old_revision`` to
+    ``new_revision``. ``step``:
 
     - ``planned``: the new revision's name, chosen up front, the instance count and ``peak`` (the most instances the
       run can make the pool run at once: quota, cost; a canary's is its promotion's, the overlap's, unless its
@@ -308,7 +309,7 @@ class OverlapStep(Event):
     ``instances``: per revision, as Cloud Run asks each to run; ``split``: revision -> percent of the instances as
     Cloud Run serves them; ``message``: one sentence for people."""
 
-    step: OverlapStepName
+    step: PoolStepName
     target: str
     old_revision: str
     new_revision: str

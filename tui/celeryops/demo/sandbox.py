@@ -37,8 +37,7 @@ from types import TracebackType
 
 import redis
 
-from celeryops.core.canary import run_peak
-from celeryops.core.config import POOL_STRATEGIES, Config, Strategy
+from celeryops.core.config import DEFAULT_STRATEGY, STRATEGY_KINDS, Config
 from celeryops.core.configload import load_config
 from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.demo.autoscaler import Autoscaler
@@ -62,10 +61,6 @@ SERVICE = "worker"
 IMAGE_NAME = "demo/worker"
 HINT = (f"Press D and Enter to deploy release {RELEASE} · w watches the run · r runs · s slots · ? every action · "
         "no pause: celeryops demo --strategy overlap")
-OVERLAP_HINT = (f"Press D and Enter to deploy release {RELEASE} without a pause (the new revision consumes while the "
-                "old one drains) · w watches the run · ? every action.")
-CANARY_HINT = (f"Press D and Enter to deploy release {RELEASE} as a canary (one new instance judged by its task "
-               "outcomes, then promoted or rolled back; P / B on its screen) · w watches the run · ? every action.")
 SLOT_TOTALS = {"CPU": 4, "GPU": 1}
 #: The demo's ``[canary]`` table: its good release is judged and promoted in about a minute and a half at the demo's
 #: pace (speed 1: a task every 1.5 s, a third of them on the canary, ~0.2-0.3 canary tasks/s on a loaded machine).
@@ -103,10 +98,10 @@ class Sandbox:
     line per part started (for a readable startup); ``root`` defaults to a fresh temporary directory."""
 
     def __init__(self, timing: Timing | None = None, *, workers: int = 2, cap: int = 3, root: Path | None = None,
-                 keep: bool = False, progress: Progress | None = None, strategy: Strategy = "drain") -> None:
+                 keep: bool = False, progress: Progress | None = None, strategy: str = DEFAULT_STRATEGY) -> None:
         self.timing = timing or Timing()
-        # "overlap": the ``worker`` target is a Cloud Run worker pool whose workers all run the fence plugin, deployed
-        # with the overlap strategy (no autoscaler: a worker pool runs its manual instance count).
+        # A strategy that runs on worker pools only (overlap, canary): the ``worker`` target is a Cloud Run worker pool
+        # whose workers all run the fence plugin (no autoscaler: a worker pool runs its manual instance count).
         self.strategy = strategy
         self.initial_workers = workers
         self.cap = max(cap, workers)
@@ -175,12 +170,19 @@ class Sandbox:
     def handoff(self) -> DemoHandoff:
         return DemoHandoff(config=self.config, config_path=self.config_path, repo=self.repo, release=RELEASE,
                            broker_url=self.url, state_dir=self.state_dir, notice=self.notice,
-                           hint=CANARY_HINT if self.strategy == "canary" else OVERLAP_HINT if self.overlap else HINT)
+                           hint=self._hint())
+
+    def _hint(self) -> str:
+        from celeryops.ops.run.strategies import strategy_named
+
+        how = strategy_named(self.strategy).demo  # how the strategy says a deploy goes ("": the plain hint)
+        return (f"Press D and Enter to deploy release {RELEASE} {how} · w watches the run · ? every action." if how
+                else HINT)
 
     @property
     def overlap(self) -> bool:
-        """A worker pool deployed with two revisions side by side (the overlap or the canary strategy)."""
-        return self.strategy in POOL_STRATEGIES
+        """The target is a worker pool (the strategy runs on worker pools only: two revisions side by side)."""
+        return "cloudrun-service" not in STRATEGY_KINDS.get(self.strategy, ())
 
     def env(self) -> dict[str, str]:
         """The variables the sandbox sets in this process (children inherit them)."""
@@ -265,9 +267,11 @@ class Sandbox:
                       f"{', '.join(self.fleet.names())}")
         self.producer = Producer(self.url, self.timing).start()
         if self.overlap:  # a worker pool runs its manual instance count: no autoscaler
-            canary = self.config.canary.instances if self.strategy == "canary" else 0
+            from celeryops.ops.run.strategies import strategy_named
+
+            peak = strategy_named(self.strategy).peak(self.initial_workers, self.config)
             self.progress(f"producer running; the worker pool runs {self.initial_workers} instances, "
-                          f"{run_peak(self.initial_workers, canary)} at the {self.strategy}'s peak")
+                          f"{peak} at the {self.strategy}'s peak")
             return
         self.autoscaler = Autoscaler(self.fleet, self.url, every=self.timing.autoscale_every,
                                      on_scale=lambda name, depth: self.progress(
@@ -295,8 +299,7 @@ class Sandbox:
             comment=f"Written by `celeryops demo`: everything points at the sandbox in {self.root}.")
         if self.overlap:  # the target table is the file's last: its strategy goes at its end
             text += f'strategy = "{self.strategy}"\n'
-        if self.strategy == "canary":
-            text += DEMO_CANARY_TABLE
+        text += DEMO_CANARY_TABLE  # read by a canary only (the other strategies take no [canary] table into account)
         self.config_path.write_text(text, encoding="utf-8")
 
     def wait_busy(self, tasks: int = 2, timeout: float = 60.0) -> bool:
@@ -317,21 +320,13 @@ class Sandbox:
         if self._stopped or not self._started:
             return
         self._stopped = True
-        steps: list[tuple[str, Callable[[], None]]] = []
-        if self.autoscaler is not None:
-            steps.append(("autoscaler", self.autoscaler.request_stop))
-        if self.producer is not None:
-            steps.append(("producer", self.producer.stop))
-        if self.fleet is not None:
-            steps.append(("workers", self.fleet.stop))
-        if self.autoscaler is not None:
-            steps.append(("autoscaler", self.autoscaler.stop))
-        if self.standin is not None:
-            steps.append(("Cloud Run stand-in", self.standin.stop))
-        if self.registry is not None:
-            steps.append(("registry stand-in", self.registry.stop))
-        steps.append(("redis", self.redis.stop))
-        steps.append(("reaper", self.reaper.close))
+        parts: tuple[tuple[str, object, str], ...] = (
+            ("autoscaler", self.autoscaler, "request_stop"), ("producer", self.producer, "stop"),
+            ("workers", self.fleet, "stop"), ("autoscaler", self.autoscaler, "stop"),
+            ("Cloud Run stand-in", self.standin, "stop"), ("registry stand-in", self.registry, "stop"),
+            ("redis", self.redis, "stop"), ("reaper", self.reaper, "close"))
+        steps: list[tuple[str, Callable[[], None]]] = [(what, getattr(part, method)) for what, part, method in parts
+                                                       if part is not None]
         for what, step in steps:
             try:
                 step()

@@ -5,7 +5,7 @@ with its interval, runtime p50/p95, the exception types; then the event log. Eve
 ``canary_look`` events (one event vocabulary).
 
 Keys (dangerous: uppercase, each asks first, none registered in watch mode): P promote now, B roll back now, Z pause
-or resume the automatic verdicts. They send typed decisions (``celeryops.ops.run.canary_decisions``) that the run's
+or resume the automatic verdicts. They send typed decisions (``celeryops.ops.run.decisions``) that the run's
 canary strategy takes between looks."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from celeryops.console.stylesheets import screen_css
 from celeryops.core.canarylook import CanaryLook, RevisionStats, percent
 
 if TYPE_CHECKING:
-    from celeryops.ops.run.canary_decisions import CanaryDecision
+    from celeryops.ops.run.decisions import Decision
 
 VERDICT_STYLE = {"continue": "bold black on cyan", "promote": "bold black on green",
                  "rollback": "bold white on red", "inconclusive": "bold black on yellow"}
@@ -181,11 +181,11 @@ class CanaryScreen(RunScreen):
             return None  # no canary to decide on, or the run already promotes or rolls back: shown, disabled
         return True
 
-    def _send(self, what: str, decision: CanaryDecision) -> None:
+    def _send(self, what: str, decision: Decision) -> None:
         self.console.call_backend(what, self.console.backend.canary_decision(decision))
 
     def _decide_now(self, verb: str, effect: Callable[[CanaryLook], str], what: str,
-                    decision: Callable[[], CanaryDecision]) -> None:
+                    decision: Callable[[], Decision]) -> None:
         """Ask, then send ``decision``: ``verb`` ("Promote") titles the dialog and names its button, ``effect``
         says what follows (after the verdict so far)."""
         look = self.console.model.canary
@@ -196,7 +196,7 @@ class CanaryScreen(RunScreen):
                              lambda: self._send(what, decision()))
 
     def action_promote_now(self) -> None:
-        from celeryops.ops.run.canary_decisions import PromoteNow
+        from celeryops.ops.run.decisions import PromoteNow
 
         self._decide_now("Promote", lambda look: (
             f"Promoting now is the overlap's cutover: the workers of {look.baseline} stop taking new tasks and finish "
@@ -204,7 +204,7 @@ class CanaryScreen(RunScreen):
             "No busy instance is taken away and nothing is killed."), "promote the canary", PromoteNow)
 
     def action_rollback_now(self) -> None:
-        from celeryops.ops.run.canary_decisions import RollbackNow
+        from celeryops.ops.run.decisions import RollbackNow
 
         self._decide_now("Roll back", lambda look: (
             f"The workers of {look.canary} stop taking new tasks at once and finish what they run; then every "
@@ -212,7 +212,7 @@ class CanaryScreen(RunScreen):
             "throughout; nothing is killed."), "roll back the canary", RollbackNow)
 
     def action_pause(self) -> None:
-        from celeryops.ops.run.canary_decisions import PauseCanary
+        from celeryops.ops.run.decisions import PauseCanary
 
         look = self.console.model.canary
         if look is None:

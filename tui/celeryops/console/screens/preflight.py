@@ -76,12 +76,8 @@ class PreflightScreen(ConsoleScreen):
         if not self.is_mounted:
             return
         what = {"deploy": "deploy " + (model.release or ""), "rollback": "rollback"}.get(model.kind or "", "drain")
-        if model.is_overlap and model.kind == "rollback":
-            what += " (overlap: the previous revision consumes beside the deployed one)"
-        elif model.is_overlap and model.strategy == "canary":
-            what += " (canary: a few instances of the new revision judged beside the old ones)"
-        elif model.is_overlap and model.kind != "drain":
-            what += " (overlap: the new revision consumes beside the old one)"
+        said = model.said
+        what += said.aside
         self.query_one("#preflight-title", Static).update(
             Text.assemble((f"Before the {what}", "bold"), ": nothing has changed yet."))
         box = self.query_one("#checks", VerticalScroll)
@@ -108,15 +104,9 @@ class PreflightScreen(ConsoleScreen):
         elif warned:
             verdict.append(f"{len(warned)} warning(s). ", style="bold yellow")
             verdict.append("Press G to review them and proceed, or q to quit without changing anything.")
-        elif model.is_overlap and model.strategy == "canary":
-            verdict.append("All checks passed. ", style="bold green")
-            verdict.append("Press G to start the canary: a few new instances first, judged by their tasks.")
-        elif model.is_overlap and model.kind != "drain":
-            verdict.append("All checks passed. ", style="bold green")
-            verdict.append("Press G to start the overlap: the new revision first, then the old one drains.")
         else:
             verdict.append("All checks passed. ", style="bold green")
-            verdict.append("Press G to stop consumers and start the drain.")
+            verdict.append(said.go)
         self.query_one("#verdict", Static).update(verdict)
         self.refresh_bindings()
 

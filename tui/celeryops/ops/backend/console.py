@@ -25,7 +25,16 @@ from celery import Celery
 
 from celeryops.core.config import Config, Target
 from celeryops.core.errors import EXIT_USAGE, ReadOnlyRefused, UserError
-from celeryops.core.events import DrainProgress, Event, Notice, PhaseChanged, RunKind, RunPhase
+from celeryops.core.events import (
+    CheckUpdate,
+    DrainProgress,
+    Event,
+    Notice,
+    PhaseChanged,
+    PreflightDone,
+    RunKind,
+    RunPhase,
+)
 from celeryops.core.masking import mask_text
 from celeryops.ops.access.probe import PermissionRefused, missing, url_of, user_of, watcher_needs
 from celeryops.ops.backend.history import local_runs, local_timeline, merge_runs
@@ -42,12 +51,15 @@ from celeryops.ops.backend.views import (
     TimelineEntry,
 )
 from celeryops.ops.backend.watch import follow
-from celeryops.ops.run.canary_decisions import CanaryConsoleOperator, CanaryDecision
+from celeryops.ops.run.decisions import Decision
 from celeryops.ops.run.operator import ConsoleOperator
-from celeryops.ops.run.rollback import Rollback
 from celeryops.ops.run.rollback_plan import RollbackRequest
 from celeryops.ops.run.session import DrainRequest, RunSession
+from celeryops.ops.run.strategies import strategy_of_run, strategy_of_targets
 from celeryops.ops.run.wiring import CONSOLE_CLIENT_NAME, Wiring, wire
+
+#: The check a failure before the operator's go is shown as (the preflight's checklist, failed).
+PREFLIGHT_ERROR = "preflight"
 
 
 @dataclass
@@ -59,12 +71,13 @@ class _Live:
     sink: EventSink
     started_at: float
     session: RunSession | None = None
-    operator: CanaryConsoleOperator = field(default_factory=CanaryConsoleOperator)
+    operator: ConsoleOperator = field(default_factory=ConsoleOperator)
     phase: RunPhase = "preflight"
     task: asyncio.Task[None] | None = None
     detached: bool = False
     progress: DrainProgress | None = None
     progress_at: float | None = None  # the console's clock when ``progress`` arrived
+    decisions: tuple[str, ...] = ()  # the operator's decisions its strategy takes mid-run (a canary's)
 
     @property
     def running(self) -> bool:
@@ -190,7 +203,9 @@ class OpsBackend:
         live.sink(event)
 
     async def _guard(self, live: _Live, work: Coroutine[Any, Any, object]) -> None:
-        """Run a session call; its failures reach the operator as one sentence and end the run."""
+        """Run a session call; its failures reach the operator as one sentence and end the run. A failure before the
+        operator's go (what to deploy or roll back to, building the checks, the review) is the preflight's: it is shown
+        there, as a failed check with its sentence, never a checklist left waiting."""
         try:
             await work
         except asyncio.CancelledError:
@@ -198,23 +213,35 @@ class OpsBackend:
                 self._to(live, PhaseChanged("aborted", "stopped before anything was changed"))
             raise
         except UserError as err:
-            self._to(live, Notice(level="error", message=mask_text(str(err))))
-            self._to(live, PhaseChanged("failed", "the run could not go on"))
+            self._failed(live, mask_text(str(err)), "the run could not go on")
         except Exception as exc:  # an unexpected failure must still end the run visibly
-            self._to(live, Notice(level="error", message=mask_text(f"{type(exc).__name__}: {exc}")))
-            self._to(live, PhaseChanged("failed", "unexpected error"))
+            self._failed(live, mask_text(f"{type(exc).__name__}: {exc}"), "unexpected error")
+
+    def _failed(self, live: _Live, sentence: str, why: str) -> None:
+        if live.phase in ("preflight", "ready"):
+            self._to(live, CheckUpdate(PREFLIGHT_ERROR, "Preflight could not finish", "fail", sentence))
+            self._to(live, PreflightDone(failed=1, warnings=0))
+        self._to(live, Notice(level="error", message=sentence))
+        self._to(live, PhaseChanged("failed", why))
 
     async def start_deploy(self, release: str, on_event: EventSink) -> None:
         self._writable("start a deploy")
         self._refuse_if_running()
         targets = self.targets if self.targets is not None else self.config.targets
-        self._begin(self._new_live("deploy", release, on_event), lambda s: s.deploy(release, targets))
+        live = self._new_live("deploy", release, on_event)
+
+        async def deploy(session: RunSession) -> object:
+            if targets:  # (an unknown strategy is the run's failure: its sentence on the preflight's screen)
+                live.decisions = strategy_of_targets(targets).decisions
+            return await session.deploy(release, targets)
+
+        self._begin(live, deploy)
 
     async def start_rollback(self, run_id: str | None, on_event: EventSink) -> None:
         self._writable("start a rollback")
         self._refuse_if_running()
         request = RollbackRequest(run_id=run_id) if run_id else self.rollback_request
-        self._begin(self._new_live("rollback", None, on_event), lambda s: Rollback(s).run(request))
+        self._begin(self._new_live("rollback", None, on_event), lambda s: s.rollback(request))
 
     async def start_drain(self, on_event: EventSink) -> None:
         self._writable("start a drain")
@@ -230,6 +257,8 @@ class OpsBackend:
         if run is None:
             raise UserError("There is no unfinished run to resume: nothing was changed.", EXIT_USAGE)
         live.kind, live.release = run.kind, run.release
+        if run.release:
+            live.decisions = strategy_of_run(run).decisions
         self._begin(live, lambda s: s.resume(run))
 
     async def accept_warnings(self) -> None:
@@ -244,10 +273,10 @@ class OpsBackend:
             raise UserError("There is no run waiting to proceed: nothing was changed.", EXIT_USAGE)
         live.operator.proceed()
 
-    async def canary_decision(self, decision: CanaryDecision) -> None:
+    async def canary_decision(self, decision: Decision) -> None:
         self._writable(f"{decision.action} the canary")
         live = self._live
-        if live is None or not live.running:
+        if live is None or not live.running or decision.action not in live.decisions:
             raise UserError(f"There is no canary running in this console to {decision.action}: nothing was "
                             "changed.", EXIT_USAGE)
         live.operator.decisions.send(decision)

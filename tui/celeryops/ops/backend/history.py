@@ -5,9 +5,12 @@ thread); a fleet-held run store plugs in as another source of the same views."""
 
 from __future__ import annotations
 
+from celeryops.adapters.deploy.base import describe_split
 from celeryops.core.wording import phase_line
 from celeryops.ops.backend.views import RunRecordView, TimelineEntry
-from celeryops.ops.journal import ADD_CONSUMERS, CANCEL_CONSUMERS, DEPLOY_START, Journal, Record, Run
+from celeryops.ops.journal import ADD_CONSUMERS, CANCEL_CONSUMERS, DEPLOY_START, OVERLAP_UP, Journal, Record, Run
+from celeryops.ops.run.pool.rules import Plan
+from celeryops.ops.run.rollback_plan import replaced_by
 
 
 def local_runs(journal: Journal, fleet: str, limit: int) -> list[RunRecordView]:
@@ -55,8 +58,15 @@ def _line(run: Run, rec: Record) -> tuple[str, str]:
             return "info", f"about to restore consumers: {_queues(p.get('add'))}"
         if rec.intent == DEPLOY_START and p.get("split"):  # a rollback's route to existing revisions
             return "info", f"about to route {p.get('target')} back to revision {p.get('revision')}"
+        was = replaced_by(rec) if rec.intent in (DEPLOY_START, OVERLAP_UP) else ()
+        previous = f" (previous: {describe_split(was)})" if was else ""
         if rec.intent == DEPLOY_START:
-            return "info", f"about to deploy {p.get('image')} to {p.get('target')}"
+            return "info", f"about to deploy {p.get('image')} to {p.get('target')}{previous}"
+        if rec.intent == OVERLAP_UP:
+            plan = Plan.from_payload(p)
+            verb = "promote" if p.get("promote") else "run"
+            return "info", (f"about to {verb} {plan.new_count} instance(s) of {plan.new} beside {plan.count} of "
+                            f"{plan.old} on {plan.target}{previous}")
         return "info", f"about to {rec.intent}"
     if rec.kind == "settle":
         ok = p.get("ok", True)

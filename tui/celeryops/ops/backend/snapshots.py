@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import redis
 
+from celeryops.core.config import DEFAULT_STRATEGY
 from celeryops.core.events import DrainProgress
 from celeryops.core.untrusted import MalformedRecord
 from celeryops.ops.backend import views
@@ -259,7 +260,7 @@ class Snapshots:
         from celeryops.ops.run.strategies import STRATEGIES  # with the first interrupted run: not on every start
 
         run, holder = opened.run, opened.holder
-        strategy = STRATEGIES.get(run.strategy) or STRATEGIES["drain"]  # a newer version's: the drain's rules
+        strategy = STRATEGIES.get(run.strategy) or STRATEGIES[DEFAULT_STRATEGY]  # a newer version's: the default's
         decided = strategy.recovery_plan(run, None)
         choices = [views.RecoveryChoice(c.action, c.label, c.detail) for c in strategy.choices(run, decided)]
         stopped = {w: qs for w, qs in run.stopped_consumers().items() if w != ALL_WORKERS}

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
+from celeryops.core.config import DrainSettings
 from celeryops.core.errors import UserError
 from celeryops.core.events import RunKind
 from celeryops.core.masking import mask_text
@@ -144,6 +145,14 @@ class Run:
     def strategy(self) -> str:
         """How this run deploys: ``drain`` (also every drain-only run) or ``overlap`` (recorded in its settings)."""
         return str(self.settings.get("strategy") or "drain")
+
+    def drain_settings(self) -> DrainSettings:
+        """How the run's drains poll and how long they wait: its recorded ``interval``, ``streak`` and ``max_wait``
+        (the defaults for what a record lacks)."""
+        st, default = self.settings, DrainSettings()
+        return DrainSettings(interval=float(st.get("interval", default.interval)),
+                             streak=int(st.get("streak", default.streak)),
+                             max_wait=float(st.get("max_wait", default.max_wait)))
 
     def holds_fleet(self) -> bool:
         """Whether this run, while unfinished, holds something a new run must not start over: consumers it stopped,

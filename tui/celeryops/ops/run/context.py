@@ -1,11 +1,13 @@
 """The public run context every strategy and flow runs in: :class:`RunContext`.
 
-It is what a run needs whatever its strategy: the engine (:class:`~celeryops.ops.run.runner.Runner`: the journal,
-the lease, the fence, the drain), the config, the operator, the rollouts; and the steps every run shares: the
+It is what a run needs whatever its strategy (or none: a flow that scales a pool is a run too): the engine
+(:class:`~celeryops.ops.run.runner.Runner`: the journal, the lease, the fence, the drain), the config, the operator,
+the rollouts; and the steps every run shares: the
 refusals before anything changes (read-only, the operator role's permissions), the preflight and the operator's
 review of it, the fleet's and the release's checks, the end of the run (:meth:`RunContext.finish`), the recovery
-around a drain (:meth:`RunContext.recovering`) and the fleet's verification once a release serves
-(:meth:`RunContext.verify`).
+around a drain (:meth:`RunContext.recovering`), the fleet's verification once a release serves
+(:meth:`RunContext.verify`), and the write-ahead of every side effect (:meth:`RunContext.written_ahead`: journal the
+intent, act, settle).
 
 :class:`~celeryops.ops.run.session.RunSession` is a run context with the entry points (drain, deploy, resume,
 abort); the strategies (:mod:`celeryops.ops.run.strategies`) and the rollback take a run context and never import
@@ -16,10 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 
@@ -58,6 +60,9 @@ from celeryops.ops.preflight.fleet import UNREACHABLE, fleet_checks
 from celeryops.ops.run.operator import Operator
 from celeryops.ops.run.rollout import Rollouts
 from celeryops.ops.run.runner import Runner, uncut
+from celeryops.ops.run.writeahead import written_ahead
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -79,6 +84,18 @@ class RunContext:
 
     def emit(self, event: Event) -> None:
         self.runner.emit(event)
+
+    async def written_ahead(self, run_id: str, intent: str, payload: Mapping[str, Any],
+                            act: Callable[[], Awaitable[T]], **how: Any) -> T:
+        """Journal the intent, act, settle (:func:`celeryops.ops.run.writeahead.written_ahead`): ``intent`` with
+        ``payload`` is durable in the run's journal (and the fleet's copy) before ``act`` starts, then settled with
+        how it went; ``how``: ``settle`` (the settle record from ``act``'s result), ``failed`` (the errors that
+        settle it not ok, raised again)."""
+        return await written_ahead(self.runner.journal, run_id, intent, payload, act, **how)
+
+    async def journaled(self, run_id: str) -> Run:
+        """Run ``run_id`` as the journal holds it now (its records so far)."""
+        return await self.runner.journal.aio.get(run_id)
 
     def detach(self) -> None:
         """The operator detaches from the run (the console): an interruption from now on leaves its consumers stopped

@@ -1,6 +1,7 @@
 """How the operator's decisions reach a run: the :class:`Operator` protocol the run session asks, and the two
 operators there are: one that answers from a command's flags (and a terminal prompt), one that waits for the
-console's keys (:class:`ConsoleOperator`). The session holds the flow; an operator only answers its questions."""
+console's keys (:class:`ConsoleOperator`, with the operator's decisions mid-run). The session holds the flow; an
+operator only answers its questions."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Protocol
 
 from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.ops.preflight import PreflightReport
+from celeryops.ops.run.decisions import Decisions
 
 
 @dataclass(frozen=True)
@@ -69,12 +71,14 @@ class FlagOperator:
 @dataclass
 class ConsoleOperator:
     """Waits for the console: :meth:`proceed` (after the operator confirmed, warnings included) answers the review;
-    the operator's one confirmation covers the deploy that follows the drain."""
+    the operator's one confirmation covers the deploy that follows the drain. :attr:`decisions`: what the operator
+    decides mid-run (a strategy that takes decisions reads them; the others never look)."""
 
     _waiting: asyncio.Future[Review] | None = field(default=None, init=False)
     _report: PreflightReport | None = field(default=None, init=False)
     _accepted: frozenset[str] = field(default=frozenset(), init=False)
     accept_all: bool = False
+    decisions: Decisions = field(default_factory=Decisions)
 
     @property
     def waiting(self) -> bool:

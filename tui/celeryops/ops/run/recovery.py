@@ -20,7 +20,7 @@ from celeryops.core.errors import EXIT_DEPLOY, EXIT_OK
 from celeryops.ops.journal import ALL_WORKERS, OVERLAP_UP, Phase, Run
 
 Rollout = Literal["ready", "failed", "in_progress", "not_started", "unknown"]
-# "retire" / "cutover": an overlap deploy's (a worker pool's), carried out by its own flow (ops/run/overlap.py).
+# "retire" / "cutover": a flow's of two revisions on a worker pool, carried out by its strategy (ops/run/pool/).
 Action = Literal["nothing", "restore", "leave", "ask", "retire", "cutover"]
 ROLLOUTS: Final[tuple[Rollout, ...]] = ("ready", "failed", "in_progress", "not_started", "unknown")
 
@@ -86,8 +86,8 @@ def _target(run: Run) -> str:
 
 def plan(run: Run, rollout: Rollout | None) -> RecoveryPlan:
     """Decide recovery for ``run`` given what the deploy target reports (``rollout``; None = not checked)."""
-    if run.intents(OVERLAP_UP):  # a worker pool's revisions were changed: the pool's rules (ops/run/overlap_rules.py)
-        from celeryops.ops.run.overlap_rules import recovery_plan
+    if run.intents(OVERLAP_UP):  # a worker pool's revisions were changed: the pool's rules (ops/run/pool/rules.py)
+        from celeryops.ops.run.pool.rules import recovery_plan
 
         return recovery_plan(run)
     stopped = {w: sorted(qs) for w, qs in sorted(run.stopped_consumers().items())}

@@ -13,15 +13,15 @@ anything changes, asking for ``--to``: never a silent two steps back."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from celeryops.adapters.deploy.base import RevisionInfo, RolloutState, describe_split, short_revision
-from celeryops.core.config import STRATEGIES, Config, Target
+from celeryops.core.config import DEFAULT_STRATEGY, Config, Target
 from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.ops.journal import DEPLOY_START, OVERLAP_CUTOVER, OVERLAP_UP, Journal, Record, Run, UnknownRun
-from celeryops.ops.run.overlap_rules import Plan, overlap_target
+from celeryops.ops.run.pool.rules import Plan
 
 Split = tuple[tuple[str, int], ...]
 HISTORY_DEPTH = 200  # how many of the fleet's latest runs are searched for a target's last deploy
@@ -50,7 +50,7 @@ class RollbackStep:
     serving: Split = ()
     image: str = ""
     source: str = ""
-    strategy: str = "drain"
+    strategy: str = DEFAULT_STRATEGY
 
     @property
     def revision(self) -> str:
@@ -69,14 +69,14 @@ class RollbackStep:
 
 
 def strategy_of(request: RollbackRequest, target: Target) -> str:
-    """The flag wins, then the target's ``strategy``, then ``drain``."""
-    return request.strategy or target.strategy or "drain"
+    """The name of the strategy that rolls ``target`` back: the flag wins, then the target's ``strategy``."""
+    return request.strategy or target.strategy or DEFAULT_STRATEGY
 
 
 def chosen_targets(config: Config, request: RollbackRequest, journal: Journal | None) -> tuple[Target, ...]:
     """The targets to roll back, checked without touching anything: Cloud Run targets only, ``--to`` for one of
-    them, a known strategy, one strategy for all, and the overlap strategy for one worker pool. With ``run_id`` and
-    no targets: the targets that run deployed to."""
+    them (what their strategy can move is the strategy's to say: ``celeryops.ops.run.rollback.chosen``). With
+    ``run_id`` and no targets: the targets that run deployed to."""
     if not config.targets:
         raise UserError("No deploy target is configured, so there is nothing to roll back: nothing was changed; add a "
                         "[[targets]] table to celeryops.toml (see the README).", EXIT_USAGE)
@@ -96,15 +96,6 @@ def chosen_targets(config: Config, request: RollbackRequest, journal: Journal | 
     if request.to and len(targets) != 1:
         raise UserError(f"--to names a revision of one target, and this rollback has {len(targets)} "
                         f"({', '.join(t.name for t in targets)}): nothing was changed; add --target NAME.", EXIT_USAGE)
-    if request.strategy and request.strategy not in STRATEGIES:
-        raise UserError(f"--strategy {request.strategy!r} is not a strategy: nothing was changed; use "
-                        f"{' or '.join(STRATEGIES)}.", EXIT_USAGE)
-    strategies = {strategy_of(request, t) for t in targets}
-    if len(strategies) > 1:
-        raise UserError(f"The targets ask for different strategies ({', '.join(sorted(strategies))}): nothing was "
-                        "changed; roll them back one at a time (--target), or say --strategy.", EXIT_USAGE)
-    if strategies == {"overlap"}:
-        overlap_target(targets, rollback=True)
     return targets
 
 
@@ -149,10 +140,25 @@ def last_deploy(journal: Journal, fleet: str, target: str, run_id: str = "") -> 
     for run in runs:
         if run.kind != "deploy":
             continue  # a rollback's own routes are not deploys: rolling back twice stays put
-        for start in reversed(starts(run)):
+        # The run's first start of the target that took effect: what served before the run (a canary's promotion is
+        # a later ``overlap_up`` of the same run, which names no ``before``: the canary's own scale-up does).
+        for start in starts(run):
             if start.payload.get("target") == target and took_effect(run, start):
                 return run, start
     return None
+
+
+def replaced(run: Run) -> dict[str, Split]:
+    """What ``run`` replaced on each target it deployed to (the deploys that took effect), as the split that served
+    before it: what a rollback of it goes back to, for every strategy alike (the run history shows it)."""
+    found: dict[str, Split] = {}
+    if run.kind != "deploy":
+        return found
+    for start in starts(run):
+        target = str(start.payload.get("target") or "")
+        if target and target not in found and took_effect(run, start) and (split := replaced_by(start)):
+            found[target] = split
+    return found
 
 
 @dataclass(frozen=True)
@@ -192,11 +198,11 @@ def recorded_deploy(config: Config, journal: Journal, target: Target, run_id: st
 
 
 def left_by(run: Run, start: Record) -> tuple[Split, str]:
-    """What the deploy ``start`` began left serving: its revision at 100% (an overlap deploy's new revision; a drain
-    deploy's settled revision; empty when not recorded) and its image."""
+    """What the deploy ``start`` began left serving: its revision at 100% (a pool deploy's new revision, as its last
+    ``overlap_up`` names it; a drain deploy's settled revision; empty when not recorded) and its image."""
     image = str(start.payload.get("image") or "")
     if start.intent == OVERLAP_UP:
-        plan = Plan.from_payload(start.payload)
+        plan = Plan.from_payload(run.intents(OVERLAP_UP)[-1].payload)
         return ((plan.new, 100),) if plan.new else (), plan.image or image
     settled = run.settlement(start.seq)
     revision = str(settled.payload.get("revision") or "") if settled is not None else ""
@@ -238,15 +244,13 @@ def replaced_by(start: Record) -> Split:
 
 
 def checked_step(target: Target, split: Split, source: str, now: RolloutState, revisions: Sequence[RevisionInfo],
-                 strategy: str) -> RollbackStep:
-    """The step for ``target``, once every revision of ``split`` exists and Cloud Run can serve it (Ready), and, for
-    the overlap strategy, is one revision (it moves every instance to one)."""
+                 strategy: str, refuse: Callable[[RollbackStep], None] | None = None) -> RollbackStep:
+    """The step for ``target``, once ``refuse`` (the strategy's ``check_rollback``: a way back it cannot take) said
+    nothing, and every revision of ``split`` exists and Cloud Run can serve it (Ready)."""
     known = {r.name: r for r in revisions}
     serving = now.served_split
-    if strategy == "overlap" and len(split) != 1:
-        raise UserError(f"An overlap rollback moves every instance of {target.display} to one revision, and what it "
-                        f"would go back to is a split ({describe_split(split)}, {source}): nothing was changed; name "
-                        "one revision with --to REVISION, or roll back with --strategy drain.", EXIT_USAGE)
+    if refuse is not None:
+        refuse(RollbackStep(target, split, serving, "", source, strategy))
     for rev, _pct in split:
         info = known.get(rev)
         if info is not None and info.state == "succeeded":
@@ -281,7 +285,7 @@ def steps_of(config: Config, settings: Mapping[str, Any]) -> tuple[RollbackStep,
         entry = saved.get(name) or {}
         steps.append(RollbackStep(config.target(str(name)), _split(entry.get("split")), _split(entry.get("serving")),
                                   str(entry.get("image", "")), str(entry.get("source", "")),
-                                  str(settings.get("strategy") or "drain")))
+                                  str(settings.get("strategy") or DEFAULT_STRATEGY)))
     return tuple(steps)
 
 

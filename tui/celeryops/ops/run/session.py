@@ -1,9 +1,10 @@
 """One run of celeryops on one fleet, from preflight to done or aborted: :class:`RunSession`.
 
-The console, the headless commands (``drain``, ``deploy``, ``resume``, ``abort``) and the demo all drive this same
-session. It is the run context (:class:`~celeryops.ops.run.context.RunContext`: the preflight, the operator's
-review, the events, the journal phases, the end) with the entry points: a drain-only run, and the deploy runs,
-each given to its strategy by the registry (:data:`celeryops.ops.run.strategies.STRATEGIES`, the only switch).
+The console, the headless commands (``drain``, ``deploy``, ``rollback``, ``resume``, ``abort``) and the demo all
+drive this same session. It is the run context (:class:`~celeryops.ops.run.context.RunContext`: the preflight, the
+operator's review, the events, the journal phases, the end) with the entry points: a drain-only run, and the deploy
+and rollback runs, each given to its strategy by the registry (:data:`celeryops.ops.run.strategies.STRATEGIES`, the
+only switch).
 Every interruption (task cancellation) follows the strategy's recovery rules before the session's coroutine ends:
 
 - preflight / waiting for the operator: nothing was touched;
@@ -22,6 +23,7 @@ from celeryops.core.events import RunFinished
 from celeryops.ops.journal import Run
 from celeryops.ops.run.context import RunContext
 from celeryops.ops.run.recovery import RecoveryPlan
+from celeryops.ops.run.rollback_plan import RollbackRequest
 from celeryops.ops.run.strategies import strategy_of_run, strategy_of_targets
 
 
@@ -71,7 +73,7 @@ class RunSession(RunContext):
 
     async def resume(self, run: Run | None = None) -> int:
         """Continue the fleet's interrupted run from its phase; returns the exit code. A drain-only run drains
-        again; a rollback continues as a rollback; a deploy run by its strategy's rules."""
+        again; a deploy or a rollback by its strategy's rules."""
         self.refuse_if_read_only("resume the run")
         await self.require_operator("resume the run")
         run = run or self.runner.unfinished()
@@ -81,10 +83,6 @@ class RunSession(RunContext):
         if not run.release:
             outcome, _ = await self.runner.resume(run=run)
             return EXIT_OK if outcome == "drained" else EXIT_TIMEOUT
-        if run.kind == "rollback":  # routed back to existing revisions: its own flow (ops/run/rollback.py)
-            from celeryops.ops.run.rollback import Rollback
-
-            return (await Rollback(self).resume(run)).exit_code
         return (await strategy_of_run(run).resume(self, run)).exit_code
 
     async def abort(self, run: Run | None = None, *, force_restore: bool = False) -> RecoveryPlan:
@@ -97,6 +95,13 @@ class RunSession(RunContext):
             return await strategy_of_run(run).abort(self, run, force_restore=force_restore)
         decided, _ = await self.runner.abort(run=run, force_restore=force_restore)
         return decided
+
+    async def rollback(self, request: RollbackRequest) -> RunFinished:
+        """The targets back to what their last deploy replaced (or ``--to``), by their strategy
+        (:class:`~celeryops.ops.run.rollback.Rollback`: what to go back to, preflight, the operator's go, the run)."""
+        from celeryops.ops.run.rollback import Rollback
+
+        return await Rollback(self).run(request)
 
     async def forget(self, name: str) -> None:
         self.refuse_if_read_only("forget a worker")

@@ -1,25 +1,30 @@
 """``strategy = "drain"``: stop every consumer of the fleet, wait until no task runs, then act (deploy the release,
-or route a rollback), verify, lift the fence. Processing pauses for the drain; nothing is killed.
+or route the targets back to the revisions they ran before), verify, lift the fence. Processing pauses for the
+drain; nothing is killed.
 
-:func:`drain_then` is the one drain-then-act path: the deploy's (:class:`DrainStrategy`) and the drain rollback's
-(:mod:`celeryops.ops.run.rollback`) runs both go through it, and :func:`resume_drain_then` continues either. An
-interrupted run follows the recovery rules of :mod:`celeryops.ops.run.recovery`, with the rollout's real outcome.
+:func:`drain_then` is the one drain-then-act path: the deploy's and the rollback's runs both go through it, and
+:func:`resume_drain_then` continues either. An interrupted run follows the recovery rules of
+:mod:`celeryops.ops.run.recovery`, with the rollout's (or the route's) real outcome.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from celeryops.core.config import Target
-from celeryops.core.errors import EXIT_DEPLOY, EXIT_OK, EXIT_TIMEOUT
-from celeryops.core.events import RunFinished, StageStarted, TargetDeployed
+from celeryops.core.config import Config, Target
+from celeryops.core.errors import EXIT_DEPLOY, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE, UserError
+from celeryops.core.events import RunFinished, RunKind, StageStarted, TargetDeployed, TargetRolledBack
 from celeryops.ops.journal import Run
+from celeryops.ops.preflight import Check
 from celeryops.ops.run.context import RunContext
+from celeryops.ops.run.decisions import DecisionAction
 from celeryops.ops.run.recovery import RecoveryPlan, Rollout, plan
+from celeryops.ops.run.rollback_plan import RollbackStep, label_of, settings_of, steps_of
 from celeryops.ops.run.rollout import DeployFailure
-from celeryops.ops.run.strategies.base import Choice
+from celeryops.ops.run.routing import route_all, route_check, route_failed, routed, settle_started
+from celeryops.ops.run.strategies.base import Choice, Said
 
 #: What the drain's run does once drained: given the drained run, it returns the run's end.
 Act = Callable[[Run], Awaitable[RunFinished]]
@@ -34,6 +39,7 @@ class DrainWords:
 
 
 DEPLOY = DrainWords()
+ROLLBACK = DrainWords(done="rolled back", doing="rolling back")
 
 
 async def recover(ctx: RunContext, run: Run) -> RecoveryPlan:
@@ -80,14 +86,37 @@ def is_drain_phase(run: Run) -> bool:
 
 @dataclass(frozen=True)
 class DrainStrategy:
-    """``strategy = "drain"`` (the default): the whole fleet drained, then the release deployed to every target."""
+    """``strategy = "drain"`` (the default): the whole fleet drained, then the release deployed to every target (or
+    every target routed back to the revision its last deploy replaced)."""
 
     name: str = "drain"
+    decisions: tuple[DecisionAction, ...] = ()
+    demo: str = ""
+
+    def said(self, kind: RunKind, release: str | None) -> Said:
+        if kind == "rollback":
+            plan = ("Consumers are cancelled on every worker (running and prefetched tasks finish), the fleet is "
+                    "drained, then each target is routed back to its earlier revision (no new image, no new "
+                    "revision). A timeout restores consumers and changes nothing.")
+        else:
+            deploy = f" then deploy {release}" if kind == "deploy" else ""
+            plan = ("Consumers are cancelled on every worker (running and prefetched tasks finish), the fleet is "
+                    f"drained{deploy}. A timeout restores consumers and deploys nothing.")
+        return Said(aside="", go="Press G to stop consumers and start the drain.", question="Stop consumers and "
+                    "drain?", plan=plan, button="Stop consumers", warned_button="Accept warnings and stop consumers")
+
+    def peak(self, count: int, config: Config) -> int:
+        return count  # the new workers replace the drained ones
+
+    def check_targets(self, targets: Sequence[Target], *, rollback: bool = False) -> None:
+        """Every target kind; several at once."""
+
+    # -- deploy --------------------------------------------------------------------------------------------------
 
     async def deploy(self, ctx: RunContext, release: str, targets: tuple[Target, ...]) -> RunFinished:
         """Preflight (the fleet's checks and the release's), the operator's go, drain, the operator's go, deploy,
         verify. Interrupted after the drain: the recovery rules, with the rollout's real outcome."""
-        ctx.emit(StageStarted(stage="preflight", detail=f"release {release}", strategy="drain"))
+        ctx.emit(StageStarted(stage="preflight", detail=f"release {release}", strategy=self.name))
         sha = await ctx.release_sha(release)
         ended = await ctx.checked([*ctx.release_checks(release, sha, targets), *ctx.fleet_checks()])
         if ended is not None:
@@ -112,14 +141,49 @@ class DrainStrategy:
         return await ctx.verify(run, f"Release {release} deployed", deployed)
 
     async def _failed(self, ctx: RunContext, run_id: str, failure: DeployFailure) -> RunFinished:
-        run = await ctx.runner.journal.aio.get(run_id)
+        run = await ctx.journaled(run_id)
         decided, _restored = await ctx.runner.abort(run=run, rollout=failure.rollout)
         state = "consumers restored on the old workers" if decided.action == "restore" else decided.explanation
         return ctx.finish("deploy_failed", EXIT_DEPLOY, f"Deploy to {failure.target.name} failed: {failure.message} "
                                                         f"— {state}.", logs_url=failure.logs_url)
 
+    # -- rollback ------------------------------------------------------------------------------------------------
+
+    def check_rollback(self, step: RollbackStep) -> None:
+        """Any split of existing revisions: one update routes it."""
+
+    def rollback_checks(self, ctx: RunContext, steps: tuple[RollbackStep, ...],
+                        first: Sequence[Check]) -> list[Check]:
+        """The rollback's own, ``validate`` (Cloud Run's validate_only of the exact update that routes back), the
+        fleet's."""
+        return [*first, route_check(ctx, steps), *ctx.fleet_checks()]
+
+    async def rollback(self, ctx: RunContext, steps: tuple[RollbackStep, ...]) -> RunFinished:
+        """The deploy's way: drain the fleet, route every target back, verify, lift the fence."""
+        label = label_of(steps)
+        return await drain_then(ctx, lambda run: self._route(ctx, run, steps), release=label,
+                                ours=lambda current: current.kind == "rollback" and current.release == label,
+                                confirm=lambda: ctx.operator.confirm_rollback("; ".join(s.line() for s in steps)),
+                                settings=settings_of(steps, self.name), words=ROLLBACK)
+
+    async def _route(self, ctx: RunContext, run: Run, steps: tuple[RollbackStep, ...]) -> RunFinished:
+        await ctx.runner.advance(run.id, "deploying")
+        ctx.emit(StageStarted(stage="rollback", detail="; ".join(s.line() for s in steps)))
+        # The revisions' workers (Cloud Run starts them now) consume while the fence holds the others.
+        await ctx.runner.exempt_from_fence([], revisions=sorted({rev for s in steps for rev, _ in s.split}))
+        result = await route_all(ctx, run.id, steps)
+        if isinstance(result, DeployFailure):
+            return await route_failed(ctx, run.id, result)
+        await ctx.runner.advance(run.id, "deployed")
+        return await routed(ctx, run, tuple(TargetRolledBack(**r.summary()) for r in result))
+
+    # -- recovery ------------------------------------------------------------------------------------------------
+
     async def resume(self, ctx: RunContext, run: Run) -> RunFinished:
-        """A deploy run drains again then deploys, or (deploying/deployed) follows the rollout's outcome."""
+        """A run interrupted while draining drains again, then deploys (routes back); one whose deploy (route) was
+        started follows its outcome."""
+        if run.kind == "rollback":
+            return await self._resume_rollback(ctx, run)
         names = list(run.settings.get("targets") or [t.name for t in ctx.config.targets])
         targets = tuple(ctx.config.target(name) for name in names)
         sha = str(run.settings.get("sha") or "")
@@ -139,6 +203,15 @@ class DrainStrategy:
         if decided.action == "ask":
             return ctx.finish("deploy_failed", EXIT_DEPLOY, decided.explanation)
         return ctx.finish("deploy_failed", EXIT_DEPLOY, "The deploy did not take effect: " + decided.explanation)
+
+    async def _resume_rollback(self, ctx: RunContext, run: Run) -> RunFinished:
+        steps = steps_of(ctx.config, run.settings)
+        if not steps:
+            raise UserError(f"Run {run.id} is a rollback this version cannot continue: nothing was changed; run "
+                            "`celeryops abort` to apply the recovery rules.", EXIT_USAGE)
+        if is_drain_phase(run):
+            return await resume_drain_then(ctx, run, lambda drained: self._route(ctx, drained, steps), ROLLBACK)
+        return await settle_started(ctx, run, steps)  # routing began: its outcome decides
 
     async def abort(self, ctx: RunContext, run: Run, *, force_restore: bool = False) -> RecoveryPlan:
         decided, _ = await ctx.runner.abort(run=run, force_restore=force_restore)

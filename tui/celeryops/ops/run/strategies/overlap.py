@@ -1,105 +1,82 @@
-"""The overlap deploy of a Cloud Run worker pool: the new revision comes up beside the old one and consumes, only
-the old revision's workers stop taking tasks, and the old instances are taken away once they are idle by the
-drain's own rules. Processing never pauses, and no task is killed.
+"""``strategy = "overlap"``: the overlap deploy of a Cloud Run worker pool. The new revision comes up beside the old
+one and consumes, only the old revision's workers stop taking tasks, and the old instances are taken away once they
+are idle by the drain's own rules. Processing never pauses, and no task is killed.
 
-The flow (each pool update and each stop written ahead in the journal; the rules in
-:mod:`celeryops.ops.run.overlap_rules`):
+As the pool's steps (:mod:`celeryops.ops.run.pool`; each pool update and each stop written ahead in the journal, the
+rules in :mod:`celeryops.ops.run.pool.rules`):
 
-1. preflight: the drain deploy's checks, with the overlap's ``traffic`` (the pool runs one revision; the peak),
+1. preflight: the drain deploy's checks, with the pool's ``traffic`` (the pool runs one revision; the peak),
    ``validate`` (the scale-up, validate only), ``fence`` (required on every worker) and ``mixed_versions``;
-2. ``overlapping``: one update names the new revision up front and runs it beside the old one at twice the count,
-   split 50/50 (the old revision keeps every instance); then wait until the new revision's workers consume the old
-   revision's queues, one per instance at least;
-3. ``stopping`` / ``draining`` / ``drained``: a fence scoped to the old revision (the new one exempt) and
-   ``cancel_consumer`` sent to the old revision's workers by name, re-sent to old workers that appear; drained by
-   the drain's rules over the old revision's workers alone;
-4. ``cutting_over``: the fence is parked (the old workers stay held even if this process dies), one update puts
-   every instance on the new revision at the original count; once the old workers left, the fence is lifted.
+2. :func:`~celeryops.ops.run.pool.steps.scale_up` (``overlapping``): one update names the new revision up front and
+   runs it beside the old one at twice the count, split 50/50 (the old revision keeps every instance);
+3. :func:`~celeryops.ops.run.pool.switch.hand_over`: until the new revision's workers consume the old revision's
+   queues, one per instance at least; then (``stopping`` / ``draining`` / ``drained``) a fence scoped to the old
+   revision and ``cancel_consumer`` sent to its workers by name, drained by the drain's rules over them alone;
+   then (``cutting_over``) one update puts every instance on the new revision at the original count, and once the
+   old workers left the fence is lifted.
 
 Retiring the new revision (abort, the old revision's drain timing out, the new revision failing to start or to
-consume): the old revision's consumers come back first, then the new revision's workers are held and drained (a
-fence scoped to it), then one update puts the pool back on the old revision. If the new revision stays busy past
-max wait, its consumers come back too and both keep consuming (nothing lost, nothing stopped; the run stays open).
+consume): the old revision's consumers come back first, then the new revision's workers are held and drained, then
+one update puts the pool back on the old revision. If the new revision stays busy past max wait, its consumers come
+back too and both keep consuming (nothing lost, nothing stopped; the run stays open).
 
 Interrupted (Ctrl-C, SIGTERM, SIGHUP), the flow applies the abort's rules before the process ends; killed, the next
 ``celeryops abort`` / ``resume`` from any machine does, from the journal the fleet holds.
-
-The strategy object is :class:`OverlapStrategy` (in the registry, :mod:`celeryops.ops.run.strategies`); the flow is
-:class:`OverlapFlow`, on the pool mechanics of :mod:`celeryops.ops.run.pool`. :meth:`OverlapFlow.move` takes what
-the pool moves to (:class:`Destination`: a new revision made from an image, or an existing revision) for a flow that
-has its own preflight (a rollback: :class:`~celeryops.ops.run.rollback.OverlapStrategy`). A rollback run (``kind``
-rollback in its settings) is told as one (:class:`Words`: the deployed revision, the previous one; outcomes
-``rolled_back`` / ``rollback_failed``, a ``target`` event with ``"rolled_back": true``), and the split its cutover
-pins is recorded as celeryops' own, as is the one a retirement pins.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
 
-from celeryops.core.config import Target
-from celeryops.core.errors import EXIT_DEPLOY, EXIT_OK
-from celeryops.core.events import RunFinished, StageStarted
+from celeryops.core.config import Config, Target
+from celeryops.core.events import RunFinished
 from celeryops.ops.journal import Run
-from celeryops.ops.run.overlap_rules import Plan, Step, overlap_target
-from celeryops.ops.run.pool.base import Destination, Ending, PoolStrategy, new_revision_name
-from celeryops.ops.run.pool.steps import PoolSteps
+from celeryops.ops.run.context import RunContext
+from celeryops.ops.run.decisions import DecisionAction
+from celeryops.ops.run.pool.checks import begin_deploy, deploy_checks
+from celeryops.ops.run.pool.switch import abort_switch, move, resume_switch
+from celeryops.ops.run.recovery import RecoveryPlan
+from celeryops.ops.run.strategies.base import OnePool
 
 
-class OverlapFlow(PoolSteps):
-    """The overlap deploy of one worker pool, in a run context."""
+@dataclass(frozen=True)
+class OverlapStrategy(OnePool):
+    """``strategy = "overlap"``: the new revision beside the old one, the old one drained, then the cutover."""
 
-    # -- entry points ------------------------------------------------------------------------------------------
+    name: str = "overlap"
+    decisions: tuple[DecisionAction, ...] = ()
+    demo: str = "without a pause (the new revision consumes while the old one drains)"
+    aside: str = " (overlap: the new revision consumes beside the old one)"
+    go: str = "Press G to start the overlap: the new revision first, then the old one drains."
+    plan: str = ("{peak}The new revision of{release} comes up beside the old one (no old instance is taken away) and "
+                 "starts consuming. Only then do the old revision's workers stop taking new tasks: their running and "
+                 "prefetched tasks finish while the new revision consumes, so processing never pauses. Once the old "
+                 "revision is idle (the drain's empty streak), every instance moves to the new revision, back to the "
+                 "original count. Nothing is killed: if the old revision is not idle within max wait, or the new one "
+                 "does not consume, the old revision consumes again and the new one is retired.")
+    resume_label: str = "Resume the overlap deploy"
+    resume_detail: str = ("Ask Cloud Run how the pool is and continue from the journal: wait for the new revision, "
+                          "drain the old one again, or finish the cutover (what `celeryops resume` does).")
+    retire_label: str = "Abort: retire the new revision"
+    cutover_label: str = "Abort: finish the cutover"
 
-    async def deploy(self, release: str, targets: tuple[Target, ...]) -> RunFinished:
-        """Preflight (the overlap's checks), the operator's go, then :meth:`move` to a new revision of the release's
-        image."""
-        target = overlap_target(targets)
-        self.emit(StageStarted(stage="preflight", detail=f"release {release}, overlap on {target.name}",
-                               strategy="overlap"))
-        sha = await self.ctx.release_sha(release)
-        destination = Destination(new_revision_name(target, sha), target.image_for(sha, release, release))
-        ended = await self.ctx.checked(self._checks(target, destination, release, sha))
+    def peak(self, count: int, config: Config) -> int:
+        return 2 * count  # as many new instances as old ones, beside them
+
+    async def deploy(self, ctx: RunContext, release: str, targets: tuple[Target, ...]) -> RunFinished:
+        """Preflight (the pool's checks), the operator's go, then the pool moved to a new revision of the release's
+        image: scale up, hand over."""
+        target, sha, destination = await begin_deploy(ctx, self.name, release, targets)
+        ended = await ctx.checked(deploy_checks(ctx, target, destination, release, sha))
         if ended is not None:
             return ended
-        return await self.move(target, destination, release=release, settings={"sha": sha})  # closes them
+        return await move(ctx, target, destination, strategy=self.name, release=release, settings={"sha": sha})
 
-    async def move(self, target: Target, destination: Destination, *, release: str | None,
-                   settings: Mapping[str, Any] | None = None) -> RunFinished:
-        """Open the run (the lease held), move the pool to ``destination``, end the run. Interrupted: the abort's
-        rules, before the coroutine ends."""
-        drain = self.ctx.config.drain
-        run = await self.runner.open_run(release=release, settings={
-            "strategy": "overlap", "targets": [target.name], "new_revision": destination.revision,
-            "image": destination.image, "queues": [], "forget": [], "interval": drain.interval,
-            "streak": drain.streak, "max_wait": drain.max_wait, **dict(settings or {})})
-        self._kind(run)
-        try:
-            ending = await self._guarded(run, target, lambda: self._forward(run, target, "up"))
-        finally:
-            await self._close()
-        return self._finish(ending)
+    async def resume(self, ctx: RunContext, run: Run) -> RunFinished:
+        return await resume_switch(ctx, run)
 
-    # -- the flow ----------------------------------------------------------------------------------------------
-
-    async def _go_on(self, run: Run, target: Target, plan: Plan, step: Step, *, resume: bool) -> Ending:
-        """Wait for the new revision or drain the old one again (resume), or retire the new one."""
-        if step in ("wait_new", "drain_old"):
-            return await self._forward(run, target, "wait" if step == "wait_new" else "drain", plan)
-        sentence, done = await self._retire(run, target, plan)
-        if resume:  # the new revision failed to start, or a retirement was begun: the deploy did not happen
-            return Ending("deploy_failed", EXIT_DEPLOY, f"The {self._words.flow} did not take place: {sentence}")
-        return Ending("aborted" if done else "deploy_failed", EXIT_OK if done else EXIT_DEPLOY, sentence,
-                      action="retire" if done else "ask")
+    async def abort(self, ctx: RunContext, run: Run, *, force_restore: bool = False) -> RecoveryPlan:
+        return await abort_switch(ctx, run, force_restore=force_restore)
 
 
-#: ``strategy = "overlap"``: the new revision beside the old one, the old one drained, then the cutover.
-OverlapStrategy = PoolStrategy(
-    name="overlap", flow=OverlapFlow, resume_label="Resume the overlap deploy",
-    resume_detail="Ask Cloud Run how the pool is and continue from the journal: wait for the new revision, drain the "
-                  "old one again, or finish the cutover (what `celeryops resume` does).",
-    retire_label="Abort: retire the new revision", cutover_label="Abort: finish the cutover")
-
-
-__all__ = ["OverlapFlow", "OverlapStrategy"]
+__all__ = ["OverlapStrategy"]

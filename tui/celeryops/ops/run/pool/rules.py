@@ -1,7 +1,11 @@
-"""The overlap deploy's recovery rules: what ``abort`` and ``resume`` do with an interrupted overlap run, decided
-from its journal and what the worker pool reports now. Pure, no I/O (the flow is :mod:`celeryops.ops.run.overlap`).
+"""The rules of two revisions on one worker pool: what a flow plans (:class:`Plan`, from the old revision to the new
+one, the exact instance counts of each) and what ``abort`` and ``resume`` do with an interrupted run of an overlap or
+canary deploy or a pool rollback, decided from its journal and what the worker pool reports now. Pure, no I/O (the
+steps are :mod:`celeryops.ops.run.pool.steps`).
 
-An overlap deploy moves a Cloud Run worker pool from its old revision to a new one without pausing processing:
+An overlap deploy moves a Cloud Run worker pool from its old revision to a new one without pausing processing (a
+canary's first update runs a few instances of the new revision instead, its promotion the overlap's; a rollback's
+"new" revision is the previous one, which exists):
 
 1. ``overlap_up`` (written ahead): one update runs the new revision beside the old one, at twice the count with the
    split old 50 / new 50 (no old instance is taken away);
@@ -36,7 +40,7 @@ from typing import Any, Literal
 
 from celeryops.adapters.deploy.base import DeployError, RevisionInfo, RolloutState, role_for
 from celeryops.core.canary import canary_split, run_peak
-from celeryops.core.config import Target, overlap_refusal
+from celeryops.core.config import Target, strategy_refusal
 from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.ops.journal import CANCEL_CONSUMERS, OVERLAP_CUTOVER, OVERLAP_REVERT, OVERLAP_UP, Run
 from celeryops.ops.run.recovery import RecoveryPlan
@@ -46,6 +50,36 @@ Step = Literal["done", "nothing", "start", "wait_new", "drain_old", "cutover", "
 
 ABORT = "celeryops abort"
 RESUME = "celeryops resume"
+
+
+@dataclass(frozen=True)
+class Destination:
+    """What the pool moves to: the revision ``revision``, made by the update from ``image`` (its name chosen up
+    front), or, with ``image`` None, a revision that exists already (a rollback)."""
+
+    revision: str
+    image: str | None = None
+
+
+def exact_split(counts: Mapping[str, int]) -> Split:
+    """The instance split that runs exactly ``counts[revision]`` instances of each revision (in that order; those
+    with none left out): integer percentages that Cloud Run's division by percent (each revision its share rounded
+    down, the rest to the largest remainders) turns back into exactly those counts, for two revisions and up to 100
+    instances in all (:func:`~celeryops.core.canary.canary_split`); more revisions get the nearest shares."""
+    live = [(rev, n) for rev, n in counts.items() if n > 0]
+    if not live:
+        raise ValueError("a pool runs at least one instance")
+    if len(live) == 1:
+        return ((live[0][0], 100),)
+    if len(live) == 2:
+        (old, count), (new, beside) = live
+        return canary_split(old, new, count, beside)
+    total = sum(n for _, n in live)
+    shares = [(rev, 100 * n / total) for rev, n in live]
+    pcts = {rev: int(share) for rev, share in shares}
+    for rev, _share in sorted(shares, key=lambda e: e[1] - int(e[1]), reverse=True)[:100 - sum(pcts.values())]:
+        pcts[rev] += 1
+    return tuple((rev, pcts[rev]) for rev, _ in live)
 
 
 @dataclass(frozen=True)
@@ -60,12 +94,12 @@ class Plan:
     count: int
     image: str | None = None
     split_before: Split = ()
-    canary: int = 0  # a canary's: this many instances of ``new`` beside all ``count`` of ``old`` (0: the overlap's)
+    beside: int = 0  # this many instances of ``new`` beside all ``count`` of ``old`` (0: as many, the overlap's)
 
     @property
     def new_count(self) -> int:
         """The instances of the new revision while both run."""
-        return self.canary or self.count
+        return self.beside or self.count
 
     @property
     def peak(self) -> int:
@@ -74,25 +108,31 @@ class Plan:
 
     @property
     def highest(self) -> int:
-        """The most instances the run can reach: :attr:`peak`, or a canary's promotion (the overlap's peak)."""
-        return run_peak(self.count, self.canary)
+        """The most instances the run can reach: :attr:`peak`, or, a few instances beside the old ones, their
+        promotion's (the overlap's peak)."""
+        return run_peak(self.count, self.beside)
+
+    @property
+    def up_counts(self) -> dict[str, int]:
+        """The instances of each revision while both run: all ``count`` of the old one, ``new_count`` of the new."""
+        return {self.old: self.count, self.new: self.new_count}
 
     @property
     def up_split(self) -> Split:
         """The old revision keeps all ``count`` of its instances at ``peak``: half each (the overlap), or exactly
-        ``canary`` instances of the new one (:func:`~celeryops.core.canary.canary_split`)."""
-        if self.canary:
-            return canary_split(self.old, self.new, self.count, self.canary)
+        ``beside`` instances of the new one (:func:`~celeryops.core.canary.canary_split`)."""
+        if self.beside:
+            return canary_split(self.old, self.new, self.count, self.beside)
         return ((self.old, 50), (self.new, 50))
 
     def promoted(self) -> Plan:
-        """A canary's plan once promoted: the overlap's (as many new instances as old ones)."""
-        return replace(self, canary=0)
+        """A plan of a few new instances, promoted: the overlap's (as many new instances as old ones)."""
+        return replace(self, beside=0)
 
     def payload(self, **extra: Any) -> dict[str, Any]:
         return {"target": self.target, "old_revision": self.old, "new_revision": self.new, "count": self.count,
                 "image": self.image, "split_before": [list(e) for e in self.split_before], "peak": self.peak,
-                "split": [list(e) for e in self.up_split], "canary": self.canary, **extra}
+                "split": [list(e) for e in self.up_split], "canary": self.beside, **extra}  # the journal's key: kept
 
     @classmethod
     def from_payload(cls, data: Mapping[str, Any]) -> Plan:
@@ -100,7 +140,7 @@ class Plan:
                    new=str(data.get("new_revision", "")), count=int(data.get("count") or 0),
                    image=str(data["image"]) if data.get("image") else None,
                    split_before=tuple((str(r), int(p)) for r, p in data.get("split_before") or ()),
-                   canary=int(data.get("canary") or 0))
+                   beside=int(data.get("canary") or 0))
 
 
 @dataclass(frozen=True)
@@ -251,9 +291,9 @@ def describe_split(split: Mapping[str, int] | Sequence[tuple[str, int]]) -> str:
     return ", ".join(f"{rev or 'latest'} {pct}%" for rev, pct in pairs if pct > 0) or "no revision"
 
 
-def overlap_target(targets: Sequence[Target], *, rollback: bool = False, strategy: str = "overlap") -> Target:
-    """The one worker pool an overlap (or canary) deploy, or an overlap rollback, moves; one sentence (exit 2) for
-    anything else."""
+def pool_target(targets: Sequence[Target], strategy: str, *, rollback: bool = False) -> Target:
+    """The one worker pool a deploy or rollback of two revisions side by side (``strategy``: its name) moves; one
+    sentence (exit 2) for anything else."""
     run, alone, other = (("rollback", "roll the worker pool back alone", "roll it back") if rollback else
                          ("deploy", "deploy the worker pool alone", "deploy it"))
     if len(targets) != 1:
@@ -262,8 +302,17 @@ def overlap_target(targets: Sequence[Target], *, rollback: bool = False, strateg
         raise UserError(f"{article} {strategy} {run} moves one worker pool at a time and {len(targets)} targets "
                         f"were chosen ({names}): nothing was changed; {alone} with --target NAME (the others with "
                         "--strategy drain).", EXIT_USAGE)
-    refusal = overlap_refusal(targets[0], strategy)
+    refusal = strategy_refusal(targets[0], strategy)
     if refusal:
         raise UserError(f"The {strategy} strategy is refused: {refusal}: nothing was changed; {other} with --strategy "
                         "drain.", EXIT_USAGE)
     return targets[0]
+
+
+def one_revision(target: Target, split: Split, source: str) -> None:
+    """A rollback of a pool moves every instance to one revision: one sentence (exit 2) when what it would go back to
+    is a split of several (``source``: where the split came from, in words)."""
+    if len(split) != 1:
+        raise UserError(f"An overlap rollback moves every instance of {target.display} to one revision, and what it "
+                        f"would go back to is a split ({describe_split(split)}, {source}): nothing was changed; name "
+                        "one revision with --to REVISION, or roll back with --strategy drain.", EXIT_USAGE)

@@ -7,8 +7,8 @@ from collections.abc import Iterable, Mapping
 
 from celeryops.core.canary import CanarySettings, RevisionCounts
 from celeryops.core.canarylook import CanaryLook, RevisionStats
-from celeryops.ops.run.canary_rules import Judgement, split_counts
-from celeryops.ops.run.canary_stats import summarize
+from celeryops.ops.run.analysis.rules import Judgement, split_counts
+from celeryops.ops.run.analysis.stats import summarize
 
 
 def stats(counts: RevisionCounts, settings: CanarySettings) -> RevisionStats:
@@ -25,7 +25,7 @@ def look_event(judgement: Judgement, *, target: str, baseline: str, canary: str,
                by_task: Mapping[tuple[str, str], RevisionCounts] | None = None,
                baseline_revisions: Iterable[str] | None = None, paused: bool = False) -> CanaryLook:
     """The ``canary_look`` event of ``judgement``: ``baseline`` names the old revision (``baseline_revisions``: every
-    old revision summed as the baseline, as :func:`~celeryops.ops.run.canary_rules.split_counts` does; default
+    old revision summed as the baseline, as :func:`~celeryops.ops.run.analysis.rules.split_counts` does; default
     ``baseline`` alone), ``canary`` the new one; ``by_revision`` and ``by_task`` are the collector's counts
     (:meth:`~celeryops.adapters.canaryevents.OutcomeCollector.counts` and ``counts_by_task``)."""
     settings = judgement.settings

@@ -1,11 +1,12 @@
-"""The operator's decisions during a canary, as typed values a canary strategy polls between looks or awaits:
-:class:`PromoteNow`, :class:`RollbackNow`, :class:`PauseCanary` (pause or resume the automatic verdicts).
+"""The operator's decisions during a run, as typed values a strategy that takes them (its ``decisions``) polls or
+awaits between its own steps: :class:`PromoteNow`, :class:`RollbackNow`, :class:`PauseCanary` (pause or resume the
+automatic verdicts): a canary's today.
 
-The console's keys on the canary screen send them through ``ConsoleBackend.canary_decision`` to the run's
-operator (:class:`CanaryConsoleOperator`, the console's :class:`~celeryops.ops.run.operator.ConsoleOperator` with a
-:class:`CanaryDecisions` mailbox); :func:`decisions_of` gives a strategy that mailbox, or None for an operator
-that sends none (a headless command: its canary decides by itself and an inconclusive one ends as the rules say).
-No Textual; the mailbox may be fed from any thread.
+The console's keys (the canary screen's) send them through ``ConsoleBackend.canary_decision`` to the run's operator
+(the console's :class:`~celeryops.ops.run.operator.ConsoleOperator`, whose :class:`Decisions` mailbox every console
+run has); :func:`decisions_of` gives a strategy that mailbox, or None for an operator that sends none (a headless
+command: its strategy decides by itself, and an inconclusive canary ends as the rules say). No Textual; the mailbox
+may be fed from any thread.
 """
 
 from __future__ import annotations
@@ -16,9 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from celeryops.ops.run.operator import ConsoleOperator
-
-CanaryAction = Literal["promote", "rollback", "pause", "resume"]
+DecisionAction = Literal["promote", "rollback", "pause", "resume"]
 
 
 @dataclass(frozen=True)
@@ -27,7 +26,7 @@ class PromoteNow:
     drain's rules, no busy instance taken away)."""
 
     @property
-    def action(self) -> CanaryAction:
+    def action(self) -> DecisionAction:
         return "promote"
 
 
@@ -37,7 +36,7 @@ class RollbackNow:
     they run, then the split goes back to the old revision at the original count."""
 
     @property
-    def action(self) -> CanaryAction:
+    def action(self) -> DecisionAction:
         return "rollback"
 
 
@@ -49,35 +48,35 @@ class PauseCanary:
     paused: bool = True
 
     @property
-    def action(self) -> CanaryAction:
+    def action(self) -> DecisionAction:
         return "pause" if self.paused else "resume"
 
 
-CanaryDecision = PromoteNow | RollbackNow | PauseCanary
+Decision = PromoteNow | RollbackNow | PauseCanary
 
 
 @dataclass
-class CanaryDecisions:
-    """The operator's canary decisions, in the order sent. :meth:`send` from any thread; a strategy
+class Decisions:
+    """The operator's decisions, in the order sent. :meth:`send` from any thread; a strategy
     :meth:`poll` s between looks or awaits :meth:`next` (with a timeout: its next look)."""
 
-    _queue: deque[CanaryDecision] = field(default_factory=deque, init=False)
+    _queue: deque[Decision] = field(default_factory=deque, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = field(default_factory=list, init=False)
 
-    def send(self, decision: CanaryDecision) -> None:
+    def send(self, decision: Decision) -> None:
         with self._lock:
             self._queue.append(decision)
             waiters, self._waiters = self._waiters, []
         for loop, waiter in waiters:
             loop.call_soon_threadsafe(_wake, waiter)
 
-    def poll(self) -> CanaryDecision | None:
+    def poll(self) -> Decision | None:
         """The oldest decision not taken yet, or None."""
         with self._lock:
             return self._queue.popleft() if self._queue else None
 
-    async def next(self, timeout: float | None = None) -> CanaryDecision | None:
+    async def next(self, timeout: float | None = None) -> Decision | None:
         """The oldest decision not taken yet, waiting up to ``timeout`` seconds (None: as long as it takes) for
         one; None when none came."""
         loop = asyncio.get_running_loop()
@@ -108,18 +107,10 @@ def _wake(waiter: asyncio.Future[None]) -> None:
         waiter.set_result(None)
 
 
-@dataclass
-class CanaryConsoleOperator(ConsoleOperator):
-    """The console's operator with the canary screen's decisions (:attr:`decisions`)."""
-
-    decisions: CanaryDecisions = field(default_factory=CanaryDecisions)
-
-
-def decisions_of(operator: object) -> CanaryDecisions | None:
-    """The canary decisions ``operator`` sends, or None when it sends none (a command's flags)."""
+def decisions_of(operator: object) -> Decisions | None:
+    """The decisions ``operator`` sends mid-run, or None when it sends none (a command's flags)."""
     decisions = getattr(operator, "decisions", None)
-    return decisions if isinstance(decisions, CanaryDecisions) else None
+    return decisions if isinstance(decisions, Decisions) else None
 
 
-__all__ = ["CanaryAction", "CanaryConsoleOperator", "CanaryDecision", "CanaryDecisions", "PauseCanary",
-           "PromoteNow", "RollbackNow", "decisions_of"]
+__all__ = ["Decision", "DecisionAction", "Decisions", "PauseCanary", "PromoteNow", "RollbackNow", "decisions_of"]

@@ -41,7 +41,7 @@ from typing import Literal
 
 from celeryops.core.canary import CanarySettings, RevisionCounts
 from celeryops.core.wording import duration
-from celeryops.ops.run.canary_stats import Rate, difference_bounds, fisher_greater, wilson, z_for
+from celeryops.ops.run.analysis.stats import Rate, difference_bounds, fisher_greater, wilson, z_for
 
 Verdict = Literal["continue", "promote", "rollback", "inconclusive"]
 VERDICTS: tuple[Verdict, ...] = ("continue", "promote", "rollback", "inconclusive")
