@@ -230,6 +230,30 @@ def test_headless_demo_overlap_deploys_a_worker_pool_without_a_pause(tmp_path: P
     assert_nothing_left(mark, tmp_path)
 
 
+def test_headless_demo_autoscale_sizes_the_pool_and_deploys_beside_it(tmp_path: Path) -> None:
+    """``celeryops demo --autoscale``: the ``worker`` target is a worker pool sized by the real ``celeryops
+    autoscale`` (its looks published in the sandbox's Redis); the demo's deploy (drain strategy) goes through with
+    the autoscaler running, one change at a time; the teardown stops it with the rest, nothing left behind."""
+    env, mark = demo_env(tmp_path)
+    proc = CliProcess(["demo", "--autoscale", "--headless", "--json", "--speed", "10"], env, cwd=tmp_path)
+    try:
+        deployed = proc.wait_event("deployed", 240)
+        assert proc.finish(90) == 0, proc.read_stderr()
+    finally:
+        proc.kill()
+    assert deployed["exit_code"] == 0
+    assert "celeryops autoscale sizes the worker pool" in sandbox_parts(proc.events)
+    assert "(worker pool) runs 2 Celery workers" in sandbox_parts(proc.events)
+    assert_nothing_left(mark, tmp_path)
+
+
+def test_demo_autoscale_with_a_two_revision_strategy_starts_nothing(tmp_path: Path) -> None:
+    env, mark = demo_env(tmp_path)
+    result = run_cli(["demo", "--autoscale", "--strategy", "overlap", "--headless"], env, cwd=tmp_path)
+    assert result.returncode == EXIT_USAGE and "--autoscale" in result.stderr and "Traceback" not in result.stderr
+    assert_nothing_left(mark, tmp_path)
+
+
 @pytest.mark.slow
 def test_headless_demo_canary_promotes_the_good_release(tmp_path: Path) -> None:
     """``celeryops demo --strategy canary``: the good release is judged and promoted by the analysis on its own (no

@@ -27,8 +27,10 @@ ALLOWED: set[tuple[str, str]] = {
     ("preflight", "overlapping"), ("overlapping", "stopping"), ("drained", "cutting_over"),
     ("cutting_over", "deployed"),
     *((p, "retiring") for p in ("overlapping", "stopping", "draining", "drained")), ("retiring", "overlapping"),
+    # an autoscale step: a cohort added, or an idle cohort drained and its instances taken away
+    ("preflight", "scaling"), ("drained", "scaling"), ("scaling", "done"),
     *((p, end) for p in ("preflight", "stopping", "draining", "drained", "deploying", "deployed", "overlapping",
-                         "cutting_over", "retiring")
+                         "cutting_over", "retiring", "scaling")
       for end in ("aborted", "failed")),
 }
 PATHS: dict[str, list[Phase]] = {
@@ -44,6 +46,7 @@ PATHS: dict[str, list[Phase]] = {
     "overlapping": ["overlapping"],
     "cutting_over": ["overlapping", "stopping", "draining", "drained", "cutting_over"],
     "retiring": ["overlapping", "stopping", "retiring"],
+    "scaling": ["stopping", "draining", "drained", "scaling"],
 }
 
 

@@ -291,3 +291,27 @@ def test_canary(snap_compare: Any, app_factory: Any) -> None:
 def test_canary_small(snap_compare: Any, app_factory: Any) -> None:
     assert snap_compare(app_factory(canary_backend(), start="deploy", release="v2.14.0"), run_before=keys("G", "y"),
                         terminal_size=SMALL)
+
+
+def autoscale_backend(read_only: bool = False) -> StaticBackend:
+    from celeryops.console import samplescale
+
+    return StaticBackend(fleet=sample.fleet(with_run=False), slots=sample.slots(), scale=samplescale.status(),
+                         read_only=read_only)
+
+
+def test_autoscale(snap_compare: Any, app_factory: Any) -> None:
+    """a on the home view: the autoscaler's plot of demand against capacity, its cohorts (one draining), the demand
+    per queue (ETA apart) and its decisions with their reasons."""
+    assert snap_compare(app_factory(autoscale_backend()), run_before=keys("a"), terminal_size=SIZE)
+
+
+def test_autoscale_watch_small(snap_compare: Any, app_factory: Any) -> None:
+    """The same in ``celeryops watch`` (read-only), at 80x24."""
+    assert snap_compare(app_factory(autoscale_backend(read_only=True)), run_before=keys("a"), terminal_size=SMALL)
+
+
+def test_autoscale_none(snap_compare: Any, app_factory: Any) -> None:
+    """No autoscaler has published on this fleet: one sentence says how to start one."""
+    backend = StaticBackend(fleet=sample.fleet(with_run=False), slots=sample.slots())
+    assert snap_compare(app_factory(backend), run_before=keys("a"), terminal_size=SMALL)

@@ -10,6 +10,7 @@ from textual.screen import Screen
 
 from celeryops.console import app as app_module
 from celeryops.console.screens import (
+    autoscale,
     base,
     canary,
     confirm,
@@ -26,7 +27,7 @@ from celeryops.console.screens import (
 )
 from celeryops.console.stylesheets import styles_dir, stylesheets
 
-SCREEN_MODULES = (home, drain, preflight, deploy, overlap, canary, slots, resume)
+SCREEN_MODULES = (home, drain, preflight, deploy, overlap, canary, slots, resume, autoscale)
 STYLED_MODULES = (*SCREEN_MODULES, releases, runs)  # the screens with a stylesheet of their own
 
 

@@ -43,6 +43,10 @@ COMMAND_TABLE: dict[str, tuple[str, str]] = {
                    "'>PASSWORD' $(celeryops acl ROLE)` (bash, zsh) or in redis-cli; --json gives the exact rules as "
                    "`args`. Reads nothing from Redis."),
     "abort": ("drain", "Restore the consumers stopped by the current run (recovery rules), and end it."),
+    "autoscale": ("autoscale", "Size a Cloud Run worker pool by what Celery holds (ready + reserved + active per "
+                               "queue) and scale it in without killing a task, until SIGINT or SIGTERM (exit 0, every "
+                               "worker consuming). TARGET may be left out when the configuration has one worker pool; "
+                               "`--dry-run` changes nothing."),
     "demo": ("demo", "Run celeryops on a local sandbox: Redis, Celery workers, Cloud Run and registry stand-ins, a "
                      "git remote."),
     "deploy": ("deploy", "Deploy RELEASE (a branch pushed to the release remote): preflight, drain, deploy, verify. "

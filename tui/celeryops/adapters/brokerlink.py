@@ -244,12 +244,15 @@ class BrokerLink:
 
     async def queue_depths(self, queues: Iterable[str]) -> list[QueueDepth]:
         """Messages waiting per queue, read from the broker (they pile up during a drain). On Redis one pipelined
-        round trip on the held client reads every queue's lists."""
+        round trip on the held client reads every queue's lists, one per priority step of kombu's
+        (``priority_steps``, default 0, 3, 6, 9)."""
         names = sorted(set(queues))
         client = self.redis()
         if client is not None:
-            prefix = str((self.app.conf.broker_transport_options or {}).get("global_keyprefix", ""))
-            return await asyncio.to_thread(redis_depths, client, names, prefix)
+            options = self.app.conf.broker_transport_options or {}
+            prefix = str(options.get("global_keyprefix", ""))
+            steps = tuple(sorted({int(p) for p in options.get("priority_steps") or PRIORITY_STEPS} | {0}))
+            return await asyncio.to_thread(redis_depths, client, names, prefix, steps)
 
         def read() -> list[QueueDepth]:
             out: list[QueueDepth] = []
@@ -267,14 +270,15 @@ class BrokerLink:
         return await asyncio.to_thread(read)
 
 
-def redis_depths(client: redis.Redis, names: list[str], prefix: str = "") -> list[QueueDepth]:
+def redis_depths(client: redis.Redis, names: list[str], prefix: str = "",
+                 steps: tuple[int, ...] = PRIORITY_STEPS) -> list[QueueDepth]:
     """Messages waiting in each of the queues ``names`` on a Redis broker, in one pipelined round trip: kombu's Redis
-    transport keeps a queue in one list per priority step (the queue's name, then the name, its separator and 3, 6,
-    9), under the transport's key ``prefix``; their lengths, summed per queue. A queue whose lists cannot be read
-    (not a list) is None, as is every queue when the broker does not answer."""
+    transport keeps a queue in one list per priority step (the queue's name, then the name, its separator and each
+    other step of ``steps``), under the transport's key ``prefix``; their lengths, summed per queue. A queue whose
+    lists cannot be read (not a list) is None, as is every queue when the broker does not answer."""
     pipe = client.pipeline(transaction=False)
     for name in names:
-        for step in PRIORITY_STEPS:
+        for step in steps:
             pipe.llen(prefix + name + (f"{PRIORITY_SEP}{step}" if step else ""))
     try:
         lengths = pipe.execute(raise_on_error=False)
@@ -282,7 +286,7 @@ def redis_depths(client: redis.Redis, names: list[str], prefix: str = "") -> lis
         return [QueueDepth(name, None) for name in names]
     out: list[QueueDepth] = []
     for i, name in enumerate(names):
-        mine = lengths[i * len(PRIORITY_STEPS):(i + 1) * len(PRIORITY_STEPS)]
+        mine = lengths[i * len(steps):(i + 1) * len(steps)]
         out.append(QueueDepth(name, None if any(isinstance(n, Exception) for n in mine)
                               else sum(int(n) for n in mine)))
     return out

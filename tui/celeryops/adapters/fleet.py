@@ -46,6 +46,13 @@ def short_args(args: Any, kwargs: Any = None, width: int = 60) -> str:
 _EMPTY = ("", "()", "{}", "[]")
 
 
+def _queue_of(request: Any) -> str:
+    """The queue a task a worker holds came from: its delivery's routing key (Celery routes to a queue of that
+    name by default)."""
+    info = request.get("delivery_info") if isinstance(request, dict) else None
+    return str((info or {}).get("routing_key") or "")
+
+
 def _text(value: Any) -> str:
     if not value and (value is None or isinstance(value, (str, tuple, list, dict))):
         return ""
@@ -174,6 +181,17 @@ class Fleet(BrokerLink):
             return [{} for _ in commands]
         return await self._rounds([Request(name, dest, tuple(sorted(args.items()))) for name, args in commands])
 
+    async def concurrency(self, destination: Iterable[str]) -> dict[str, int]:
+        """How many tasks each worker of ``destination`` runs at once (``inspect stats``: its pool's
+        ``max-concurrency``; 1 when its pool does not say, a solo pool), by worker; a worker that did not answer is
+        left out."""
+        dest = sorted(set(destination))
+        if not dest:
+            return {}
+        replies = await self._broadcast("stats", destination=dest)
+        return {w: int((r.get("pool") or {}).get("max-concurrency") or 1)
+                for w, r in replies.items() if isinstance(r, dict)}
+
     # -- observation --------------------------------------------------------------------------------------------
 
     async def observe(self, known: Iterable[str], queues: Iterable[str] = (), *,
@@ -198,15 +216,17 @@ class Fleet(BrokerLink):
                 start = t.get("time_start")
                 tasks.append(TaskInfo(worker=name, id=str(t.get("id")), name=str(t.get("name") or t.get("type")),
                                       state="active", args=short_args(t.get("args"), t.get("kwargs")),
-                                      runtime=max(0.0, clock - float(start)) if start else None))
+                                      runtime=max(0.0, clock - float(start)) if start else None,
+                                      queue=_queue_of(t)))
             for t in ress:
                 tasks.append(TaskInfo(worker=name, id=str(t.get("id")), name=str(t.get("name") or t.get("type")),
-                                      state="reserved", args=short_args(t.get("args"), t.get("kwargs"))))
+                                      state="reserved", args=short_args(t.get("args"), t.get("kwargs")),
+                                      queue=_queue_of(t)))
             for entry in schs:
                 req = entry.get("request") or {}
                 tasks.append(TaskInfo(worker=name, id=str(req.get("id")), name=str(req.get("name") or req.get("type")),
                                       state="scheduled", args=short_args(req.get("args"), req.get("kwargs")),
-                                      eta=entry.get("eta")))
+                                      eta=entry.get("eta"), queue=_queue_of(req)))
             if not replied:
                 state = "unknown"
             elif (drained and not (set(qs) & drained)) or (not drained and not qs):

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from celeryops.ops.backend import views
     from celeryops.ops.backend.console import OpsBackend
     from celeryops.ops.backend.snapshots import Seen
+    from celeryops.ops.fleetwide.scalestatus import ScaleStatus
     from celeryops.ops.run.decisions import Decision
     from celeryops.ops.run.rollback_plan import RollbackRequest
     from celeryops.ops.run.session import DrainRequest
@@ -177,6 +178,9 @@ class LateBackend:
         if (first := await self._first("slots")) is not None:
             return cast("views.SlotsView | None", first.get())
         return await (await self._opened()).slots_snapshot()
+
+    async def autoscaler(self) -> ScaleStatus | None:
+        return await (await self._opened()).autoscaler()
 
     async def unfinished_run(self) -> views.RunView | None:
         if (first := await self._first("unfinished")) is not None:

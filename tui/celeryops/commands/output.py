@@ -13,7 +13,7 @@ from celeryops.core.masking import mask_text
 from celeryops.core.wording import check_line, duration, say
 
 FINAL_EVENTS = ("timeout", "interrupted", "error", "deployed", "preflight_failed", "declined", "deploy_failed",
-                "rolled_back", "rollback_failed", "canary_rolled_back", "canary_paused")
+                "rolled_back", "rollback_failed", "canary_rolled_back", "canary_paused", "autoscale_stopped")
 
 
 class Printer:

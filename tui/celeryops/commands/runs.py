@@ -25,6 +25,7 @@ from celeryops.ops.access.probe import refused_login
 from celeryops.ops.fleetwide.brokersafety import SafetyVerdict, assess
 from celeryops.ops.fleetwide.lease import LeaseInfo, ago, read_lease
 from celeryops.ops.fleetwide.publish import PublishedStatus, read_status
+from celeryops.ops.fleetwide.scalestatus import ScaleStatus, read_scale_status
 from celeryops.ops.journal import (
     TERMINAL_PHASES,
     FleetStore,
@@ -117,6 +118,7 @@ class StatusReport:
     holder: RunHolder | None = None  # who holds the current run now (None: Redis not read)
     stranded: tuple[Stranded, ...] = ()  # live workers the last run's restore lost to a broker reconnect
     broker_safety: SafetyVerdict | None = None  # may the fleet's Redis evict keys or lose them on a restart
+    autoscaler: ScaleStatus | None = None  # what the fleet's autoscaler last published
 
     @property
     def interrupted(self) -> bool:
@@ -174,6 +176,8 @@ class StatusReport:
                     "run": self.unconfirmed.id,
                     "consumers": {w: sorted(qs) for w, qs in sorted(self.unconfirmed.unconfirmed_consumers().items())}},
                 "broker_safety": None if self.broker_safety is None else self.broker_safety.as_dict(),
+                "autoscaler": None if self.autoscaler is None else {**self.autoscaler.as_dict(),
+                                                                    "alive": self.autoscaler.alive()},
                 "stranded": None if not self.stranded else {
                     "run": self.stranded[0].run_id, "restored_at": self.stranded[0].restored_at,
                     "consumers": {s.worker: list(s.queues) for s in self.stranded}, "remedy": REMEDY}}
@@ -210,6 +214,7 @@ def gather_status(fleet_spec: FleetSpec, state_dir: str | None, fleet: str | Non
             last_ended = newest(last_ended, store.latest_ended())
             redis_ok = report.redis_read = True
             report.broker_safety = assess(client, f"the fleet's Redis at {mask_url(url)}")
+            report.autoscaler = read_scale_status(client, name)
         except MalformedRecord as exc:  # named, not acted on: the local journal is what is shown
             report.notes.append(mask_text(str(exc)).rstrip("."))
             report.broker_safety = assess(client, f"the fleet's Redis at {mask_url(url)}")
@@ -273,7 +278,24 @@ def ask_stranded(fleet_spec: FleetSpec, run: Run | None, notes: list[str]) -> tu
     return stranded(run, consuming)
 
 
+def _autoscaler_line(status: ScaleStatus) -> str:
+    """The fleet's autoscaler in one line: who runs it, the pool's size against its demand, its last decision."""
+    alive = status.alive()
+    who = (f"runs on {status.host} (pid {status.pid}) for {status.target}" if alive else
+           f"of {status.target} {'stopped' if status.state == 'stopped' else 'is silent'} "
+           f"{ago(time.time() - status.updated_at)}")
+    last = status.last
+    point = status.points[-1] if status.points else None
+    size = f": {status.instances} instance(s), demand {point[1]} against capacity {point[2]}" if point else ""
+    return f"Autoscaler {who}{size}" + (f"; last decision: {last.get('reason', '')}" if last else ".")
+
+
 def _status_lines(report: StatusReport) -> list[str]:
+    auto = [_autoscaler_line(report.autoscaler)] if report.autoscaler is not None else []
+    return [*_run_lines(report), *auto]
+
+
+def _run_lines(report: StatusReport) -> list[str]:
     if not report.current:
         line = f"No run in progress on fleet {report.fleet}."
         if report.redis_unreachable:  # a run another machine started is held in that Redis: say what was not seen
@@ -294,7 +316,7 @@ def _status_lines(report: StatusReport) -> list[str]:
     release = f", release {data['release']}" if data["release"] else ""
     if data["kind"] == "rollback":
         release = f", rolling back to {data['release']}"
-    what = "rollback run" if data["kind"] == "rollback" else "run"
+    what = {"rollback": "rollback run", "autoscale": "autoscale step"}.get(data["kind"], "run")
     lines = [f"Fleet {report.fleet}: {what} {data['id']} is in phase {phase_word(data['phase'])}, started "
              f"{ago(data['age'] or 0)} "
              f"by {data['owner']}@{data['host']}{release}."]

@@ -142,6 +142,12 @@ class ConsoleApp(App[int]):
         if not isinstance(self.screen, SlotsScreen):
             self.push_screen(SlotsScreen(self.read_only))
 
+    def action_show_autoscale(self) -> None:
+        from celeryops.console.screens.autoscale import AutoscaleScreen
+
+        if not isinstance(self.screen, AutoscaleScreen):
+            self.push_screen(AutoscaleScreen(self.read_only))
+
     async def _offer_unfinished(self, on_start: bool = False) -> None:
         """The resume/abort panel for an unfinished run in the journal (on start, or when w finds no run here)."""
         await self._painted.wait()

@@ -29,8 +29,8 @@ if TYPE_CHECKING:  # imported by apply() with the first event: the console's fir
     from celeryops.ops.run.strategies import Said
 
 View = Literal["preflight", "drain", "deploy", "overlap", "canary"]
-ACTIVE_PHASES = ("preflight", "ready", "overlapping", "stopping", "draining", "cutting_over", "deploying", "deployed",
-                 "retiring")
+ACTIVE_PHASES = ("preflight", "ready", "overlapping", "stopping", "draining", "scaling", "cutting_over", "deploying",
+                 "deployed", "retiring")
 DEPLOY_PHASES = ("deploying", "deployed", "overlapping", "cutting_over", "retiring")  # the deploy screen shows them
 OVERLAP_PHASES = ("overlapping", "cutting_over", "retiring")  # only an overlap deploy has them
 #: Preflight checks only an overlap deploy runs (ops/preflight/overlap.py): their ids tell the console, before the

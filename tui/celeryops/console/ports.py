@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # annotations only: the console's first frame does not wait for the ops layer's views
     from celeryops.ops.backend import views
+    from celeryops.ops.fleetwide.scalestatus import ScaleStatus
     from celeryops.ops.run.decisions import Decision
 
 
@@ -37,6 +38,10 @@ class ConsoleBackend(Protocol):
 
     async def slots_snapshot(self) -> views.SlotsView | None:
         """The slot pool, or None when the fleet has none."""
+        ...
+
+    async def autoscaler(self) -> ScaleStatus | None:
+        """What the fleet's autoscaler last published (its looks, cohorts, decisions), or None. Reads only."""
         ...
 
     async def unfinished_run(self) -> views.RunView | None:

@@ -16,6 +16,7 @@ from celeryops.core.events import Event
 from celeryops.ops.backend import views
 
 if TYPE_CHECKING:
+    from celeryops.ops.fleetwide.scalestatus import ScaleStatus
     from celeryops.ops.run.decisions import Decision
 
 
@@ -25,6 +26,7 @@ class StaticBackend:
 
     fleet: views.FleetView = field(default_factory=views.FleetView)
     slots: views.SlotsView | None = None
+    scale: ScaleStatus | None = None  # the autoscaler's published status
     run: views.RunView | None = None
     releases_view: views.ReleasesView = field(default_factory=views.ReleasesView)
     history: tuple[views.RunRecordView, ...] = ()
@@ -57,6 +59,9 @@ class StaticBackend:
 
     async def slots_snapshot(self) -> views.SlotsView | None:
         return self.slots
+
+    async def autoscaler(self) -> ScaleStatus | None:
+        return self.scale
 
     async def unfinished_run(self) -> views.RunView | None:
         return self.run

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from celeryops.core.autoscale import AutoscaleSettings
 from celeryops.core.canary import CanarySettings
 from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.core.findings import CATALOG as FINDINGS
@@ -237,6 +238,7 @@ class Config:
     run: RunSettings = field(default_factory=RunSettings)  # from CELERYOPS_* only (core.runsettings)
     preflight: PreflightSettings = field(default_factory=PreflightSettings)
     canary: CanarySettings = field(default_factory=CanarySettings)  # [canary] (core.configcanary)
+    autoscale: AutoscaleSettings = field(default_factory=AutoscaleSettings)  # [autoscale] (core.configautoscale)
 
     def target(self, name: str) -> Target:
         """The target called ``name``; a UserError (with a did-you-mean) when there is none."""

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from celeryops.core.autoscale import AutoscaleSettings
 from celeryops.core.canary import CanarySettings
 from celeryops.core.config import (
     CELERY_ENV_KEYS,
@@ -27,6 +28,7 @@ from celeryops.core.config import (
     accept_problem,
     did_you_mean,
 )
+from celeryops.core.configautoscale import validate_autoscale
 from celeryops.core.configcanary import validate_canary
 from celeryops.core.configcheck import integer, number, type_name, typed, unknown_keys
 from celeryops.core.configtargets import validate_targets
@@ -34,7 +36,7 @@ from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.core.masking import mask_text
 from celeryops.core.runsettings import run_settings
 
-_TOP_KEYS = ("broker", "app", "state_dir", "drain", "release", "preflight", "targets", "canary")
+_TOP_KEYS = ("broker", "app", "state_dir", "drain", "release", "preflight", "targets", "canary", "autoscale")
 _DRAIN_KEYS = ("interval", "streak", "max_wait")
 _RELEASE_KEYS = ("remote", "max_age_days", "branches")
 _PREFLIGHT_KEYS = ("accept",)
@@ -90,6 +92,7 @@ def load_config(path: str | None, cwd: Path, env: Mapping[str, str],
         run=run_settings(env),
         preflight=PreflightSettings(**raw["preflight"]),
         canary=raw["canary"],
+        autoscale=raw["autoscale"],
     )
 
 
@@ -150,6 +153,7 @@ def _validate_file(data: dict[str, Any], base_dir: Path, problems: list[str]) ->
     raw: dict[str, Any] = {"drain": {}, "release": {}, "preflight": {}, "targets": []}
     canary = data.get("canary")  # the [canary] table (a TOML table is never null)
     raw["canary"] = validate_canary(canary, problems) if canary is not None else CanarySettings()
+    raw["autoscale"] = validate_autoscale(data["autoscale"], problems) if "autoscale" in data else AutoscaleSettings()
     unknown_keys(data, _TOP_KEYS, "", problems)
     for key in ("broker", "app", "state_dir"):
         if key in data:

@@ -17,19 +17,21 @@ TaskState = Literal["active", "reserved", "scheduled"]
 DrainOutcome = Literal["drained", "timeout", "interrupted", "error"]
 #: The phases of a run, in order: the journal's (from ``stopping`` on), plus ``ready`` (preflight done, waiting for
 #: the operator). The console, ``status``, ``runs`` and watchers all use these words.
+#: An autoscale step adds ``scaling`` (the pool's instance count changes).
 #: An overlap deploy (a Cloud Run worker pool) adds ``overlapping`` (the new revision comes up and consumes beside the
 #: old one), ``cutting_over`` (every instance moves to the new revision) and ``retiring`` (the new revision is taken
 #: away again: an abort, a timeout); its old revision's drain is ``stopping``, ``draining``, ``drained``.
-RunPhase = Literal["preflight", "ready", "overlapping", "stopping", "draining", "drained", "cutting_over", "deploying",
-                   "deployed", "retiring", "done", "aborted", "failed"]
-RUN_PHASES: tuple[RunPhase, ...] = ("preflight", "ready", "overlapping", "stopping", "draining", "drained",
+RunPhase = Literal["preflight", "ready", "overlapping", "stopping", "draining", "drained", "scaling", "cutting_over",
+                   "deploying", "deployed", "retiring", "done", "aborted", "failed"]
+RUN_PHASES: tuple[RunPhase, ...] = ("preflight", "ready", "overlapping", "stopping", "draining", "drained", "scaling",
                                     "cutting_over", "deploying", "deployed", "retiring", "done", "aborted", "failed")
 CheckStatus = Literal["pending", "running", "ok", "warn", "fail"]
 RunOutcome = Literal["drained", "deployed", "preflight_failed", "declined", "timeout", "deploy_failed",
                      "interrupted", "aborted", "error", "rolled_back", "rollback_failed",
                      "canary_rolled_back", "canary_paused"]
-#: What a run does: drain only, deploy a release, or route targets back to revisions they ran before (rollback).
-RunKind = Literal["deploy", "drain", "rollback"]
+#: What a run does: drain only, deploy a release, route targets back to revisions they ran before (rollback), or one
+#: step of the autoscaler (a worker pool's cohort added, or an idle one drained and taken away).
+RunKind = Literal["deploy", "drain", "rollback", "autoscale"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class TaskInfo:
     args: str = ""
     runtime: float | None = None  # seconds running, for active tasks
     eta: str | None = None  # ISO time, for scheduled tasks
+    queue: str = ""  # the queue it came from (its delivery's routing key; "" when the worker did not say)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from celeryops.core.events import (
     TargetDeployed,
     TargetRolledBack,
 )
+from celeryops.core.scaleevents import AutoscaleLook, AutoscaleStep, AutoscaleStopped
 
 Level = Literal["info", "ok", "warning", "error"]
 Line = tuple[Level, str]
@@ -113,6 +114,15 @@ def say(event: Event) -> Line | None:
     if isinstance(event, CanaryLook):  # one line per look
         levels: dict[str, Level] = {"rollback": "error", "promote": "ok", "inconclusive": "warning"}
         return levels.get(event.verdict, "info"), look_line(event)
+    if isinstance(event, AutoscaleLook):
+        what = f"{event.demand} task(s) against {event.capacity} ({event.instances} x {event.per_instance})"
+        dry = " (dry run: nothing changed)" if event.dry_run and event.action in ("out", "in") else ""
+        return ("info" if event.action != "wait" else "warning"), f"{event.target}: {what}; {event.reason}{dry}"
+    if isinstance(event, AutoscaleStep):
+        levels = {"given_up": "warning", "waiting": "info", "added": "ok", "removed": "ok"}
+        return levels.get(event.step, "info"), f"{event.target}: {event.message}"  # type: ignore[return-value]
+    if isinstance(event, AutoscaleStopped):
+        return ("ok" if event.exit_code == 0 else "error"), event.message
     if isinstance(event, RunFollowed):
         return "info", f"following run {event.run_id} of {event.owner}" + (
             f", release {event.release}" if event.release else "")

@@ -2,7 +2,9 @@
 
 ``strategy="overlap"`` (``celeryops demo --strategy overlap``) makes the ``worker`` target a Cloud Run worker pool whose
 workers all run the fence plugin (what an overlap deploy requires), with ``strategy = "overlap"`` in its config and no
-autoscaler (a worker pool runs its manual instance count).
+autoscaler (a worker pool runs its manual instance count). ``autoscale=True`` (``celeryops demo --autoscale``) makes it
+a worker pool sized by the real ``celeryops autoscale`` (:class:`~celeryops.demo.poolscaler.PoolScaler`, an
+``[autoscale]`` table in the config), deployed with the drain strategy.
 
 Parts: a private Redis (:class:`~celeryops.demo.broker.DemoRedis`: ``redis-server`` or the fakeredis fallback, whose
 :attr:`Sandbox.notice` the console shows), the Cloud Run stand-in as the ``worker`` target whose instances are real
@@ -43,6 +45,7 @@ from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.demo.autoscaler import Autoscaler
 from celeryops.demo.broker import DemoRedis
 from celeryops.demo.fleet import DemoFleet
+from celeryops.demo.poolscaler import PoolScaler
 from celeryops.demo.producer import Producer
 from celeryops.demo.reaper import Reaper
 from celeryops.demo.standins.cloudrun import CloudRunStandIn, standin_config
@@ -61,6 +64,8 @@ SERVICE = "worker"
 IMAGE_NAME = "demo/worker"
 HINT = (f"Press D and Enter to deploy release {RELEASE} · w watches the run · r runs · s slots · ? every action · "
         "no pause: celeryops demo --strategy overlap")
+AUTOSCALE_HINT = ("The worker pool is sized by celeryops autoscale: press a for its demand against capacity, cohorts "
+                  f"and decisions · D and Enter deploys {RELEASE} (it waits for a step in progress) · ? every action.")
 SLOT_TOTALS = {"CPU": 4, "GPU": 1}
 #: The demo's ``[canary]`` table: its good release is judged and promoted in about a minute and a half at the demo's
 #: pace (speed 1: a task every 1.5 s, a third of them on the canary, ~0.2-0.3 canary tasks/s on a loaded machine).
@@ -98,8 +103,10 @@ class Sandbox:
     line per part started (for a readable startup); ``root`` defaults to a fresh temporary directory."""
 
     def __init__(self, timing: Timing | None = None, *, workers: int = 2, cap: int = 3, root: Path | None = None,
-                 keep: bool = False, progress: Progress | None = None, strategy: str = DEFAULT_STRATEGY) -> None:
+                 keep: bool = False, progress: Progress | None = None, strategy: str = DEFAULT_STRATEGY,
+                 autoscale: bool = False) -> None:
         self.timing = timing or Timing()
+        self.autoscale = autoscale  # a worker pool sized by `celeryops autoscale` (PoolScaler)
         # A strategy that runs on worker pools only (overlap, canary): the ``worker`` target is a Cloud Run worker pool
         # whose workers all run the fence plugin (no autoscaler: a worker pool runs its manual instance count).
         self.strategy = strategy
@@ -117,6 +124,7 @@ class Sandbox:
         self.fleet: DemoFleet | None = None
         self.producer: Producer | None = None
         self.autoscaler: Autoscaler | None = None
+        self.pool_scaler: PoolScaler | None = None
         self.sha = ""
         self._config: Config | None = None
         self._saved_env: dict[str, str] | None = None
@@ -170,7 +178,7 @@ class Sandbox:
     def handoff(self) -> DemoHandoff:
         return DemoHandoff(config=self.config, config_path=self.config_path, repo=self.repo, release=RELEASE,
                            broker_url=self.url, state_dir=self.state_dir, notice=self.notice,
-                           hint=self._hint())
+                           hint=AUTOSCALE_HINT if self.autoscale else self._hint())
 
     def _hint(self) -> str:
         from celeryops.ops.run.strategies import strategy_named
@@ -183,6 +191,11 @@ class Sandbox:
     def overlap(self) -> bool:
         """The target is a worker pool (the strategy runs on worker pools only: two revisions side by side)."""
         return "cloudrun-service" not in STRATEGY_KINDS.get(self.strategy, ())
+
+    @property
+    def pool(self) -> bool:
+        """The ``worker`` target is a Cloud Run worker pool whose workers all run the fence plugin."""
+        return self.overlap or self.autoscale
 
     def env(self) -> dict[str, str]:
         """The variables the sandbox sets in this process (children inherit them)."""
@@ -251,7 +264,7 @@ class Sandbox:
         self.progress(f"registry stand-in on {self.registry.host} holding {IMAGE_NAME}:{self.sha[:7]}")
 
         self.fleet = DemoFleet(self.url, log_dir=self.log_dir, env=self.worker_env(), reaper=self.reaper,
-                               cap=self.cap, all_fenced=self.overlap)
+                               cap=self.cap, all_fenced=self.pool)
         self.standin = CloudRunStandIn(rollout_seconds=self.timing.rollout, launcher=self.fleet.launch)
         endpoint = self.standin.start()
         self.progress(f"Cloud Run stand-in on {endpoint}")
@@ -259,13 +272,17 @@ class Sandbox:
         self._config = load_config(str(self.config_path), self.root, self.env())
 
         # The service's (worker pool's) instances are the Celery workers: seeding it starts them (its first revision).
-        add = self.standin.add_worker_pool if self.overlap else self.standin.add_service
+        add = self.standin.add_worker_pool if self.pool else self.standin.add_service
         add(PROJECT, REGION, SERVICE, f"{self.registry.host}/{IMAGE_NAME}:old", instances=self.initial_workers)
         self.fleet.attach(self.standin, SERVICE)
-        kind = "worker pool" if self.overlap else "service"
+        kind = "worker pool" if self.pool else "service"
         self.progress(f"{PROJECT}/{REGION}/{SERVICE} ({kind}) runs {len(self.fleet.names())} Celery workers: "
                       f"{', '.join(self.fleet.names())}")
         self.producer = Producer(self.url, self.timing).start()
+        if self.autoscale:
+            self.pool_scaler = PoolScaler(self.url, self.config, self.progress).start()
+            self.progress(f"producer running; celeryops autoscale sizes the worker pool (1 to {self.cap} instances)")
+            return
         if self.overlap:  # a worker pool runs its manual instance count: no autoscaler
             from celeryops.ops.run.strategies import strategy_named
 
@@ -295,10 +312,14 @@ class Sandbox:
             broker=self.url, endpoint=endpoint, image=f"{self.registry.host}/{IMAGE_NAME}:{{sha}}",
             interval=t.drain_interval, max_wait=t.drain_max_wait, project=PROJECT, region=REGION,
             resource=SERVICE, name=SERVICE, state_dir="state", branches="demo-*",
-            kind="cloudrun-worker-pool" if self.overlap else "cloudrun-service",
+            kind="cloudrun-worker-pool" if self.pool else "cloudrun-service",
             comment=f"Written by `celeryops demo`: everything points at the sandbox in {self.root}.")
         if self.overlap:  # the target table is the file's last: its strategy goes at its end
             text += f'strategy = "{self.strategy}"\n'
+        if self.autoscale:  # looks at the demo's pace; an idle cohort goes after 30 s (at speed 1)
+            text += (f"\n[autoscale]\nmin_instances = 1\nmax_instances = {self.cap}\n"
+                     f"interval = {t.autoscale_every:g}\nidle_after = {t.scaled(30.0, floor=2.0):g}\n"
+                     f"drain_timeout = {t.drain_max_wait:g}\n")
         text += DEMO_CANARY_TABLE  # read by a canary only (the other strategies take no [canary] table into account)
         self.config_path.write_text(text, encoding="utf-8")
 
@@ -321,6 +342,7 @@ class Sandbox:
             return
         self._stopped = True
         parts: tuple[tuple[str, object, str], ...] = (
+            ("autoscaler", self.pool_scaler, "stop"),  # first: its step in progress completes or is undone
             ("autoscaler", self.autoscaler, "request_stop"), ("producer", self.producer, "stop"),
             ("workers", self.fleet, "stop"), ("autoscaler", self.autoscaler, "stop"),
             ("Cloud Run stand-in", self.standin, "stop"), ("registry stand-in", self.registry, "stop"),

@@ -91,6 +91,9 @@ class RolloutState:
     #: The split celeryops itself left on the resource (a rollback's, recorded in its ``celeryops/split``
     #: annotation); empty: none. See :attr:`owned`.
     owned_split: tuple[tuple[str, int], ...] = ()
+    #: How Cloud Run sizes a worker pool: ``manual`` (``manual_instance_count``, what celeryops sets) or
+    #: ``automatic`` (Cloud Run scales it itself: celeryops' autoscaler leaves it alone).
+    scaling_mode: str = "manual"
     #: A service's tagged revisions (``(tag, revision short name)``; not the tag of the latest entry): Cloud Run
     #: keeps their revision-level min instances running even at 0% of the traffic.
     tagged: tuple[tuple[str, str], ...] = ()

@@ -195,7 +195,7 @@ class CloudRunDeployer(CloudRunCalls):
                               "worker pool's; nothing was changed.", code="KIND")
         clients = await self._clients(target)
         resource = await self._get(clients, target, self._read_retry(), self.rpc_timeout)
-        refuse_unready(target, state_of(target, resource), traffic=False)
+        refuse_unready(target, state_of(target, resource), traffic=False, count=change.instance_count)
         prepare_pool_update(target, resource, change)
         await self._update(clients, target, resource, validate_only=True,
                            force_new_revision=change.image is not None or bool(change.revision))
@@ -243,7 +243,7 @@ class CloudRunDeployer(CloudRunCalls):
         new_revision = change.image is not None or bool(change.revision)
 
         def prepare(resource: Any, before: RolloutState) -> None:
-            refuse_unready(target, before, traffic=False)
+            refuse_unready(target, before, traffic=False, count=change.instance_count)
             prepare_pool_update(target, resource, change)
 
         before, asked, operation = await self._send(clients, target, prepare, force_new_revision=new_revision)

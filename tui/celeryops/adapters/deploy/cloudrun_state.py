@@ -95,6 +95,7 @@ def state_of(target: Target, resource: Any) -> RolloutState:
         service_account=resource.template.service_account,
         instance_count=instance_count(resource),
         instance_count_set=isinstance(resource, Service) or "manual_instance_count" in resource.scaling,
+        scaling_mode="manual" if isinstance(resource, Service) else pool_scaling_mode(resource.scaling),
         owned_split=parse_split(resource.annotations.get(SPLIT_ANNOTATION, "")),
         tagged=tuple((t.tag, short_revision(t.revision)) for t in resource.traffic
                      if t.tag and t.revision and t.type_ != _LATEST_TRAFFIC) if isinstance(resource, Service) else (),
@@ -115,6 +116,19 @@ def parse_split(text: str) -> tuple[tuple[str, int], ...]:
             return ()
         entries.append((rev, int(pct)))
     return tuple(entries)
+
+
+def pool_scaling_mode(scaling: Any) -> str:
+    """A worker pool's scaling mode: ``automatic`` when Cloud Run sizes it itself, else ``manual``. Read from
+    ``scaling_mode`` where the client knows the field; this client (0.16) knows only ``manual_instance_count``, so a
+    scaling message that carries settings it cannot read (the API's scaling mode, min and max) and no manual count
+    is an automatically scaled pool."""
+    if "scaling_mode" in type(scaling).meta.fields:
+        return "automatic" if "AUTOMATIC" in str(scaling.scaling_mode).upper() else "manual"
+    from google.protobuf.unknown_fields import UnknownFieldSet
+
+    unread = len(UnknownFieldSet(type(scaling).pb(scaling)))
+    return "automatic" if unread and "manual_instance_count" not in scaling else "manual"
 
 
 def instance_count(resource: Any) -> int | None:
@@ -201,15 +215,16 @@ def _set_image(target: Target, resource: Any, image: str) -> None:
         resource.template.containers[0].image = image
 
 
-def refuse_unready(target: Target, before: RolloutState, *, traffic: bool = True) -> None:
+def refuse_unready(target: Target, before: RolloutState, *, traffic: bool = True, count: int | None = None) -> None:
     """Raise DeployError when ``before`` is still rolling out, when it is a worker pool that runs no instance
-    (the new revision would run none either), or (``traffic``) when its split pins older revisions and the target
-    does not ask for ``traffic = "latest"``: nothing is changed then."""
+    (the new revision would run none either) and the update gives it none (``count``: the instance count it sets),
+    or (``traffic``) when its split pins older revisions and the target does not ask for ``traffic = "latest"``:
+    nothing is changed then."""
     if before.reconciling:
         raise DeployError(f"{target.display} is still rolling out revision "
                           f"{short_revision(before.latest_created_revision)}: nothing was changed; wait "
                           "until it finished and deploy again.", code="BUSY")
-    if target.kind == "cloudrun-worker-pool" and before.instance_count == 0:
+    if target.kind == "cloudrun-worker-pool" and before.instance_count == 0 and count is None:
         raise no_instances(target)
     if traffic and before.pinned and target.traffic != "latest" and not before.owned:
         raise traffic_pinned(target, before)

@@ -46,6 +46,8 @@ class HomeScreen(FilteredScreen):
         Binding("r", "app.show_runs", "Runs", id="home.runs",
                 tooltip="Run history: the fleet's recent runs; Enter opens one's event timeline."),
         Binding("s", "app.show_slots", "Slots", id="home.slots", tooltip="Slot pool: gauges, holders, waiters."),
+        Binding("a", "app.show_autoscale", "Autoscaler", id="home.autoscale", show=False,
+                tooltip="The fleet's autoscaler: demand against capacity, cohorts, decisions and their reasons."),
         Binding("w", "app.show_run", "Run", id="home.run", tooltip="Show the current run."),
         Binding("S", "start_drain", "Start drain", id="home.start_drain",
                 tooltip="Run preflight for a drain; nothing changes until you confirm on the checklist."),

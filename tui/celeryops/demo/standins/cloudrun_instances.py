@@ -31,6 +31,8 @@ from typing import Any, Literal, Protocol
 
 from google.cloud.run_v2 import ServiceScaling
 
+from celeryops.core.splits import counts_of
+
 GRACE_SECONDS = 10.0
 """Cloud Run sends SIGKILL this long after the SIGTERM that takes an instance away."""
 
@@ -125,20 +127,9 @@ def instance_count(message: Any, seeded: int) -> int:
 def allocate(count: int, shares: Sequence[tuple[str, int]]) -> dict[str, int]:
     """Divide ``count`` instances among revisions by percent: each gets its share rounded down, and the instances
     left over go one each to the largest remainders (a tie: the revision listed first), so the total is ``count``
-    (4 at 50/50: 2 and 2; 3 at 50/50: 2 and 1; 1 at 50/50: 1 and 0). A revision listed twice adds up."""
-    merged: dict[str, int] = {}
-    for revision, percent in shares:
-        merged[revision] = merged.get(revision, 0) + max(0, int(percent))
-    total = sum(merged.values())
-    if count <= 0 or total <= 0:
-        return dict.fromkeys(merged, 0)
-    exact = {rev: count * pct / total for rev, pct in merged.items()}
-    out = {rev: int(share) for rev, share in exact.items()}
-    order = list(merged)
-    by_remainder = sorted(order, key=lambda rev: (-(exact[rev] - out[rev]), order.index(rev)))
-    for rev in by_remainder[:count - sum(out.values())]:
-        out[rev] += 1
-    return out
+    (4 at 50/50: 2 and 2; 3 at 50/50: 2 and 1; 1 at 50/50: 1 and 0). A revision listed twice adds up. The division
+    celeryops reads a pool by (:func:`celeryops.core.splits.counts_of`)."""
+    return counts_of(count, shares)
 
 
 @dataclass

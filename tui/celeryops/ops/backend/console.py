@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import redis
 from celery import Celery
 
 from celeryops.core.config import Config, Target
@@ -51,6 +52,7 @@ from celeryops.ops.backend.views import (
     TimelineEntry,
 )
 from celeryops.ops.backend.watch import follow
+from celeryops.ops.fleetwide.scalestatus import ScaleStatus, read_scale_status
 from celeryops.ops.run.decisions import Decision
 from celeryops.ops.run.operator import ConsoleOperator
 from celeryops.ops.run.rollback_plan import RollbackRequest
@@ -157,6 +159,16 @@ class OpsBackend:
 
     async def slots_snapshot(self) -> SlotsView | None:
         return await self.snapshots.slots()
+
+    async def autoscaler(self) -> ScaleStatus | None:
+        """What the fleet's autoscaler last published (one HGET), or None (no Redis, none published)."""
+        coord = self.wiring.coord
+        if coord is None:
+            return None
+        try:
+            return await asyncio.to_thread(read_scale_status, coord, self.wiring.fleet_name)
+        except redis.RedisError:
+            return None
 
     async def unfinished_run(self) -> RunView | None:
         return await asyncio.to_thread(self.snapshots.unfinished_run)

@@ -392,6 +392,30 @@ class RunLease:
                 log.warning("could not release the lease of fleet %s (%s); it expires by itself", self.fleet, exc)
 
 
+# KEYS: wanted. ARGV: who. 1 = dropped, 0 = someone else's (left alone).
+_DROP_WANT: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+def want_fleet(client: redis.Redis, fleet: str, who: str, ttl: float = DEFAULT_TTL) -> None:
+    """Say that a run (``who``) waits for the fleet's lease, for ``ttl`` seconds unless said again: the autoscaler
+    starts no step of its own meanwhile, so the waiting run gets the lease when the step in progress ends."""
+    client.set(fleet_key(fleet, "lease", "wanted"), who, px=max(1, int(ttl * 1000)))
+
+
+def fleet_wanted(client: redis.Redis, fleet: str) -> str | None:
+    """Who waits for the fleet's lease (:func:`want_fleet`), or None. Reads only."""
+    value = client.get(fleet_key(fleet, "lease", "wanted"))
+    return None if value is None else _text(value)
+
+
+def drop_want(client: redis.Redis, fleet: str, who: str) -> None:
+    """No longer waiting (only ``who``'s own word is dropped)."""
+    client.eval(_DROP_WANT, 1, fleet_key(fleet, "lease", "wanted"), who)
+
+
 def drop_dead_lease(client: redis.Redis, fleet: str, run_id: str) -> bool:
     """Remove the lease of run ``run_id`` if its holder is gone (heartbeat expired, or its process is dead on this
     host). Atomic against a concurrent take-over (WATCH). Returns True when removed; a live holder keeps it."""

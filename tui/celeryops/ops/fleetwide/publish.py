@@ -63,7 +63,7 @@ class PublishedStatus:
     started_at: float
     updated_at: float
     progress: dict[str, Any] = field(default_factory=dict)
-    kind: str = ""  # deploy | drain | rollback ("": published by an older version: tell it by the release)
+    kind: str = ""  # deploy | drain | rollback | autoscale ("": published by an older version: tell it by the release)
 
     def as_dict(self) -> dict[str, Any]:
         return {"fleet": self.fleet, "run_id": self.run_id, "phase": self.phase, "owner": self.owner,
@@ -72,7 +72,7 @@ class PublishedStatus:
 
     @property
     def run_kind(self) -> RunKind:
-        if self.kind in ("deploy", "drain", "rollback"):
+        if self.kind in ("deploy", "drain", "rollback", "autoscale"):
             return cast(RunKind, self.kind)
         return "deploy" if self.release else "drain"
 

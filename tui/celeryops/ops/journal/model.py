@@ -17,11 +17,11 @@ from celeryops.core.errors import UserError
 from celeryops.core.events import RunKind
 from celeryops.core.masking import mask_text
 
-Phase = Literal["preflight", "overlapping", "stopping", "draining", "drained", "cutting_over", "deploying", "deployed",
-                "retiring", "done", "aborted", "failed"]
+Phase = Literal["preflight", "overlapping", "stopping", "draining", "drained", "scaling", "cutting_over", "deploying",
+                "deployed", "retiring", "done", "aborted", "failed"]
 PHASES: Final[tuple[Phase, ...]] = (
-    "preflight", "overlapping", "stopping", "draining", "drained", "cutting_over", "deploying", "deployed", "retiring",
-    "done", "aborted", "failed",
+    "preflight", "overlapping", "stopping", "draining", "drained", "scaling", "cutting_over", "deploying", "deployed",
+    "retiring", "done", "aborted", "failed",
 )
 TERMINAL_PHASES: Final[frozenset[Phase]] = frozenset({"done", "aborted", "failed"})
 # Forward moves only. Every non-terminal phase may also end in "aborted" or "failed" (added below).
@@ -31,12 +31,15 @@ TERMINAL_PHASES: Final[frozenset[Phase]] = frozenset({"done", "aborted", "failed
 # -> stopping -> draining -> drained (the old revision alone) -> cutting_over -> deployed -> done; from any step
 # before the cutover it may go to retiring (the new revision is taken away), and back to overlapping when the new
 # revision stayed busy (both consume again).
+# An autoscale step (a worker pool's size): preflight -> scaling (a cohort added) -> done, or preflight -> stopping ->
+# draining -> drained (an idle cohort, alone) -> scaling (its instances taken away) -> done.
 _FORWARD: Final[dict[Phase, frozenset[Phase]]] = {
-    "preflight": frozenset({"stopping", "overlapping"}),
+    "preflight": frozenset({"stopping", "overlapping", "scaling"}),
     "overlapping": frozenset({"stopping", "retiring"}),
     "stopping": frozenset({"draining", "retiring"}),
     "draining": frozenset({"drained", "retiring"}),
-    "drained": frozenset({"deploying", "done", "cutting_over", "retiring"}),
+    "drained": frozenset({"deploying", "done", "cutting_over", "retiring", "scaling"}),
+    "scaling": frozenset({"done"}),
     "cutting_over": frozenset({"deployed"}),
     "deploying": frozenset({"deployed"}),
     "deployed": frozenset({"done"}),
@@ -59,6 +62,9 @@ DEPLOY_START: Final = "deploy_start"
 OVERLAP_UP: Final = "overlap_up"
 OVERLAP_CUTOVER: Final = "overlap_cutover"
 OVERLAP_REVERT: Final = "overlap_revert"
+# An autoscale step's pool update (the pool's counts per revision before, the counts it asks for): a cohort added, or
+# an idle, fenced cohort's instances taken away.
+SCALE_POOL: Final = "scale_pool"
 ALL_WORKERS: Final = "*"
 
 RecordKind = Literal["created", "phase", "intent", "settle", "note"]
@@ -109,8 +115,8 @@ class Run:
     @property
     def kind(self) -> RunKind:
         """What the run does: a rollback (recorded in its settings), a deploy (it has a release), or a drain."""
-        if self.settings.get("kind") == "rollback":
-            return "rollback"
+        if self.settings.get("kind") in ("rollback", "autoscale"):
+            return self.settings["kind"]  # type: ignore[no-any-return]
         return "deploy" if self.release else "drain"
 
     def intents(self, kind: str | None = None) -> list[Record]:

@@ -74,6 +74,11 @@ def fleet_checks(fleet: Fleet, journal: Journal, coord: redis.Redis | None, flee
         except redis.RedisError as exc:
             return CheckResult("lease", "", "fail", f"the run lease could not be read ({exc})",
                                "check that Redis answers, then try again")
+        step = holder is not None and not holder.orphaned and await asyncio.to_thread(_autoscale_step, coord,
+                                                                                     fleet_name, holder.run_id)
+        if step and holder is not None:
+            return CheckResult("lease", "", "ok", f"a step of the autoscaler holds the fleet (run {holder.run_id}): "
+                               "this run waits for it to end")
         if holder is not None and not (holder.orphaned and take_over):
             state = "orphaned" if holder.orphaned else "live"
             return CheckResult("lease", "", "fail", f"another run holds the fleet ({state}): {holder.describe()}",
@@ -95,3 +100,14 @@ def fleet_checks(fleet: Fleet, journal: Journal, coord: redis.Redis | None, flee
             node_names_check(fleet.app),
             broker_safety_check(safety_targets(fleet.redis(), fleet.display_url, coord)),
             settings_check(fleet, coord, fleet_name)]
+
+
+def _autoscale_step(coord: redis.Redis, fleet: str, run_id: str) -> bool:
+    """Whether the run that holds the lease is a step of the autoscaler (its published status says so)."""
+    from celeryops.ops.fleetwide.publish import read_status
+
+    try:
+        published = read_status(coord, fleet)
+    except (redis.RedisError, UserError):
+        return False
+    return published is not None and published.run_id == run_id and published.kind == "autoscale"

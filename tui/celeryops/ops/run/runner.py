@@ -70,9 +70,11 @@ class Runner(RunnerBase):
         await self.fleet.check_broker()
         open_run = self.unfinished()
         if self.coord is not None and not take_over:
-            holder = await asyncio.to_thread(read_lease, self.coord, self.fleet_name)
+            holder = await (self._after_steps() if self.waits_for_steps  # a step of the autoscaler is waited for
+                            else asyncio.to_thread(read_lease, self.coord, self.fleet_name))
             if holder is not None:
                 raise LeaseHeld(self.fleet_name, holder)
+            open_run = self.unfinished()
         if open_run is not None and open_run.holds_fleet() and not take_over:
             held = ("stopped consumers: nothing was changed; run `celeryops abort` to restore them"
                     if open_run.stopped_consumers() else

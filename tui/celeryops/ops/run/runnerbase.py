@@ -9,6 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -22,13 +25,23 @@ from celeryops.core.runsettings import RunSettings
 from celeryops.fence import FenceStore
 from celeryops.ops.drain.engine import Drain
 from celeryops.ops.drain.runfence import RunFence
-from celeryops.ops.fleetwide.lease import LeaseHeld, RunLease, drop_dead_lease, read_lease
+from celeryops.ops.fleetwide.lease import (
+    LeaseHeld,
+    LeaseInfo,
+    RunLease,
+    drop_dead_lease,
+    drop_want,
+    read_lease,
+    want_fleet,
+)
 from celeryops.ops.fleetwide.publish import Publisher
 from celeryops.ops.journal import Journal, Phase, Run
 
 log = logging.getLogger(__name__)
 
-
+#: How long a run waits for a step of the autoscaler that holds the fleet (a cohort drained and taken away: the
+#: drain's confirmation and a rollout) before it is refused like any other holder's.
+STEP_PATIENCE = 900.0
 
 
 @dataclass
@@ -43,6 +56,8 @@ class RunnerBase:
     read_only: bool = False
     coord: redis.Redis | None = None  # Redis for the lease and the published status (None: not available)
     settings: RunSettings = field(default_factory=RunSettings)  # lease/fence TTLs, task events
+    # A run opened while a step of the autoscaler holds the fleet waits for it (the autoscaler's own steps do not).
+    waits_for_steps: bool = True
     # The console's "detach" (RunSession.detach): an interruption then leaves the consumers stopped and the run open
     # for `resume`.
     detached: bool = field(default=False, init=False)
@@ -151,6 +166,41 @@ class RunnerBase:
             await lease.stop_heartbeat()
             with contextlib.suppress(redis.RedisError):
                 await asyncio.to_thread(lease.release)
+
+    async def _after_steps(self) -> LeaseInfo | None:
+        """The fleet's lease holder once no live step of the autoscaler holds it: meanwhile this run waits (it says
+        so once, and asks the autoscaler to start no new step), up to :data:`STEP_PATIENCE`."""
+        assert self.coord is not None
+        who = f"{current_user()}@{socket.gethostname()} pid {os.getpid()}"
+        deadline = time.monotonic() + STEP_PATIENCE
+        said = False
+        while True:
+            holder = await asyncio.to_thread(read_lease, self.coord, self.fleet_name)
+            if (holder is None or holder.orphaned or time.monotonic() > deadline
+                    or not await asyncio.to_thread(self._is_step, holder.run_id)):
+                if said and holder is not None:
+                    with contextlib.suppress(redis.RedisError):
+                        await asyncio.to_thread(drop_want, self.coord, self.fleet_name, who)
+                return holder
+            await asyncio.to_thread(want_fleet, self.coord, self.fleet_name, who, self.settings.lease_ttl)
+            if not said:
+                said = True
+                self.emit(Notice(level="info", message=f"Run {holder.run_id}, a step of the autoscaler, holds the "
+                                                       "fleet: waiting for it to end (the autoscaler starts no new "
+                                                       "step meanwhile)."))
+            await asyncio.sleep(0.5)
+
+    def _is_step(self, run_id: str) -> bool:
+        """Whether ``run_id`` is a step of the autoscaler: as its published status says (also in the moment between
+        its end and its lease given back), or as the journal's open runs say."""
+        from celeryops.ops.fleetwide.publish import read_status
+
+        assert self.coord is not None
+        with contextlib.suppress(redis.RedisError, UserError):
+            published = read_status(self.coord, self.fleet_name)
+            if published is not None and published.run_id == run_id:
+                return published.kind == "autoscale"
+        return any(r.id == run_id and r.kind == "autoscale" for r in self.journal.unfinished_runs(self.fleet_name))
 
     # -- fence (ops/drain/runfence.py) -------------------------------------------------------------------------
 

@@ -80,6 +80,8 @@ class RunSession(RunContext):
         if run is None:
             raise self.runner.no_open_run("nothing was resumed",
                                           "; start one with `celeryops drain` or `celeryops deploy`")
+        if run.kind == "autoscale":  # a step of the autoscaler: finished or undone (ops/run/scaling.py)
+            return self.finish("aborted", EXIT_OK, await self._recover_step(run)).exit_code
         if not run.release:
             outcome, _ = await self.runner.resume(run=run)
             return EXIT_OK if outcome == "drained" else EXIT_TIMEOUT
@@ -91,10 +93,19 @@ class RunSession(RunContext):
         self.refuse_if_read_only("abort the run")
         await self.require_operator("abort the run")
         run = run or await asyncio.to_thread(self.runner.unfinished)
+        if run is not None and not run.finished and run.kind == "autoscale":
+            return RecoveryPlan("restore", {}, await self._recover_step(run))
         if run is not None and not run.finished:
             return await strategy_of_run(run).abort(self, run, force_restore=force_restore)
         decided, _ = await self.runner.abort(run=run, force_restore=force_restore)
         return decided
+
+    async def _recover_step(self, run: Run) -> str:
+        """``abort`` or ``resume`` of a step of the autoscaler: its pool update followed to its end, the fence lifted,
+        the stopped consumers of the workers still there given back (the same either way); one sentence."""
+        from celeryops.ops.run.scaling import recover_open_step
+
+        return await recover_open_step(self, run)
 
     async def rollback(self, request: RollbackRequest) -> RunFinished:
         """The targets back to what their last deploy replaced (or ``--to``), by their strategy

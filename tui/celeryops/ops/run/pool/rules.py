@@ -42,6 +42,7 @@ from celeryops.adapters.deploy.base import DeployError, RevisionInfo, RolloutSta
 from celeryops.core.canary import canary_split, run_peak
 from celeryops.core.config import Target, strategy_refusal
 from celeryops.core.errors import EXIT_USAGE, UserError
+from celeryops.core.splits import split_for
 from celeryops.ops.journal import CANCEL_CONSUMERS, OVERLAP_CUTOVER, OVERLAP_REVERT, OVERLAP_UP, Run
 from celeryops.ops.run.recovery import RecoveryPlan
 
@@ -65,7 +66,8 @@ def exact_split(counts: Mapping[str, int]) -> Split:
     """The instance split that runs exactly ``counts[revision]`` instances of each revision (in that order; those
     with none left out): integer percentages that Cloud Run's division by percent (each revision its share rounded
     down, the rest to the largest remainders) turns back into exactly those counts, for two revisions and up to 100
-    instances in all (:func:`~celeryops.core.canary.canary_split`); more revisions get the nearest shares."""
+    instances in all (:func:`~celeryops.core.canary.canary_split`; more revisions:
+    :func:`~celeryops.core.splits.split_for`, which may list them in another order to stay exact)."""
     live = [(rev, n) for rev, n in counts.items() if n > 0]
     if not live:
         raise ValueError("a pool runs at least one instance")
@@ -74,12 +76,7 @@ def exact_split(counts: Mapping[str, int]) -> Split:
     if len(live) == 2:
         (old, count), (new, beside) = live
         return canary_split(old, new, count, beside)
-    total = sum(n for _, n in live)
-    shares = [(rev, 100 * n / total) for rev, n in live]
-    pcts = {rev: int(share) for rev, share in shares}
-    for rev, _share in sorted(shares, key=lambda e: e[1] - int(e[1]), reverse=True)[:100 - sum(pcts.values())]:
-        pcts[rev] += 1
-    return tuple((rev, pcts[rev]) for rev, _ in live)
+    return split_for(dict(live))
 
 
 @dataclass(frozen=True)
