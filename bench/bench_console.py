@@ -1,12 +1,15 @@
 """Console benchmarks (printed table, not a test): how long one drain update takes with 100 / 1,000 / 10,000 rows in
 the task table, from the handler until the frame showing the updated table is ready for the terminal (target <= 50
 ms at 10,000), time to first frame, CPU while idle-polling a fleet (target < 2 % of one core), and console start:
-from starting the ``celeryops`` process in a terminal (a pty) to the first painted home frame showing a live fleet
-of real workers (target <= 1.0 s), with ``celery --version`` (whole process) as the anchor in the same run.
-Run: ``.venv/bin/python bench/bench_console.py [--start-only | --fastdatatable | --before CHECKOUT]`` (console start
+from starting the ``celeryops`` process in a terminal (a pty) to its first painted home frame (target <= 1.0 s and
+<= 0.8x) and to the first frame whose workers table names every worker of a live fleet of real workers (the fleet
+shown, what an operator waits for: target <= 1.2x), with ``celery --version`` (whole process) as the anchor, taken
+in turns in the same run.
+Run: ``.venv/bin/python bench/bench_console.py [--start-only] [--fastdatatable | --before CHECKOUT]`` (console start
 needs redis-server; ``--fastdatatable`` needs textual-fastdatatable installed: the drain update with its DataTable in
 turns with the task table; ``--before CHECKOUT``: the drain update and console start of another checkout, e.g. a
-``git worktree`` of main, in turns with this one). See bench/README.md."""
+``git worktree`` of main, in turns with this one; with ``--start-only``, its console start alone). See
+bench/README.md."""
 
 from __future__ import annotations
 
@@ -185,14 +188,34 @@ HOME_MARK = b"Queue depths"  # a border title of the home screen, painted in its
 
 
 def cpu_of(pid: int) -> float:
-    """CPU seconds (user + system, all threads) the process has used so far."""
+    """CPU seconds (user + system, all threads) the process has used so far, with its children's: those it reaped
+    and those still running (the console's first look is read by a child process)."""
+    def stat(of: int) -> list[str]:
+        with open(f"/proc/{of}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()
+
+    ticks = sum(int(f) for f in stat(pid)[11:15])  # utime, stime, cutime, cstime (children reaped)
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{pid}/children") as fh:  # forked, still running
+        for child in fh.read().split():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                ticks += sum(int(f) for f in stat(int(child))[11:13])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+Start = tuple[float, float, float, float, bool]  # home s, its CPU s, fleet s, its CPU s, a first-look child ran
+
+
+def forked(pid: int) -> bool:
+    """The process forked a child by now (the console's first look: a core was free at its start)."""
     with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        reaped = sum(int(f) for f in fh.read().rsplit(")", 1)[1].split()[13:15]) > 0
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{pid}/children") as fh:
+        return reaped or bool(fh.read().split())
+    return reaped
 
 
 def console_start_once(broker: str, names: list[str], state_dir: str, timeout: float = 30.0,
-                       checkout: Path | None = None) -> tuple[float, float, float, float]:
+                       checkout: Path | None = None) -> Start:
     """Seconds from starting ``celeryops --broker URL`` (the console's home view) in a 120x40 pty until the terminal
     output shows the home screen (its first painted frame), and until it names every worker (the first frame with
     the fleet), each with the CPU time the process had used by then; the process is then killed. ``checkout``: run
@@ -224,7 +247,7 @@ def console_start_once(broker: str, names: list[str], state_dir: str, timeout: f
                 except OSError:  # the pty closed: the process exited
                     continue
         fleet, fleet_cpu = time.perf_counter() - t0, cpu_of(proc.pid)
-        return home or fleet, home_cpu or fleet_cpu, fleet, fleet_cpu
+        return home or fleet, home_cpu or fleet_cpu, fleet, fleet_cpu, forked(proc.pid)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -265,7 +288,7 @@ def compiled(checkout: Path) -> None:
 
 
 def console_start(repeats: int = 5, checkouts: tuple[Path | None, ...] = (None,),
-                  ) -> tuple[dict[Path | None, list[tuple[float, float, float, float]]], list[float]]:
+                  ) -> tuple[dict[Path | None, list[Start]], list[float]]:
     """Console start times (home frame, frame with the fleet) of each checkout (None: this one) and
     `celery --version` times (whole processes, all taken in turns), 2 real workers."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -273,7 +296,7 @@ def console_start(repeats: int = 5, checkouts: tuple[Path | None, ...] = (None,)
 
     for checkout in checkouts:
         compiled(checkout or ROOT)
-    starts: dict[Path | None, list[tuple[float, float, float, float]]] = {c: [] for c in checkouts}
+    starts: dict[Path | None, list[Start]] = {c: [] for c in checkouts}
     anchors: list[float] = []
     with bench_fleet() as bench, tempfile.TemporaryDirectory(prefix="celeryops-bench-state-") as state:
         workers = bench.add(2)
@@ -290,14 +313,15 @@ def console_start(repeats: int = 5, checkouts: tuple[Path | None, ...] = (None,)
 
 async def main() -> None:
     print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
-    if "--start-only" in sys.argv:
-        print_console_start()
+    before = Path(sys.argv[sys.argv.index("--before") + 1]).resolve() if "--before" in sys.argv else None
+    if "--start-only" in sys.argv:  # with --before: that checkout's console start in turns with this one's
+        print_console_start(before=before)
         return
     if "--fastdatatable" in sys.argv:
         await print_fastdatatable()
         return
-    if "--before" in sys.argv:
-        await print_before_after(Path(sys.argv[sys.argv.index("--before") + 1]).resolve(), runs=3)
+    if before is not None:
+        await print_before_after(before, runs=3)
         return
     print(f"{'drain update (median of 7 polls)':<40}{'handler':>10}{'CPU':>10}{'painted':>10}{'CPU':>10}")
     cases = [(f"{rows:,} rows, next poll 15 s later", rows, 15.0) for rows in (100, 1_000, 10_000)]
@@ -345,10 +369,23 @@ def print_console_start(repeats: int = 15, before: Path | None = None) -> None:
             med, cpu = statistics.median(values), statistics.median(s[i + 1] for s in starts)
             ratio = statistics.median(s[i] / a for s, a in zip(starts, anchors, strict=True))
             target = f"target <= 1000 ms and <= 0.8x: {'met' if med <= 1.0 and ratio <= 0.8 else 'MISSED'}" if i == 0 \
-                else "no target"
+                else f"target <= 1.2x: {'met' if ratio <= 1.2 else 'MISSED'}"
             print(f"{name + label:<48}{med * 1000:>7.0f} ms (CPU {cpu * 1000:.0f} ms; max {max(values) * 1000:.0f} ms; "
                   f"{ratio:.2f}x `celery --version` {anchor * 1000:.0f} ms; {len(values)} runs, 2 real workers; "
                   f"{target})")
+        print(f"{name}  {first_look_split(starts, anchors)}")
+
+
+def first_look_split(starts: list[Start], anchors: list[float]) -> str:
+    """The starts whose first look was read by a child (a core was free at start) apart from the others: the
+    console's CPU counts its child's."""
+    def ratios(child: bool, i: int) -> str:
+        found = [s[i] / a for s, a in zip(starts, anchors, strict=True) if s[4] == child]
+        return f"{statistics.median(found):.2f}x" if found else "-"
+
+    n = sum(1 for s in starts if s[4])
+    return (f"{n} of {len(starts)} starts read the first look in a child: first frame {ratios(True, 0)}, fleet "
+            f"shown {ratios(True, 2)}; the others {ratios(False, 0)}, {ratios(False, 2)}")
 
 
 async def print_before_after(before: Path, runs: int) -> None:

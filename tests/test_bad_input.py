@@ -34,7 +34,7 @@ from celeryops_harness.workers import WorkerProcess
 from clihelp import cli_env, run_cli
 
 # One worker plays the table (its module fixture runs every row): on several xdist workers it was played on each.
-# The first test's setup plays all 46 rows (each CLI bounded by run_cli's 120 s): 4 minutes on a heavily loaded
+# The first test's setup plays all 49 rows (each CLI bounded by run_cli's 120 s): 4 minutes on a heavily loaded
 # 2-core machine, so it gets more than pytest-timeout's 300 s per test.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("bad-input"), pytest.mark.timeout(900)]
 
@@ -176,6 +176,10 @@ ROWS = [
     Row("broker-no-password", lambda w: ["drain", "--broker", w.secured.url.replace(f":{PASSWORD}@", "")], 4),
     Row("broker-unreachable-json", lambda w: ["drain", "--broker", "redis://127.0.0.1:1/0", "--json"], 4),
     Row("app-not-importable", _plain("drain", "-A", "no_such_module_xyz"), 2, "no_such_module_xyz"),
+    # -- celeryops doctor (issue 37): reads only; a bad flag or a broker away is one sentence --------------------
+    Row("doctor-zero-grace", lambda w: ["doctor", "--broker", w.broker.url, "--grace", "0"], 2, "--grace"),
+    Row("doctor-unreachable-json", lambda w: ["doctor", "--broker", "redis://127.0.0.1:1/0", "--json"], 4),
+    Row("doctor-redis-down", lambda w: ["doctor", "--broker", w.down_url], 4, "Cannot reach the broker"),
     # -- Redis down -----------------------------------------------------------------------------------------------
     Row("redis-down-drain", lambda w: ["drain", "--broker", w.down_url], 4),
     Row("redis-down-deploy", _deploy(), 5, config=lambda w: w.config(broker=f'broker = "{w.down_url}"')),

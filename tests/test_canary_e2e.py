@@ -15,6 +15,7 @@ instances and 1 canary at ~20 tasks/s, a 20 % failure rate rolls back after ~10 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,17 @@ def looks(proc: CliProcess) -> list[dict[str, Any]]:
     return [e for e in proc.events if e["event"] == "canary_look"]
 
 
+def named_peak(events: list[dict[str, Any]]) -> int:
+    """The peak the run named before anything changed: the preflight's traffic check, which the ``planned`` step
+    repeats (issue 34: it named the canary's 3 while a promotion runs the overlap's 4)."""
+    traffic = next(e for e in events if e["event"] == "check" and e["id"] == "traffic" and e["status"] == "ok")
+    found = re.search(r"(\d+) instances at the peak", traffic["detail"])
+    assert found, traffic["detail"]
+    planned = next(e for e in events if e["event"] == "overlap" and e["step"] == "planned")
+    assert planned["peak"] == int(found[1]), (planned, traffic["detail"])
+    return int(found[1])
+
+
 def test_bad_release_is_rolled_back(tmp_path: Path, redis_url: str, queue_name: str, redis_client: redis.Redis,
                                     redis_control: Celery) -> None:
     """The canary's instance fails a fifth of its tasks: the analysis rolls it back (exit 7, outcome
@@ -81,6 +93,8 @@ def test_bad_release_is_rolled_back(tmp_path: Path, redis_url: str, queue_name: 
         assert new != pool.old and seen[-1]["baseline"] == pool.old
         assert seen[-1]["counts"]["canary"]["failed"] >= 1
         assert seen[-1]["counts"]["baseline"]["failed"] == 0
+        # Rolled back, it never ran more than the peak named up front (the promotion's, which it did not reach).
+        assert pool.standin.peak("worker") == pool.count + 1 < named_peak(events) == 2 * pool.count
 
         # The pool is back on its old revision at its count; the canary's worker is gone, the old ones consume.
         assert pool.instances() == {pool.old: pool.count}, pool.instances()
@@ -119,6 +133,8 @@ def test_good_release_is_promoted(tmp_path: Path, redis_url: str, queue_name: st
         assert "cut_over" in steps(events), steps(events)
         (summary,) = events[-1]["targets"]
         assert (summary["revision"], summary["previous_revision"]) == (new, pool.old)
+        # The peak named before anything changed is the one the run reached: the promotion's, not the canary's.
+        assert named_peak(events) == pool.standin.peak("worker") == 2 * pool.count
 
         assert pool.instances() == {new: pool.count}, pool.instances()
         wait_for(lambda: not pool.alive(pool.old), WAIT, "the old revision's workers to exit")

@@ -1,11 +1,14 @@
 """Issue 28, the canary's judge: the statistics (Fisher's exact test against exact fractions and published values,
 Wilson and Newcombe intervals against published values, percentiles) and the decision function's properties
-(never promote before min_tasks nor past max_duration, monotone in failures, what it says would decide it does).
+(never promote before min_tasks, promote at any look the evidence allows, max_duration included, monotone in
+failures, what it says would decide it does, the verdict and its sentence agree).
 Pure and fast: no Redis, no worker."""
 
 from __future__ import annotations
 
 import math
+import re
+import tomllib
 from dataclasses import replace
 from fractions import Fraction
 
@@ -14,6 +17,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from celeryops.core.canary import CanarySettings, RevisionCounts
+from celeryops.core.configcanary import validate_canary
+from celeryops.demo.sandbox import DEMO_CANARY_TABLE
+from celeryops.demo.timing import Timing
 from celeryops.ops.run.analysis.rules import (
     VERDICTS,
     alpha_for_look,
@@ -116,19 +122,18 @@ look_and_time = st.integers(1, 40).map(lambda k: (k, k * SETTINGS.look_interval)
 
 @settings(max_examples=300, deadline=None)
 @given(revision, revision, st.integers(0, 5), look_and_time)
-def test_never_promotes_before_min_tasks_nor_past_max_duration(baseline: RevisionCounts, canary: RevisionCounts,
-                                                                crashes: int, when: tuple[int, float]) -> None:
+def test_never_promotes_before_min_tasks_and_is_inconclusive_only_at_max_duration(
+        baseline: RevisionCounts, canary: RevisionCounts, crashes: int, when: tuple[int, float]) -> None:
     look, elapsed = when
     verdict = judge(baseline, canary, crashes=crashes, look=look, elapsed=elapsed, settings=SETTINGS)
     assert verdict.verdict in VERDICTS
     assert verdict.reason.endswith(".") and "\n" not in verdict.reason
     if verdict.verdict == "promote":
         assert canary.completed >= SETTINGS.min_tasks
-        assert elapsed < SETTINGS.max_duration
         assert verdict.increase_high < SETTINGS.margin
         assert crashes < SETTINGS.crash_limit
     if elapsed >= SETTINGS.max_duration:
-        assert verdict.verdict in ("rollback", "inconclusive")
+        assert verdict.verdict != "continue"
     else:
         assert verdict.verdict != "inconclusive"
 
@@ -171,8 +176,9 @@ def test_what_would_decide_it_does(sb: int, fb: int, sc: int, fc: int, look: int
     failures in a row roll back (same look, baseline as is)."""
     elapsed = look * SETTINGS.look_interval
     verdict = judge(counts(sb, fb), counts(sc, fc), crashes=0, look=look, elapsed=elapsed, settings=SETTINGS)
-    assume(verdict.verdict == "continue")
-    assert verdict.decide and "inconclusive in" in verdict.decide
+    assume(not verdict.decided)
+    assert verdict.decide
+    assert ("inconclusive in" in verdict.decide) == (verdict.verdict == "continue")
     if verdict.promote_after is not None:
         assert verdict.promote_failures is not None
         more, bad = verdict.promote_after, verdict.promote_failures
@@ -201,7 +207,7 @@ def test_a_large_increase_below_the_minimum_effect_does_not_roll_back() -> None:
     """Significant but small: 1.5 % against 0.5 % over 100,000 tasks each is beyond chance, not beyond 2 %."""
     baseline, canary = counts(99_500, 500), counts(98_500, 1_500)
     verdict = judge(baseline, canary, crashes=0, look=30, elapsed=900, settings=SETTINGS)
-    assert verdict.p_value < 1e-50 and verdict.verdict == "inconclusive"
+    assert verdict.p_value < 1e-50 and verdict.verdict == "promote"  # a 1-point increase, within the 5 % margin
     assert judge(baseline, canary, crashes=0, look=30, elapsed=900,
                  settings=replace(SETTINGS, min_effect=0.005)).rule == "failure-rate"
 
@@ -212,7 +218,10 @@ def test_a_good_canary_promotes_once_min_tasks_are_done() -> None:
     promoted = judge(baseline, counts(99, 1), crashes=0, look=4, elapsed=120, settings=SETTINGS)
     assert promoted.verdict == "promote" and promoted.rule == "bound"
     late = judge(baseline, counts(99, 1), crashes=0, look=30, elapsed=SETTINGS.max_duration, settings=SETTINGS)
-    assert late.verdict == "inconclusive" and "paused for the operator" in late.reason
+    assert late.verdict == "promote" and late.rule == "bound"  # the evidence is met at the last look: promoted
+    short = judge(baseline, counts(49, 0), crashes=0, look=30, elapsed=SETTINGS.max_duration, settings=SETTINGS)
+    assert short.verdict == "inconclusive" and "paused for the operator" in short.reason
+    assert "fewer than the 50 canary tasks" in short.reason and short.promote_after and short.promote_after > 0
 
 
 def test_repeated_crashes_roll_back() -> None:
@@ -297,13 +306,13 @@ def test_the_rules_hold_for_any_settings(config: CanarySettings, baseline: Revis
     elapsed = look * config.look_interval
     verdict = judge(baseline, canary, crashes=crashes, look=look, elapsed=elapsed, settings=config)
     if verdict.verdict == "promote":
-        assert canary.completed >= config.min_tasks and elapsed < config.max_duration
+        assert canary.completed >= config.min_tasks and verdict.increase_high < config.margin
         assert crashes < config.crash_limit and not verdict.new_exceptions
     if crashes >= config.crash_limit:
         assert verdict.verdict == "rollback"
     if verdict.rule == "failure-rate":
         assert verdict.p_value <= verdict.alpha_look and verdict.increase >= config.min_effect
-    assert (verdict.verdict == "inconclusive") == (elapsed >= config.max_duration and verdict.verdict != "rollback")
+    assert (verdict.verdict == "inconclusive") == (elapsed >= config.max_duration and not verdict.decided)
     assert 0.0 <= verdict.p_value <= 1.0 and verdict.increase_low <= verdict.increase <= verdict.increase_high
 
 
@@ -344,3 +353,100 @@ def test_explaining_never_changes_the_verdict(baseline: RevisionCounts, canary: 
     full = judge(baseline, canary, crashes=crashes, look=look, elapsed=elapsed, settings=SETTINGS)
     bare = judge(baseline, canary, crashes=crashes, look=look, elapsed=elapsed, settings=SETTINGS, explain=False)
     assert (full.verdict, full.rule, full.p_value) == (bare.verdict, bare.rule, bare.p_value)
+
+
+# ----------------------------------------------------------------------------------------------- verdict vs sentence
+# Issue 34: a good canary paused at max duration with "the increase may still be up to 4.6 %, above the tolerated
+# 5.0 %" and "promote after 0 more canary tasks". The verdict and its sentence must agree for every input.
+
+AT_MOST = re.compile(r"the increase is at most (?P<bound>-?\d+\.\d+) % \(.+?\), below the tolerated "
+                     r"(?P<limit>\d+\.\d+) %")
+UP_TO = re.compile(r"the increase may still be up to (?P<bound>-?\d+\.\d+) %, (?P<word>above|equal to) the "
+                   r"tolerated (?P<limit>\d+\.\d+) %")
+FEWER = re.compile(r"fewer than the (?P<n>\d+) canary tasks a promotion needs")
+MORE = re.compile(r"promote after (?P<n>\d+) more canary tasks")
+
+
+def shown(text: str, value: float) -> float:
+    """The percentage ``text`` as a number, checked to be ``value`` (a fraction) rounded to its decimals."""
+    places = len(text.split(".")[1])
+    assert abs(float(text) - value * 100) <= 0.5 * 10 ** -places + 1e-9, (text, value)
+    return float(text)
+
+
+@settings(max_examples=500, deadline=None)
+@given(canary_settings, revision_counts, revision_counts, st.integers(0, 3), st.floats(0.0, 2.0))
+def test_the_verdict_and_its_sentence_agree(config: CanarySettings, baseline: RevisionCounts,
+                                            canary: RevisionCounts, crashes: int, share: float) -> None:
+    """At any look, the last one included: evidence that meets the promotion rule promotes; a sentence's bound is
+    the statistic's, shown below the margin exactly when it promotes; an undecided canary needs more tasks (never
+    "after 0 more") and is inconclusive exactly when the time is up."""
+    elapsed = share * config.max_duration
+    look = max(1, math.ceil(elapsed / config.look_interval))
+    verdict = judge(baseline, canary, crashes=crashes, look=look, elapsed=elapsed, settings=config)
+    met = canary.completed >= config.min_tasks and verdict.increase_high < config.margin
+    bound, pending = AT_MOST.search(verdict.reason), UP_TO.search(verdict.reason)
+    if verdict.verdict != "rollback":
+        assert (verdict.verdict == "promote") == met, verdict.reason
+    if verdict.verdict == "promote":
+        assert verdict.rule == "bound" and bound is not None and pending is None, verdict.reason
+        assert shown(bound["bound"], verdict.increase_high) < shown(bound["limit"], config.margin), verdict.reason
+        assert not verdict.decide
+    if pending is not None:
+        assert not verdict.decided and canary.completed >= config.min_tasks, verdict.reason
+        high, limit = shown(pending["bound"], verdict.increase_high), shown(pending["limit"], config.margin)
+        assert (high > limit) if pending["word"] == "above" else (high == limit), verdict.reason
+    if not verdict.decided:
+        assert verdict.verdict == ("inconclusive" if elapsed >= config.max_duration else "continue")
+        assert ("paused for the operator" in verdict.reason) == (verdict.verdict == "inconclusive")
+        fewer = FEWER.search(verdict.reason)
+        assert (fewer is not None) == (canary.completed < config.min_tasks), verdict.reason
+        assert (pending is not None) == (canary.completed >= config.min_tasks), verdict.reason
+        assert verdict.promote_after is None or verdict.promote_after >= 1, verdict.decide
+        more = MORE.search(verdict.decide)
+        assert (None if more is None else int(more["n"])) == verdict.promote_after, verdict.decide
+        assert "after 0 more" not in verdict.decide and "next 0 " not in verdict.decide
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 400), st.integers(0, 6), st.integers(0, 200), st.integers(0, 6), st.floats(0.0, 2.0))
+def test_what_would_decide_it_does_at_the_last_look_too(sb: int, fb: int, sc: int, fc: int, share: float) -> None:
+    """Whether the time is up or not, ``promote_after`` more tasks of which ``promote_failures`` fail promote."""
+    elapsed = share * SETTINGS.max_duration
+    look = max(1, math.ceil(elapsed / SETTINGS.look_interval))
+    verdict = judge(counts(sb, fb), counts(sc, fc), crashes=0, look=look, elapsed=elapsed, settings=SETTINGS)
+    assume(not verdict.decided and verdict.promote_after is not None)
+    assert verdict.promote_after is not None and verdict.promote_failures is not None
+    more, bad = verdict.promote_after, verdict.promote_failures
+    done = judge(counts(sb, fb), counts(sc + more - bad, fc + bad), crashes=0, look=look, elapsed=elapsed,
+                 settings=SETTINGS)
+    assert done.verdict == "promote", (verdict.decide, done.reason)
+
+
+def test_the_demo_canary_of_issue_34_is_promoted_at_max_duration() -> None:
+    """The numbers the issue saw: 0 of 56 canary tasks failed against 0 of 86, the bound 4.6 % below 5 %, after
+    3 minutes and 13 seconds of a 3-minute canary: promoted at that look, and said so."""
+    config = replace(SETTINGS, min_tasks=30, look_interval=2.0, max_duration=180.0)
+    verdict = judge(counts(86, 0), counts(56, 0), crashes=0, look=97, elapsed=193.0, settings=config)
+    assert (verdict.verdict, verdict.rule) == ("promote", "bound"), verdict.reason
+    assert "at most 4.6 % (95.0 % confidence), below the tolerated 5.0 %" in verdict.reason
+    short = judge(counts(86, 0), counts(50, 0), crashes=0, look=97, elapsed=193.0, settings=config)
+    assert short.verdict == "inconclusive"
+    assert "up to 5.1 %, above the tolerated 5.0 %" in short.reason and short.promote_after == 2, short.reason
+    close = judge(counts(86, 0), counts(51, 0), crashes=0, look=97, elapsed=193.0, settings=config)
+    assert "up to 5.04 %, above the tolerated 5.00 %" in close.reason, close.reason  # never "5.0 % above 5.0 %"
+
+
+def test_the_demo_canary_promotes_a_flawless_release_at_the_demo_pace() -> None:
+    """Issue 34: the demo's good release paused at max duration (56 canary tasks, while its bound needed 52 and
+    came late). Its ``[canary]`` table promotes a flawless canary at ``min_tasks``, and at speed 1 (a task every
+    ``produce_every`` seconds, one instance in three on the canary) those tasks come within half ``max_duration``."""
+    problems: list[str] = []
+    config = validate_canary(tomllib.loads(DEMO_CANARY_TABLE)["canary"], problems)
+    assert not problems, problems
+    flawless = judge(RevisionCounts(2 * config.min_tasks), RevisionCounts(config.min_tasks), crashes=0, look=1,
+                     elapsed=config.look_interval, settings=config)
+    assert flawless.verdict == "promote", flawless.reason
+    workers = 2  # demo --workers, by default
+    seconds_per_canary_task = Timing(1.0).produce_every * (workers + config.instances) / config.instances
+    assert config.min_tasks * seconds_per_canary_task <= config.max_duration / 2

@@ -3,6 +3,7 @@ what a resume reads back from the journal, and the refusals before anything is c
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -30,11 +31,14 @@ def test_the_canary_split_gives_exactly_the_counts(count: int, canary: int) -> N
 
 
 def test_a_canary_plan_round_trips_through_the_journal_and_promotes_to_the_overlaps() -> None:
-    plan = Plan(target="worker", old="w-1", new="w-2", count=4, image="img", canary=1)
+    plan = Plan(target="worker", old="w-1", new="w-2", count=4, image="img", beside=1)
     assert (plan.peak, plan.new_count, dict(plan.up_split)) == (5, 1, {"w-1": 80, "w-2": 20})
     assert Plan.from_payload(plan.payload()) == plan
     full = plan.promoted()
     assert (full.peak, full.new_count, dict(full.up_split)) == (8, 4, {"w-1": 50, "w-2": 50})
+    # the peak named up front is the most the run can reach: the promotion's, or the canary's if it is larger
+    assert plan.highest == full.highest == full.peak == 8
+    assert replace(plan, beside=6).highest == 10 and Plan("worker", "w-1", "w-2", count=3).highest == 6
     overlap = Plan(target="worker", old="w-1", new="w-2", count=3)
     assert Plan.from_payload({k: v for k, v in overlap.payload().items() if k != "canary"}) == overlap  # older runs
 

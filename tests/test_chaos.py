@@ -28,6 +28,7 @@ count lowered while an instance of that revision ran or held a task. Two seeds r
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import uuid
@@ -56,8 +57,9 @@ from celeryops_harness.chaos import (
 )
 from celeryops_harness.chaos_autoscale import watch_drops
 from celeryops_harness.chaos_plan import AUTOSCALE_RECOVERY
+from celeryops_harness.chaos_quiet import unaccounted
 from celeryops_harness.taskapp import sleep
-from celeryops_harness.workers import wait_for
+from celeryops_harness.workers import WorkerProcess, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -235,6 +237,27 @@ def test_canary_trial_loses_nothing_and_leaves_no_canary_consuming(canary_lab: C
     assert result.strategy == "canary" and result.ending in ("old", "new"), result.line()
     assert result.busy == [] and result.canary_consuming == [], result.line()
     check(result)
+
+
+def test_a_message_popped_and_not_yet_recorded_is_what_holds_a_kill_back(tmp_path: Path, redis_url: str,
+                                                                        redis_client: redis.Redis) -> None:
+    """The check a trial makes before it kills a worker or crashes the broker (``chaos_quiet``, kombu#305): a task
+    a consumer popped off its queue (BRPOP) and has not recorded in ``unacked`` yet is nowhere, and holds the kill
+    back; one that is queued, in ``unacked``, received by a worker (its log) or started is accounted for."""
+    queue = f"quiet-{uuid.uuid4().hex[:6]}"
+    with sleep.app.connection_for_write(redis_url) as conn:
+        ids = [str(sleep.apply_async(args=(1.0,), queue=queue, connection=conn).id) for _ in range(4)]
+    worker = WorkerProcess(redis_url, name="quiet", log_dir=tmp_path)  # never started: only its log is read
+    assert unaccounted(ids, redis_client, redis_url, queue, [worker]) == []  # all queued
+
+    popped = [redis_client.brpop([queue], timeout=5) for _ in range(3)]  # three consumers popped one each...
+    messages = [json.loads(raw) for _, raw in popped]  # type: ignore[misc]
+    first, second, third = (m["headers"]["id"] for m in messages)
+    assert sorted(unaccounted(ids, redis_client, redis_url, queue, [worker])) == sorted([first, second, third])
+    redis_client.hset("unacked", "tag-1", json.dumps([messages[0], "", queue]))  # ...one recorded it in unacked,
+    worker.log_path.write_text(f"[..] Task celeryops.testing.sleep[{second}] received\n")  # one logged it,
+    redis_client.hset(f"ct:run:{third}", "started", 1)  # and one started it
+    assert unaccounted(ids, redis_client, redis_url, queue, [worker]) == []
 
 
 def test_the_autoscale_plans_take_every_record_with_both_signals() -> None:

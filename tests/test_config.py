@@ -9,6 +9,7 @@ import pytest
 from celeryops.core.config import Config, DrainSettings, ReleaseSettings, Target, is_loopback_endpoint
 from celeryops.core.configload import load_config
 from celeryops.core.errors import EXIT_USAGE, UserError
+from celeryops.core.findings import SETTING_FINDINGS
 
 FULL_PYPROJECT = """
 [project]
@@ -222,7 +223,8 @@ BAD_CONFIGS = [
      "target 'c': command uses {image} but the target has no image template"),
     ("accept unknown check", '[preflight]\naccept = ["fense"]',
      "preflight.accept names the check 'fense', which does not exist (did you mean 'fence'?); the checks whose "
-     "warnings can be accepted are branch, freshness, traffic, workers, lease, fence, mixed_versions, broker_safety."),
+     "warnings can be accepted are branch, freshness, traffic, workers, lease, fence, mixed_versions, broker_safety, "
+     f"{', '.join(SETTING_FINDINGS)}."),
     ("accept never-warning check", '[preflight]\naccept = ["validate"]',
      "preflight.accept names the check 'validate', which passes or fails but never warns;"),
     ("accept not a list", '[preflight]\naccept = "fence"',

@@ -14,6 +14,7 @@ import shutil
 import signal
 import uuid
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -170,7 +171,9 @@ def test_headless_demo_deploys_on_fakeredis_when_redis_server_is_missing(tmp_pat
     assert checks == {"branch": "ok", "image": "ok", "freshness": "ok", "permissions": "ok", "traffic": "ok",
                       "validate": "ok", "broker": "ok", "workers": "ok", "lease": "ok",
                       "fence": "warn", "node_names": "ok",
-                      "broker_safety": "warn"}  # fakeredis tells neither CONFIG nor INFO
+                      "broker_safety": "warn",  # fakeredis tells neither CONFIG nor INFO
+                      # celeryops doctor: the stand-in's workers say Cloud Run, and SIGTERM is not remapped
+                      "settings": "ok", "shutdown_grace": "warn"}
     (summary,) = deployed["targets"]  # where the result is: revision, service URL, console link
     assert summary["revision"] and summary["url"].startswith("https://") and summary["console_url"].startswith(
         "https://console.cloud.google.com/run/detail/")
@@ -195,19 +198,25 @@ def of_revision(nodename: str, number: int) -> bool:
     return f".rev0000{number}" in nodename or f"-0000{number}-" in nodename
 
 
-@pytest.mark.slow
-def test_headless_demo_overlap_deploys_a_worker_pool_without_a_pause(tmp_path: Path) -> None:
-    """``celeryops demo --strategy overlap``: the ``worker`` target is a worker pool whose workers all run the fence
-    plugin; the deploy brings the new revision up beside the old one, drains only the old one, cuts over."""
+def headless_pool_demo(tmp_path: Path, strategy: str, wait: float) -> tuple[list[dict[str, Any]], str]:
+    """``celeryops demo --strategy STRATEGY --headless --json --speed 10`` until it deployed (exit 0): its events,
+    and the mark of its processes."""
     env, mark = demo_env(tmp_path)
-    proc = CliProcess(["demo", "--strategy", "overlap", "--headless", "--json", "--speed", "10"], env, cwd=tmp_path)
+    proc = CliProcess(["demo", "--strategy", strategy, "--headless", "--json", "--speed", "10"], env, cwd=tmp_path)
     try:
-        deployed = proc.wait_event("deployed", 180)
+        deployed = proc.wait_event("deployed", wait)
         assert proc.finish(60) == 0, proc.read_stderr()
     finally:
         proc.kill()
     assert deployed["exit_code"] == 0
-    events = proc.events
+    return proc.events, mark
+
+
+@pytest.mark.slow
+def test_headless_demo_overlap_deploys_a_worker_pool_without_a_pause(tmp_path: Path) -> None:
+    """``celeryops demo --strategy overlap``: the ``worker`` target is a worker pool whose workers all run the fence
+    plugin; the deploy brings the new revision up beside the old one, drains only the old one, cuts over."""
+    events, mark = headless_pool_demo(tmp_path, "overlap", 180)
     checks = {e["id"]: e["status"] for e in events if e["event"] == "check" and e["status"] != "running"}
     assert checks["fence"] == "ok" and checks["mixed_versions"] == "warn" and checks["traffic"] == "ok", checks
     steps = [e["step"] for e in events if e["event"] == "overlap" and e["step"] != "progress"]
@@ -242,6 +251,21 @@ def test_demo_autoscale_with_a_two_revision_strategy_starts_nothing(tmp_path: Pa
     env, mark = demo_env(tmp_path)
     result = run_cli(["demo", "--autoscale", "--strategy", "overlap", "--headless"], env, cwd=tmp_path)
     assert result.returncode == EXIT_USAGE and "--autoscale" in result.stderr and "Traceback" not in result.stderr
+    assert_nothing_left(mark, tmp_path)
+
+
+@pytest.mark.slow
+def test_headless_demo_canary_promotes_the_good_release(tmp_path: Path) -> None:
+    """``celeryops demo --strategy canary``: the good release is judged and promoted by the analysis on its own (no
+    pause for the operator), and the peak named in the preflight is the promotion's (4), which the run reaches."""
+    events, mark = headless_pool_demo(tmp_path, "canary", 300)
+    looks = [e for e in events if e["event"] == "canary_look"]
+    assert looks and looks[-1]["verdict"] == "promote" and looks[-1]["rule"] == "bound", looks[-1:]
+    assert all(e["verdict"] == "continue" and not e["paused"] for e in looks[:-1])
+    traffic = next(e for e in events if e["event"] == "check" and e["id"] == "traffic" and e["status"] == "ok")
+    assert "4 instances at the peak" in traffic["detail"], traffic["detail"]
+    peaks = {e["step"]: e["peak"] for e in events if e["event"] == "overlap" and e["step"] != "progress"}
+    assert peaks["planned"] == peaks["promoting"] == 4, peaks
     assert_nothing_left(mark, tmp_path)
 
 

@@ -69,11 +69,24 @@ def test_acl_prints_one_line_per_role_with_the_least_each_needs() -> None:
     assert "%R~celeryops:{default}:fence" in worker and "~celeryops:{default}:fence:workers" in worker
     assert not [k for k in worker if k.startswith("~celeryops:{default}") and k != "~celeryops:{default}:fence:workers"]
     # a queue's key pattern never reaches celeryops' own keys ("celery*" would)
-    assert "~celery*" not in worker and "~celery" in worker and "~celery\x06\x16*" in worker
-    assert '"~celery\\x06\\x16*"' in rules("worker")  # redis-cli reads the escape back
+    assert "~celery*" not in worker and "~celery" in worker and "~celery\x06\x16[0-9]*" in worker
+    # the printed line spells the priority lists' control characters as a glob of one such byte, for a shell
+    assert "~celery[^!-~][^!-~][0-9]*" in rules("worker").split() and rules("worker").isascii()
     assert "~resource:*" in worker and "&/0.celery.pidbox" in worker
     fleet = rule_args("operator", KeySchema(fleet="blue", db=3))
     assert "~celeryops:{blue}:*" in fleet and "&/3.celery.pidbox" in fleet
+
+
+def release_1_deploy(tmp_path: Path, broker: str) -> tuple[Path, str]:
+    """A git repository with a fresh branch release-1, and a directory whose celeryops.toml names ``broker`` and one
+    command target (``true``), with a quick drain: (that directory, the repository's checkout)."""
+    git = GitFixture(tmp_path / "git", branch="release-1").create(commits=1, age=timedelta(hours=1))
+    here = tmp_path / "deploy"
+    here.mkdir()
+    (here / "celeryops.toml").write_text(
+        f'broker = "{broker}"\n[drain]\ninterval = 0.3\nstreak = 2\n[release]\nremote = "origin"\n'
+        '[[targets]]\nname = "worker"\nkind = "command"\ncommand = "true"\n')
+    return here, str(git.work)
 
 
 @pytest.fixture
@@ -190,14 +203,9 @@ def test_each_role_does_its_job_with_its_rules_alone(redis_url: str, users: dict
         wait_for(lambda: consuming(control, worker.nodename) == [queue], 30, "the consumers to come back")
 
         # the operator deploys (a command target: drain, deploy, verify, fence lifted)
-        git = GitFixture(tmp_path / "git", branch="release-1").create(commits=1, age=timedelta(hours=1))
-        here = tmp_path / "deploy"
-        here.mkdir()
-        (here / "celeryops.toml").write_text(
-            f'broker = "{users["operator"]}"\n[drain]\ninterval = 0.3\nstreak = 2\n[release]\nremote = "origin"\n'
-            '[[targets]]\nname = "worker"\nkind = "command"\ncommand = "true"\n')
-        deployed = run_cli(["deploy", "release-1", "--yes", "--accept-warnings", "--json", "--repo", str(git.work)],
-                           env, cwd=here)
+        here, repo = release_1_deploy(tmp_path, users["operator"])
+        deployed = run_cli(["deploy", "release-1", "--yes", "--accept-warnings", "--json", "--repo", repo], env,
+                           cwd=here)
         assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr
         final = json.loads(deployed.stdout.strip().splitlines()[-1])
         assert final["event"] == "deployed" and final["exit_code"] == 0, final

@@ -54,7 +54,7 @@ def test_one_round_observes_what_the_standard_inspect_calls_observe(redis_url: s
     workers = [*plain, plugin]
     names = sorted(w.nodename for w in workers)
     app = control_app(redis_url)
-    fleet = Fleet(app, timeout=5.0)
+    fleet = _CountingFleet(app, timeout=5.0)
     try:
         # Different states: one plain worker stopped consuming one of its queues, the plugin worker too.
         # Confirmed by their replies: a cancel still queued at a loaded worker would land between the reference
@@ -69,8 +69,9 @@ def test_one_round_observes_what_the_standard_inspect_calls_observe(redis_url: s
         want = reference(app, names)
         assert all(set(part) == set(names) for part in want), want
         first = asyncio.run(fleet._observe_round(names))  # learns that the two plain workers lack the plugin
+        assert fleet.rounds == 1  # issue 34: asked both ways at once, not the plugin's command then the four
         again = asyncio.run(fleet._observe_round(names))  # one round: 1 command to the plugin worker, 4 to the others
-        assert fleet._plain == {w.nodename for w in plain}
+        assert fleet._plain == {w.nodename for w in plain} and fleet.rounds == 2
         assert first == want
         assert again == want
 
@@ -87,6 +88,16 @@ def test_one_round_observes_what_the_standard_inspect_calls_observe(redis_url: s
     finally:
         fleet.close()
         app.close()
+
+
+class _CountingFleet(Fleet):
+    """Fleet, counting its rounds."""
+
+    rounds = 0
+
+    async def _rounds(self, requests: list[Any]) -> list[dict[str, Any]]:
+        self.rounds += 1
+        return await super()._rounds(requests)
 
 
 class _ReferenceFleet(Fleet):
@@ -110,7 +121,7 @@ def test_a_transport_key_prefix_is_honoured(redis_url: str, start_workers: Any, 
         worker.wait_ready(app)
         names = [worker.nodename]
         want = reference(app, names)
-        assert asyncio.run(fleet._observe_round(names)) == want  # celeryops_observe refused, then the four
+        assert asyncio.run(fleet._observe_round(names)) == want  # celeryops_observe refused, the four answered
         assert asyncio.run(fleet._observe_round(names)) == want
         obs = asyncio.run(fleet.observe(names, ("obs-p",)))
         assert obs.workers[worker.nodename].replied and obs.workers[worker.nodename].queues == ("obs-p",)

@@ -19,6 +19,7 @@ from celeryops.adapters.gitrepo import GitError, GitRepo
 from celeryops.adapters.registry import ImageRegistry
 from celeryops.core.config import Target
 from celeryops.core.errors import EXIT_USAGE, UserError
+from celeryops.core.findings import SETTING_FINDINGS
 from celeryops.demo.standins.cloudrun import CloudRunStandIn, default_service_account
 from celeryops.demo.standins.gitrepo import GitFixture
 from celeryops.demo.standins.redis_server import free_port
@@ -500,13 +501,16 @@ def test_accepting_warnings_by_id() -> None:
     assert check_accept_ids(["fence", "fence", "branch"]) == ("fence", "branch")
 
 
+DOCTOR = ", ".join(SETTING_FINDINGS)  # celeryops doctor's findings, each a warning of its own (issue 37)
+
+
 @pytest.mark.parametrize(("ids", "sentence"), [
     (["fense"], "--accept-warning names the check 'fense', which does not exist (did you mean 'fence'?): nothing "
                 "was run; name a check whose warnings can be accepted (branch, freshness, traffic, workers, lease, "
-                "fence, mixed_versions, broker_safety)."),
+                f"fence, mixed_versions, broker_safety, {DOCTOR})."),
     (["permissions"], "--accept-warning names the check 'permissions', which passes or fails but never warns: "
                       "nothing was run; name a check whose warnings can be accepted (branch, freshness, traffic, "
-                      "workers, lease, fence, mixed_versions, broker_safety)."),
+                      f"workers, lease, fence, mixed_versions, broker_safety, {DOCTOR})."),
 ])
 def test_accepting_an_unknown_or_never_warning_check_is_one_sentence(ids: list[str], sentence: str) -> None:
     with pytest.raises(UserError) as info:

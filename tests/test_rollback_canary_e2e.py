@@ -100,7 +100,7 @@ def canary_record(journal: Journal, *, old: str, new: str, count: int) -> str:
     the canary's scale-up (what served before), the promotion's (no ``before``), the cutover."""
     run = journal.create_run(fleet="default", broker="redis://x", release="demo-2",
                              settings={"strategy": "canary", "targets": ["worker"], "new_revision": new})
-    plan = Plan(target="worker", old=old, new=new, count=count, image="img:2", canary=1)
+    plan = Plan(target="worker", old=old, new=new, count=count, image="img:2", beside=1)
     up = journal.intend(run.id, OVERLAP_UP, plan.payload(before={"count": count, "served": {old: 100}}))
     journal.settle(up, {"ok": True, "revision": new})
     journal.settle(journal.intend(run.id, OVERLAP_UP, plan.promoted().payload(promote=True)), {"ok": True})

@@ -225,16 +225,22 @@ class TrialFleet:
         except Exception as exc:  # report, never crash the trial thread
             self.errors.append(f"scale-out failed: {exc}")
 
-    def kill_one(self) -> str:
-        """SIGKILL one live worker that serves (OOM: its pidbox binding stays behind in Redis)."""
+    def victim(self) -> WorkerProcess | None:
+        """The worker a ``worker_kill`` fault SIGKILLs: the oldest live one that serves."""
         serving = self.serving()
-        if not serving:
-            return ""
-        victim = serving[0]
+        return serving[0] if serving else None
+
+    def kill(self, victim: WorkerProcess) -> str:
+        """SIGKILL ``victim`` (OOM: its pidbox binding stays behind in Redis)."""
         with self._lock:
             self.killed.append(victim)
         victim.kill()
         return victim.nodename
+
+    def kill_one(self) -> str:
+        """SIGKILL one live worker that serves (``victim``), at once."""
+        victim = self.victim()
+        return self.kill(victim) if victim is not None else ""
 
     def leaving(self) -> list[WorkerProcess]:
         """Workers sent SIGTERM (their revision was replaced) that are still in their warm shutdown."""

@@ -36,7 +36,8 @@ from celeryops_harness.chaos_plan import (
     TrialPlan,
 )
 from celeryops_harness.chaos_procs import CliRun, TrialFleet, aof_redis_server
-from celeryops_harness.chaos_verdict import TrialResult, Verdict
+from celeryops_harness.chaos_quiet import QUIET_DEADLINE, quiet, unaccounted
+from celeryops_harness.chaos_verdict import NEVER_CAME, TrialResult, Verdict
 from celeryops_harness.workers import wait_for
 
 if TYPE_CHECKING:
@@ -84,6 +85,7 @@ class Trial:
         self._looks = 0  # canary_look events the deploy reported
         self._stream_stop = threading.Event()
         self._stream: threading.Thread | None = None
+        self._record: redis.Redis | None = None  # the record Redis, while the trial runs
         late = plan.has("late_sigterm")
         self.fleet: TrialFleet | None = None
         self._late = late.delay if late is not None else None
@@ -144,7 +146,51 @@ class Trial:
         if self._stream is not None:
             self._stream.join(40)
 
-    def _fire(self, index: int, fault: Fault) -> None:
+    def _unaccounted(self) -> list[str]:
+        """The trial's tasks that are nowhere a kill leaves them (``chaos_quiet``): popped and on their way."""
+        assert self.fleet is not None and self._record is not None
+        return unaccounted(list(self.ids), self._record, self.broker.url, self.queue, self.fleet.workers)
+
+    def _held_back(self) -> None:
+        self.result.held_back += 1
+
+    def _kill_worker(self, fault: Fault) -> bool:
+        """SIGKILL a serving worker once no message is on its way to it (kombu#305, ``chaos_quiet``): the producers
+        pause meanwhile. On RabbitMQ, which records a delivery as it makes it, at once."""
+        assert self.fleet is not None
+        if self.amqp:
+            return bool(self.fleet.kill_one())
+        with self._broker_lock:
+            victim = self.fleet.victim()
+            if victim is None:
+                return False
+            with quiet([victim], self._unaccounted, on_wait=self._held_back) as left:
+                if not left:
+                    self.fleet.kill(victim)
+                    return True
+        self.result.skipped.append(f"{fault.describe()}(no quiet moment: {len(left)} sent task(s) nowhere for "
+                                   f"{QUIET_DEADLINE:g} s)")
+        return False
+
+    def _crash_broker(self, fault: Fault) -> bool:
+        """Crash the broker once no message is on its way to a worker (kombu#305): every worker stopped meanwhile,
+        the producers paused. The broker comes back ``fault.downtime`` later."""
+        assert self.fleet is not None
+        with self._broker_lock:
+            workers = [] if self.amqp else self.fleet.alive()  # RabbitMQ brokers: the redis-server holds no task
+            with quiet(workers, self._unaccounted if workers else list, on_wait=self._held_back) as left:
+                if not left:
+                    self.broker.stop()  # SIGKILL: a crash; the AOF (fsync always) keeps every acknowledged write
+            if left:
+                self.result.skipped.append(f"{fault.describe()}(no quiet moment: {len(left)} sent task(s) nowhere "
+                                           f"for {QUIET_DEADLINE:g} s)")
+                return False
+            time.sleep(fault.downtime)  # the broker is down for a while (a fault's duration, not a wait)
+            self.broker.start(timeout=30)
+        return True
+
+    def _fire(self, index: int, fault: Fault, late: bool = False) -> None:
+        """Fire one fault; ``late``: its moment never came (the deploy ended first), so it hits the fleet now."""
         if index in self._fired:
             return
         self._fired.add(index)
@@ -168,15 +214,13 @@ class Trial:
             self.result.faults.append(f"{fault.describe()}(in {self._moment})")
             return
         elif fault.kind == WORKER_KILL:
-            if not self.fleet.kill_one():
-                self.result.skipped.append(fault.describe())
+            if not self._kill_worker(fault):
+                if not any(s.startswith(fault.describe()) for s in self.result.skipped):
+                    self.result.skipped.append(fault.describe())
                 return
-        elif fault.kind == "redis_restart":
-            with self._broker_lock:
-                self.broker.stop()  # SIGKILL: a crash; the AOF (fsync always) keeps every acknowledged write
-                time.sleep(fault.downtime)  # the broker is down for a while (a fault's duration, not a wait)
-                self.broker.start(timeout=30)
-        self.result.faults.append(fault.describe())
+        elif fault.kind == "redis_restart" and not self._crash_broker(fault):
+            return
+        self.result.faults.append(fault.describe() + (NEVER_CAME if late else ""))
 
     def _schedule(self, moment: str) -> None:
         for index, fault in enumerate(self.plan.faults):
@@ -367,7 +411,7 @@ class Trial:
 
     def run(self) -> TrialResult:
         t0 = self._last = time.monotonic()
-        record = redis.Redis.from_url(self.lab.record.url, decode_responses=True)
+        record = self._record = redis.Redis.from_url(self.lab.record.url, decode_responses=True)
         try:
             self._run(record)
             self._mark("verdict")
@@ -379,6 +423,9 @@ class Trial:
                 t.cancel()
             if self.fleet is not None:
                 self.fleet.stop()
+            keep = self.lab.keep_logs or not (self.result.ok and not self.result.anomalies)
+            if keep:
+                self._keep_broker_files()
             self.broker.close()
             if self.amqp:
                 delete_vhost(self.amqp)
@@ -389,6 +436,17 @@ class Trial:
             if self.result.ok and not self.result.anomalies and not self.lab.keep_logs:
                 shutil.rmtree(self.dir, ignore_errors=True)
         return self.result
+
+    def _keep_broker_files(self) -> None:
+        """The broker's append-only file and log, next to the trial's other logs (what the broker last held)."""
+        self.broker.stop()  # its files complete
+        with contextlib.suppress(OSError):
+            for name in ("appendonlydir", "redis.log"):
+                src = self.broker.data_dir / name
+                if src.is_dir():
+                    shutil.copytree(src, self.dir / f"broker-{name}", dirs_exist_ok=True)
+                elif src.exists():
+                    shutil.copy2(src, self.dir / f"broker-{name}")
 
     def _run(self, record: redis.Redis) -> None:
         plan, lab = self.plan, self.lab
@@ -440,10 +498,10 @@ class Trial:
         (self.dir / "deploy.stderr").write_text(self._deploy.stderr)  # kept with the logs of a failing trial
         (self.dir / "deploy.jsonl").write_text("".join(json.dumps(e) + "\n" for e in self._deploy.events))
         self._mark("deploy")
-        # Timed faults whose moment never came still hit the fleet (during the recovery), except a SIGINT.
+        # Timed faults whose moment never came still hit the fleet (during the recovery), except a SIGINT: marked so.
         for index, fault in enumerate(plan.faults):
             if fault.at and index not in self._fired and fault.kind != "sigint":
-                self._fire(index, fault)
+                self._fire(index, fault, late=True)
         for t in self._timers:
             t.join(30)
         for p in producers:
@@ -454,8 +512,8 @@ class Trial:
                 self.lose_machine()
         elif kill is not None:
             self.result.skipped.append(kill.describe())
-        for fault in plan.faults:
-            if fault.kind == "sigint" and fault.describe() not in self.result.faults:
+        for fault in plan.faults:  # a SIGINT that landed is listed with the step it landed in: "...(in draining)"
+            if fault.kind == "sigint" and not any(f.startswith(fault.describe()) for f in self.result.faults):
                 self.result.skipped.append(fault.describe())
         if self.canary:
             self._canary_recovery(rc)

@@ -24,12 +24,16 @@ from celeryops_harness.chaos_amqp import queued_ids
 from celeryops_harness.chaos_procs import TrialFleet
 from celeryops_harness.workers import WorkerProcess, wait_for
 
+#: The mark of a timed fault whose moment never came: the deploy ended first, and it hit the fleet afterwards (during
+#: the operator's recovery), not where its plan put it.
+NEVER_CAME = "(its moment never came: fired after the deploy)"
+
 
 @dataclass
 class TrialResult:
     seed: int
-    faults: list[str]  # the faults that were injected (fired)
-    skipped: list[str]  # planned but not reached (the deploy ended first)
+    faults: list[str]  # the faults that were injected (fired; NEVER_CAME marks one fired after its moment)
+    skipped: list[str]  # planned but not fired (the deploy ended first, or no quiet moment to kill in came)
     tasks: int = 0
     once: int = 0
     queued: int = 0
@@ -46,6 +50,7 @@ class TrialResult:
     broker: str = "redis"  # BROKERS
     strategy: str = "drain"  # STRATEGIES: a service deployed with a drain, or a worker pool with an overlap
     busy: list[str] = field(default_factory=list)  # instances the stand-in took away while a task ran on them
+    held_back: int = 0  # checks before a kill that found a sent task on its way to a worker (kombu#305: waited)
     # canary trials: the verdicts the deploy reported (promote, rollback), the revision the pool ended on (at its
     # count), and workers of the new revision that still consumed once the canary was taken away
     verdicts: list[str] = field(default_factory=list)
@@ -63,13 +68,13 @@ class TrialResult:
                 f"lost {len(self.lost)} dup {len(self.duplicated)} stranded {len(self.stranded)}"
                 + (f" cut {len(self.cut)}" if self.cut else "")
                 + (f" busy-taken {len(self.busy)}" if self.busy else "")
+                + (f" held-back {self.held_back}" if self.held_back else "")
                 + (f" canary-consuming {len(self.canary_consuming)}" if self.canary_consuming else "")
                 + (f"  verdict {'/'.join(self.verdicts) or '-'} ended {self.ending}" if self.strategy == "canary"
                    else "")
                 + (f"  ended {self.ending}" if self.strategy == "autoscale" else "") + "  "
-                f"{self.elapsed:5.1f}s  faults [{', '.join(self.faults)}]  {cmds}"
-                + (f"  never came [{', '.join(self.skipped)}]" if self.strategy == "autoscale" and self.skipped
-                   else "")
+                f"{self.elapsed:5.1f}s  faults [{', '.join(self.faults)}]"
+                + (f"  not fired [{', '.join(self.skipped)}]" if self.skipped else "") + f"  {cmds}"
                 + (f"  stranded: {'; '.join(self.stranded)}" if self.strategy == "autoscale" and self.stranded
                    else "")
                 + (f"  anomalies: {'; '.join(self.anomalies)}" if self.anomalies else ""))
@@ -98,6 +103,12 @@ def summary(results: Iterable[TrialResult]) -> str:
                  + (f"canary consuming after removal {sum(len(r.canary_consuming) for r in results)}  "
                     if "canary" in strategies else "") +
                  f"anomalies {sum(len(r.anomalies) for r in results)}")
+    lines.append(f"kills held back while a sent task was on its way to a worker (kombu#305): "
+                 f"{sum(r.held_back for r in results)} checks in {sum(1 for r in results if r.held_back)} trials")
+    late = [str(r.seed) for r in results if any(f.endswith(NEVER_CAME) for f in r.faults)]
+    unfired = [str(r.seed) for r in results if r.skipped]
+    lines.append(f"faults whose moment never came: fired after the deploy in seeds {', '.join(late) or 'none'}; "
+                 f"not fired in seeds {', '.join(unfired) or 'none'}")
     failing = [str(r.seed) for r in results if not r.ok]
     odd = [str(r.seed) for r in results if r.ok and r.anomalies]
     canary = [r for r in results if r.strategy == "canary"]
@@ -143,17 +154,7 @@ class Verdict:
         """Task ids still held by the broker: in the queue lists or delivered-but-unacked."""
         if self.amqp:
             return queued_ids(self.amqp, self.queue)
-        client = redis.Redis.from_url(self.redis_url, socket_timeout=5)
-        found: set[str] = set()
-        try:
-            for key in client.scan_iter(match=f"{self.queue}*"):
-                if client.type(key) == b"list":
-                    for raw in client.lrange(key, 0, -1):
-                        found.add(json.loads(raw).get("headers", {}).get("id", ""))
-            found |= _unacked_ids(client)
-        finally:
-            client.close()
-        return found
+        return redis_held(self.redis_url, self.queue)
 
     def unacked(self) -> set[str]:
         """Redis: ids of delivered-but-unacked messages (back in the queue only after the visibility timeout)."""
@@ -214,14 +215,29 @@ class Verdict:
         res.once = sum(1 for n in runs.values() if n == 1)
         res.duplicated = sorted(t for t, n in runs.items() if n > 1)
         res.queued = sum(1 for t, n in runs.items() if n == 0 and t in held)
-        received = _received_by(fleet.killed)  # delivered to a worker the trial SIGKILLed (its log says so)
+        received = received_by(fleet.killed)  # delivered to a worker the trial SIGKILLed (its log says so)
         res.lost = sorted(t for t, n in runs.items() if n == 0 and t not in held and t not in received)
         res.cut = sorted([t for t, n in runs.items() if n == 1 and not record.hget(f"ct:run:{t}", "finished")
                           and record.hget(f"ct:run:{t}", "worker") in killed]
                          + [t for t, n in runs.items() if n == 0 and t not in held and t in received])
 
 
-def _received_by(workers: Iterable[WorkerProcess]) -> set[str]:
+def redis_held(url: str, queue: str) -> set[str]:
+    """Task ids a Redis broker holds: in ``queue``'s lists (its priority lists too), or delivered-but-unacked."""
+    client = redis.Redis.from_url(url, socket_timeout=5)
+    found: set[str] = set()
+    try:
+        for key in client.scan_iter(match=f"{queue}*"):
+            if client.type(key) == b"list":
+                for raw in client.lrange(key, 0, -1):
+                    found.add(json.loads(raw).get("headers", {}).get("id", ""))
+        found |= _unacked_ids(client)
+    finally:
+        client.close()
+    return found
+
+
+def received_by(workers: Iterable[WorkerProcess]) -> set[str]:
     """Task ids the workers' logs say they received (``Task NAME[ID] received``)."""
     ids: set[str] = set()
     for worker in workers:

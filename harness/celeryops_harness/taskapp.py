@@ -34,6 +34,10 @@ from typing import Any
 import redis
 from celery import Celery, Task
 
+from celeryops_harness.gates import HOLD_LIMIT, gate_key, release
+
+__all__ = ["HOLD_LIMIT", "app", "gate_key", "release"]  # the gates are importable from here, as they always were
+
 BROKER = os.environ.get("CELERYOPS_TEST_BROKER", "redis://127.0.0.1:6379/0")
 RECORD = os.environ.get("CELERYOPS_TEST_RECORD") or (BROKER if BROKER.startswith("redis") else "")
 
@@ -122,18 +126,6 @@ def sleep(self: Task[Any, Any], seconds: float = 1.0, tag: str = "") -> str:
         time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
     mark_finish(self)
     return tag
-
-
-HOLD_LIMIT = 900.0  # seconds a hold runs at most if its test never releases it (beyond pytest's timeout)
-
-
-def gate_key(gate: str) -> str:
-    return f"ct:release:{gate}"
-
-
-def release(client: redis.Redis, gate: str) -> None:
-    """End every ``hold`` task waiting on ``gate`` (now or later)."""
-    client.set(gate_key(gate), 1)
 
 
 @app.task(bind=True, name="celeryops.testing.hold")

@@ -16,6 +16,7 @@ from celeryops.console.screens.drain import DrainScreen
 from celeryops.console.screens.preflight import PreflightScreen
 from celeryops.console.screens.runs import RunsScreen
 from celeryops.console.static import StaticBackend
+from celeryops.core.errors import UserError
 from celeryops.core.events import PhaseChanged, RunFinished, TargetRolledBack
 from celeryops.ops.backend.views import RunRecordView
 
@@ -228,3 +229,34 @@ async def test_a_preflight_that_cannot_start_shows_why_as_a_failed_check(tmp_pat
         with Journal(state_dir=state) as journal:
             assert [r.id for r in journal.history(5)] == [run_id]
 
+
+
+class _Failing(StaticBackend):
+    """A backend whose rollback cannot start: ``error`` is raised by the call that starts it."""
+
+    error: Exception = RuntimeError("the plan exploded")
+
+    async def start_rollback(self, run_id: str | None, on_event: Any) -> None:
+        raise self.error
+
+
+@pytest.mark.parametrize("error", [UserError("Run r1 is a drain run that deployed nothing, so it cannot be rolled "
+                                             "back: nothing was changed; pick a deployed run."),
+                                   RuntimeError("the plan exploded")], ids=["bad-input", "unexpected"])
+async def test_a_run_that_cannot_start_fails_its_checklist_with_the_sentence(app_factory: Any,
+                                                                              error: Exception) -> None:
+    """Whatever stops a run before its checks (bad input, or an error nobody expected) reaches the preflight screen
+    as a failed check with its sentence: the checklist never waits for checks that will not come."""
+    static = _Failing(fleet=sample.fleet(with_run=False), slots=sample.slots(), history=sample.history())
+    static.error = error
+    app = app_factory(static)
+    async with app.run_test(size=SIZE) as pilot:
+        await press(pilot, "r", "down", "B", "y")
+        await settle(pilot)
+        assert isinstance(app.screen, PreflightScreen)
+        (failed,) = app.model.failed_checks
+        assert str(error) in failed.detail, failed.detail
+        verdict = str(app.screen.query_one("#verdict").render())
+        assert verdict.startswith("1 check(s) failed: nothing was changed."), verdict
+        assert app.screen.check_action("proceed", ()) is None
+        await press(pilot, "q")

@@ -151,6 +151,17 @@ def test_home_stranded(snap_compare: Any, app_factory: Any) -> None:
     assert snap_compare(app_factory(backend), run_before=keys(), terminal_size=SIZE)
 
 
+def test_home_findings(snap_compare: Any, app_factory: Any) -> None:
+    """Issue 37: `celeryops doctor`'s findings and a live one (a redelivery) in their panel above the queues."""
+    backend = StaticBackend(fleet=sample.findings_fleet(), slots=sample.slots())
+    assert snap_compare(app_factory(backend), run_before=keys(), terminal_size=SIZE)
+
+
+def test_home_findings_small(snap_compare: Any, app_factory: Any) -> None:
+    backend = StaticBackend(fleet=sample.findings_fleet(), slots=sample.slots())
+    assert snap_compare(app_factory(backend), run_before=keys(), terminal_size=SMALL)
+
+
 # The main screens at 80x24 (compact layout: -narrow -short) and the drain at 200x50 (-wide -tall).
 WIDE = (200, 50)
 

@@ -39,7 +39,9 @@ from celeryops.core.masking import mask_text
 # tests/test_cli_startup.py (which prints the table to paste when it is not).
 COMMAND_TABLE: dict[str, tuple[str, str]] = {
     "acl": ("acl", "Print the Redis ACL rules of ROLE (watcher, operator, worker) on one line, to put after `ACL "
-                   "SETUSER <name> on ><password>` (Redis 7.0 or later). Reads nothing from Redis."),
+                   "SETUSER <name> on ><password>` (Redis 7.0 or later), as in `redis-cli ACL SETUSER NAME on "
+                   "'>PASSWORD' $(celeryops acl ROLE)` (bash, zsh) or in redis-cli; --json gives the exact rules as "
+                   "`args`. Reads nothing from Redis."),
     "abort": ("drain", "Restore the consumers stopped by the current run (recovery rules), and end it."),
     "autoscale": ("autoscale", "Size a Cloud Run worker pool by what Celery holds (ready + reserved + active per "
                                "queue) and scale it in without killing a task, until SIGINT or SIGTERM (exit 0, every "
@@ -50,6 +52,8 @@ COMMAND_TABLE: dict[str, tuple[str, str]] = {
     "deploy": ("deploy", "Deploy RELEASE (a branch pushed to the release remote): preflight, drain, deploy, verify. "
                          "In a terminal (without --json or --headless) it opens the console on the deploy's "
                          "preflight."),
+    "doctor": ("doctor", "Name the worker settings that lose or duplicate work on the platform the fleet runs on, "
+                         "read from the live workers (exit 0: nothing found, 1: findings). Reads only."),
     "drain": ("drain", "Stop consumers and wait until no task runs (exit 0: drained, consumers stay stopped). In a "
                        "terminal (without --json or --headless) it opens the console on the drain's preflight."),
     "resume": ("drain", "Continue the fleet's interrupted run from its phase (same settings): drain again, then "
@@ -74,7 +78,8 @@ class _Main(click.Group):
             rv = super().main(args, prog_name or "celeryops", complete_var, standalone_mode=False, **extra)
         except click.UsageError as err:
             path = err.ctx.command_path if err.ctx is not None else "celeryops"
-            click.echo(f"celeryops: {mask_text(err.format_message().rstrip('.'))}: nothing was run; "
+            said = " ".join(err.format_message().split()).rstrip(".")  # click lists choices on lines of their own
+            click.echo(f"celeryops: {mask_text(said)}: nothing was run; "
                        f"see `{path} --help`.", err=True)
             sys.exit(err.exit_code)
         except click.ClickException as err:
@@ -128,8 +133,17 @@ class _Main(click.Group):
 @click.pass_context
 def main(ctx: click.Context, fleet: FleetSpec, state_dir: str | None) -> None:
     """Drain, deploy and recover Celery fleets safely. Without a command: the console's home view."""
-    if ctx.invoked_subcommand is None:
-        from celeryops.commands.console import open_console
+    if ctx.invoked_subcommand is not None:
+        # `celeryops --broker URL status`: the flags given before the command are its defaults (its own win), so a
+        # flag is never dropped in favour of $CELERY_BROKER_URL or the config.
+        given = {"app_path": fleet.app_path, "broker": fleet.broker, "config_path": fleet.config_path,
+                 "state_dir": state_dir}
+        ctx.default_map = {ctx.invoked_subcommand: {k: v for k, v in given.items() if v is not None}}
+        return
+    from celeryops.commands.firstlook import first_look_for_home
 
-        open_console(fleet, start="home", state_dir=state_dir)
+    look = first_look_for_home(fleet, state_dir)  # read on another core from now on
+    from celeryops.commands.console import open_console
+
+    open_console(fleet, start="home", state_dir=state_dir, first_look=look)
 

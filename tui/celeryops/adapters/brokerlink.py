@@ -16,7 +16,6 @@ import contextlib
 import json
 import time
 import urllib.parse
-import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +30,9 @@ from celeryops.core.urls import is_redis_url
 #: Seconds after a Redis restart during which a worker without a control subscription may still be reconnecting
 #: (kombu's reconnect pauses grow to 30 s, and its consumer restarts after): no listener evidence meanwhile.
 RECONNECT_GRACE = 60.0
+#: kombu's Redis transport: a queue's messages of priority 3, 6 and 9 wait in lists of their own, named after it.
+PRIORITY_STEPS = (0, 3, 6, 9)
+PRIORITY_SEP = "\x06\x16"
 
 
 @dataclass(frozen=True)
@@ -71,9 +73,9 @@ class BrokerLink:
         """A client for the broker's Redis (None for other brokers)."""
         if not self.is_redis:
             return None
-        if self._redis is None:
+        if self._redis is None:  # named as the transport's connections are (watch mode: celeryops-watch)
             self._redis = redis.Redis.from_url(self.broker_url, socket_connect_timeout=3, socket_timeout=5,
-                                               decode_responses=True)
+                                               decode_responses=True, client_name=client_name(self.app))
         return self._redis
 
     async def check_broker(self, timeout: float = 3.0) -> None:
@@ -89,6 +91,11 @@ class BrokerLink:
         try:
             await asyncio.wait_for(asyncio.to_thread(connect), timeout + 5)
         except Exception as exc:  # kombu raises many types: OperationalError, socket errors, auth errors
+            if login_refused(exc):
+                raise BrokerUnreachable(
+                    f"The broker at {self.display_url} refused the login ({mask_text(reason(exc))}): nothing was "
+                    "changed; check that URL's user and password (a --broker URL is used as given, whatever "
+                    "$CELERY_BROKER_URL says).") from None
             raise BrokerUnreachable(
                 f"Cannot reach the broker at {self.display_url} ({mask_text(reason(exc))}): nothing was changed; "
                 "check the URL (--broker / -A) and that the broker is up.") from None
@@ -236,11 +243,16 @@ class BrokerLink:
     # -- queues -----------------------------------------------------------------------------------------------------
 
     async def queue_depths(self, queues: Iterable[str]) -> list[QueueDepth]:
-        """Messages waiting per queue, read from the broker (they pile up during a drain); on Redis the lists of
-        every priority step of kombu's (``priority_steps``, default 0, 3, 6, 9) are added up."""
+        """Messages waiting per queue, read from the broker (they pile up during a drain). On Redis one pipelined
+        round trip on the held client reads every queue's lists, one per priority step of kombu's
+        (``priority_steps``, default 0, 3, 6, 9)."""
         names = sorted(set(queues))
-        options = self.app.conf.broker_transport_options or {}
-        steps = sorted({int(p) for p in options.get("priority_steps") or (0, 3, 6, 9)} | {0})
+        client = self.redis()
+        if client is not None:
+            options = self.app.conf.broker_transport_options or {}
+            prefix = str(options.get("global_keyprefix", ""))
+            steps = tuple(sorted({int(p) for p in options.get("priority_steps") or PRIORITY_STEPS} | {0}))
+            return await asyncio.to_thread(redis_depths, client, names, prefix, steps)
 
         def read() -> list[QueueDepth]:
             out: list[QueueDepth] = []
@@ -248,20 +260,37 @@ class BrokerLink:
                 channel = conn.default_channel
                 for name in names:
                     try:
-                        if self.is_redis:  # one list per priority step: <queue>, <queue>\x06\x16<step>
-                            pipe = channel.client.pipeline(transaction=False)
-                            for p in steps:
-                                pipe.llen(name + (f"\x06\x16{p}" if p else ""))
-                            out.append(QueueDepth(name, sum(int(n) for n in pipe.execute())))
-                        else:
-                            ok = channel.queue_declare(queue=name, passive=True)
-                            out.append(QueueDepth(name, int(ok.message_count)))
+                        ok = channel.queue_declare(queue=name, passive=True)
+                        out.append(QueueDepth(name, int(ok.message_count)))
                     except Exception:  # a queue that does not exist yet, a closed channel
                         out.append(QueueDepth(name, None))
                         channel = conn.channel()
             return out
 
         return await asyncio.to_thread(read)
+
+
+def redis_depths(client: redis.Redis, names: list[str], prefix: str = "",
+                 steps: tuple[int, ...] = PRIORITY_STEPS) -> list[QueueDepth]:
+    """Messages waiting in each of the queues ``names`` on a Redis broker, in one pipelined round trip: kombu's Redis
+    transport keeps a queue in one list per priority step (the queue's name, then the name, its separator and each
+    other step of ``steps``), under the transport's key ``prefix``; their lengths, summed per queue. A queue whose
+    lists cannot be read (not a list) is None, as is every queue when the broker does not answer."""
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        for step in steps:
+            pipe.llen(prefix + name + (f"{PRIORITY_SEP}{step}" if step else ""))
+    try:
+        lengths = pipe.execute(raise_on_error=False)
+    except redis.RedisError:
+        return [QueueDepth(name, None) for name in names]
+    out: list[QueueDepth] = []
+    for i, name in enumerate(names):
+        mine = lengths[i * len(steps):(i + 1) * len(steps)]
+        out.append(QueueDepth(name, None if any(isinstance(n, Exception) for n in mine)
+                              else sum(int(n) for n in mine)))
+    return out
+
 
 def management_uptime(broker_url: str, timeout: float = 1.0) -> float | None:
     """RabbitMQ: seconds since the broker's node started, from the management API on the broker's host (port 15672,
@@ -273,10 +302,12 @@ def management_uptime(broker_url: str, timeout: float = 1.0) -> float | None:
     password = urllib.parse.unquote(parts.password or "guest")
     token = base64.b64encode(f"{user}:{password}".encode()).decode()
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    request = urllib.request.Request(f"http://{host}:15672/api/nodes?columns=name,uptime",
-                                     headers={"Authorization": f"Basic {token}"})
+    from urllib.request import Request, urlopen  # RabbitMQ's management API only: not on a Redis fleet's path
+
+    request = Request(f"http://{host}:15672/api/nodes?columns=name,uptime",
+                      headers={"Authorization": f"Basic {token}"})
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as reply:
+        with urlopen(request, timeout=timeout) as reply:
             nodes = json.loads(reply.read())
         uptimes = [float(n["uptime"]) for n in nodes if isinstance(n, dict) and "uptime" in n]
     except Exception:  # no plugin, refused, not JSON: no reading
@@ -284,8 +315,27 @@ def management_uptime(broker_url: str, timeout: float = 1.0) -> float | None:
     return min(uptimes) / 1000.0 if uptimes else None
 
 
+def client_name(app: Celery) -> str | None:
+    """The name kombu gives this app's broker connections (``broker_transport_options["client_name"]``, set by the
+    wiring for watch mode and the doctor), for the Redis clients opened beside them: a MONITOR log tells them apart."""
+    name = (app.conf.broker_transport_options or {}).get("client_name")
+    return str(name) if name else None
+
+
 def suppress() -> contextlib.suppress:
     return contextlib.suppress(Exception)
+
+
+def login_refused(exc: BaseException) -> bool:
+    """Whether ``exc`` (kombu's, or one it wraps) is the broker refusing the user's login: a wrong password, an
+    unknown or disabled user (Redis ``WRONGPASS``, RabbitMQ ``ACCESS_REFUSED``)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, redis.AuthenticationError) or type(seen).__name__ == "AccessRefused":
+            return True
+        seen = seen.__cause__ or seen.__context__
+    text = str(exc)
+    return any(word in text for word in ("WRONGPASS", "invalid username-password", "ACCESS_REFUSED"))
 
 
 def reason(exc: BaseException) -> str:

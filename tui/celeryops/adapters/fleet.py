@@ -73,6 +73,8 @@ class Fleet(BrokerLink):
         self.extra_members = list(extra_members)
         self._round: RedisRound | None = None
         self._plain: set[str] = set()  # workers known to answer without the celeryops plugin
+        self._rich: set[str] = set()  # workers known to answer celeryops_observe
+        self._registered: set[str] = set()  # workers a plugged-in registry listed (the fence plugin's)
         self.heartbeat_sources: list[HeartbeatSource] = []  # the fence plugin's registry (see ``heartbeats``)
 
     def close(self) -> None:
@@ -117,9 +119,11 @@ class Fleet(BrokerLink):
         sources: list[Awaitable[set[str] | None]] = [self.pidbox_members() if self.is_redis else self.ping()]
         results = await asyncio.gather(*sources, *(src() for src in self.extra_members), return_exceptions=True)
         found: set[str] = set()
-        for result in results:
+        for i, result in enumerate(results):
             if isinstance(result, set):
                 found |= result
+                if i:  # a registry's (the fence plugin's): these run the plugin
+                    self._registered |= result
         return found
 
     # -- liveness evidence --------------------------------------------------------------------------------------
@@ -166,6 +170,16 @@ class Fleet(BrokerLink):
         replies = await self._broadcast("stats", destination=dest)
         return {w: sum(int(n) for n in (r.get("total") or {}).values())
                 for w, r in replies.items() if isinstance(r, dict)}
+
+    async def inspect(self, commands: Iterable[tuple[str, dict[str, Any]]],
+                      destination: Iterable[str]) -> list[dict[str, Any]]:
+        """Read-only inspect ``commands`` (name, arguments) to ``destination``, in one round that returns as soon as
+        every addressed worker answered each (on Redis one publish and one collection): per command, worker ->
+        reply; a worker that did not answer is left out."""
+        dest = tuple(sorted(set(destination)))
+        if not dest:
+            return [{} for _ in commands]
+        return await self._rounds([Request(name, dest, tuple(sorted(args.items()))) for name, args in commands])
 
     async def concurrency(self, destination: Iterable[str]) -> dict[str, int]:
         """How many tasks each worker of ``destination`` runs at once (``inspect stats``: its pool's
@@ -226,30 +240,39 @@ class Fleet(BrokerLink):
 
     async def _observe_round(self, known: list[str]) -> tuple[dict[str, Any], ...]:
         """Plugin workers answer one ``celeryops_observe``; the others (learned from their "unknown command"
-        reply) get the four standard inspect commands, in the same round. On Redis a round is one publish of every
-        command and one collection of every reply (``RedisRound``); elsewhere parallel broadcasts."""
+        reply) get the four standard inspect commands, in the same round. A worker not known either way (not yet
+        observed, and no registry lists it as a plugin worker) is asked both ways in that round, so a fleet of plain
+        workers is observed in one round from the first. On Redis a round is one publish of every command and one
+        collection of every reply (``RedisRound``); elsewhere parallel broadcasts."""
         plain = [w for w in known if w in self._plain]
         rich = [w for w in known if w not in self._plain]
+        unsure = {w for w in rich if w not in self._rich and w not in self._registered}
+        standard = [*plain, *sorted(unsure)]
         requests: list[Request] = []
         if rich:
             requests.append(Request(OBSERVE_COMMAND, tuple(rich)))
-        if plain or not known:
-            dest = tuple(plain) if plain else None
+        if standard or not known:
+            dest = tuple(standard) if standard else None
             requests += [Request(c, dest) for c in OBSERVE_PARTS]
         replies = await self._rounds(requests)
         out: tuple[dict[str, Any], ...] = ({}, {}, {}, {})
         fallback: list[str] = []
+        answered: set[str] = set()  # by celeryops_observe
         if rich:
             for worker, reply in replies.pop(0).items():
                 if isinstance(reply, dict) and "active_queues" in reply:
+                    self._rich.add(worker)
+                    answered.add(worker)
                     for part, key in zip(out, OBSERVE_PARTS, strict=True):
                         part[worker] = reply.get(key)
-                else:  # answered, but without the plugin: remember, and ask it the standard way now
+                else:  # answered, but without the plugin: remember, and ask it the standard way (now, unless done)
                     self._plain.add(worker)
-                    fallback.append(worker)
-        if replies:  # the four standard commands' replies
+                    self._rich.discard(worker)
+                    if worker not in unsure:
+                        fallback.append(worker)
+        if replies:  # the four standard commands' replies (a plugin worker asked both ways: its own reply wins)
             for part, more in zip(out, replies, strict=True):
-                part.update(more)
+                part.update({w: r for w, r in more.items() if w not in answered})
         if fallback:
             extra = await self._rounds([Request(c, tuple(fallback)) for c in OBSERVE_PARTS])
             for part, more in zip(out, extra, strict=True):

@@ -31,6 +31,8 @@ from typing import Any
 import redis
 from celery import Celery
 
+from celeryops.adapters.brokerlink import client_name
+
 
 @dataclass(frozen=True)
 class Request:
@@ -82,7 +84,7 @@ class RedisRound:
                 self._client.close()
             self._client_timeout = max(10.0, timeout + 5)
             self._client = redis.Redis.from_url(self.broker_url, socket_connect_timeout=3,
-                                                socket_timeout=self._client_timeout)
+                                                socket_timeout=self._client_timeout, client_name=client_name(self.app))
         return self._producer, self._client
 
     def close(self) -> None:

@@ -21,7 +21,7 @@ def _schema(fleet: FleetSpec, queues: tuple[str, ...], results: bool | None, fle
     name = fleet_name or cfg.run.fleet
     prefix = slots_prefix or os.environ.get("CELERYOPS_SLOTS_PREFIX") or "resource"
     found: dict[str, Any] = {}
-    if fleet.app_path or fleet.broker or cfg.app or cfg.broker or os.environ.get("CELERY_BROKER_URL"):
+    if fleet.given:
         app = fleet.celery_app()
         conn = app.connection_for_write()
         try:
@@ -29,6 +29,8 @@ def _schema(fleet: FleetSpec, queues: tuple[str, ...], results: bool | None, fle
                 found["db"] = int(conn.virtual_host or 0) if str(conn.virtual_host or "0").isdigit() else 0
             options = app.conf.broker_transport_options or {}
             found["keyprefix"] = str(options.get("global_keyprefix", ""))
+            if options.get("sep"):
+                found["priority_sep"] = str(options["sep"])
             found["control"] = str(app.conf.control_exchange)
             found["events"] = str(app.conf.event_exchange)
             named = [str(app.conf.task_default_queue)] + [str(q.name) for q in (app.conf.task_queues or [])]
@@ -57,7 +59,9 @@ def _schema(fleet: FleetSpec, queues: tuple[str, ...], results: bool | None, fle
 def acl(role: Role, fleet: FleetSpec, queues: tuple[str, ...], fleet_name: str | None, results: bool | None,
         slots_prefix: str | None, as_json: bool) -> None:
     """Print the Redis ACL rules of ROLE (watcher, operator, worker) on one line, to put after
-    `ACL SETUSER <name> on ><password>` (Redis 7.0 or later). Reads nothing from Redis."""
+    `ACL SETUSER <name> on ><password>` (Redis 7.0 or later), as in
+    `redis-cli ACL SETUSER NAME on '>PASSWORD' $(celeryops acl ROLE)` (bash, zsh) or in redis-cli; --json gives the
+    exact rules as `args`. Reads nothing from Redis."""
     schema = _schema(fleet, queues, results, fleet_name, slots_prefix)
     line = rules(role, schema)
     if as_json:

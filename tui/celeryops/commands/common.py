@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from celeryops.core.errors import EXIT_USAGE, UserError
-from celeryops.core.masking import mask_url
 from celeryops.core.urls import is_redis_url
 
 if TYPE_CHECKING:  # imported where used: `celeryops --help` and `--version` load neither Celery nor the config
@@ -26,8 +25,14 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 @dataclass
 class FleetSpec:
-    """Which fleet a command talks to: a Celery app (``-A``) or a bare broker URL; flags win over
-    ``CELERYOPS_*`` env vars, which win over the config file (``--config``, ./celeryops.toml, pyproject.toml)."""
+    """Which fleet a command talks to: a Celery app (``-A``) and/or a broker URL.
+
+    A flag wins over the environment, which wins over the config file (``--config``, ./celeryops.toml,
+    pyproject.toml). Given ``-A`` or ``--broker``, the flags alone name the fleet: ``--broker URL`` is the broker of
+    every connection (with ``-A``: that app's settings on that broker, as ``celery -A M --broker URL``), and ``-A``
+    alone reads the broker as ``celery -A`` does (``$CELERY_BROKER_URL``, else the app's ``broker_url``), which is
+    what the app's workers use. Without either, the configuration's ``app`` and ``broker`` (each from
+    ``$CELERYOPS_APP`` / ``$CELERYOPS_BROKER``, else ``$CELERY_BROKER_URL`` for the broker, else the file)."""
 
     app_path: str | None = None
     broker: str | None = None
@@ -43,48 +48,49 @@ class FleetSpec:
             self._config = load_config(self.config_path, Path.cwd(), os.environ, merged)
         return self._config
 
+    def chosen(self) -> tuple[str | None, str | None]:
+        """(the Celery app to load or None, the broker URL that every connection uses or None: the app's own, as
+        ``celery -A`` reads it)."""
+        if self.app_path or self.broker:
+            return self.app_path, self.broker
+        cfg = self.config()
+        return cfg.app, cfg.broker
+
+    @property
+    def given(self) -> bool:
+        """Whether a fleet is named at all (flag, environment or config file)."""
+        return any(self.chosen())
+
     def resolve_broker_url(self) -> str:
-        """The broker URL. A Redis URL given as such (flag, config, $CELERY_BROKER_URL; no app to load) is returned
-        as given, without loading Celery (``celeryops status`` and ``slots`` start faster); anything else as the
-        Celery app's connection spells it."""
+        """The broker URL. A Redis URL given as such (no app to load) is returned as given, without loading Celery
+        (``celeryops status`` and ``slots`` start faster); anything else as the Celery app's connection spells it."""
         url = self.plain_broker_url()
         if is_redis_url(url):
             return url
         return str(self.celery_app().connection_for_write().as_uri(include_password=True))
 
     def plain_broker_url(self) -> str | None:
-        """The broker URL when no Celery app is involved (no -A, no ``app`` in the config), else None."""
-        cfg = self.config()
-        if self.app_path or (not self.broker and cfg.app):
-            return None
-        return self.broker or cfg.broker or os.environ.get("CELERY_BROKER_URL") or None
+        """The broker URL when no Celery app is involved (no -A, no ``app`` in the configuration), else None."""
+        app_path, url = self.chosen()
+        return None if app_path else url
 
     def celery_app(self) -> Celery:
-        from celery import Celery
+        """The fleet's Celery app, on the chosen broker (:func:`celeryops.adapters.celeryapp.pin_broker`: Celery's
+        own ``$CELERY_BROKER_URL`` no longer wins over it)."""
+        from celeryops.adapters.celeryapp import broker_app, pin_broker
 
-        cfg = self.config()
-        app_path = self.app_path or (None if self.broker else cfg.app)
+        app_path, url = self.chosen()
         if app_path:
-            return load_celery_app(app_path, self.broker)
-        broker = self.broker or cfg.broker or os.environ.get("CELERY_BROKER_URL")
-        if not broker:
+            app = load_celery_app(app_path)
+            return pin_broker(app, url) if url else app
+        if not url:
             raise UserError(
                 "No fleet given: nothing was contacted; pass --broker URL or -A MODULE, "
                 "or set CELERY_BROKER_URL.", EXIT_USAGE)
-        app = Celery("celeryops", broker=broker, set_as_current=False)
-        app.conf.broker_connection_retry_on_startup = False
-        return app
-
-    @property
-    def display(self) -> str:
-        if self.broker:
-            return mask_url(self.broker)
-        if self.app_path:
-            return self.app_path
-        return mask_url(os.environ.get("CELERY_BROKER_URL", "?"))
+        return broker_app(url)
 
 
-def load_celery_app(path: str, broker: str | None = None) -> Celery:
+def load_celery_app(path: str) -> Celery:
     """Import the app the way ``celery -A`` does (the current directory is importable)."""
     from celery import Celery
     from celery.app.utils import find_app
@@ -100,8 +106,6 @@ def load_celery_app(path: str, broker: str | None = None) -> Celery:
     if not isinstance(app, Celery):
         raise UserError(f"{path!r} is not a Celery app: nothing was contacted; point -A at the app instance.",
                         EXIT_USAGE)
-    if broker:
-        app.conf.broker_url = broker
     return app
 
 
@@ -115,8 +119,10 @@ def state_dir_option(read_only: bool = False) -> Callable[[F], F]:
 def fleet_options(func: F) -> F:
     """Adds ``-A/--app`` and ``--broker`` and passes a ``fleet: FleetSpec`` keyword to the command."""
 
-    @click.option("-A", "--app", "app_path", metavar="MODULE", help="Celery app to load, as for `celery -A`.")
-    @click.option("--broker", metavar="URL", help="Broker URL (else -A's, else the config's, else $CELERY_BROKER_URL).")
+    @click.option("-A", "--app", "app_path", metavar="MODULE",
+                  help="Celery app to load, as for `celery -A` (its broker too: $CELERY_BROKER_URL, else the app's).")
+    @click.option("--broker", metavar="URL",
+                  help="Broker URL of every connection (wins over $CELERY_BROKER_URL, -A's and the config's).")
     @click.option("--config", "config_path", metavar="PATH",
                   help="celeryops.toml to use (default: ./celeryops.toml or [tool.celeryops] in ./pyproject.toml).")
     @functools.wraps(func)

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, NoReturn
+from typing import TYPE_CHECKING, Literal, NoReturn, cast
 
 import click
 
@@ -25,8 +25,10 @@ from celeryops.core.errors import EXIT_INTERRUPTED, EXIT_USAGE, UserError
 if TYPE_CHECKING:
     from textual.app import App
 
+    from celeryops.commands.firstlook import FirstLook, Taken
     from celeryops.ops.backend import views
     from celeryops.ops.backend.console import OpsBackend
+    from celeryops.ops.backend.snapshots import Seen
     from celeryops.ops.fleetwide.scalestatus import ScaleStatus
     from celeryops.ops.run.decisions import Decision
     from celeryops.ops.run.rollback_plan import RollbackRequest
@@ -44,22 +46,24 @@ def wants_console(as_json: bool, headless: bool) -> bool:
 def open_console(fleet: FleetSpec, *, start: Start = "home", read_only: bool = False, state_dir: str | None = None,
                  config: Config | None = None, release: str | None = None, drain: DrainRequest | None = None,
                  targets: tuple[Target, ...] | None = None, repo: str | None = None,
-                 rollback: RollbackRequest | None = None) -> NoReturn:
+                 rollback: RollbackRequest | None = None, first_look: FirstLook | None = None) -> NoReturn:
     """Run the console until the operator quits; exits with the run's exit code.
 
     Given a broker URL (no Celery app to import), the console paints its first frame before Celery, kombu,
     redis-py and the ops layer are loaded (:class:`LateBackend`); with ``-A`` (or the config's app) the app's
-    module is imported first, so that a module that does not import is reported before the console opens."""
+    module is imported first, so that a module that does not import is reported before the console opens.
+    ``first_look``: the home view's first look at the fleet, read by a child process started before
+    (:func:`celeryops.commands.firstlook.first_look_for_home`)."""
     if not (sys.stdout.isatty() and sys.stdin.isatty()):
         raise UserError("The console needs a terminal and this is not one: nothing was contacted; use "
                         "`celeryops status` (or a command with --json) in scripts.", EXIT_USAGE)
     # Starting allocates mostly what lives as long as the process (modules, classes, widgets): the cyclic GC's
-    # passes meanwhile find next to nothing and cost ~7 % of the start's CPU. Back on with the first frame
-    # (ConsoleApp.on_ready), or when the console ends before one.
+    # passes meanwhile find next to nothing and cost ~7 % of the start's CPU (~18 % of loading the ops layer after
+    # the first frame). Back on once the first poll is done (ConsoleApp._poll), or when the console ends before.
     gc.disable()
-    from celeryops.console.app import make_app  # Textual loads only for the console
-
     cfg = config or fleet.config({"state_dir": state_dir})
+    url = fleet.plain_broker_url()
+    from celeryops.console.app import make_app  # Textual loads only for the console
 
     def opened() -> OpsBackend:
         from celeryops.ops.backend.console import open_backend
@@ -68,7 +72,6 @@ def open_console(fleet: FleetSpec, *, start: Start = "home", read_only: bool = F
                             state_dir=cfg.state_dir, drain=drain, targets=targets, repo=Path(repo) if repo else None,
                             rollback=rollback)
 
-    url = fleet.plain_broker_url()
     backend: OpsBackend | LateBackend
     if url is None:  # a Celery app to import (or no fleet given: its error now)
         backend = opened()
@@ -76,7 +79,7 @@ def open_console(fleet: FleetSpec, *, start: Start = "home", read_only: bool = F
         from celeryops.core.masking import mask_url
 
         backend = LateBackend(opened, imports=("celeryops.ops.backend.console",), read_only=read_only,
-                              fleet_display=f"{cfg.run.fleet} @ {mask_url(url)}")
+                              fleet_display=f"{cfg.run.fleet} @ {mask_url(url)}", first_look=first_look)
     console = make_app(backend, read_only=read_only, start=start, release=release)
     if isinstance(backend, LateBackend):
         backend.on_failure = lambda err: console.exit(err.exit_code)
@@ -92,25 +95,32 @@ class LateBackend:
     imported on the event loop (the same imports in a thread cost ~20 % more CPU, and the fleet showed later); then
     ``opener`` (the journal, the Redis clients: it may wait on a disk) runs in a thread. A failure to open (a
     :class:`UserError`: say, the broker URL names an unknown transport) is kept in :attr:`failure` and handed to
-    :attr:`on_failure` (the console exits; the caller reports it); every call then raises it."""
+    :attr:`on_failure` (the console exits; the caller reports it); every call then raises it.
+
+    With a ``first_look`` (:mod:`celeryops.commands.firstlook`: read by a child process while the console started),
+    the first call for the fleet, the slot pool and the unfinished run each gets the child's part, as the backend's
+    first poll would have returned it (or raised); the backend is then opened in the background (its imports in a
+    thread: the fleet is on screen, the console stays responsive) and goes on from what the child saw."""
 
     def __init__(self, opener: Callable[[], OpsBackend], *, imports: tuple[str, ...] = (), read_only: bool,
-                 fleet_display: str) -> None:
+                 fleet_display: str, first_look: FirstLook | None = None,
+                 patience: float | None = None) -> None:
         self.read_only = read_only
         self.fleet_display = fleet_display
         self.failure: UserError | None = None
         self.on_failure: Callable[[UserError], object] = lambda err: None
         self._opener = opener
         self._imports = imports
+        self._look = first_look
+        self._patience = FIRST_LOOK_PATIENCE if patience is None else patience
         self._backend: OpsBackend | None = None
         self._opening: asyncio.Future[OpsBackend] | None = None
+        self._closing = False
 
     async def _opened(self) -> OpsBackend:
         if self._backend is None:
             if self._opening is None:
-                for name in self._imports:
-                    importlib.import_module(name)
-                self._opening = asyncio.ensure_future(asyncio.to_thread(self._opener))
+                self._opening = asyncio.ensure_future(self._open())
             try:
                 self._backend = await asyncio.shield(self._opening)
             except UserError as err:
@@ -120,16 +130,61 @@ class LateBackend:
                 raise
         return self._backend
 
+    async def _open(self) -> OpsBackend:
+        look = self._look
+        try:
+            for name in self._imports:
+                if look is not None and look.taken_any:  # the first look is on screen: the console stays responsive
+                    await asyncio.to_thread(importlib.import_module, name)
+                else:  # the fleet waits for them: on the event loop, where they cost least
+                    importlib.import_module(name)
+            backend = await asyncio.to_thread(self._opener)
+        finally:
+            if look is not None:  # its parts not taken by now would be older than what the backend reads
+                self._look = None
+                look.close()
+        if look is not None and look.seen is not None:
+            backend.snapshots.go_on_from(cast("Seen", look.seen))
+        return backend
+
+    async def _first(self, part: str) -> Taken | None:
+        """The first look's ``part``, the first time it is asked for (None: read it from the backend). On a busy
+        machine, where the child's part is not in within ``patience`` seconds, the backend opens meanwhile
+        and whichever reads it first is shown. Once every part was asked for, the backend opens in the background,
+        after the console has drawn them."""
+        look = self._look
+        if look is None:
+            return None
+        importlib.import_module("celeryops.ops.backend.views")  # the parts' types, while the child still reads
+        taking = asyncio.ensure_future(look.take(part))
+        if not (await asyncio.wait({taking}, timeout=self._patience))[0]:
+            self._warm()
+        found = await taking
+        if look.asked(PARTS) and self._opening is None:
+            asyncio.get_running_loop().call_later(WARM_AFTER, self._warm)
+        return found
+
+    def _warm(self) -> None:
+        if self._opening is None and not self._closing:
+            self._opening = asyncio.ensure_future(self._open())
+            self._opening.add_done_callback(lambda f: f.cancelled() or f.exception())  # raised at the next call
+
     async def fleet_snapshot(self) -> views.FleetView:
+        if (first := await self._first("fleet")) is not None:
+            return cast("views.FleetView", first.get())
         return await (await self._opened()).fleet_snapshot()
 
     async def slots_snapshot(self) -> views.SlotsView | None:
+        if (first := await self._first("slots")) is not None:
+            return cast("views.SlotsView | None", first.get())
         return await (await self._opened()).slots_snapshot()
 
     async def autoscaler(self) -> ScaleStatus | None:
         return await (await self._opened()).autoscaler()
 
     async def unfinished_run(self) -> views.RunView | None:
+        if (first := await self._first("unfinished")) is not None:
+            return cast("views.RunView | None", first.get())
         return await (await self._opened()).unfinished_run()
 
     async def releases(self) -> views.ReleasesView:
@@ -176,6 +231,9 @@ class LateBackend:
 
     async def close(self) -> None:
         """As the backend's; an opening still under way is waited for first (its thread cannot be stopped)."""
+        self._closing = True
+        if self._look is not None:
+            self._look.close()
         if self._opening is not None:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._opening)
@@ -185,8 +243,16 @@ class LateBackend:
             await self._backend.close()
 
     def close_sync(self) -> None:
+        if self._look is not None:
+            self._look.close()
         if self._backend is not None:
             self._backend.close_sync()
+
+
+WARM_AFTER = 0.25  # seconds from the first look's last part to opening the backend: the console draws them first
+FIRST_LOOK_PATIENCE = 0.15  # seconds a first call waits for the first look's part before the backend opens too
+PARTS = ("fleet", "slots", "unfinished")  # the first look's parts (celeryops.ops.backend.firstlook.PARTS)
+
 
 
 def run_surviving_terminal(console: App[int], backend: OpsBackend | LateBackend) -> int:

@@ -23,7 +23,7 @@ import click
 from celeryops.commands.common import FleetSpec
 from celeryops.commands.headless import RECOVERED, flag_operator, open_wiring, run_headless
 from celeryops.commands.output import Printer
-from celeryops.core.config import DEFAULT_STRATEGY, STRATEGIES, STRATEGY_KINDS
+from celeryops.core.config import DEFAULT_STRATEGY, STRATEGY_KINDS, STRATEGY_NAMES
 from celeryops.core.errors import EXIT_INTERRUPTED, EXIT_USAGE, UserError
 from celeryops.core.events import Notice
 from celeryops.core.masking import mask_url
@@ -128,7 +128,7 @@ def _progress(printer: Printer) -> Callable[[str], None]:
 @click.option("--workers", type=click.IntRange(1, 4), default=2, show_default=True,
               help="Workers of each revision (the autoscaler adds one more at most).")
 @click.option("--keep", is_flag=True, help="Keep the sandbox directory (worker logs, journal) after exit.")
-@click.option("--strategy", type=click.Choice(STRATEGIES), default=DEFAULT_STRATEGY, show_default=True,
+@click.option("--strategy", type=click.Choice(STRATEGY_NAMES), default=DEFAULT_STRATEGY, show_default=True,
               help="drain: a Cloud Run service, the fence plugin on some workers, the fleet drained before the "
                    "deploy; overlap: a Cloud Run worker pool, the fence plugin on every worker, the new revision "
                    "consuming beside the old one while it drains (no pause); canary: the same pool, one instance "

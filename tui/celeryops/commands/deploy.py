@@ -11,7 +11,7 @@ import click
 from celeryops.commands.common import FleetSpec, fleet_options, state_dir_option
 from celeryops.commands.headless import RECOVERED, flag_operator, open_wiring, run_headless
 from celeryops.commands.output import Printer
-from celeryops.core.config import STRATEGIES
+from celeryops.core.config import STRATEGY_NAMES
 from celeryops.core.errors import EXIT_USAGE, UserError
 
 
@@ -24,7 +24,7 @@ from celeryops.core.errors import EXIT_USAGE, UserError
 @click.option("--accept-warning", "accept", multiple=True, metavar="ID",
               help="Accept the warnings of this check (repeatable): branch, freshness, traffic, workers, lease, "
                    "fence or mixed_versions.")
-@click.option("--strategy", type=click.Choice(STRATEGIES), default=None,
+@click.option("--strategy", type=click.Choice(STRATEGY_NAMES), default=None,
               help="How the workers are replaced (wins over the targets' strategy): drain (stop every consumer, "
                    "wait until nothing runs, deploy; the default), overlap (a Cloud Run worker pool: the new "
                    "revision consumes beside the old one, whose instances go once idle; no pause) or canary (a "

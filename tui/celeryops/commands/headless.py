@@ -70,9 +70,11 @@ def run_headless(wiring: Wiring, session: RunSession, printer: Printer,
                  main: Callable[[RunSession], Awaitable[T]], interrupted: str) -> T:
     """Run ``main(session)`` interruptibly (the session's events go to ``printer``); errors and interruptions end the
     --json stream with a final event. Exits 130 when interrupted (after ``main`` applied the recovery rules). The
-    wiring is closed before this returns."""
+    wiring is closed before this returns. A Redis that refuses the login of the URL's user (a wrong password in
+    --broker) stops it before anything is read."""
     stuck = None
     try:
+        wiring.require_login()
         result, was_interrupted = run_interruptibly(lambda: main(session))
         if was_interrupted or result is None:
             stuck = session.runner.left_stopped()  # the recovery could not finish (the broker stayed down)

@@ -11,7 +11,7 @@ import click
 from celeryops.commands.common import FleetSpec, fleet_options, state_dir_option
 from celeryops.commands.headless import RECOVERED, flag_operator, open_wiring, run_headless
 from celeryops.commands.output import Printer
-from celeryops.core.config import STRATEGIES
+from celeryops.core.config import STRATEGY_NAMES
 from celeryops.core.errors import EXIT_USAGE, UserError
 
 
@@ -20,7 +20,7 @@ from celeryops.core.errors import EXIT_USAGE, UserError
 @click.option("--target", "targets", multiple=True, metavar="NAME", help="Roll back only this target (repeatable).")
 @click.option("--to", "to", default="", metavar="REVISION",
               help="Go back to this revision of the one target (default: what its last deploy replaced).")
-@click.option("--strategy", type=click.Choice(STRATEGIES), default=None,
+@click.option("--strategy", type=click.Choice(STRATEGY_NAMES), default=None,
               help="How the revision is brought to serve: drain (stop everything, wait, route back), overlap or "
                    "canary (one Cloud Run worker pool: the previous revision comes up beside the deployed one, which "
                    "stops once idle; no pause). Default: the target's strategy, else drain.")

@@ -21,6 +21,7 @@ from celeryops.core.errors import UserError
 from celeryops.core.events import RUN_PHASES
 from celeryops.core.masking import mask_text, mask_url
 from celeryops.core.untrusted import MalformedRecord
+from celeryops.ops.access.probe import refused_login
 from celeryops.ops.fleetwide.brokersafety import SafetyVerdict, assess
 from celeryops.ops.fleetwide.lease import LeaseInfo, ago, read_lease
 from celeryops.ops.fleetwide.publish import PublishedStatus, read_status
@@ -218,6 +219,9 @@ def gather_status(fleet_spec: FleetSpec, state_dir: str | None, fleet: str | Non
             report.notes.append(mask_text(str(exc)).rstrip("."))
             report.broker_safety = assess(client, f"the fleet's Redis at {mask_url(url)}")
         except redis.RedisError as exc:
+            refused = refused_login(client, exc)
+            if refused is not None:  # the URL's user and password: wrong now and later, not a Redis that is away
+                raise refused from None
             report.redis_unreachable = True
             report.notes.append(f"Redis at {mask_url(url)} is unreachable ({mask_text(str(exc)).rstrip('.')}), "
                                 "so this is the local journal only")
@@ -351,7 +355,7 @@ def _run_lines(report: StatusReport) -> list[str]:
 @state_dir_option()
 def status(fleet: FleetSpec, as_json: bool, state_dir: str | None) -> None:
     """Show the fleet's current run (phase, age, owner) and what recovery would do. Reads only."""
-    report = gather_status(fleet, state_dir)
+    report = gather_status(fleet, fleet.config({"state_dir": state_dir}).state_dir)  # flag > env > config file
     if as_json:
         click.echo(mask_text(json.dumps(report.as_dict(), default=str)))
     else:
@@ -374,6 +378,7 @@ def safety_line(verdict: SafetyVerdict) -> str:
 @state_dir_option()
 def runs(limit: int, as_json: bool, state_dir: str | None) -> None:
     """List the runs recorded in the local journal, newest first. Reads only."""
+    state_dir = FleetSpec().config({"state_dir": state_dir}).state_dir  # flag > env > ./celeryops.toml's
     journal = open_journal_if_any(state_dir)
     kinds: dict[str, str] = {}  # run id -> deploy | drain | rollback
     previous: dict[str, dict[str, str]] = {}  # run id -> target -> what its deploy replaced there

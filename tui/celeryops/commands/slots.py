@@ -18,6 +18,7 @@ from celeryops.commands.common import FleetSpec, fleet_options
 from celeryops.core.errors import EXIT_BROKER, UserError
 from celeryops.core.masking import mask_url
 from celeryops.core.urls import is_redis_url
+from celeryops.ops.access.probe import refused_login
 from celeryops.slots.snapshot import PoolSnapshot, Snapshot, Waiting
 from celeryops.slots.store import connect, read_all
 
@@ -42,6 +43,9 @@ def load_snapshot(url: str) -> Snapshot:
     try:
         return read_all(client)
     except redis.RedisError as exc:
+        refused = refused_login(client, exc)
+        if refused is not None:
+            raise refused from None
         raise UserError(f"Could not read slot pools from {mask_url(url)} ({type(exc).__name__}): nothing was "
                         "changed; check that Redis is up and the URL is right.", EXIT_BROKER) from None
     finally:

@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # imported by apply() with the first event: the console's fir
         DrainProgress,
         DrainStarted,
         Event,
-        OverlapStep,
+        PoolStep,
         PreflightDone,
         RunFinished,
         RunFollowed,
@@ -65,7 +65,7 @@ class OverlapState:
     steps: list[str] = field(default_factory=list)  # every step but progress, in order
     count: int = 0  # the pool's instance count before the deploy (and after it)
 
-    def fold(self, event: OverlapStep) -> None:
+    def fold(self, event: PoolStep) -> None:
         if event.step != "progress":
             self.step = event.step
             self.steps.append(event.step)
@@ -247,7 +247,7 @@ class RunModel:
             self.deploy = targets
         elif isinstance(event, ev.FleetBack):
             self.fleet_back = tuple(WorkerView(w, "consuming", tuple(q)) for w, q in sorted(event.workers.items()))
-        elif isinstance(event, ev.OverlapStep):
+        elif isinstance(event, ev.PoolStep):
             if self.overlap is None or (event.new_revision and event.new_revision != self.overlap.new
                                         and self.overlap.new):
                 self.overlap = OverlapState(event.target, event.old_revision, event.new_revision)

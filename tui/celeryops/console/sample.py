@@ -3,20 +3,24 @@ No real hostnames, no wall-clock times (instants are relative to ``NOW``)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from celeryops.adapters.deploy.base import ConditionChanged, RevisionCreated, RolloutEvent, RolloutReady
 from celeryops.core.events import (
     CheckUpdate,
     ConsumersCancelled,
     DrainProgress,
     DrainStarted,
+    Finding,
     Notice,
-    OverlapStep,
     PhaseChanged,
+    PoolStep,
     PreflightDone,
     StageStarted,
     TaskInfo,
     WorkerObs,
 )
+from celeryops.core.findings import docs, title
 from celeryops.ops.backend.views import (
     BrokerSafetyView,
     DeviceView,
@@ -79,6 +83,25 @@ def fleet(with_run: bool = True) -> FleetView:
         queues=(QueueView("default", 1284, 2), QueueView("render", 37, 1), QueueView("gpu", 0, 1),
                 QueueView("reports", None, 0)),
         tasks=tasks(8), run=run, broker_safety=BrokerSafetyView("ok", "noeviction, AOF"))
+
+
+def findings_fleet() -> FleetView:
+    """No run; `celeryops doctor`'s findings on Cloud Run workers and one redelivery the console saw."""
+    found = (
+        Finding("shutdown_grace", title("shutdown_grace"),
+                "on Cloud Run (worker pool), a worker is SIGKILLed 10 seconds after SIGTERM, but Celery's SIGTERM is "
+                "a warm shutdown that waits for running tasks without a limit",
+                "set REMAP_SIGTERM=SIGQUIT and worker_soft_shutdown_timeout=8", docs("shutdown_grace"),
+                workers=("celery@render-1", "celery@render-2", "celery@gpu-1")),
+        Finding("visibility_eta", title("visibility_eta"),
+                "2 task(s) held by celery@web-1 wait for an ETA up to 3 hours away, past the broker's "
+                "visibility_timeout of 1 hour", "broker_transport_options={'visibility_timeout': 14400}",
+                docs("visibility_eta"), workers=("celery@web-1",), tasks=("billing.charge",)),
+        Finding("redelivered", title("redelivered"),
+                "task 5f1c0d2e (billing.charge) was delivered to celery@web-2 after celery@web-1 had received it: "
+                "it may run twice", docs=docs("redelivered"), workers=("celery@web-1", "celery@web-2")),
+    )
+    return dataclasses.replace(fleet(with_run=False), findings=found)
 
 
 def interrupted_fleet() -> FleetView:
@@ -240,12 +263,12 @@ OLD_WORKERS = ("celery@worker-1", "celery@worker-2", "celery@worker-3")
 NEW_WORKERS = ("celery@worker-4", "celery@worker-5", "celery@worker-6")
 
 
-def overlap_step(step: str, message: str = "", **more: object) -> OverlapStep:
-    return OverlapStep(step=step, target="worker-pool", old_revision=OLD_REV, new_revision=NEW_REV,  # type: ignore[arg-type]
+def overlap_step(step: str, message: str = "", **more: object) -> PoolStep:
+    return PoolStep(step=step, target="worker-pool", old_revision=OLD_REV, new_revision=NEW_REV,  # type: ignore[arg-type]
                        peak=6, message=message, **more)  # type: ignore[arg-type]
 
 
-def overlap_progress(completed: int, rate: float | None) -> OverlapStep:
+def overlap_progress(completed: int, rate: float | None) -> PoolStep:
     return overlap_step("progress", instances={OLD_REV: 3, NEW_REV: 3}, split={OLD_REV: 50, NEW_REV: 50},
                         workers={OLD_REV: OLD_WORKERS, NEW_REV: NEW_WORKERS}, consuming=NEW_WORKERS,
                         completed=completed, rate=rate)

@@ -20,10 +20,11 @@ CANARY_KEYS = ("min_tasks", "max_duration", "instances", "margin", "min_effect",
 class CanarySettings:
     """How a canary is run and judged (defaults documented in the README's "Canary settings").
 
-    ``min_tasks``: canary tasks that must complete before it can be promoted. ``max_duration``: seconds; past it
-    with no verdict the run is inconclusive and pauses for the operator (never promotes). ``instances``: canary
-    instances of the new revision added beside the old ones. ``margin``: the tolerated increase of the failure
-    rate (canary minus baseline, a fraction): promote once the upper confidence bound of the increase is below it.
+    ``min_tasks``: canary tasks that must complete before it can be promoted. ``max_duration``: seconds; a look at
+    or past it that neither promotes nor rolls back is inconclusive and pauses the run for the operator.
+    ``instances``: canary instances of the new revision added beside the old ones. ``margin``: the tolerated
+    increase of the failure rate (canary minus baseline, a fraction): promote once the upper confidence bound of
+    the increase is below it.
     ``min_effect``: a rollback by failure rate also needs the observed increase to be at least this. ``alpha``: the
     chance of rolling back a release as good as the old one, over the whole canary (spent over the looks:
     :mod:`celeryops.ops.run.analysis.rules`). ``confidence``: of the promotion bound (one-sided) and of the
@@ -63,6 +64,13 @@ class CanarySettings:
         if "ignore_exceptions" in values:
             values["ignore_exceptions"] = tuple(str(x) for x in values["ignore_exceptions"] or ())
         return cls(**values)
+
+
+def run_peak(count: int, canary: int = 0) -> int:
+    """The most instances a deploy of a worker pool of ``count`` instances runs at once (quota, cost): the overlap's
+    ``2 * count`` (``canary`` 0); a canary's ``count + canary`` while it is judged, then the overlap's peak when it
+    is promoted: whichever is more, since the run may reach both."""
+    return count + max(count, canary)
 
 
 def canary_split(old: str, new: str, count: int, canary: int) -> tuple[tuple[str, int], ...]:
@@ -143,4 +151,4 @@ class RevisionCounts:
                               self.runtimes + other.runtimes)
 
 
-__all__ = ["CANARY_KEYS", "CanarySettings", "RevisionCounts"]
+__all__ = ["CANARY_KEYS", "CanarySettings", "RevisionCounts", "canary_split", "run_peak"]

@@ -5,7 +5,8 @@ Sources, lowest precedence first:
 
 1. ``--config PATH``, else ``celeryops.toml`` in the working directory (keys at the top level), else the
    ``[tool.celeryops]`` table of ``pyproject.toml`` in the working directory, else nothing (all defaults);
-2. ``CELERYOPS_*`` environment variables (see :data:`ENV_KEYS`);
+2. environment variables: ``CELERYOPS_*`` (see :data:`ENV_KEYS`), and Celery's own ``CELERY_BROKER_URL`` for the
+   broker, below ``CELERYOPS_BROKER`` (see :data:`CELERY_ENV_KEYS`);
 3. command-line flags, passed to :func:`load_config` as ``overrides``.
 
 Everything is validated at load time. Every problem found becomes one sentence, and all of them are reported
@@ -24,6 +25,8 @@ from typing import Literal
 from celeryops.core.autoscale import AutoscaleSettings
 from celeryops.core.canary import CanarySettings
 from celeryops.core.errors import EXIT_USAGE, UserError
+from celeryops.core.findings import CATALOG as FINDINGS
+from celeryops.core.findings import SETTING_FINDINGS
 from celeryops.core.runsettings import RunSettings
 from celeryops.core.urls import is_loopback
 
@@ -56,9 +59,14 @@ PREFLIGHT_CHECKS: dict[str, str] = {
     "broker_safety": "no Redis of the fleet may evict keys (maxmemory-policy noeviction, or no maxmemory); warns when "
                      "it keeps no data across a restart (no AOF, no RDB)",
     "mixed_versions": "an overlap deploy: old and new code consume the same queues for a while (warns)",
+    "settings": "`celeryops doctor`: no worker setting loses or duplicates work (each finding is a warning of its own, "
+                "under the finding's id)",
+    **{finding: f"`celeryops doctor`'s finding: {FINDINGS[finding].title.lower()} (warns)"
+       for finding in SETTING_FINDINGS},
 }
 #: The checks that can warn, hence whose warnings can be accepted; the others only pass or fail.
-WARNING_CHECKS = ("branch", "freshness", "traffic", "workers", "lease", "fence", "mixed_versions", "broker_safety")
+WARNING_CHECKS = ("branch", "freshness", "traffic", "workers", "lease", "fence", "mixed_versions", "broker_safety",
+                  *SETTING_FINDINGS)
 #: Values of a target's ``traffic`` key.
 TRAFFIC_MODES = ("latest",)
 #: How a deploy replaces a target's workers (a target's ``strategy``, ``celeryops deploy --strategy``), as the config
@@ -73,8 +81,8 @@ STRATEGY_KINDS: dict[str, tuple[TargetKind, ...]] = {
     "overlap": ("cloudrun-worker-pool",),
     "canary": ("cloudrun-worker-pool",),
 }
-STRATEGIES: tuple[str, ...] = tuple(STRATEGY_KINDS)
-DEFAULT_STRATEGY = STRATEGIES[0]
+STRATEGY_NAMES: tuple[str, ...] = tuple(STRATEGY_KINDS)
+DEFAULT_STRATEGY = STRATEGY_NAMES[0]
 
 #: Environment variable -> dotted configuration key.
 ENV_KEYS: dict[str, str] = {
@@ -88,6 +96,9 @@ ENV_KEYS: dict[str, str] = {
     "CELERYOPS_RELEASE_MAX_AGE_DAYS": "release.max_age_days",
     "CELERYOPS_RELEASE_BRANCHES": "release.branches",
 }
+
+#: Celery's own environment variables that celeryops reads too, below its own (``CELERYOPS_BROKER`` wins).
+CELERY_ENV_KEYS: dict[str, str] = {"CELERY_BROKER_URL": "broker"}
 
 _TAG_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -173,7 +184,7 @@ class Target:
     command: str = ""
     timeout: float = DEFAULT_TARGET_TIMEOUT
     traffic: str = ""  # "latest": the update also routes all traffic (instances) to the new revision
-    strategy: str = DEFAULT_STRATEGY  # how a deploy replaces the workers (STRATEGIES, on the kinds STRATEGY_KINDS says)
+    strategy: str = DEFAULT_STRATEGY  # how a deploy replaces the workers (on the kinds STRATEGY_KINDS says)
 
     @property
     def is_cloudrun(self) -> bool:
@@ -297,8 +308,8 @@ __all__ = [
     "ENV_KEYS",
     "IMAGE_PLACEHOLDERS",
     "PREFLIGHT_CHECKS",
-    "STRATEGIES",
     "STRATEGY_KINDS",
+    "STRATEGY_NAMES",
     "TARGET_KINDS",
     "TRAFFIC_MODES",
     "WARNING_CHECKS",

@@ -1,9 +1,10 @@
 """Reading and validating the configuration into :class:`celeryops.core.config.Config`.
 
 Sources, lowest precedence first: ``--config PATH``, else ``celeryops.toml`` in the working directory, else the
-``[tool.celeryops]`` table of ``pyproject.toml``, else nothing (all defaults); then ``CELERYOPS_*`` environment
-variables (:data:`celeryops.core.config.ENV_KEYS`, and :mod:`celeryops.core.runsettings` for the operator-side
-settings that only the environment sets); then command-line flags, passed as ``overrides``. Every problem found
+``[tool.celeryops]`` table of ``pyproject.toml``, else nothing (all defaults); then the environment: Celery's
+``CELERY_BROKER_URL`` (:data:`celeryops.core.config.CELERY_ENV_KEYS`), then ``CELERYOPS_*``
+(:data:`celeryops.core.config.ENV_KEYS`, and :mod:`celeryops.core.runsettings` for the operator-side settings that
+only the environment sets); then command-line flags, passed as ``overrides``. Every problem found
 becomes one sentence, and all of them are reported together in one UserError with exit code ``EXIT_USAGE``.
 """
 
@@ -17,6 +18,7 @@ from typing import Any
 from celeryops.core.autoscale import AutoscaleSettings
 from celeryops.core.canary import CanarySettings
 from celeryops.core.config import (
+    CELERY_ENV_KEYS,
     ENV_KEYS,
     WARNING_CHECKS,
     Config,
@@ -57,7 +59,7 @@ def load_config(path: str | None, cwd: Path, env: Mapping[str, str],
     base_dir = Path(source).parent if source else cwd
     raw = _validate_file(data, base_dir, problems)
 
-    for var, key in ENV_KEYS.items():
+    for var, key in (*CELERY_ENV_KEYS.items(), *ENV_KEYS.items()):  # celeryops' own applied last: they win
         value = env.get(var)
         if value is None or value == "":
             continue

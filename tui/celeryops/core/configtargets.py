@@ -8,7 +8,7 @@ from celeryops.core.config import (
     CLOUDRUN_KINDS,
     COMMAND_PLACEHOLDERS,
     IMAGE_PLACEHOLDERS,
-    STRATEGIES,
+    STRATEGY_NAMES,
     TARGET_KINDS,
     TRAFFIC_MODES,
     Target,
@@ -72,9 +72,9 @@ def validate_targets(targets: list[dict[str, Any]], problems: list[str]) -> list
             _check_command_target(label, table, values, problems)
 
         strategy = values.get("strategy")
-        if isinstance(strategy, str) and strategy not in STRATEGIES:
+        if isinstance(strategy, str) and strategy not in STRATEGY_NAMES:
             problems.append(f"{label}: strategy {strategy!r} is not a deploy strategy"
-                            f"{did_you_mean(strategy, STRATEGIES)}; use one of {quoted(STRATEGIES)}.")
+                            f"{did_you_mean(strategy, STRATEGY_NAMES)}; use one of {quoted(STRATEGY_NAMES)}.")
         elif isinstance(strategy, str) and isinstance(kind, str) and isinstance(values.get("name"), str):
             refusal = strategy_refusal(Target(name=values["name"], kind=kind), strategy)  # type: ignore[arg-type]
             if refusal:

@@ -279,18 +279,20 @@ class RunFinished(Event):
         return data
 
 
-OverlapStepName = Literal["planned", "scaling_up", "scaled_up", "consuming", "stopping_old", "old_idle", "cutting_over",
-                          "cut_over", "retiring", "old_restored", "holding_new", "retired", "kept_both", "progress",
-                          "promoting"]
+PoolStepName = Literal["planned", "scaling_up", "scaled_up", "consuming", "stopping_old", "old_idle", "cutting_over",
+                       "cut_over", "retiring", "old_restored", "holding_new", "retired", "kept_both", "progress",
+                       "promoting"]
 
 
 @dataclass(frozen=True)
-class OverlapStep(Event):
-    """A step of an overlap deploy of worker pool ``target`` (``--json`` event ``overlap``), from the old revision
-    ``old_revision`` to ``new_revision``. ``step``:
+class PoolStep(Event):
+    """A step of two revisions on worker pool ``target`` (an overlap or canary deploy, a pool's rollback; ``--json``
+    event ``overlap``, its name since the overlap deploy), from the old revision ``old_revision`` to
+    ``new_revision``. ``step``:
 
     - ``planned``: the new revision's name, chosen up front, the instance count and ``peak`` (the most instances the
-      pool runs at once: quota, cost); ``scaling_up`` / ``scaled_up``: the update that brings the new revision up
+      run can make the pool run at once: quota, cost; a canary's is its promotion's, the overlap's, unless its
+      canary instances are more); ``scaling_up`` / ``scaled_up``: the update that brings the new revision up
       beside the old one (no old instance taken away) was sent / Cloud Run serves it; ``consuming``: the new
       revision's workers consume (``consuming``: their names);
     - ``stopping_old``: only the old revision's workers are told to stop taking tasks (the drain's ``started``,
@@ -310,7 +312,7 @@ class OverlapStep(Event):
     ``instances``: per revision, as Cloud Run asks each to run; ``split``: revision -> percent of the instances as
     Cloud Run serves them; ``message``: one sentence for people."""
 
-    step: OverlapStepName
+    step: PoolStepName
     target: str
     old_revision: str
     new_revision: str
@@ -334,3 +336,44 @@ class RunFollowed(Event):
     release: str | None
     owner: str
     kind: str = field(init=False, default="followed")
+
+
+# -- the doctor: worker settings that lose or duplicate work (``celeryops doctor``, preflight, the console) ------------
+
+
+@dataclass(frozen=True)
+class Finding(Event):
+    """Something that loses or duplicates work, with its id (:data:`celeryops.core.findings.CATALOG`: stable, for
+    ``--accept-warning``), the workers and tasks it concerns, ``what`` happens and when (one sentence), the ``fix``
+    (the setting and its value) and ``docs`` (the Celery documentation)."""
+
+    id: str
+    title: str
+    what: str
+    fix: str = ""
+    docs: str = ""
+    workers: tuple[str, ...] = ()
+    tasks: tuple[str, ...] = ()
+    kind: str = field(init=False, default="finding")
+
+
+@dataclass(frozen=True)
+class DoctorNote(Finding):
+    """What a setting means (often a default: late acks off), shown beside the findings but never one of them
+    (``--json`` event ``note``)."""
+
+    kind: str = field(init=False, default="note")
+
+
+@dataclass(frozen=True)
+class DoctorDone(Event):
+    """The doctor's last word: the ids of its findings, how many notes, the workers whose settings it read
+    (``checked``) and those it could not (``unchecked``), and the command's exit code."""
+
+    findings: tuple[str, ...]
+    notes: int
+    checked: tuple[str, ...]
+    unchecked: tuple[str, ...]
+    exit_code: int
+    message: str
+    kind: str = field(init=False, default="doctor_done")

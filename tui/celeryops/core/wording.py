@@ -23,8 +23,8 @@ from celeryops.core.events import (
     DrainStarted,
     Event,
     Notice,
-    OverlapStep,
     PhaseChanged,
+    PoolStep,
     PreflightDone,
     RunFinished,
     RunFollowed,
@@ -105,7 +105,7 @@ def say(event: Event) -> Line | None:
         return ("ok" if event.exit_code == 0 else "error"), event.message
     if isinstance(event, Notice):
         return event.level, event.message
-    if isinstance(event, OverlapStep):
+    if isinstance(event, PoolStep):
         if event.step == "progress":  # shown by the screens and --json, not a line each time
             return None
         steps: dict[str, Level] = {"kept_both": "warning", "retiring": "warning", "cut_over": "ok", "retired": "ok",

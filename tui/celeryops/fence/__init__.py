@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from celeryops.fence import registry
     from celeryops.fence.control import COMMAND, FenceReply, fence_status
     from celeryops.fence.plugin import FenceConfig, FenceGuard, FenceStep, install
-    from celeryops.fence.record import ALL_QUEUES, CloudRunIdentity, FenceRecord, Hold, cloud_run_identity
+    from celeryops.fence.record import ALL_QUEUES, CloudRunIdentity, FenceRecord, Hold, cloud_run_identity, platform_of
     from celeryops.fence.registry import (
         PluginWorkerInfo,
         by_revision,
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
         plugin_workers,
         registry_key,
     )
+    from celeryops.fence.selfreport import WorkerReport
     from celeryops.fence.store import FenceConflict, FenceStore
 
 # name -> the submodule that defines it: imported on first use, so an operator process that needs the store or the
@@ -36,7 +37,8 @@ _LAZY = {
     "FenceGuard": "plugin", "FenceRecord": "record", "FenceReply": "control", "FenceStep": "plugin",
     "FenceStore": "store", "Hold": "record", "PluginWorkerInfo": "registry", "fence_status": "control",
     "install": "plugin", "plugin_workers": "registry", "registry_key": "registry", "heartbeat_states": "registry",
-    "listed_workers": "registry", "instances_by_revision": "registry",
+    "listed_workers": "registry", "instances_by_revision": "registry", "platform_of": "record",
+    "WorkerReport": "selfreport",
 }
 
 __all__ = [
@@ -52,6 +54,7 @@ __all__ = [
     "FenceStore",
     "Hold",
     "PluginWorkerInfo",
+    "WorkerReport",
     "by_revision",
     "cloud_run_identity",
     "fence_status",
@@ -59,6 +62,7 @@ __all__ = [
     "install",
     "instances_by_revision",
     "listed_workers",
+    "platform_of",
     "plugin_workers",
     "registry",
     "registry_key",

@@ -3,13 +3,21 @@
 How it hooks into Celery (checked against celery/worker/consumer): the step ``requires`` the Tasks step, so its
 ``start`` runs after the task consumer is created but before the event loop calls ``consume()``, and again after
 every broker reconnect. There it reads the fence and cancels the held queues (``c.cancel_task_queue``) before any
-fetch. Then:
+fetch. Then every ``interval`` the fence is read, the registry heartbeat written, and the consumer made to follow
+the latest decision in its own thread: fence holds -> keep the held queues cancelled; fence gone/expired/lifted or
+this worker exempt -> restore (``c.add_task_queue``) exactly the queues the plugin itself stopped, nothing else.
+Where that runs depends on the pool (:mod:`celeryops.core.forking`):
 
-- a daemon thread reads the fence and writes the registry heartbeat every ``interval`` (a thread, not the consumer
-  timer, because a solo-pool worker runs its task inside the event loop and its timer stalls meanwhile);
-- the consumer timer (``c.timer.call_repeatedly``) applies the latest decision in the consumer's own thread:
-  fence holds -> keep the held queues cancelled; fence gone/expired/lifted or this worker exempt -> restore
-  (``c.add_task_queue``) exactly the queues the plugin itself stopped, nothing else.
+- a pool that forks (prefork): everything on the consumer's timer (``c.timer.call_repeatedly``, the hub's timer), so
+  that no thread of the plugin is alive when the pool forks a child; only while the consumer reconnects to the broker
+  (its loop stopped, and no child forked until it runs again) does a thread keep the heartbeat, stopped before the
+  loop resumes. A Redis that does not answer is tried again 2, 4, then every 8 intervals;
+- a pool that runs tasks in the worker's process (solo, threads, green): a daemon thread reads the fence and
+  heartbeats (a solo-pool worker runs its task inside the event loop and its timer stalls meanwhile), and the timer
+  applies the decision.
+
+Every Redis call is bounded for the event loop: a connection within 1 s, a reply within 0.5 s, no retry after a
+timeout (:data:`celeryops.core.forking.LOOP_REPLY_TIMEOUT`).
 
 Redis unreachable (safe behaviour): the plugin keeps the last decision it could read and logs an error (again every
 30 s) until Redis answers. If it has never been able to read the fence (Redis down at worker start), it holds every
@@ -32,13 +40,17 @@ from celery import Celery, bootsteps
 from celery.exceptions import ImproperlyConfigured
 from celery.utils.log import get_logger
 from kombu.entity import Queue
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
+from celeryops.core.forking import LOOP_CONNECT_TIMEOUT, LOOP_REPLY_TIMEOUT, pool_forks
 from celeryops.core.instance import connect_rename, instance_id
 from celeryops.core.masking import mask_text, mask_url
 from celeryops.core.namespace import fleet_name
 from celeryops.fence import registry
 from celeryops.fence.control import CONSUMER_ATTR, register_command
 from celeryops.fence.record import FEATURES, UNKNOWN_HOLD, Hold, cloud_run_identity
+from celeryops.fence.selfreport import STATS_KEY, SelfReport
 from celeryops.fence.store import FenceStore
 
 logger: logging.Logger = get_logger(__name__)
@@ -47,6 +59,10 @@ ENV_REDIS_URL = "CELERYOPS_FENCE_REDIS_URL"
 ENV_VERSION = "CELERYOPS_VERSION"
 ERROR_LOG_EVERY = 30.0
 PRUNE_EVERY_BEATS = 100
+# the longest a round of the thread takes to end once told to: a fence read and a heartbeat's three writes, each
+# bounded (a connection, then a reply)
+THREAD_JOIN = 4 * (LOOP_CONNECT_TIMEOUT + LOOP_REPLY_TIMEOUT) + 1.0
+BACKOFF_MAX = 8  # on the event loop, a fence Redis that does not answer is tried again 2, 4, then 8 intervals later
 
 
 @dataclass(frozen=True)
@@ -93,8 +109,11 @@ class FenceGuard:
         self.fleet = fleet_name(config.fleet)
         self.registry_ttl = config.registry_ttl or max(30.0, 5 * self.interval)
         self.redis_url = redis_url
-        timeout = min(config.redis_timeout, max(1.0, self.interval))  # a slow reply is not a lost fence
-        self.client = redis.Redis.from_url(redis_url, socket_connect_timeout=timeout, socket_timeout=timeout)
+        self.on_loop = pool_forks(getattr(consumer, "pool", None))  # no thread of ours where the pool forks
+        self.client = redis.Redis.from_url(  # bounded: also read from the event loop
+            redis_url, socket_connect_timeout=min(config.redis_timeout, LOOP_CONNECT_TIMEOUT),
+            socket_timeout=min(config.redis_timeout, LOOP_REPLY_TIMEOUT),
+            retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)))
         self.store = FenceStore(self.client, self.fleet)
         self._hold: Hold | None = None
         self._known = False  # the fence has been read at least once
@@ -111,10 +130,15 @@ class FenceGuard:
         self._tref: Any = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._doctor: SelfReport | None = None  # what `celeryops doctor` reads from inside (made at first status)
+        self._fails = 0  # fence reads that failed in a row (on the event loop)
+        self._next_try = 0.0
 
     # --- consumer bootstep hooks (consumer thread) ---
 
     def on_consumer_start(self) -> None:
+        if self.on_loop:
+            self._stop_thread()  # the one that beat while the consumer reconnected: the loop runs again
         self._consumer_starts += 1
         self.refresh()
         if not self._known and self.config.hold_if_unknown:
@@ -122,21 +146,21 @@ class FenceGuard:
         if self._consumer_starts > 1:
             self._keep_after_reconnect()
         self.apply()
-        self._tref = self.c.timer.call_repeatedly(self.interval, self._tick)
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="celeryops-fence", daemon=True)
-            self._thread.start()
+        self._tref = self.c.timer.call_repeatedly(self.interval, self._check if self.on_loop else self._tick)
+        if not self.on_loop:
+            self._start_thread()
 
-    def on_consumer_stop(self) -> None:
+    def on_consumer_stop(self, restarting: bool = False) -> None:
+        """``restarting``: the consumer lost the broker and reconnects; its loop (and so the timer) stops meanwhile."""
         tref, self._tref = self._tref, None
         if tref is not None:
             tref.cancel()
+        if restarting and self.on_loop:
+            self._start_thread()  # no child is forked before the loop runs again, and the next start stops it
 
     def shutdown(self) -> None:
         self.on_consumer_stop()
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=max(2.0, self.interval + self.config.redis_timeout))
+        self._stop_thread()
         try:
             registry.remove(self.client, self.fleet, self._field or self.hostname)
         except redis.RedisError:
@@ -161,6 +185,36 @@ class FenceGuard:
             self.c.app.amqp.queues.select_add(queue)
             self.c.add_task_queue(name)
             logger.warning("celeryops fence: queue %s was dropped by the broker reconnect: consuming it again", name)
+
+    def _start_thread(self) -> None:
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="celeryops-fence", daemon=True)
+            self._thread.start()
+
+    def _stop_thread(self) -> None:
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._stop.set()
+            thread.join(timeout=THREAD_JOIN)
+
+    def _check(self) -> None:
+        """The timer's fence check where the pool forks, in the consumer's thread: read the fence and beat (a Redis
+        that did not answer is tried again after 2, 4, then 8 intervals, so a hung one costs the loop little), then
+        apply the decision."""
+        try:
+            if time.monotonic() >= self._next_try:
+                self.refresh()
+                if self._readable:
+                    self._fails = 0
+                    self.beat()
+                else:
+                    self._fails += 1
+                    self._beats += 1  # a beat that could not be written, as the thread counts it
+                    self._next_try = time.monotonic() + self.interval * (min(2 ** self._fails, BACKOFF_MAX) - 0.5)
+        except Exception:  # never let the fence take the consumer down
+            logger.exception("celeryops fence: the fence check failed on %s", self.hostname)
+        self._tick()
 
     def _tick(self) -> None:
         if self.c.hub is not None:  # the hub's timer runs in the consumer thread
@@ -248,6 +302,8 @@ class FenceGuard:
     def _run(self) -> None:
         while not self._stop.is_set():
             self.refresh()
+            if self._stop.is_set():
+                break
             self.beat()
             if self._stop.wait(self.interval):
                 break
@@ -266,7 +322,17 @@ class FenceGuard:
             "fence_readable": self._readable, "interval": self.interval, "beats": self._beats,
             "consumer_starts": self._consumer_starts, "features": list(FEATURES),
             "instance_id": self.instance.value, "instance_source": self.instance.source,
+            "doctor": self.doctor_report(),
         }
+
+    def doctor_report(self) -> dict[str, Any]:
+        """What `celeryops doctor` reads from inside this worker (:mod:`celeryops.fence.selfreport`)."""
+        try:
+            if self._doctor is None:
+                self._doctor = SelfReport(self.c)
+            return self._doctor.snapshot()
+        except Exception:  # a report never takes the plugin down
+            return {}
 
     def beat(self) -> None:
         self._beats += 1
@@ -308,8 +374,13 @@ class FenceStep(bootsteps.StartStopStep):  # type: ignore[misc]
     def start(self, c: Any) -> None:
         self.guard.on_consumer_start()
 
+    def info(self, c: Any) -> dict[str, Any]:
+        """Added to the worker's ``inspect stats`` reply: what `celeryops doctor` reads from inside this worker."""
+        return {STATS_KEY: self.guard.doctor_report()}
+
     def stop(self, c: Any) -> None:
-        self.guard.on_consumer_stop()
+        # still RUN: the consumer restarts after losing the broker (a shutdown has set CLOSE before stopping steps)
+        self.guard.on_consumer_stop(restarting=getattr(c.blueprint, "state", None) == bootsteps.RUN)
 
     def shutdown(self, c: Any) -> None:
         self.guard.shutdown()

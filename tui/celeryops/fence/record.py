@@ -51,6 +51,24 @@ def cloud_run_identity(environ: Mapping[str, str]) -> CloudRunIdentity:
     return CloudRunIdentity()
 
 
+#: Where a worker runs, as the doctor needs it (each has its own grace between SIGTERM and SIGKILL): a Cloud Run
+#: service or worker pool (10 s), Kubernetes (the pod's terminationGracePeriodSeconds), or ``""``: not recognised.
+Platform = Literal["cloudrun-service", "cloudrun-worker-pool", "kubernetes", ""]
+ENV_KUBERNETES = "KUBERNETES_SERVICE_HOST"
+
+
+def platform_of(environ: Mapping[str, str]) -> Platform:
+    """The platform the environment says: ``CLOUD_RUN_WORKER_POOL`` (a worker pool), ``K_SERVICE`` (a service),
+    ``KUBERNETES_SERVICE_HOST`` (any pod); ``""`` when none is set."""
+    if environ.get(ENV_POOL):
+        return "cloudrun-worker-pool"
+    if environ.get(ENV_SERVICE):
+        return "cloudrun-service"
+    if environ.get(ENV_KUBERNETES):
+        return "kubernetes"
+    return ""
+
+
 @dataclass(frozen=True)
 class FenceRecord:
     """One fence as stored in Redis. Timestamps are Redis TIME (seconds); ``ttl`` is the remaining life in seconds

@@ -5,7 +5,8 @@ daemon thread, so it keeps beating while a solo-pool worker is busy with a task 
 An entry counts while ``expires_at`` (Redis TIME) is in the future; readers only read (watch mode writes nothing),
 workers prune entries that expired long ago. Each entry records the worker's Cloud Run revision and where it runs
 (a worker pool or a service, and its name), so the operator's side tells an old revision's workers from a new
-one's (:func:`by_revision`), and the container instance it runs in (``instance_id``).
+one's (:func:`by_revision`), the container instance it runs in (``instance_id``), and what it tells
+``celeryops doctor`` about itself (``report``: :mod:`celeryops.fence.selfreport`).
 
 Two instances that share a node name (plain ``celery@localhost`` on Cloud Run with a plugin too old to rename it,
 or one ``-n`` given to several workers) do not collapse into one entry: the second one writes its entry under
@@ -24,6 +25,7 @@ import redis
 
 from celeryops.core.namespace import fleet_key, fleet_name
 from celeryops.fence.record import CloudRunKind, decode
+from celeryops.fence.selfreport import WorkerReport
 
 PluginState = Literal["consuming", "held", "unknown"]
 
@@ -59,6 +61,7 @@ class PluginWorkerInfo:
     consumer_starts: int = 0
     features: tuple[str, ...] = ()  # what its plugin understands beyond the first fence record (record.FEATURES)
     instance_id: str = ""  # the container instance it runs in (Cloud Run's metadata id, else random per start)
+    report: WorkerReport | None = None  # what it tells `celeryops doctor` about itself (None from older plugins)
 
     @property
     def held(self) -> bool:
@@ -99,6 +102,7 @@ class PluginWorkerInfo:
             consumer_starts=int(data.get("consumer_starts") or 0),
             features=tuple(str(f) for f in data.get("features") or ()),
             instance_id=str(data.get("instance_id") or ""),
+            report=WorkerReport.from_json(data.get("doctor")),
         )
 
 

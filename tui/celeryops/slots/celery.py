@@ -3,7 +3,7 @@
 Use::
 
     app = Celery(...)
-    celeryops.slots.install(app)                      # worker signals: totals at start, reap, heartbeat thread
+    celeryops.slots.install(app)                      # a consumer bootstep: totals at start, reap, heartbeat
 
     @app.task(base=SlotTask, slots={"cpu": 4, "gpu": 1})
     def infer(...): ...
@@ -19,7 +19,7 @@ A task that cannot get its slots never holds a worker process while it waits: it
 waiting entry carries the message that wakes it) and sent again with a countdown (default 10 s), and the worker moves
 on; the wait does not count against ``max_retries`` (the message is re-sent with the same retries), so it never
 gives up. Slots are work-conserving (the handoff): a release, or the reaping of an expired lease, hands the freed
-slots to the oldest parked task that now fits, in the same Lua script, and a waker thread of any worker of the pool
+slots to the oldest parked task that now fits, in the same Lua script, and the waker of any worker of the pool
 sends that task to the pool's wake queue (``celeryops.slots.<prefix>.<pool>``, which every worker of the pool
 consumes) at once. The countdown retry stays as the fallback for a lost wake-up (a worker killed with it, Redis
 restarted), spread by +-20 % and doubled at each new wait of the same task, up to 6x. Both copies carry the wait's
@@ -28,7 +28,7 @@ itself (``Ignore``), so a task runs once. ``CELERYOPS_SLOTS_HANDOFF=0``
 turns the handoff off (retries only).
 Slots are released in ``finally``; ``after_return`` is the safety net (skipping RETRY): it releases whatever the
 task's id still holds in this process, such as slots a task body acquired itself through ``runtime(app)`` (the
-seed's way) and never gave back. A heartbeat thread renews every lease every TTL/3; a lease found gone (expired and
+seed's way) and never gave back. A heartbeat renews every lease every TTL/3; a lease found gone (expired and
 reaped, or taken) is logged and, with ``on_lost="raise"``, ``LeaseLost`` is raised inside the task's thread.
 
 ``self.slot_devices`` is kept on the request (``self.request.slot_devices``), not on the task object: under the
@@ -36,14 +36,19 @@ threads pool one task object runs several requests at once, each with its own de
 
 Pools: a worker's CPU and GPU slots (every type not declared shared) are its host's: it contributes its host's
 totals (detected, or ``CELERYOPS_SLOTS_<TYPE>``) and GPU devices to the pool ``host:<host>`` for
-``CELERYOPS_SLOTS_HOST_TTL`` seconds, renewed by the same heartbeat thread (workers sharing a host name count once,
+``CELERYOPS_SLOTS_HOST_TTL`` seconds, renewed by the same heartbeat (workers sharing a host name count once,
 with their largest numbers). Shared types (``CELERYOPS_SLOTS_SHARED``) go to the global pool, whose total is the sum
 over the live hosts. A worker that stops takes its contributions out; one that is killed stops renewing and they
 expire. Leases are never revoked when a total shrinks: running tasks keep their slots, new acquires see the smaller
 total.
 
+The heartbeat and the wakers are threads where no fork follows (a prefork child, where its tasks run, renews their
+leases from a thread of its own; a solo or threads worker's process); in the main process of a worker whose pool
+forks, the worker's event loop runs them (``loop.py``), so that no thread of ours is alive when the pool forks a
+child (``celeryops.core.forking``).
+
 Worker-side settings (``CELERYOPS_SLOTS_*``) are described in ``settings.py``; the per-process state (leases held,
-heartbeat thread) is ``worker.SlotRuntime``. This module is the Celery glue: the task base, ``install`` and the
+heartbeat) is ``worker.SlotRuntime``. This module is the Celery glue: the task base, ``install`` and the
 process's runtime.
 """
 
@@ -64,8 +69,10 @@ from celery import Celery, Task, bootsteps, signals, states
 from celery.exceptions import Ignore, Retry
 from kombu import serialization
 
+from celeryops.core.forking import pool_forks
 from celeryops.core.instance import connect_rename
 from celeryops.slots.detect import DeviceId
+from celeryops.slots.loop import LoopDriver
 from celeryops.slots.settings import ENV_PREFIX, RESERVED, SlotSettings, settings_from_env
 from celeryops.slots.store import Park, Scope
 from celeryops.slots.worker import Dropped, Holding, LeaseLost, SlotRuntime, claim_window, wake_queue
@@ -104,9 +111,10 @@ def runtime(app: Celery) -> SlotRuntime:
 def install(app: Celery, *, totals: Mapping[str, int] | None = None, lease_ttl: float | None = None,
             redis_url: str | None = None, scope: Scope | None = None, shared: Iterable[str] | None = None,
             **options: Any) -> SlotSettings:
-    """Configure slots for ``app``'s workers (arguments win over ``CELERYOPS_SLOTS_*``) and connect the signals:
-    the host's contributions + reap at worker start (and a warning for task types that need what this host lacks),
-    heartbeat thread lifecycle, contributions withdrawn at shutdown. Returns the effective settings."""
+    """Configure slots for ``app``'s workers (arguments win over ``CELERYOPS_SLOTS_*``): a consumer bootstep
+    (:class:`WorkerSlots`: the host's contributions + reap at worker start, logged, with a warning for task types
+    that need what this host lacks; the heartbeat and the wakers) and the signals that withdraw the contributions
+    at shutdown. Returns the effective settings."""
     global _settings, _runtime
     settings = settings_from_env(totals=dict(totals or {}), lease_ttl=lease_ttl, redis_url=redis_url, scope=scope,
                                  shared=None if shared is None else list(shared))
@@ -115,41 +123,59 @@ def install(app: Celery, *, totals: Mapping[str, int] | None = None, lease_ttl: 
     _settings = settings
     _runtime = None
 
-    def on_init(sender: Any = None, **_: Any) -> None:
-        if getattr(sender, "app", app) is app:
-            rt = runtime(app)
-            rt.on_worker_start(str(getattr(sender, "hostname", "") or ""))
-            rt.warn_missing(static_needs(app))
-            rt.start_wakers(lambda pool, message: send_woken(app, message))
-
     def on_stop(**_: Any) -> None:
         if _runtime is not None and _runtime.pid == os.getpid():
             _runtime.on_worker_stop()
 
     connect_rename()  # on Cloud Run, celery@localhost becomes celery@<revision>.<instance> (as the fence does)
     uid = f"celeryops.slots.{id(app)}"
-    signals.worker_init.connect(on_init, weak=False, dispatch_uid=uid + ".init")
     signals.worker_shutdown.connect(on_stop, weak=False, dispatch_uid=uid + ".shutdown")
     signals.worker_process_shutdown.connect(on_stop, weak=False, dispatch_uid=uid + ".pshutdown")
-    if settings.handoff and not any(isinstance(s, type) and issubclass(s, WakeQueues) for s in app.steps["consumer"]):
-        app.steps["consumer"].add(WakeQueues)
+    if not any(isinstance(s, type) and issubclass(s, WorkerSlots) for s in app.steps["consumer"]):
+        app.steps["consumer"].add(WorkerSlots)
     return settings
 
 
-class WakeQueues(bootsteps.StartStopStep):  # type: ignore[misc]
-    """Consumer bootstep: the worker also consumes the wake queues of its pools (its host's, the global one with
-    shared types), where the waker threads send the tasks the handoff woke."""
+class WorkerSlots(bootsteps.StartStopStep):  # type: ignore[misc]
+    """Consumer bootstep: the slots in the worker's main process. At the first start (logging is set up by then, and
+    no task has been fetched yet) the host's contributions and the reap, with what was detected logged; then the
+    heartbeat and the wakers: threads where the pool runs tasks in this process (solo, threads), the worker's event
+    loop where the pool forks (:mod:`celeryops.slots.loop`: no thread of ours is alive when it forks a child). At
+    every start, the worker also consumes the wake queues of its pools (its host's, the global one with shared
+    types), where the wakers send the tasks the handoff woke."""
 
     requires = ("celery.worker.consumer.tasks:Tasks",)
 
+    def __init__(self, c: Any, **kwargs: Any) -> None:
+        super().__init__(c, **kwargs)
+        self.driver: LoopDriver | None = None
+        self.began = False
+
     def start(self, c: Any) -> None:
-        if _settings is None or not _settings.handoff:
+        app = c.app
+        rt = runtime(app)
+        if not self.began:
+            self.began = True
+            if pool_forks(c.pool):
+                rt.run_on_loop()
+                self.driver = LoopDriver(rt, c.timer, c.hub, lambda pool, message: send_woken(app, message))
+            rt.on_worker_start(str(c.hostname or ""))
+            rt.warn_missing(static_needs(app))
+            rt.start_wakers(lambda pool, message: send_woken(app, message))  # threads: not when the loop runs them
+        if self.driver is not None:
+            self.driver.start()
+        if not rt.settings.handoff:
             return
-        rt = runtime(c.app)
         for pool in rt.wake_pools():
             name = wake_queue(rt.settings, pool)
             if c.task_consumer is not None and not c.task_consumer.consuming_from(name):
                 c.add_task_queue(name)
+
+    def stop(self, c: Any) -> None:
+        if self.driver is not None:
+            self.driver.stop()
+
+    shutdown = stop
 
 
 def encode_message(sig: Any, serializer: str) -> str:

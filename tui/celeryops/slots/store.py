@@ -29,9 +29,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import redis
-from redis.backoff import ExponentialBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
+from celeryops.core.forking import LOOP_CONNECT_TIMEOUT, LOOP_REPLY_TIMEOUT
 from celeryops.core.untrusted import MalformedRecord
 from celeryops.slots import scripts
 from celeryops.slots.codec import (
@@ -113,8 +114,15 @@ class RenewResult:
         return self.status in ("renewed", "restored")
 
 
-def connect(url: str, *, timeout: float = 2.0) -> redis.Redis:
-    """A client that fails fast when Redis is unreachable (the fail-open/closed policy decides what happens)."""
+def connect(url: str, *, timeout: float = 2.0, on_loop: bool = False) -> redis.Redis:
+    """A client that fails fast when Redis is unreachable (the fail-open/closed policy decides what happens).
+    ``on_loop``: for calls made on a worker's event loop, bounded as :mod:`celeryops.core.forking` says (a connection
+    in LOOP_CONNECT_TIMEOUT, a reply in LOOP_REPLY_TIMEOUT, no retry after a timeout)."""
+    if on_loop:
+        return redis.Redis.from_url(
+            url, decode_responses=True, socket_connect_timeout=LOOP_CONNECT_TIMEOUT,
+            socket_timeout=LOOP_REPLY_TIMEOUT, retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
+        )
     return redis.Redis.from_url(
         url, decode_responses=True, socket_connect_timeout=timeout, socket_timeout=timeout,
         retry=Retry(ExponentialBackoff(cap=0.2, base=0.02), 2), health_check_interval=10,
@@ -278,6 +286,11 @@ class SlotStore:
         """The next message the handoff put on the wake list, waiting up to ``timeout`` seconds (BLPOP)."""
         got = self.client.blpop([self.wake_key], timeout=timeout)
         return None if got is None else as_text(got[1])  # type: ignore[index]
+
+    def take_wake(self) -> str | None:
+        """The next message on the wake list, if there is one now (LPOP: never waits)."""
+        got = self.client.lpop(self.wake_key)
+        return None if got is None else as_text(got)
 
     # -- reads ------------------------------------------------------------------------------------------------
     def snapshot(self, *, starvation_after: float | None = None) -> PoolSnapshot:

@@ -8,7 +8,8 @@ pool gives the host's slots and devices back at once). Acquire fails open (the t
 devices, registered once Redis is back) or closed (it waits), as the settings say. The heartbeat renews the
 worker's contributions (its host's totals and devices) and every lease every third of the shorter TTL; a lease
 found gone (expired and reaped, or taken) is logged and, with ``on_lost="raise"``, ``LeaseLost`` is raised inside
-the task's thread.
+the task's thread. The heartbeat and the wakers are threads of the process, except in the main process of a worker
+whose pool forks, where the worker's event loop runs them (``run_on_loop``, :mod:`celeryops.slots.loop`).
 """
 
 from __future__ import annotations
@@ -94,6 +95,19 @@ class SlotRuntime:
         self._wakers: list[threading.Thread] = []
         self._waker_stop = threading.Event()
         self.pid = os.getpid()
+        self.on_loop = False  # the worker's event loop drives the heartbeat and the wakers (``run_on_loop``)
+
+    def run_on_loop(self) -> None:
+        """This process forks the worker's pool (the main process of a prefork worker), so no thread of ours may run
+        in it (:mod:`celeryops.core.forking`): the worker's event loop drives the heartbeat and the wakers
+        (:mod:`celeryops.slots.loop`) and this runtime starts no thread; its Redis calls are bounded for the loop."""
+        if self.on_loop:
+            return
+        old, self.on_loop = self.client, True
+        self.client = connect(self.redis_url, on_loop=True)
+        self.stores.clear()
+        self.store = self.store_for(self.settings.pool)
+        old.close()
 
     def store_for(self, pool: str) -> SlotStore:
         store = self.stores.get(pool)
@@ -175,7 +189,7 @@ class SlotRuntime:
         expired while requests wait (a killed holder's slots go to the next waiting task within moments of the
         expiry). Any worker of the pool may send any woken task; one that dies with a message popped leaves it to
         the task's fallback retry."""
-        if self._wakers or not self.settings.handoff:
+        if self._wakers or not self.settings.handoff or self.on_loop:
             return
         self._waker_stop.clear()
         for pool in self.wake_pools():
@@ -235,6 +249,8 @@ class SlotRuntime:
                             "within %ss", self.settings.host, pool, exc, self.settings.contribution_ttl)
 
     def start_heartbeat(self) -> None:
+        if self.on_loop:  # the loop beats (slots.loop)
+            return
         with self._lock:
             if self._thread is not None and self._thread.is_alive():
                 return

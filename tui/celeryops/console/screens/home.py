@@ -68,6 +68,7 @@ class HomeScreen(FilteredScreen):
         yield self.status_bar()
         yield Static("", id="run-banner")
         yield DataTable(id="workers", cursor_type="row", zebra_stripes=True)
+        yield Static("", id="findings")
         with Horizontal(id="home-bottom"):
             yield DataTable(id="queues", cursor_type="row")
             with Vertical(id="gauges"):
@@ -87,6 +88,7 @@ class HomeScreen(FilteredScreen):
         for key, label in (("name", "Queue"), ("depth", "Waiting"), ("consumers", "Consumers")):
             queues.add_column(Text(label), key=key)  # as a str would be, without loading Rich's emoji table
         self.query_one("#gauges").border_title = "Slots"
+        self.query_one("#findings").display = False
         self.hide_filter_box()
         self.set_interval(1.0, self._tick)  # the run's countdown and age move between polls
         self.console.poll_now()
@@ -200,6 +202,7 @@ class HomeScreen(FilteredScreen):
                 f"{q.depth:,}", style="bold yellow" if q.depth > 1000 else "")
             rows.append((q.name, (q.name, depth, q.consumers)))
         refill(self.query_one("#queues", DataTable), rows)
+        self._render_findings()
         self._render_banner()
         unknown = sum(1 for w in view.workers if w.state == "unknown" and w.observed)
         waiting = sum(q.depth or 0 for q in view.queues)
@@ -210,6 +213,8 @@ class HomeScreen(FilteredScreen):
             hint.append(" · watch mode: workers listed, not asked, until a run is live", style="dim")
         hint.append(f" · {waiting:,} message{'' if waiting == 1 else 's'} waiting · {len(view.tasks)} task"
                     f"{'' if len(view.tasks) == 1 else 's'} held")
+        if view.findings:
+            hint.append(f" · {len(view.findings)} finding{'' if len(view.findings) == 1 else 's'}", style="yellow")
         safety = view.broker_safety
         if safety is not None:  # may the broker drop tasks (evicting policy) or lose them on a restart?
             style = {"ok": "dim", "warn": "yellow", "fail": "bold red"}.get(safety.status, "")
@@ -217,6 +222,22 @@ class HomeScreen(FilteredScreen):
         if needle:
             hint.append(f" · filter '{self.needle}': {len(shown)} shown", style="cyan")
         self.query_one("#hint", Static).update(hint)
+
+    def _render_findings(self) -> None:
+        """The doctor's findings and the live ones, one line each (the fix and the docs: `celeryops doctor`)."""
+        view = self.fleet
+        panel = self.query_one("#findings", Static)
+        panel.display = bool(view is not None and view.findings)
+        if view is None or not view.findings:
+            return
+        room = FINDING_LINES if not self.has_class("-short") else 2
+        shown = room if len(view.findings) <= room else room - 1  # the last line says how many more
+        panel.border_title = f"Findings ({len(view.findings)})"
+        panel.border_subtitle = view.findings_note or "the fixes: celeryops doctor"
+        lines = [finding_line(f) for f in view.findings[:shown]]
+        if len(view.findings) > shown:
+            lines.append(Text(f"… {len(view.findings) - shown} more: celeryops doctor", style="dim"))
+        panel.update(Text("\n").join(lines))  # one line each (home.tcss): the rest is `celeryops doctor`'s
 
     def on_resize(self) -> None:
         self.call_after_refresh(self._render_fleet)  # the queue column is fitted to the new width
@@ -244,6 +265,21 @@ class HomeScreen(FilteredScreen):
     def action_restore_again(self) -> None:
         if self.fleet is not None and self.fleet.stranded:
             self.console.confirm_restore_again(self.fleet.stranded)
+
+
+FINDING_LINES = 4  # findings listed on the home view (the rest: `celeryops doctor`)
+LIVE_FINDINGS = frozenset({"redelivered", "hoarding", "orphaned_task"})
+
+
+def finding_line(finding) -> Text:
+    """``shutdown_grace  w1, w2  on Cloud Run (service), a worker is SIGKILLed...`` on one line."""
+    text = Text()
+    text.append(f"{finding.id} ", style="bold red" if finding.id in LIVE_FINDINGS else "bold yellow")
+    who = ", ".join(finding.workers[:2]) + (" …" if len(finding.workers) > 2 else "")
+    if who:
+        text.append(f"{who}  ", style="cyan")
+    text.append(finding.what)
+    return text
 
 
 def interrupted_text(run: RunSummary, now: float) -> Text:

@@ -88,11 +88,13 @@ InstanceLauncher = Callable[[InstanceSpec], "InstanceHandle | None"]
 
 @dataclass(eq=False)
 class Instance:
-    """A started instance; ``taken_away``: when it was sent SIGTERM (None while it serves)."""
+    """A started instance; ``started``: when it was up (monotonic), ``taken_away``: when it was sent SIGTERM (None
+    while it serves)."""
 
     spec: InstanceSpec
     handle: InstanceHandle | None = None
     taken_away: float | None = None
+    started: float = field(default_factory=time.monotonic)
 
     @property
     def revision(self) -> str:
@@ -163,6 +165,16 @@ class InstanceSet:
 
     def counts(self, resource: str) -> dict[str, int]:
         return {rev: len(found) for rev, found in self.running(resource).items()}
+
+    def peak(self, resource: str) -> int:
+        """The most instances of ``resource`` that served at once (up and not yet taken away), over its history."""
+        changes = sorted([(i.started, 1) for i in self.of(resource)]
+                         + [(i.taken_away, -1) for i in self.of(resource) if i.taken_away is not None])
+        most = now = 0
+        for _, change in changes:  # at the same moment a take-away counts first
+            now += change
+            most = max(most, now)
+        return most
 
     def grow(self, resource: str, kind: InstanceKind, wanted: Mapping[str, int],
              image_of: Callable[[str], str]) -> list[Instance]:

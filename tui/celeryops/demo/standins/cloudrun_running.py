@@ -96,6 +96,12 @@ class RunningResources:
             full = self._find(name).name
         return self.instance_set.running(full)
 
+    def peak(self, name: str) -> int:
+        """The most instances of a resource (full or short name) that served at once, since it was created."""
+        with self._lock:
+            full = self._find(name).name
+        return self.instance_set.peak(full)
+
     def leaving(self, name: str) -> list[Instance]:
         """The resource's instances that were taken away (SIGTERM sent) and still run."""
         with self._lock:

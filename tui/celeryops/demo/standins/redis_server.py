@@ -68,6 +68,11 @@ class RedisServer:
         return self.url.rsplit("/", 1)[0] + f"/{db}"
 
     @property
+    def data_dir(self) -> Path:
+        """Where the server keeps its files (its log; its RDB and append-only files when persistence is on)."""
+        return self._dir
+
+    @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import redis
 
-from celeryops.core.errors import EXIT_PREFLIGHT, UserError
+from celeryops.core.errors import EXIT_BROKER, EXIT_PREFLIGHT, UserError
+from celeryops.core.masking import mask_text
 from celeryops.core.namespace import fleet_key
 from celeryops.ops.access.rules import Role
 
@@ -62,6 +63,18 @@ def user_of(client: redis.Redis) -> str:
     return str(client.connection_pool.connection_kwargs.get("username") or "default")
 
 
+def url_of(client: redis.Redis) -> str:
+    """The URL ``client`` connects to, its password masked: which Redis, as which user (the one given by --broker,
+    say, and not the one in $CELERY_BROKER_URL)."""
+    kw = client.connection_pool.connection_kwargs
+    user = str(kw.get("username") or "")
+    auth = f"{user}:***@" if kw.get("password") else (f"{user}@" if user else "")
+    if kw.get("path"):
+        return f"unix://{auth}{kw['path']}?db={kw.get('db', 0)}"
+    scheme = "rediss" if "ssl" in client.connection_pool.connection_class.__name__.lower() else "redis"
+    return f"{scheme}://{auth}{kw.get('host', 'localhost')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
+
+
 def missing(client: redis.Redis, needs: Sequence[Need]) -> list[Need]:
     """The needs ``client``'s user lacks (NOPERM). Raises ``redis.ConnectionError`` / ``TimeoutError`` when Redis
     does not answer."""
@@ -81,9 +94,11 @@ def missing(client: redis.Redis, needs: Sequence[Need]) -> list[Need]:
 class PermissionRefused(UserError):
     """The connected Redis user lacks a permission the command needs: refused before anything changed (exit 5)."""
 
-    def __init__(self, action: str, user: str, need: Need) -> None:
+    def __init__(self, action: str, user: str, need: Need, url: str = "") -> None:
+        at = f" at {url}" if url else ""
         super().__init__(
-            f"Refused to {action}: the Redis user {user!r} may not {need.what} (no permission for {need.permission}), "
+            f"Refused to {action}: the Redis user {user!r}{at} may not {need.what} (no permission for "
+            f"{need.permission}), "
             f"so nothing was stopped or changed; connect as a user with the {need.role} role (`celeryops acl "
             f"{need.role}` prints its ACL rules).", EXIT_PREFLIGHT)
         self.need = need
@@ -99,4 +114,35 @@ async def require(action: str, clients: Sequence[tuple[redis.Redis, Sequence[Nee
         except redis.RedisError:
             continue
         if lacking:
-            raise PermissionRefused(action, user_of(client), lacking[0])
+            raise PermissionRefused(action, user_of(client), lacking[0], url_of(client))
+
+
+class LoginRefused(UserError):
+    """Redis refused to log the user in (wrong password, unknown or disabled user): nothing was read or changed
+    (exit 4, as for a broker that cannot be reached)."""
+
+    def __init__(self, url: str, user: str, detail: str) -> None:
+        super().__init__(
+            f"Redis at {url} refused the login of user {user!r} ({mask_text(detail).rstrip('.')}): nothing was read "
+            "or changed; check that URL's user and password (a --broker URL is used as given, whatever "
+            "$CELERY_BROKER_URL says).", EXIT_BROKER)
+        self.url = url
+        self.user = user
+
+
+def refused_login(client: redis.Redis, exc: BaseException) -> LoginRefused | None:
+    """``exc`` as a :class:`LoginRefused` when it is Redis refusing ``client``'s login, else None."""
+    if isinstance(exc, redis.AuthenticationError):
+        return LoginRefused(url_of(client), user_of(client), str(exc) or type(exc).__name__)
+    return None
+
+
+def require_login(client: redis.Redis) -> None:
+    """Raise :class:`LoginRefused` when Redis refuses ``client``'s user (one PING); a Redis that does not answer,
+    or a user not allowed PING, is left to the command's own checks, which say so."""
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        refused = refused_login(client, exc)
+        if refused is not None:
+            raise refused from None

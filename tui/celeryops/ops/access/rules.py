@@ -67,11 +67,15 @@ WORKER_EXTRA = ("lpop", "blpop", "setex", "psetex", "getdel", "zrevrangebyscore"
                 "hincrbyfloat", "pexpireat", "expireat")
 
 
+PRIORITY_SEP = "\x06\x16"  # kombu: a queue's priority list is <queue><sep><priority> (transport option "sep")
+
+
 @dataclass(frozen=True)
 class KeySchema:
     """Where a fleet's keys live. ``queues``: the task queues (key patterns: a queue's priority lists are matched
-    by ``<queue>*``); ``db``: the broker's Redis database (in the fanout channel names); ``keyprefix``: kombu's
-    ``global_keyprefix``; ``control``: Celery's ``control_exchange``; ``results``: the result backend is this Redis."""
+    by ``<queue><priority_sep>[0-9]*``, kombu's ``<queue>\x06\x16<priority step>``); ``db``: the broker's Redis
+    database (in the fanout channel names); ``keyprefix``: kombu's ``global_keyprefix``; ``control``: Celery's
+    ``control_exchange``; ``results``: the result backend is this Redis."""
 
     fleet: str = "default"
     queues: tuple[str, ...] = ("celery",)
@@ -81,6 +85,7 @@ class KeySchema:
     events: str = "celeryev"
     slots_prefix: str = "resource"
     results: bool = False
+    priority_sep: str = PRIORITY_SEP
     extra: tuple[str, ...] = field(default=())
 
     def ours(self, *parts: str) -> str:
@@ -109,22 +114,32 @@ def _commands(*groups: Sequence[str]) -> list[str]:
 
 
 ROUND_REPLIES = "celeryops.*.reply"  # the reply lists of celeryops' remote-control rounds (adapters/pidround.py)
-PRIORITY_SEP = "\x06\x16"  # kombu: a queue's priority list is <queue><sep><priority>
 
 
-def quote(rule: str) -> str:
-    """``rule`` as redis-cli reads it: in double quotes with ``\\xHH`` escapes when it holds a control character
-    (a queue's priority lists), else as it is."""
-    if rule.isprintable() and '"' not in rule and " " not in rule:
-        return rule
-    body = "".join(c if c.isprintable() and c not in '"\\' else f"\\x{ord(c):02x}" for c in rule)
-    return f'"{body}"'
+#: A byte that is neither a control character, a space nor outside ASCII: one that survives an unquoted ``$(...)``
+#: in bash and zsh as it is. Every other byte of a rule is spelled :data:`ODD_BYTE` on the printed line.
+GRAPHIC = range(0x21, 0x7F)
+#: A Redis glob for one byte that is not in :data:`GRAPHIC` (``[^!-~]``): it covers a control character (kombu's
+#: priority separator ``\x06\x16``) without writing it, and no letter, digit or punctuation.
+ODD_BYTE = "[^!-~]"
+
+
+def shell_word(rule: str) -> str:
+    """``rule`` spelled for a shell: the same Redis pattern, but each byte that is a control character, a space or
+    not ASCII (a queue's priority lists: ``<queue>\x06\x16[0-9]*``) written :data:`ODD_BYTE`. Such a word holds no
+    character that an unquoted ``$(...)`` splits on (bash and zsh) or drops from an argument, and redis-cli reads
+    it as it is too. It matches what the rule matches, and besides only names with bytes of the same kind in those
+    places (``celery[^!-~][^!-~][0-9]*``: ``celery`` then two such bytes then a digit), which Celery, kombu and
+    celeryops never make."""
+    return "".join(chr(b) if b in GRAPHIC else ODD_BYTE for b in rule.encode())
 
 
 def rules(role: Role, schema: KeySchema = KeySchema()) -> str:
-    """One line of ACL rules for ``role``, to follow ``ACL SETUSER <name> on ><password>`` in redis-cli. It starts
-    by taking away whatever the user had (``resetkeys resetchannels -@all``), so the line can be applied again."""
-    return " ".join(quote(r) for r in rule_args(role, schema))
+    """One line of ACL rules for ``role``, to follow ``ACL SETUSER <name> on ><password>`` in a shell (an unquoted
+    ``$(celeryops acl ROLE)``) or in redis-cli (:func:`shell_word`; :func:`rule_args` has the exact rules). It
+    starts by taking away whatever the user had (``resetkeys resetchannels -@all``), so the line can be applied
+    again."""
+    return " ".join(shell_word(r) for r in rule_args(role, schema))
 
 
 def rule_args(role: Role, schema: KeySchema = KeySchema()) -> list[str]:
@@ -133,7 +148,7 @@ def rule_args(role: Role, schema: KeySchema = KeySchema()) -> list[str]:
     ours_all = s.ours("*")
     # A queue is its own key plus its priority lists: never "<queue>*", which for "celery" would match celeryops'
     # own keys too.
-    queues = [k for q in s.queues for k in (s.kombu(q), s.kombu(q) + PRIORITY_SEP + "*")]
+    queues = [k for q in s.queues for k in (s.kombu(q), s.kombu(q) + s.priority_sep + "[0-9]*")]
     # The slot pools' wake queues (celeryops.slots.<prefix>.<pool>, with their priority lists): every worker of a
     # pool consumes its pool's, so they are task queues like the others (the watcher and operator read their depth).
     queues.append(s.kombu(f"celeryops.slots.{s.slots_prefix}.*"))

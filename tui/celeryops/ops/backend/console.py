@@ -37,7 +37,7 @@ from celeryops.core.events import (
     RunPhase,
 )
 from celeryops.core.masking import mask_text
-from celeryops.ops.access.probe import PermissionRefused, missing, user_of, watcher_needs
+from celeryops.ops.access.probe import PermissionRefused, missing, url_of, user_of, watcher_needs
 from celeryops.ops.backend.history import local_runs, local_timeline, merge_runs
 from celeryops.ops.backend.releases import list_releases
 from celeryops.ops.backend.snapshots import Snapshots
@@ -148,6 +148,7 @@ class OpsBackend:
                 await task
 
     def close_sync(self) -> None:
+        self.snapshots.close()
         self.wiring.close()
 
     # -- views (read-only) -----------------------------------------------------------------------------------------
@@ -240,9 +241,13 @@ class OpsBackend:
         self._refuse_if_running()
         targets = self.targets if self.targets is not None else self.config.targets
         live = self._new_live("deploy", release, on_event)
-        if targets:
-            live.decisions = strategy_of_targets(targets).decisions
-        self._begin(live, lambda s: s.deploy(release, targets))
+
+        async def deploy(session: RunSession) -> object:
+            if targets:  # (an unknown strategy is the run's failure: its sentence on the preflight's screen)
+                live.decisions = strategy_of_targets(targets).decisions
+            return await session.deploy(release, targets)
+
+        self._begin(live, deploy)
 
     async def start_rollback(self, run_id: str | None, on_event: EventSink) -> None:
         self._writable("start a rollback")
@@ -343,6 +348,7 @@ def open_backend(app: Celery, config: Config, *, read_only: bool, fleet_display:
     if state_dir is not None:
         config = dataclasses.replace(config, state_dir=state_dir)
     wiring = wire(app, config, read_only=read_only, client_name=None if read_only else CONSOLE_CLIENT_NAME)
+    wiring.require_login()
     if read_only and wiring.coord is not None:
         _require_watcher(wiring)
     return OpsBackend(wiring, read_only=read_only, fleet_display=fleet_display, drain=drain, targets=targets,
@@ -361,4 +367,4 @@ def _require_watcher(wiring: Wiring) -> None:
         return
     if lacking:
         wiring.close()
-        raise PermissionRefused("watch the fleet", user_of(wiring.coord), lacking[0])
+        raise PermissionRefused("watch the fleet", user_of(wiring.coord), lacking[0], url_of(wiring.coord))

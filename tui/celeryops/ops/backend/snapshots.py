@@ -14,9 +14,11 @@ from typing import TYPE_CHECKING
 
 import redis
 
+from celeryops.core.config import DEFAULT_STRATEGY
 from celeryops.core.events import DrainProgress
 from celeryops.core.untrusted import MalformedRecord
 from celeryops.ops.backend import views
+from celeryops.ops.backend.findings import FleetFindings
 from celeryops.ops.backend.watch import live_status, published_progress, summary_from_status
 from celeryops.ops.fleetwide.brokersafety import assess_all, safety_targets
 from celeryops.ops.fleetwide.lease import LeaseInfo, read_lease
@@ -24,13 +26,21 @@ from celeryops.ops.fleetwide.publish import PublishedStatus
 from celeryops.ops.journal import ALL_WORKERS, FleetStore, Run
 from celeryops.ops.run.interrupted import RunHolder, holder_of
 from celeryops.ops.run.stranded import stranded
-from celeryops.ops.run.strategies import STRATEGIES
-from celeryops.ops.run.wiring import Wiring
 
 SAFETY_EVERY = 30.0  # seconds between two reads of the broker's eviction policy and persistence
 
 if TYPE_CHECKING:
+    from celeryops.ops.run.wiring import Wiring
     from celeryops.slots.snapshot import PoolSnapshot, Snapshot
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What the polls of :class:`Snapshots` go on from: every queue seen so far, and each slot resource's history
+    (the sparkline's usage values, oldest first). A first look read elsewhere hands them to the console's own."""
+
+    queues: frozenset[str] = frozenset()
+    history: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
 @dataclass
@@ -40,10 +50,33 @@ class Snapshots:
     read_only: bool = False  # watch mode: between runs, list the workers from cheap reads, broadcast nothing
     _history: dict[str, deque[int]] = field(default_factory=dict)
     _safety: tuple[float, views.BrokerSafetyView | None] | None = None  # (read at, view): read again after SAFETY_EVERY
+    _findings: FleetFindings | None = None  # the doctor's findings and the live ones (made at the first poll)
+
+    @property
+    def findings(self) -> FleetFindings:
+        if self._findings is None:
+            self._findings = FleetFindings(self.wiring, read_only=self.read_only)
+        return self._findings
+
+    def seen(self) -> Seen:
+        return Seen(frozenset(self.queues), tuple((key, tuple(values)) for key, values in self._history.items()))
+
+    def go_on_from(self, seen: Seen) -> None:
+        """Go on from what another reader of this fleet saw before this one's first poll (a first look)."""
+        self.queues |= seen.queues
+        for key, values in seen.history:
+            mine = self._history.get(key, ())
+            self._history[key] = deque((*values, *mine), maxlen=60)
 
     async def fleet(self, own: views.RunSummary | None, own_progress: DrainProgress | None) -> views.FleetView:
         view = await self._fleet(own, own_progress)
-        return dataclasses.replace(view, broker_safety=await self.broker_safety())
+        found, note = await self.findings.current()
+        return dataclasses.replace(view, broker_safety=await self.broker_safety(), findings=found,
+                                   findings_note=note)
+
+    def close(self) -> None:
+        if self._findings is not None:
+            self._findings.close()
 
     async def broker_safety(self) -> views.BrokerSafetyView | None:
         """The broker's safety (eviction policy, persistence), read at most every ``SAFETY_EVERY`` seconds: reads
@@ -86,6 +119,8 @@ class Snapshots:
         if latest is not None:
             self.queues.update(run_queues(latest))
         obs = await fleet.observe(await fleet.members())
+        gone = {name for name, live in (await fleet.heartbeats()).items() if not live}
+        self.findings.observe(obs, gone)
         workers = tuple(views.WorkerView(w.name, w.state, w.queues, w.active, w.reserved, w.scheduled, w.plugin)
                         for w in obs.workers.values())
         lost = stranded(latest, {w.name: w.queues for w in obs.workers.values() if w.replied})
@@ -119,6 +154,7 @@ class Snapshots:
                                interrupted=interrupted)
 
     async def _from_progress(self, progress: DrainProgress, run: views.RunSummary | None) -> views.FleetView:
+        self.findings.observe_progress(progress)
         workers = tuple(views.WorkerView(w.name, w.state, w.queues, w.active, w.reserved, w.scheduled, w.plugin)
                         for w in progress.workers.values())
         return views.FleetView(workers=workers, queues=await self._queue_views(workers), tasks=progress.tasks, run=run)
@@ -221,8 +257,10 @@ class Snapshots:
 
     @staticmethod
     def _recovery_view(opened: OpenRun) -> views.RunView:
+        from celeryops.ops.run.strategies import STRATEGIES  # with the first interrupted run: not on every start
+
         run, holder = opened.run, opened.holder
-        strategy = STRATEGIES.get(run.strategy) or STRATEGIES["drain"]  # a newer version's: the drain's rules
+        strategy = STRATEGIES.get(run.strategy) or STRATEGIES[DEFAULT_STRATEGY]  # a newer version's: the default's
         decided = strategy.recovery_plan(run, None)
         choices = [views.RecoveryChoice(c.action, c.label, c.detail) for c in strategy.choices(run, decided)]
         stopped = {w: qs for w, qs in run.stopped_consumers().items() if w != ALL_WORKERS}

@@ -13,18 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Literal, TypeAlias
+from typing import TYPE_CHECKING, Literal, TypeAlias
 
-from celeryops.adapters.deploy.base import (
-    ConditionChanged,
-    RevisionCreated,
-    RolloutEvent,
-    RolloutReady,
-    RolloutStarted,
-    RouteStarted,
-    short_revision,
-)
-from celeryops.core.events import Event, RunKind, RunPhase, TaskInfo, WorkerState
+from celeryops.core.events import Event, Finding, RunKind, RunPhase, TaskInfo, WorkerState
+
+if TYPE_CHECKING:  # the rollout events load with the first one: the console's first fleet needs none of them
+    from celeryops.adapters.deploy.base import RolloutEvent
 
 RolloutState = Literal["pending", "creating", "rolling", "ready", "failed"]
 ImageState = Literal["exists", "missing", "unknown", "none"]
@@ -101,6 +95,9 @@ class FleetView:
     interrupted: RunView | None = None
     stranded: tuple[StrandedWorker, ...] = ()
     broker_safety: BrokerSafetyView | None = None  # None: not read (yet)
+    # `celeryops doctor`'s findings (worker settings, read every minute) and what the console saw happen (live)
+    findings: tuple[Finding, ...] = ()
+    findings_note: str = ""  # where the findings come from, when it is not the whole story (watch mode)
 
 
 @dataclass(frozen=True)
@@ -318,6 +315,15 @@ class DeployTarget:
 
 def fold_rollout(current: DeployTarget | None, event: RolloutEvent) -> DeployTarget:
     """The target's row after one rollout event (typed: nothing is read from the event's text)."""
+    from celeryops.adapters.deploy.base import (
+        ConditionChanged,
+        RevisionCreated,
+        RolloutReady,
+        RolloutStarted,
+        RouteStarted,
+        short_revision,
+    )
+
     row = current or DeployTarget(event.target)
     if isinstance(event, RolloutStarted):
         return replace(row, state="creating", message=event.detail)

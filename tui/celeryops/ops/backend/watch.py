@@ -11,7 +11,6 @@ from celeryops.core.events import DrainProgress, Notice, PhaseChanged, RunFollow
 from celeryops.core.masking import mask_text
 from celeryops.core.untrusted import MalformedRecord
 from celeryops.ops.backend.views import EventSink, RunSummary
-from celeryops.ops.fleetwide.decode import decode, progress_from_json
 from celeryops.ops.fleetwide.lease import read_lease
 from celeryops.ops.fleetwide.publish import PublishedStatus, read_events, read_status
 from celeryops.ops.journal import TERMINAL_PHASES
@@ -29,6 +28,8 @@ def live_status(coord: redis.Redis, fleet: str) -> PublishedStatus | None:
 
 
 def summary_from_status(status: PublishedStatus, progress: DrainProgress | None) -> RunSummary:
+    from celeryops.ops.fleetwide.decode import decode  # with a published run: not on every console start
+
     phase = decode("phase", {"phase": status.phase})
     return RunSummary(run_id=status.run_id, kind=status.run_kind,
                       phase=phase.phase if isinstance(phase, PhaseChanged) else "draining",
@@ -39,12 +40,16 @@ def summary_from_status(status: PublishedStatus, progress: DrainProgress | None)
 
 
 def published_progress(status: PublishedStatus) -> DrainProgress | None:
+    from celeryops.ops.fleetwide.decode import progress_from_json
+
     return progress_from_json(status.progress) if status.progress else None
 
 
 async def follow(coord: redis.Redis, fleet: str, on_event: EventSink, interval: float) -> None:
     """Stream the fleet's current run to ``on_event`` until cancelled: a ``RunFollowed`` when a new run appears,
     then its published events in order (a phase repeated back to back is sent once)."""
+    from celeryops.ops.fleetwide.decode import decode
+
     run_id: str | None = None
     last: str | None = None
     phase: str | None = None

@@ -28,8 +28,8 @@ from celeryops.core.events import (
     Event,
     FleetBack,
     Notice,
-    OverlapStep,
     PhaseChanged,
+    PoolStep,
     PreflightDone,
     RunFinished,
     StageStarted,
@@ -96,9 +96,9 @@ def _finished(data: Data) -> Event:
                          message=str(data.get("message", "")))
 
 
-def _overlap(data: Data) -> OverlapStep:
+def _overlap(data: Data) -> PoolStep:
     completed, rate = data.get("completed"), data.get("rate")
-    return OverlapStep(step=data["step"], target=str(data.get("target", "")),
+    return PoolStep(step=data["step"], target=str(data.get("target", "")),
                        old_revision=str(data.get("old_revision", "")), new_revision=str(data.get("new_revision", "")),
                        instances={str(r): int(n) for r, n in (data.get("instances") or {}).items()},
                        split={str(r): int(p) for r, p in (data.get("split") or {}).items()},

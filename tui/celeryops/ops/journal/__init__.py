@@ -36,6 +36,7 @@ from celeryops.ops.journal.model import (
     UnknownRun,
     consumers_text,
     new_run_id,
+    queue_json,
 )
 from celeryops.ops.journal.reading import newest, unconfirmed_restore
 
@@ -73,5 +74,6 @@ __all__ = [
     "merge_open",
     "new_run_id",
     "newest",
+    "queue_json",
     "unconfirmed_restore",
 ]

@@ -1,5 +1,6 @@
 """The fleet's preflight checks, the same for a drain and a deploy, in the console and headless:
-the broker answers, every known worker replies, no other run holds the fleet, the workers run the fence plugin."""
+the broker answers, every known worker replies, no other run holds the fleet, the workers run the fence plugin, and
+no worker setting loses or duplicates work (``celeryops doctor``: one warning per finding)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from celeryops.ops.preflight.brokersafety import broker_safety_check, safety_tar
 from celeryops.ops.preflight.checks import fence_plugin_check
 from celeryops.ops.preflight.framework import Check, CheckResult
 from celeryops.ops.preflight.nodenames import node_names_check
+from celeryops.ops.preflight.settings import settings_check
 
 #: Checks whose failure means the fleet cannot be reached at all (a drain exits 4 for these, as documented).
 UNREACHABLE = frozenset({"broker", "workers"})
@@ -96,7 +98,8 @@ def fleet_checks(fleet: Fleet, journal: Journal, coord: redis.Redis | None, flee
             Check("lease", "No other run holds the fleet", lease, timeout=10),
             fence_plugin_check(fleet.app, fleet_name, known=known),
             node_names_check(fleet.app),
-            broker_safety_check(safety_targets(fleet.redis(), fleet.display_url, coord))]
+            broker_safety_check(safety_targets(fleet.redis(), fleet.display_url, coord)),
+            settings_check(fleet, coord, fleet_name)]
 
 
 def _autoscale_step(coord: redis.Redis, fleet: str, run_id: str) -> bool:

@@ -33,6 +33,9 @@ class CheckResult:
     status: CheckStatus
     detail: str
     remedy: str = ""
+    # Results of their own that this check found (``celeryops doctor``'s findings: one warning per finding id), each
+    # reported and accepted by its own id after the check's own result, and listed after it in the report.
+    parts: tuple[CheckResult, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -134,8 +137,12 @@ async def run_check(
             result = CheckResult(check.id, check.title, "fail", f"{check.title} returned no result",
                                  "report this as a bug in the check")
         result = replace(result, id=check.id, title=check.title, detail=one_line(result.detail),
-                         remedy=one_line(result.remedy))
+                         remedy=one_line(result.remedy),
+                         parts=tuple(replace(p, detail=one_line(p.detail), remedy=one_line(p.remedy), parts=())
+                                     for p in result.parts))
     await _emit(on_event, CheckFinished(result))
+    for part in result.parts:
+        await _emit(on_event, CheckFinished(part))
     return result
 
 
@@ -147,4 +154,4 @@ async def run_checks(
     if len(set(ids)) != len(ids):
         raise ValueError(f"check ids must be unique: {ids}")
     results = await asyncio.gather(*(run_check(c, timeout, on_event) for c in checks))
-    return PreflightReport(tuple(results))
+    return PreflightReport(tuple(r for result in results for r in (result, *result.parts)))

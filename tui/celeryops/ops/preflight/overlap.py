@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from celery import Celery
 
 from celeryops.adapters.deploy.base import DeployError, PoolUpdate, RolloutState, role_for
-from celeryops.core.canary import canary_split
+from celeryops.core.canary import canary_split, run_peak
 from celeryops.core.config import Target
 from celeryops.ops.preflight.checks import MissingPermissions, permissions_check
 from celeryops.ops.preflight.framework import Check, CheckResult, one_line
@@ -84,10 +84,12 @@ def overlap_checks(target: Target, read_pool: Callable[[], Awaitable[PoolView]],
         unset = "" if pool.state.instance_count_set else (
             f"{where} sets no scaling.manual_instance_count, which Cloud Run runs as 1 instance: celeryops counts 1 "
             "and sets it to 1 explicitly at the cutover; ")
+        judged = (f" ({pool.count + canary} instances while it is judged), as many as them if it is promoted"
+                  if canary else "")  # the promotion runs the overlap's peak: the highest is named
         return CheckResult("traffic", "", "ok", f"{unset}all {pool.count} instance(s) of {where} run {pool.old}; the "
-                           f"{flow} runs {canary or pool.count} of {new_revision} beside them: "
-                           f"{pool.count + (canary or pool.count)} instances at the "
-                           f"peak (quota, cost), then back to {pool.count}")
+                           f"{flow} runs {canary or pool.count} of {new_revision} beside them{judged}: "
+                           f"{run_peak(pool.count, canary)} instances at the peak (quota, cost), then back to "
+                           f"{pool.count}")
 
     async def validated() -> CheckResult:
         pool = await read_pool()

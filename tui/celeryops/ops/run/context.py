@@ -93,6 +93,10 @@ class RunContext:
         settle it not ok, raised again)."""
         return await written_ahead(self.runner.journal, run_id, intent, payload, act, **how)
 
+    async def journaled(self, run_id: str) -> Run:
+        """Run ``run_id`` as the journal holds it now (its records so far)."""
+        return await self.runner.journal.aio.get(run_id)
+
     def detach(self) -> None:
         """The operator detaches from the run (the console): an interruption from now on leaves its consumers stopped
         and the run open for ``celeryops resume``."""

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 from celeryops.adapters.deploy import DeployError, Deployers
 from celeryops.adapters.deploy.base import (
@@ -19,9 +20,10 @@ from celeryops.adapters.deploy.base import (
 )
 from celeryops.core.config import Config, Target
 from celeryops.core.events import Event, Notice
-from celeryops.ops.journal import FleetStoreDown, Run
+from celeryops.ops.journal import DEPLOY_START, FleetStoreDown, Journal, Run
 from celeryops.ops.run.recovery import Rollout
 from celeryops.ops.run.runner import Runner
+from celeryops.ops.run.writeahead import written_ahead
 
 
 @dataclass
@@ -33,6 +35,28 @@ class DeployFailure:
     started: bool
     rollout: Rollout = "not_started"
     logs_url: str = ""
+
+
+async def start_target(journal: Journal, run_id: str, target: Target, read: Callable[[], Awaitable[RolloutState]],
+                       payload: Callable[[RolloutState], dict[str, Any]], act: Callable[[], Awaitable[DeployResult]], *,
+                       settle: Callable[[DeployResult], Mapping[str, Any]],
+                       outcome: Callable[[RolloutState], Awaitable[Rollout]]) -> DeployResult | DeployFailure:
+    """One target's update (a deploy, or a rollback's route): what it runs now ``read``, the start written ahead
+    (``deploy_start`` with ``payload(before)``), then ``act``. A failure is one :class:`DeployFailure`: not started (the
+    target unreadable, or the fleet's Redis refused the record), or started, with the target's real ``outcome``."""
+    try:
+        before = await read()
+    except DeployError as err:
+        return DeployFailure(target, str(err), started=False, logs_url=err.logs_url)
+    try:
+        return await written_ahead(journal, run_id, DEPLOY_START, payload(before), act, settle=settle)
+    except FleetStoreDown as err:  # not recorded where a teammate could recover it: not started
+        return DeployFailure(target, str(err), started=False)
+    except DeployError as err:
+        rollout: Rollout = "unknown"
+        with contextlib.suppress(Exception):
+            rollout = await outcome(before)
+        return DeployFailure(target, str(err), started=True, rollout=rollout, logs_url=err.logs_url)
 
 
 @dataclass
@@ -63,31 +87,23 @@ class Rollouts:
     async def deploy(self, run_id: str, targets: tuple[Target, ...], sha: str,
                      release: str) -> list[DeployResult] | DeployFailure:
         """Roll out every target in turn; the first failure stops (the caller applies the recovery rules)."""
-        journal = self.runner.journal.aio
         results: list[DeployResult] = []
         for target in targets:
-            deployer = self.deployer(target)
-            image = target.image_for(sha, release, release)
-            try:
-                before = await deployer.current(target)
-            except DeployError as err:
-                return DeployFailure(target, str(err), started=False, logs_url=err.logs_url)
-            try:
-                intent = await journal.intend_deploy(run_id, target=target.name, image=image,
-                                                     previous=before.to_dict())
-            except FleetStoreDown as err:  # not recorded where a teammate could recover it: not started
-                return DeployFailure(target, str(err), started=False)
-            try:
-                result = await deployer.deploy(target, image, self._progress, sha=sha, release=release)
-            except DeployError as err:
-                await journal.settle(intent, {"ok": False, "error": str(err)})
-                rollout: Rollout = "unknown"
-                with contextlib.suppress(Exception):
-                    rollout = await deployer.rollout_outcome(target, before, image)
-                return DeployFailure(target, str(err), started=True, rollout=rollout, logs_url=err.logs_url)
-            await journal.settle(intent, {"ok": True, "revision": result.revision})
+            result = await self._deploy_one(run_id, target, sha, release)
+            if isinstance(result, DeployFailure):
+                return result
             results.append(result)
         return results
+
+    async def _deploy_one(self, run_id: str, target: Target, sha: str, release: str) -> DeployResult | DeployFailure:
+        deployer = self.deployer(target)
+        image = target.image_for(sha, release, release)
+        return await start_target(
+            self.runner.journal, run_id, target, lambda: deployer.current(target),
+            lambda before: {"target": target.name, "image": image, "previous": before.to_dict()},
+            lambda: deployer.deploy(target, image, self._progress, sha=sha, release=release),
+            settle=lambda result: {"revision": result.revision},
+            outcome=lambda before: deployer.rollout_outcome(target, before, image))
 
     def _progress(self, event: RolloutEvent) -> None:
         self.emit(event)

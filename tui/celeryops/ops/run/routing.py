@@ -5,22 +5,19 @@ interrupted rollback whose routing began is finished (every target serves its sp
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
-from celeryops.adapters.deploy import DeployError
 from celeryops.adapters.deploy.base import Deployer, DeployResult, Router
 from celeryops.core.config import Target
 from celeryops.core.errors import EXIT_DEPLOY
 from celeryops.core.events import RunFinished, TargetRolledBack
-from celeryops.ops.journal import DEPLOY_START, FleetStoreDown, Run
+from celeryops.ops.journal import Run
 from celeryops.ops.preflight import Check, validate_check
 from celeryops.ops.run.context import RunContext
-from celeryops.ops.run.recovery import Rollout
 from celeryops.ops.run.rollback_plan import RollbackStep, Split
-from celeryops.ops.run.rollout import DeployFailure
+from celeryops.ops.run.rollout import DeployFailure, start_target
 
 
 def router(ctx: RunContext, target: Target) -> Router:
@@ -57,23 +54,13 @@ async def route_all(ctx: RunContext, run_id: str, steps: Sequence[RollbackStep])
 
 async def _route(ctx: RunContext, run_id: str, step: RollbackStep) -> DeployResult | DeployFailure:
     target, to = step.target, router(ctx, step.target)
-    try:
-        before = await to.current(target)
-    except DeployError as err:
-        return DeployFailure(target, str(err), started=False, logs_url=err.logs_url)
-    try:
-        return await ctx.written_ahead(run_id, DEPLOY_START, {
-            "target": target.name, "image": step.image, "previous": before.to_dict(),
-            "revision": step.revision, "split": [list(e) for e in step.split]},
-            lambda: to.route(target, step.split, ctx.emit, by=f"rollback run {run_id}"),
-            settle=lambda _result: {"revision": step.revision})
-    except FleetStoreDown as err:  # not recorded where a teammate could recover it: not started
-        return DeployFailure(target, str(err), started=False)
-    except DeployError as err:
-        rollout: Rollout = "unknown"
-        with contextlib.suppress(Exception):
-            rollout = await to.route_outcome(target, step.split)
-        return DeployFailure(target, str(err), started=True, rollout=rollout, logs_url=err.logs_url)
+    return await start_target(
+        ctx.runner.journal, run_id, target, lambda: to.current(target),
+        lambda before: {"target": target.name, "image": step.image, "previous": before.to_dict(),
+                        "revision": step.revision, "split": [list(e) for e in step.split]},
+        lambda: to.route(target, step.split, ctx.emit, by=f"rollback run {run_id}"),
+        settle=lambda _result: {"revision": step.revision},
+        outcome=lambda _before: to.route_outcome(target, step.split))
 
 
 async def routed(ctx: RunContext, run: Run, rolled: tuple[TargetRolledBack, ...]) -> RunFinished:
@@ -86,7 +73,7 @@ async def routed(ctx: RunContext, run: Run, rolled: tuple[TargetRolledBack, ...]
 
 async def route_failed(ctx: RunContext, run_id: str, failure: DeployFailure) -> RunFinished:
     """A target refused or failed its route: the recovery rules with its real outcome."""
-    run = await ctx.runner.journal.aio.get(run_id)
+    run = await ctx.journaled(run_id)
     decided, _ = await ctx.runner.abort(run=run, rollout=failure.rollout)
     state = "consumers restored on the workers that served before" if decided.action == "restore" else \
         decided.explanation

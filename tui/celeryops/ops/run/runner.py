@@ -26,11 +26,12 @@ from celeryops.ops.drain.engine import Drain, DrainResult, restore_consumers
 from celeryops.ops.drain.membership import held_by
 from celeryops.ops.fleetwide.lease import LeaseHeld, read_lease
 from celeryops.ops.fleetwide.publish import Publisher
-from celeryops.ops.journal import PHASES, Phase, Run
+from celeryops.ops.journal import ADD_CONSUMERS, PHASES, Phase, Run, queue_json
 from celeryops.ops.run.hooks import JournalHooks, restore_settlement, unverified
 from celeryops.ops.run.recovery import RecoveryPlan, Rollout, plan
 from celeryops.ops.run.runnerbase import RunnerBase
 from celeryops.ops.run.stranded import REMEDY, Stranded, last_restore, stranded, stranded_text
+from celeryops.ops.run.writeahead import written_ahead
 
 log = logging.getLogger(__name__)
 
@@ -320,18 +321,18 @@ class Runner(RunnerBase):
         """Restore ``restore`` for ``run`` (intent first, settled with whether it was confirmed), over a broker
         outage of up to the recovery patience; an unconfirmed restore is warned about."""
         record = {w: tuple(qs) for w, qs in restore.items()}
-        intent = await self.journal.aio.intend_add_consumers(run.id, record)
         # Workers the run stopped nothing on are named too, with nothing to add: a restore gives the drained queues
         # (by broadcast) only to workers the run never saw.
-        record = {**{w: () for w in run.recorded_workers()}, **record}
+        named = {**{w: () for w in run.recorded_workers()}, **record}
         try:
-            restored = await restore_consumers(self.fleet, record, exclude=set(run.settings.get("forget", [])),
-                                               patience=self.settings.recovery_patience, since=run.created,
-                                               on_wait=self.emit)
-        except BrokerUnreachable:
+            restored = await written_ahead(
+                self.journal, run.id, ADD_CONSUMERS, {"add": queue_json(record)},
+                lambda: restore_consumers(self.fleet, named, exclude=set(run.settings.get("forget", [])),
+                                          patience=self.settings.recovery_patience, since=run.created,
+                                          on_wait=self.emit), settle=restore_settlement, failed=())
+        except BrokerUnreachable:  # the intent stays unsettled: recovery reads the consumers as still stopped
             self.restore_failed = run.id
             raise
-        await self.journal.aio.settle(intent, restore_settlement(restored))
         self.emit(restored)
         if not restored.verified:
             self.emit(Notice(level="warning", message=unverified(restored)))

@@ -10,7 +10,13 @@ At each look, in this order:
    Fisher p-value must also be at most its share of the look's alpha (below);
 3. **rollback** when the canary fails more often than the baseline beyond chance and beyond the minimum effect:
    the one-sided Fisher exact p-value is at most the look's alpha, and the observed increase of the failure rate
-   is at least ``min_effect``.
+   is at least ``min_effect``;
+4. **promote** when ``min_tasks`` canary tasks completed and the one-sided upper bound of the increase (at
+   ``confidence``) is below ``margin``: at any look, the one at ``max_duration`` too;
+5. otherwise **continue**, or, at or past ``max_duration``, **inconclusive** (the run pauses for the operator).
+
+The verdict's sentence names the rule that decided, or what is missing (too few tasks, or the bound not below the
+margin: both numbers shown with the decimals that tell them apart), and ``decide`` says what would decide it.
 
 Alpha spending: repeated looks would inflate false alarms, so the whole ``alpha`` is spent over the planned looks
 (``max_looks = ceil(max_duration / look_interval)``), look ``k`` of ``K`` spending ``alpha * ((k/K)^2 -
@@ -170,28 +176,27 @@ def judge(baseline: RevisionCounts, canary: RevisionCounts, *, crashes: int, loo
         return replace(base_j, verdict="rollback", rule="failure-rate",
                        reason=f"Roll back: {rates}, an increase of {_pct(increase)} beyond chance "
                        f"(Fisher p = {p_value:.2g}, at most {alpha_look:.2g} at this look).")
-    over = elapsed >= settings.max_duration
-    if not over and nc >= settings.min_tasks and high < settings.margin:
+    if nc >= settings.min_tasks and high < settings.margin:  # at any look, the last one (max_duration) too
+        bound, tolerated = _versus(high, settings.margin)
         return replace(base_j, verdict="promote", rule="bound",
-                       reason=f"Promote: {rates}; the increase is at most {_pct(high)} "
-                       f"({_pct(settings.confidence)} confidence), below the tolerated {_pct(settings.margin)}.")
+                       reason=f"Promote: {rates}; the increase is at most {bound} "
+                       f"({_pct(settings.confidence)} confidence), below the tolerated {tolerated}.")
 
+    over = elapsed >= settings.max_duration
+    verdict: Verdict = "inconclusive" if over else "continue"
+    head = f"Inconclusive after {duration(elapsed)}" if over else "Continue"
+    tail = "; paused for the operator to promote or roll back." if over else "."
+    pending = replace(base_j, verdict=verdict, rule="max-duration" if over else "",
+                      reason=f"{head}: {rates}, {_pending(nc, high, settings)}{tail}")
     if not explain:
-        verdict: Verdict = "inconclusive" if over else "continue"
-        return replace(base_j, verdict=verdict, rule="max-duration" if over else "",
-                       reason=f"{verdict.capitalize()}: {rates}, {_pending(nc, high, settings)}.")
+        return pending
     rollback_after = _rollback_after(fc, nc, fb, nb, alpha_look, settings.min_effect)
-    if over:
-        return replace(base_j, verdict="inconclusive", rule="max-duration",
-                       reason=f"Inconclusive after {duration(elapsed)}: {rates}, {_pending(nc, high, settings)}; "
-                       "paused for the operator to promote or roll back.",
-                       decide=_promote_hint(fc, nc, fb, nb, z_one, settings, rollback_after),
-                       rollback_after=rollback_after)
     promote_after, promote_failures = _promote_after(fc, nc, fb, nb, z_one, settings)
-    decide = _promote_hint(fc, nc, fb, nb, z_one, settings, rollback_after)
-    decide += f"; inconclusive in {duration(settings.max_duration - elapsed)} without a verdict"
-    return replace(base_j, reason=f"Continue: {rates}, {_pending(nc, high, settings)}.", decide=decide,
-                   promote_after=promote_after, promote_failures=promote_failures, rollback_after=rollback_after)
+    decide = _promote_hint(promote_after, promote_failures, rollback_after)
+    if not over:
+        decide += f"; inconclusive in {duration(settings.max_duration - elapsed)} without a verdict"
+    return replace(pending, decide=decide, promote_after=promote_after, promote_failures=promote_failures,
+                   rollback_after=rollback_after)
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -201,10 +206,24 @@ def _pct(x: float) -> str:
     return f"{x * 100:.1f} %"
 
 
+def _versus(value: float, limit: float) -> tuple[str, str]:
+    """``value`` and ``limit`` as percentages with the fewest decimals (one at least) that show them in their true
+    order: 4.96 % against 5 % is "4.96 %" and "5.00 %", never "5.0 %" and "5.0 %"."""
+    for places in range(1, 13):
+        shown = round(value * 100, places), round(limit * 100, places)
+        if (shown[0] < shown[1]) == (value < limit) and (shown[0] > shown[1]) == (value > limit):
+            break
+    return f"{value * 100:.{places}f} %", f"{limit * 100:.{places}f} %"
+
+
 def _pending(nc: int, high: float, settings: CanarySettings) -> str:
+    """Why it does not promote yet (the judge promotes once neither holds): too few canary tasks, or the bound of
+    the increase not below the margin."""
     if nc < settings.min_tasks:
         return f"fewer than the {settings.min_tasks} canary tasks a promotion needs"
-    return f"and the increase may still be up to {_pct(high)}, above the tolerated {_pct(settings.margin)}"
+    bound, tolerated = _versus(high, settings.margin)
+    return f"and the increase may still be up to {bound}, {'above' if high > settings.margin else 'equal to'} " \
+           f"the tolerated {tolerated}"
 
 
 def _rate_rollback(fc: int, nc: int, fb: int, nb: int, alpha_look: float, min_effect: float) -> bool:
@@ -236,9 +255,9 @@ def _promote_after(fc: int, nc: int, fb: int, nb: int, z: float,
     return more, (more if allowed is None else allowed - 1)
 
 
-def _promote_hint(fc: int, nc: int, fb: int, nb: int, z: float, settings: CanarySettings,
-                  rollback_after: int | None) -> str:
-    more, failures = _promote_after(fc, nc, fb, nb, z, settings)
+def _promote_hint(more: int | None, failures: int | None, rollback_after: int | None) -> str:
+    """What would decide it: ``more`` canary tasks of which at most ``failures`` fail promote (None: no count
+    does), ``rollback_after`` failures in a row roll back."""
     parts = []
     if more is not None:
         some = "none of them fails" if not failures else f"at most {failures} of them fail"

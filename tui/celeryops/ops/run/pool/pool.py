@@ -25,7 +25,7 @@ from celeryops.adapters.deploy.base import (
 )
 from celeryops.core.config import DrainSettings, Target
 from celeryops.core.errors import EXIT_DEPLOY, EXIT_USAGE, UserError
-from celeryops.core.events import Event, Notice, OverlapStep, OverlapStepName, RunFinished, RunOutcome
+from celeryops.core.events import Event, Notice, PoolStep, PoolStepName, RunFinished, RunOutcome
 from celeryops.ops.journal import PHASES, AsyncJournal, Phase, Run
 from celeryops.ops.run.context import RunContext
 from celeryops.ops.run.pool.rules import Plan, PoolNow, pool_now
@@ -135,7 +135,7 @@ class Pool:
 
     async def run(self) -> Run:
         """The run as the journal holds it now."""
-        return await self.journal.get(self.run_id)
+        return await self.ctx.journaled(self.run_id)
 
     async def written_ahead(self, intent: str, payload: dict[str, Any], act: Callable[[], Awaitable[T]],
                             **kw: Any) -> T:
@@ -166,10 +166,11 @@ class Pool:
     async def past(self, phase: Phase) -> bool:
         return PHASES.index((await self.run()).phase) >= PHASES.index(phase)
 
-    def step(self, step: OverlapStepName, plan: Plan, message: str = "", **more: Any) -> None:
-        """The ``overlap`` event of ``step`` (``--json``, the console's revision rows)."""
-        self.emit(OverlapStep(step=step, target=plan.target, old_revision=plan.old, new_revision=plan.new,
-                              peak=plan.peak, message=message, **more))
+    def step(self, step: PoolStepName, plan: Plan, message: str = "", **more: Any) -> None:
+        """The ``overlap`` event of ``step`` (``--json``, the console's revision rows); its peak is the most the run
+        can reach."""
+        self.emit(PoolStep(step=step, target=plan.target, old_revision=plan.old, new_revision=plan.new,
+                           peak=plan.highest, message=message, **more))
 
     # -- the pool as Cloud Run reports it ----------------------------------------------------------------------
 

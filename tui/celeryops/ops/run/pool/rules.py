@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from celeryops.adapters.deploy.base import DeployError, RevisionInfo, RolloutState, role_for
-from celeryops.core.canary import canary_split
+from celeryops.core.canary import canary_split, run_peak
 from celeryops.core.config import Target, strategy_refusal
 from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.core.splits import split_for
@@ -91,16 +91,23 @@ class Plan:
     count: int
     image: str | None = None
     split_before: Split = ()
-    canary: int = 0  # a canary's: this many instances of ``new`` beside all ``count`` of ``old`` (0: the overlap's)
+    beside: int = 0  # this many instances of ``new`` beside all ``count`` of ``old`` (0: as many, the overlap's)
 
     @property
     def new_count(self) -> int:
         """The instances of the new revision while both run."""
-        return self.canary or self.count
+        return self.beside or self.count
 
     @property
     def peak(self) -> int:
+        """The instances this plan's scale-up asks for (both revisions side by side)."""
         return self.count + self.new_count
+
+    @property
+    def highest(self) -> int:
+        """The most instances the run can reach: :attr:`peak`, or, a few instances beside the old ones, their
+        promotion's (the overlap's peak)."""
+        return run_peak(self.count, self.beside)
 
     @property
     def up_counts(self) -> dict[str, int]:
@@ -110,19 +117,19 @@ class Plan:
     @property
     def up_split(self) -> Split:
         """The old revision keeps all ``count`` of its instances at ``peak``: half each (the overlap), or exactly
-        ``canary`` instances of the new one (:func:`~celeryops.core.canary.canary_split`)."""
-        if self.canary:
-            return canary_split(self.old, self.new, self.count, self.canary)
+        ``beside`` instances of the new one (:func:`~celeryops.core.canary.canary_split`)."""
+        if self.beside:
+            return canary_split(self.old, self.new, self.count, self.beside)
         return ((self.old, 50), (self.new, 50))
 
     def promoted(self) -> Plan:
-        """A canary's plan once promoted: the overlap's (as many new instances as old ones)."""
-        return replace(self, canary=0)
+        """A plan of a few new instances, promoted: the overlap's (as many new instances as old ones)."""
+        return replace(self, beside=0)
 
     def payload(self, **extra: Any) -> dict[str, Any]:
         return {"target": self.target, "old_revision": self.old, "new_revision": self.new, "count": self.count,
                 "image": self.image, "split_before": [list(e) for e in self.split_before], "peak": self.peak,
-                "split": [list(e) for e in self.up_split], "canary": self.canary, **extra}
+                "split": [list(e) for e in self.up_split], "canary": self.beside, **extra}  # the journal's key: kept
 
     @classmethod
     def from_payload(cls, data: Mapping[str, Any]) -> Plan:
@@ -130,7 +137,7 @@ class Plan:
                    new=str(data.get("new_revision", "")), count=int(data.get("count") or 0),
                    image=str(data["image"]) if data.get("image") else None,
                    split_before=tuple((str(r), int(p)) for r, p in data.get("split_before") or ()),
-                   canary=int(data.get("canary") or 0))
+                   beside=int(data.get("canary") or 0))
 
 
 @dataclass(frozen=True)

@@ -206,9 +206,10 @@ async def scale_up(pool: Pool, destination: Destination, *, beside: int = 0) -> 
                         f"{count}): nothing was changed; run the preflight again.", EXIT_PREFLIGHT)
     old = next(iter(served))
     plan = Plan(target=target.name, old=old, new=destination.revision, count=count, image=destination.image,
-                split_before=state.traffic, canary=beside)
-    each = f"{count} instance(s) each" if not beside else f"{beside} instance(s) beside {count}"
-    pool.step("planned", plan, f"{plan.new} will run beside {old}: {each}, {plan.peak} at the peak",
+                split_before=state.traffic, beside=beside)
+    each = f"{count} instance(s) each" if not beside else \
+        f"{beside} instance(s) beside {count} ({plan.peak} while judged, as many as {old} if promoted)"
+    pool.step("planned", plan, f"{plan.new} will run beside {old}: {each}, {plan.highest} at the peak",
               instances={old: count}, split=served)
     pool.emit(StageStarted(stage="overlap", detail=f"{plan.new} beside {old} on {target.name}"))
     await pool.phase("overlapping")

@@ -99,6 +99,12 @@ class OnePool:
         return recovery_plan(run)
 
     def choices(self, run: Run, decided: RecoveryPlan) -> tuple[Choice, ...]:
+        if run.kind == "rollback":  # the overlap's way back, whatever the strategy
+            return pool_choices(decided, resume="Resume the rollback", retire="Abort: retire the previous revision",
+                                cutover="Abort: finish the cutover", detail=(
+                                    "Ask Cloud Run how the pool is and continue from the journal: wait for the "
+                                    "previous revision, drain the deployed one again, or finish the cutover (what "
+                                    "`celeryops resume` does)."))
         return pool_choices(decided, resume=self.resume_label, retire=self.retire_label, cutover=self.cutover_label,
                             detail=self.resume_detail)
 

@@ -18,7 +18,7 @@ The flow (each pool update and each verdict written ahead in the journal; the po
 5. **roll back** (the verdict, or the operator): written ahead, then the canary's workers stop consuming at once (a
    fence scoped to its revision, then ``cancel_consumer``), finish what they run, and the pool goes back to 100 %
    old at the original count. Exit :data:`~celeryops.core.errors.EXIT_CANARY_ROLLED_BACK`;
-6. **inconclusive** (``max_duration`` without a verdict): never promoted. In the console the run pauses for the
+6. **inconclusive** (no verdict by ``max_duration``, its look included). In the console the run pauses for the
    operator (promote, roll back); a headless run ends :data:`~celeryops.core.errors.EXIT_CANARY_PAUSED` with both
    revisions consuming, for ``celeryops resume`` (the analysis goes on from the recorded counts) or ``celeryops
    abort`` (the canary is taken away).
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from celeryops.adapters.canaryevents import OutcomeCollector
-from celeryops.core.canary import CanarySettings, RevisionCounts
+from celeryops.core.canary import CanarySettings, RevisionCounts, run_peak
 from celeryops.core.config import Config, Target
 from celeryops.core.errors import (
     EXIT_CANARY_PAUSED,
@@ -165,7 +165,7 @@ class CanaryFlow:
                         return await self.rolled_back(now)
                     if outcome == "paused":
                         return self.paused(now)
-                if start != "drain" and now.canary:
+                if start != "drain" and now.beside:
                     now = await promote(pool, now)
             return await hand_over(pool, now, skip_wait=True, late=" after the canary was promoted")
 
@@ -317,7 +317,7 @@ class CanaryStrategy(OnePool):
     cutover_label: str = "Abort: finish the promotion's cutover"
 
     def peak(self, count: int, config: Config) -> int:
-        return count + config.canary.instances  # the canary's few beside every old instance
+        return run_peak(count, config.canary.instances)  # its promotion's: the most the run can reach
 
     async def deploy(self, ctx: RunContext, release: str, targets: tuple[Target, ...]) -> RunFinished:
         """Preflight (the pool's checks at the canary's peak), the operator's go, then the canary."""

@@ -141,7 +141,7 @@ class DrainStrategy:
         return await ctx.verify(run, f"Release {release} deployed", deployed)
 
     async def _failed(self, ctx: RunContext, run_id: str, failure: DeployFailure) -> RunFinished:
-        run = await ctx.runner.journal.aio.get(run_id)
+        run = await ctx.journaled(run_id)
         decided, _restored = await ctx.runner.abort(run=run, rollout=failure.rollout)
         state = "consumers restored on the old workers" if decided.action == "restore" else decided.explanation
         return ctx.finish("deploy_failed", EXIT_DEPLOY, f"Deploy to {failure.target.name} failed: {failure.message} "
