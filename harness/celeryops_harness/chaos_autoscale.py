@@ -75,7 +75,8 @@ class WatchedInstances(InstanceSet):
 
 
 def watch_drops(standin: CloudRunStandIn, on_drop: OnDrop) -> None:
-    """From now on ``standin`` tells ``on_drop`` about every count drop (before any instance was started)."""
+    """From now on ``standin`` tells ``on_drop`` about every count drop. It replaces the stand-in's instance set: call
+    it before any instance was started."""
     old = standin.instance_set
     standin.instance_set = WatchedInstances(old.launcher, old.grace, old.rng, on_drop=on_drop)
 
@@ -129,10 +130,11 @@ class AutoscaleTrial(Trial):
     def _deploy_now(self) -> None:
         """``celeryops deploy``, started while the autoscaler runs: it waits for the step in progress, deploys at the
         count in force, and the autoscaler goes on from the new revision."""
-        rc, _, err = self.cli("deploy", RELEASE, "--yes", "--accept-warnings", "--repo", str(self.lab.git.work),
-                              timeout=COMMAND_LIMIT)
+        rc, events, err = self.cli("deploy", RELEASE, "--yes", "--accept-warnings", "--repo", str(self.lab.git.work),
+                                   timeout=COMMAND_LIMIT)
         if rc != 0 and not self._broker_crashed():
-            self.result.anomalies.append(f"the deploy started mid-step exited {rc}: {err.strip()[-300:]}")
+            said = str(events[-1].get("message", "")) if events else ""
+            self.result.anomalies.append(f"the deploy started mid-step exited {rc}: {(said or err).strip()[-300:]}")
 
     def _broker_crashed(self) -> bool:
         return any(f.startswith("redis_restart") for f in self.result.faults)
