@@ -59,7 +59,7 @@ from celeryops.demo.standins.redis_server import RedisServer
 from celeryops.demo.standins.registry import RegistryStandIn
 from celeryops.demo.standins.workers import CeleryInstances
 from celeryops_harness.stream import TaskStream as Producer
-from celeryops_harness.taskapp import work
+from celeryops_harness.taskapp import records, redis_now, work
 from celeryops_harness.workers import wait_for
 from common import table
 
@@ -121,20 +121,6 @@ class Deploy:
         for t in self._threads:
             t.join(10)
         return rc
-
-
-def redis_now(client: redis.Redis) -> float:
-    sec, usec = client.time()
-    return float(sec) + float(usec) / 1e6
-
-
-def records(client: redis.Redis, ids: list[str]) -> dict[str, dict[str, Any]]:
-    pipe = client.pipeline()
-    for tid in ids:
-        pipe.get(f"ct:runs:{tid}")
-        pipe.hgetall(f"ct:run:{tid}")
-    raw = pipe.execute()
-    return {tid: {**raw[2 * i + 1], "runs": int(raw[2 * i] or 0)} for i, tid in enumerate(ids)}
 
 
 def longest_gap(times: list[float], start: float, end: float) -> tuple[float, float]:

@@ -19,11 +19,17 @@ Overlap trials (issue 19): a Cloud Run worker pool deployed with ``--strategy ov
 overlap's own steps (``make chaos`` runs 40 after the drain trials; ``python tools/chaos.py --strategy overlap --seed
 N`` replays one); on top of the verdict above, no instance may be taken away (SIGTERM or SIGKILL from the stand-in)
 while a task runs on it. Two seeds replay here.
+
+Autoscale trials (issue 36): a worker pool sized by ``celeryops autoscale``, the autoscaler SIGKILLed or SIGINTed
+right after each journal record of its steps, a worker SIGKILLed, the broker restarted, a deploy started mid-step
+(``python tools/chaos.py --strategy autoscale`` runs 40); on top of the verdict above, no fence or lease left up and no
+count lowered while an instance of that revision ran or held a task. Two seeds replay here.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import signal
 import uuid
 from collections.abc import Iterator
@@ -34,10 +40,13 @@ import redis
 
 from celeryops.demo.standins.cloudrun import CloudRunStandIn
 from celeryops_harness.chaos import (
+    AUTOSCALE_RECORDS,
+    AUTOSCALE_SIGNALS,
     CANARY_MOMENTS,
     CANARY_SIGNALS,
     CLI_SIGNAL,
     FAULT_KINDS,
+    RECORD_SIGNAL,
     WORKER_KILL,
     WORKER_KILL_MOMENTS,
     ChaosLab,
@@ -46,6 +55,8 @@ from celeryops_harness.chaos import (
     TrialResult,
     summary,
 )
+from celeryops_harness.chaos_autoscale import watch_drops
+from celeryops_harness.chaos_plan import AUTOSCALE_RECOVERY
 from celeryops_harness.chaos_quiet import unaccounted
 from celeryops_harness.taskapp import sleep
 from celeryops_harness.workers import WorkerProcess, wait_for
@@ -247,3 +258,58 @@ def test_a_message_popped_and_not_yet_recorded_is_what_holds_a_kill_back(tmp_pat
     worker.log_path.write_text(f"[..] Task celeryops.testing.sleep[{second}] received\n")  # one logged it,
     redis_client.hset(f"ct:run:{third}", "started", 1)  # and one started it
     assert unaccounted(ids, redis_client, redis_url, queue, [worker]) == []
+
+
+def test_the_autoscale_plans_take_every_record_with_both_signals() -> None:
+    """Autoscale trials (issue 36): seeds 1-26 interrupt the autoscaler right after each journal record of its steps,
+    once with SIGKILL and once with SIGINT; over seeds 1-40 the recovery after a SIGKILL is each of abort, resume and
+    the next autoscale (some from a teammate's machine), and a worker SIGKILL, a broker restart and a deploy come
+    mid-step; pools with min 0 and 1; a seed replays the same trial."""
+    plans = [TrialPlan.draw(seed, "autoscale") for seed in range(1, 41)]
+    interruptions = [p.faults[0] for p in plans]
+    assert all(p.strategy == "autoscale" and f.kind == RECORD_SIGNAL for p, f in zip(plans, interruptions,
+                                                                                      strict=True))
+    assert {(f.point, f.sig) for f in interruptions[:26]} == {(r, s) for r in AUTOSCALE_RECORDS
+                                                              for s in AUTOSCALE_SIGNALS}
+    killed = [f for f in interruptions if f.sig == "SIGKILL"]
+    assert {f.then for f in killed} == set(AUTOSCALE_RECOVERY) and any(f.lost for f in killed)
+    assert {f.kind for p in plans for f in p.faults[1:]} == {WORKER_KILL, "redis_restart", "deploy"}
+    assert {p.min_instances for p in plans} == {0, 1}
+    assert TrialPlan.draw(7, "autoscale") == TrialPlan.draw(7, "autoscale")
+
+
+def test_a_count_drop_is_told_before_any_instance_is_picked() -> None:
+    """What the autoscale verdict relies on: the stand-in tells the watcher of a revision's count drop while every one
+    of its instances still runs, whichever it then picks (here 3 -> 1: two taken away)."""
+    standin = CloudRunStandIn(rng=random.Random(3))
+    told: list[tuple[str, int, list[bool]]] = []
+    watch_drops(standin, lambda resource, revision, keep, running: told.append(
+        (revision, keep, [i.running for i in running])))
+    name = standin.add_worker_pool("proj", "europe-west1", "drops", "img:1", instances=3)
+    (revision,) = standin.instances("drops")
+    taken = standin.instance_set.shrink(name, {revision: 1})
+    assert told == [(revision, 1, [True, True, True])] and len(taken) == 2
+    assert sum(len(i) for i in standin.instances("drops").values()) == 1
+
+
+#: 3: SIGKILL right after a scale-out's pool update was written ahead, abort from a teammate's machine, a worker
+#: SIGKILLed and the broker crashed just after the cohort was added. 8: SIGKILL as a cohort drains, the next autoscale
+#: from a teammate's machine finishes or undoes the step. 22: SIGINT once a cohort is drained and held: the step
+#: completes or gives the cohort back, exit 0.
+AUTOSCALE_SEEDS = (3, 8, 22)
+
+
+@pytest.fixture(scope="module")
+def autoscale_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChaosLab]:
+    with ChaosLab(Path(tmp_path_factory.mktemp("chaos-autoscale")), strategy="autoscale") as lab:
+        yield lab
+        print("\n" + summary(lab.results))
+
+
+@pytest.mark.parametrize("seed", AUTOSCALE_SEEDS)
+def test_autoscale_trial_loses_nothing_and_takes_no_busy_instance(autoscale_lab: ChaosLab, seed: int) -> None:
+    result = autoscale_lab.run(seed)
+    assert result.strategy == "autoscale" and any(f.startswith(("SIGKILL@", "SIGINT@")) for f in result.faults), (
+        result.line())
+    assert result.busy == [], result.line()
+    check(result)

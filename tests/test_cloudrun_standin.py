@@ -1,11 +1,13 @@
 """The local Cloud Run stand-in, driven by the real google-cloud-run clients over plaintext gRPC: its resources,
 faults (quota, a disabled API with its ErrorInfo), and its instances: real processes per revision (real Celery
 workers in the slow test), a new revision's started before old ones are taken away (SIGTERM, SIGKILL after the
-grace), the count divided by the split."""
+grace), the count divided by the split; when a revision's count drops, the instances that go are drawn at random, busy
+or not, as on Cloud Run (issue 36)."""
 
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import subprocess
@@ -28,9 +30,10 @@ from google.longrunning import operations_pb2
 from celeryops.adapters.deploy import CloudRunDeployer, DeployError, PoolUpdate
 from celeryops.core.config import Target
 from celeryops.demo.standins.cloudrun import CloudRunStandIn, InstanceSpec, allocate, iter_conditions
-from celeryops.demo.standins.cloudrun_instances import GRACE_SECONDS
+from celeryops.demo.standins.cloudrun_instances import GRACE_SECONDS, InstanceSet
 from celeryops.demo.standins.workers import CeleryInstances
 from celeryops.fence import by_revision, plugin_workers
+from celeryops_harness.taskapp import hold, release
 from celeryops_harness.workers import wait_for
 
 State = run_v2.Condition.State
@@ -529,5 +532,83 @@ async def test_pool_instances_are_real_celery_workers_per_revision(redis_url: st
         assert len(workers.alive("gpu-v2")) == 2
     finally:
         await deployer.close()
+        standin.stop()
+        workers.stop()
+
+
+def taken_numbers(seed: int, running: int, keep: int) -> list[int]:
+    """The numbers of the instances a seeded stand-in takes away when a revision of ``running`` drops to ``keep``."""
+    instances = InstanceSet(rng=random.Random(seed))  # bookkeeping instances: no launcher
+    instances.grow("pool", "worker-pool", {"rev": running}, lambda rev: "img:1")
+    taken = instances.shrink("pool", {"rev": keep})
+    assert sorted(i.spec.number for i in instances.of("pool") if i.running) == sorted(
+        set(range(1, running + 1)) - {i.spec.number for i in taken})
+    return sorted(i.spec.number for i in taken)
+
+
+def test_a_count_that_drops_takes_instances_away_at_random() -> None:
+    """Cloud Run documents no order for the instances it takes away: the stand-in draws them (issue 36). Over seeds
+    every instance of the revision is sometimes the one, the oldest and the newest included; a seed replays the same
+    draw; several go at once when the count drops by several; a revision set to 0 loses all of them."""
+    draws = [taken_numbers(seed, 4, 3) for seed in range(40)]
+    assert all(len(d) == 1 for d in draws)
+    assert {d[0] for d in draws} == {1, 2, 3, 4}
+    assert taken_numbers(7, 4, 3) == taken_numbers(7, 4, 3)
+    pairs = {tuple(taken_numbers(seed, 5, 2)) for seed in range(60)}
+    assert all(len(p) == 3 for p in pairs) and len(pairs) > 5
+    assert taken_numbers(3, 3, 0) == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_a_busy_instance_may_be_taken_away_and_its_task_is_lost(redis_url: str, redis_client: Any,
+                                                                queue_name: str, tmp_path: Path) -> None:
+    """The stand-in is as dangerous as Cloud Run (issue 36): a worker pool of 3 real Celery workers (one task at a
+    time), one of them running a long task; its count lowered to 2 through the real client, the stand-in re-seeded
+    at each round. In some rounds the busy instance is the one taken away: SIGTERM (a warm shutdown that waits for
+    the task), SIGKILL when the grace ran out, and the task, started, never finishes (acks_late off: it is gone). In
+    others an idle one goes and the task finishes. The count goes back to 3 between rounds."""
+    workers = CeleryInstances(redis_url, app="celeryops_harness.taskapp", queues=[queue_name], log_dir=tmp_path,
+                              env={"CELERYOPS_TEST_RECORD": redis_url}, options=lambda spec: {"concurrency": 1})
+    standin = CloudRunStandIn(rollout_seconds=0.1, launcher=workers, grace=1.0, rng=random.Random(0))
+    standin.start()
+    chan = grpc.insecure_channel(standin.address)
+    pools = run_v2.WorkerPoolsClient(transport=WorkerPoolsGrpcTransport(channel=chan))
+    outcomes: dict[bool, int] = {}  # busy instance taken away? -> the first seed where it happened
+    try:
+        name = standin.add_worker_pool("p", "europe-west1", "gpu", "gpu:1", instances=3)
+
+        def set_count(count: int) -> None:
+            pool = pools.get_worker_pool(name=name)
+            pool.scaling.manual_instance_count = count
+            assert poll(pools, pools.update_worker_pool(worker_pool=pool).operation.name)[-1].HasField("response")
+
+        for seed in range(1, 41):
+            gate = f"round-{seed}"
+            with hold.app.connection_for_write(redis_url) as conn:
+                tid = hold.apply_async(args=(gate, "long"), queue=queue_name, connection=conn).id
+            wait_for(lambda: redis_client.hget(f"ct:run:{tid}", "worker"), 60, "the long task to start")  # noqa: B023
+            busy = next(w for w in workers.workers if w.nodename == redis_client.hget(f"ct:run:{tid}", "worker"))
+            standin.instance_set.rng.seed(seed)
+            set_count(2)
+            wait_for(lambda: not standin.leaving("gpu"), 60, "the instance taken away to exit")
+            assert sum(len(found) for found in standin.instances("gpu").values()) == 2
+            taken = not busy.alive()
+            release(redis_client, gate)
+            if taken:  # SIGTERM, a warm shutdown waiting for the task, then the SIGKILL after the grace: it is lost
+                assert busy.proc is not None and busy.proc.returncode == -signal.SIGKILL
+                assert "warm shutdown" in busy.log().lower()
+                assert redis_client.hget(f"ct:run:{tid}", "started") and redis_client.get(f"ct:runs:{tid}") == "1"
+            else:
+                wait_for(lambda: redis_client.hget(f"ct:run:{tid}", "finished"), 60,  # noqa: B023
+                         "the long task to finish on the instance that stayed")
+            outcomes.setdefault(taken, seed)
+            if len(outcomes) == 2:
+                break
+            set_count(3)
+        assert set(outcomes) == {True, False}, outcomes
+        lost = [t for t in redis_client.lrange("ct:starts", 0, -1) if not redis_client.hget(f"ct:run:{t}", "finished")]
+        assert len(lost) == 1  # the busy instance's task, taken away with it: never finished, never ran again
+    finally:
+        chan.close()
         standin.stop()
         workers.stop()

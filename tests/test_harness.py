@@ -1,5 +1,6 @@
 """The harness itself: the private redis-server restarts on its port; a real worker runs a task; a bad release's
-``work`` fails as often as its worker's CELERYOPS_TEST_FAIL_RATE says."""
+``work`` fails as often as its worker's CELERYOPS_TEST_FAIL_RATE says; the bursty trace of bench_autoscale replays
+from its seed, scales every duration, and its producer records each task's send time beside its start and finish."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import pytest
 import redis
 
 from celeryops.demo.standins.redis_server import PRIVATE_PORTS, PortTaken, RedisServer
-from celeryops_harness.taskapp import sleep, work
+from celeryops_harness.taskapp import records, sleep, work
+from celeryops_harness.trace import BurstTrace, TraceProducer
 from celeryops_harness.workers import wait_for
 
 
@@ -81,3 +83,28 @@ def test_work_fails_only_on_a_worker_with_a_fail_rate(redis_url: str, redis_clie
     assert not any(redis_client.hget(f"ct:run:{t}", "failed") for t in sent["good"])
     assert {redis_client.hget(f"ct:run:{t}", "worker") for t in sent["good"]} == {good.nodename}
     assert "BadReleaseError" in bad.log()
+
+
+def test_a_burst_trace_replays_from_its_seed_and_scales_every_duration() -> None:
+    trace = BurstTrace.draw(3)
+    assert trace == BurstTrace.draw(3) and trace != BurstTrace.draw(4)
+    assert len(trace.bursts) == 3 and all(3 <= len(b) <= 9 for b in trace.bursts)
+    assert all(30.0 <= t.seconds <= 120.0 for t in trace.tasks)
+    for before, after in zip(trace.bursts, trace.bursts[1:], strict=False):  # an idle gap between bursts
+        assert after[0].at - before[-1].at >= 150.0
+    fast = BurstTrace.draw(3, 0.1)
+    assert [(t.at, t.seconds) for t in fast.tasks] == [
+        (pytest.approx(t.at * 0.1, abs=0.002), pytest.approx(t.seconds * 0.1, abs=0.002)) for t in trace.tasks]
+
+
+def test_the_trace_producer_records_send_start_and_finish(redis_url: str, redis_client: redis.Redis, start_workers,
+                                                          queue_name: str) -> None:
+    start_workers(redis_url, queues=[queue_name])
+    trace = BurstTrace.draw(1, 0.002, bursts=2, size=(2, 2))  # four tasks of 0.06-0.24 s, within a second
+    producer = TraceProducer(redis_url, redis_url, queue_name, sleep, trace).start()
+    assert producer.done.wait(30)
+    wait_for(lambda: all(r.get("finished") for r in records(redis_client, producer.ids).values()), 30,
+             "every task of the trace to finish")
+    assert len(producer.ids) == 4
+    for rec in records(redis_client, producer.ids).values():
+        assert float(rec["sent"]) <= float(rec["started"]) <= float(rec["finished"]) and rec["runs"] == 1

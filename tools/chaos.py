@@ -9,12 +9,15 @@
     python tools/chaos.py --strategy drain     # only the 100 drain trials
     python tools/chaos.py --strategy canary    # 20 canary trials: a worker pool, --strategy canary, the deploy
                                                #   SIGINT/SIGTERM/SIGKILLed at one of its steps, then abort/resume
-    python tools/chaos.py --strategy all       # drain, overlap, then canary
+    python tools/chaos.py --strategy autoscale # 40 autoscale trials: a worker pool sized by `celeryops autoscale`,
+                                               #   interrupted at each journal record of its steps, and more
+    python tools/chaos.py --strategy all       # drain, overlap, canary, then autoscale
 
 Exit status 1 when any trial lost a task, ran one twice, left a live worker not consuming, or hit an anomaly (an
 exit code its faults do not explain, a recovery that leaves a run open or consumers stopped; in overlap trials, an
 instance the stand-in took away, SIGTERM or SIGKILL, while a task ran on it; in canary trials, a worker of the new
-revision still consuming once the canary was taken away).
+revision still consuming once the canary was taken away; in autoscale trials, a count lowered while an instance of
+that revision ran or held a task, a fence left up).
 """
 
 from __future__ import annotations
@@ -28,14 +31,14 @@ from pathlib import Path
 from celeryops_harness.chaos import BROKERS, FLEET_KINDS, STRATEGIES, ChaosLab, summary
 
 #: Trials per strategy when -n is not given: 100 drain deploys of a service, 40 overlap deploys of a worker pool,
-#: 20 canary deploys of a worker pool.
-DEFAULT_TRIALS = {"drain": 100, "overlap": 40, "canary": 20}
+#: 20 canary deploys of a worker pool, 40 autoscaled worker pools.
+DEFAULT_TRIALS = {"drain": 100, "overlap": 40, "canary": 20, "autoscale": 40}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-n", "--trials", type=int, default=None,
-                        help="How many trials per strategy (default 100 drain, 40 overlap, 20 canary).")
+                        help="How many trials per strategy (default 100 drain, 40 overlap, 20 canary, 40 autoscale).")
     parser.add_argument("--first", type=int, default=1, help="The first seed (seeds are consecutive).")
     parser.add_argument("--seed", type=int, action="append", default=[], help="Run exactly these seeds.")
     parser.add_argument("--keep-logs", action="store_true", help="Keep the logs of passing trials too.")
@@ -47,13 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--strategy", choices=(*STRATEGIES, "both", "all"), default=None,
                         help="drain: a service deployed with a drain; overlap: a worker pool deployed with "
                              "--strategy overlap (fence-plugin workers on Redis only); canary: the same with "
-                             "--strategy canary; both: drain then overlap (the default; drain only with --fleet or "
-                             "--broker); all: drain, overlap, canary.")
+                             "--strategy canary; autoscale: a worker pool sized by celeryops autoscale; both: drain "
+                             "then overlap (the default; drain only with --fleet or --broker); all: the four.")
     args = parser.parse_args(argv)
     defaults = args.fleet == "fenced" and args.broker == "redis"
-    if args.strategy in ("overlap", "canary", "both", "all") and not defaults:
-        parser.error(f"--strategy {args.strategy} runs fence-plugin workers on Redis: the overlap and the canary "
-                     "require the plugin on every worker; drop --fleet / --broker.")
+    if args.strategy in ("overlap", "canary", "autoscale", "both", "all") and not defaults:
+        parser.error(f"--strategy {args.strategy} runs fence-plugin workers on Redis: the overlap, the canary and "
+                     "the autoscaler require the plugin on every worker; drop --fleet / --broker.")
     chosen = args.strategy or ("both" if defaults else "drain")
     strategies = {"both": ("drain", "overlap"), "all": STRATEGIES}.get(chosen, (chosen,))
     # SIGTERM (a CI timeout) unwinds like Ctrl-C, so every worker and redis-server of the lab is stopped.

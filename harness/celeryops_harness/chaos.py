@@ -34,11 +34,15 @@ from datetime import timedelta
 from pathlib import Path
 
 from celeryops.demo.standins.cloudrun import CloudRunStandIn, InstanceLauncher, InstanceSpec
-from celeryops.demo.standins.cloudrun_instances import InstanceHandle
+from celeryops.demo.standins.cloudrun_instances import Instance, InstanceHandle
 from celeryops.demo.standins.gitrepo import GitFixture
 from celeryops.demo.standins.redis_server import RedisServer
 from celeryops.demo.standins.registry import RegistryStandIn
+from celeryops_harness.chaos_autoscale import AutoscaleTrial, OnDrop, watch_drops
 from celeryops_harness.chaos_plan import (
+    AUTOSCALE_MOMENTS,
+    AUTOSCALE_RECORDS,
+    AUTOSCALE_SIGNALS,
     CANARY_MOMENTS,
     CANARY_RELEASES,
     CANARY_SIGNALS,
@@ -49,6 +53,7 @@ from celeryops_harness.chaos_plan import (
     OVERLAP_FAULT_KINDS,
     OVERLAP_KILL_POINTS,
     OVERLAP_MOMENTS,
+    RECORD_SIGNAL,
     STRATEGIES,
     WORKER_KILL,
     WORKER_KILL_MOMENTS,
@@ -61,11 +66,11 @@ from celeryops_harness.chaos_trial import PROJECT, REGION, RELEASE, RESUMABLE, T
 from celeryops_harness.chaos_verdict import TrialResult, Verdict, summary
 
 __all__ = [
-    "BROKERS", "CANARY_MOMENTS", "CANARY_RELEASES", "CANARY_SIGNALS", "CLI", "CLI_SIGNAL", "FAULT_KINDS",
-    "FENCED_APP", "FLEET_KINDS", "KILL_POINTS", "MOMENTS", "OVERLAP_FAULT_KINDS", "OVERLAP_KILL_POINTS",
-    "OVERLAP_MOMENTS", "PLAIN_APP", "PROJECT", "REGION", "RELEASE", "RESUMABLE", "STRATEGIES", "WORKER_KILL",
-    "WORKER_KILL_MOMENTS", "ChaosLab", "CliRun", "Fault", "Trial", "TrialFleet", "TrialPlan", "TrialResult",
-    "Verdict", "machine_lost", "summary",
+    "AUTOSCALE_MOMENTS", "AUTOSCALE_RECORDS", "AUTOSCALE_SIGNALS", "BROKERS", "CANARY_MOMENTS", "CANARY_RELEASES",
+    "CANARY_SIGNALS", "CLI", "CLI_SIGNAL", "FAULT_KINDS", "FENCED_APP", "FLEET_KINDS", "KILL_POINTS", "MOMENTS",
+    "OVERLAP_FAULT_KINDS", "OVERLAP_KILL_POINTS", "OVERLAP_MOMENTS", "PLAIN_APP", "PROJECT", "RECORD_SIGNAL", "REGION",
+    "RELEASE", "RESUMABLE", "STRATEGIES", "WORKER_KILL", "WORKER_KILL_MOMENTS", "AutoscaleTrial", "ChaosLab", "CliRun",
+    "Fault", "Trial", "TrialFleet", "TrialPlan", "TrialResult", "Verdict", "machine_lost", "summary",
 ]
 
 BROKERS = ("redis", "amqp")  # amqp: RabbitMQ (a vhost per trial); the trial's redis-server holds lease and fence
@@ -74,13 +79,14 @@ BROKERS = ("redis", "amqp")  # amqp: RabbitMQ (a vhost per trial); the trial's r
 class ChaosLab:
     """What every trial shares. ``with ChaosLab(root) as lab: lab.run(seed)``. ``strategy="overlap"`` (or
     ``"canary"``): each trial's resource is a worker pool deployed with ``--strategy overlap`` (``canary``; the fleet
-    runs the fence plugin, on Redis)."""
+    runs the fence plugin, on Redis); ``"autoscale"``: a worker pool sized by ``celeryops autoscale``
+    (``chaos_autoscale``)."""
 
     def __init__(self, root: Path, *, keep_logs: bool = False, fleet: str = "fenced", broker: str = "redis",
                  strategy: str = "drain") -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}")
-        if strategy in ("overlap", "canary") and (fleet != "fenced" or broker != "redis"):
+        if strategy in ("overlap", "canary", "autoscale") and (fleet != "fenced" or broker != "redis"):
             raise ValueError(f"{strategy} trials run fence-plugin workers on a Redis broker (the {strategy} requires "
                              "the plugin on every worker)")
         self.strategy = strategy
@@ -98,6 +104,9 @@ class ChaosLab:
         self.git = GitFixture(self.root / "git", branch=RELEASE)
         self.endpoint = ""
         self._fleets: dict[str, InstanceLauncher] = {}
+        self._watchers: dict[str, OnDrop] = {}
+        if strategy == "autoscale":  # every count drop is checked against what the instances run then
+            watch_drops(self.standin, self._dropping)
         self.results: list[TrialResult] = []
 
     def __enter__(self) -> ChaosLab:
@@ -126,7 +135,8 @@ class ChaosLab:
         return fleet(spec) if fleet is not None else None
 
     def run(self, seed: int) -> TrialResult:
-        result = Trial(self, TrialPlan.draw(seed, self.strategy)).run()
+        kind = AutoscaleTrial if self.strategy == "autoscale" else Trial
+        result = kind(self, TrialPlan.draw(seed, self.strategy)).run()
         self.results.append(result)
         return result
 
@@ -136,3 +146,13 @@ class ChaosLab:
 
     def unroute(self, service: str) -> None:
         self._fleets.pop(service, None)
+        self._watchers.pop(service, None)
+
+    def watch(self, service: str, on_drop: OnDrop) -> None:
+        """``on_drop`` hears of every count drop of ``service`` (autoscale trials)."""
+        self._watchers[service] = on_drop
+
+    def _dropping(self, resource: str, revision: str, keep: int, running: list[Instance]) -> None:
+        watcher = self._watchers.get(resource.rsplit("/", 1)[-1])
+        if watcher is not None:
+            watcher(resource, revision, keep, running)

@@ -20,6 +20,13 @@ their tasks: rolled back by the analysis) or good (promoted), and the deploy pro
 or third look); then the operator's ``abort`` or ``resume``. A moment only one verdict reaches decides the release:
 ``stopping_old`` and ``cutting_over`` come after a promotion (a good release), ``retiring`` after a rollback (a bad
 one).
+
+Autoscale trials (``strategy="autoscale"``, a worker pool sized by ``celeryops autoscale``, issue 36): bursts of
+tasks make the autoscaler add cohorts and take idle ones away; the autoscaler gets SIGKILL or SIGINT right after one
+of the journal records its steps write (``AUTOSCALE_RECORDS``; seeds 1-26 take every record with both signals, in
+turn), then, after a SIGKILL, the operator's ``abort``, ``resume`` or the next ``autoscale`` (maybe from a teammate's
+machine); and maybe a worker SIGKILLed, the broker restarted, a deploy started, each a random delay after the
+autoscaler reports one of its steps (``AUTOSCALE_MOMENTS``), drawn from streams of their own.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ KILL_POINTS = ("created", "phase:stopping", "intent:cancel_consumers", "phase:dr
 #: Moments a timed fault waits for, as seen in the deploy's --json events.
 MOMENTS = ("preflight", "draining", "drained", "deploying")
 
-STRATEGIES = ("drain", "overlap", "canary")
+STRATEGIES = ("drain", "overlap", "canary", "autoscale")
 OVERLAP_FAULT_KINDS = ("kill", "sigint", "redis_restart", "fail_rollout", "late_sigterm")
 #: The first fault of an overlap trial is drawn with these weights (a kill most often: six points to cover).
 OVERLAP_WEIGHTS = (6, 3, 3, 1, 1)
@@ -60,6 +67,24 @@ CLI_SIGNAL = "cli_signal"
 CANARY_RELEASES = ("bad", "good")
 CANARY_FAIL_RATE = 0.2
 
+#: The journal records an autoscaler's steps write, in order: a scale-out (``created``, then the pool update), then a
+#: scale-in (its cohort stopped, drained and held, the pool update, its remaining workers given back). ``A>B``: the
+#: first B after an A (a scale-in's pool update, not the scale-out's before it). killcli kills at the first one.
+AUTOSCALE_RECORDS = ("created", "phase:scaling", "intent:scale_pool", "settle:scale_pool", "phase:done",
+                     "phase:stopping", "intent:cancel_consumers", "phase:draining", "phase:drained",
+                     "phase:drained>intent:scale_pool", "phase:drained>settle:scale_pool", "intent:add_consumers",
+                     "phase:drained>phase:done")
+#: The fault kind of an autoscale trial's interruption: a signal (``sig``) to the autoscaler right after a journal
+#: record (``point``); after a SIGKILL the operator's ``then``.
+RECORD_SIGNAL = "record_signal"
+AUTOSCALE_SIGNALS = ("SIGKILL", "SIGINT")
+AUTOSCALE_RECOVERY = ("autoscale", "abort", "resume")
+#: The autoscaler's steps (its --json ``autoscale_step``) a timed fault waits for.
+AUTOSCALE_MOMENTS = ("adding", "added", "draining", "drained", "removing", "removed")
+#: The timed faults of an autoscale trial, each drawn apart with its chance: a worker SIGKILLed, the broker
+#: restarted, a deploy started.
+AUTOSCALE_EXTRAS = ((WORKER_KILL, 0.35), ("redis_restart", 0.3), ("deploy", 0.3))
+
 
 @dataclass(frozen=True)
 class Fault:
@@ -77,12 +102,15 @@ class Fault:
     look: int = 0  # CLI_SIGNAL at canary_look: which look (1-based)
 
     def describe(self) -> str:
+        if self.kind == RECORD_SIGNAL:
+            then = f"->{self.then}" if self.sig == "SIGKILL" else ""
+            return f"{self.sig}@{self.point}{then}" + ("+lost_machine" if self.lost else "")
         if self.kind == CLI_SIGNAL:
             at = f"look{self.look}" if self.at == "canary_look" else self.at
             return f"{self.sig}@{at}+{self.delay:.1f}s->{self.then}"
         if self.kind == "kill":
             return f"{'lost_machine' if self.lost else 'kill'}@{self.point}->{self.then}"
-        if self.kind in ("sigint", "scale_out", "redis_restart"):
+        if self.kind in ("sigint", "scale_out", "redis_restart", "deploy"):
             extra = f",down {self.downtime:.1f}s" if self.kind == "redis_restart" else ""
             return f"{self.kind}@{self.at}+{self.delay:.1f}s{extra}"
         if self.kind == "late_sigterm":
@@ -102,6 +130,7 @@ class TrialPlan:
     faults: tuple[Fault, ...]
     strategy: str = "drain"
     release: str = ""  # canary trials: CANARY_RELEASES
+    min_instances: int = 1  # autoscale trials: [autoscale] min_instances (0 or 1)
 
     @classmethod
     def draw(cls, seed: int, strategy: str = "drain") -> TrialPlan:
@@ -109,6 +138,8 @@ class TrialPlan:
             return cls.draw_overlap(seed)
         if strategy == "canary":
             return cls.draw_canary(seed)
+        if strategy == "autoscale":
+            return cls.draw_autoscale(seed)
         rng = random.Random(seed)
 
         def duration() -> float:
@@ -193,6 +224,27 @@ class TrialPlan:
         fault = Fault(CLI_SIGNAL, at=at, delay=delay, then=then, sig=sig, look=look,
                       lost=sig == "SIGKILL" and machine_lost(seed))
         return cls(seed, early, late, (fault,), "canary", release)
+
+    @classmethod
+    def draw_autoscale(cls, seed: int) -> TrialPlan:
+        """An autoscale trial: a burst of 1-4 s tasks once the autoscaler looked and another while it runs, the
+        interruption (the seed takes the records and signals in turn: seeds 1-26 cover each once), and each of
+        ``AUTOSCALE_EXTRAS`` with its chance at one of ``AUTOSCALE_MOMENTS``."""
+        rng = random.Random(f"autoscale:{seed}")
+        early = tuple(round(rng.uniform(1.0, 4.0), 2) for _ in range(rng.randint(4, 8)))
+        late = tuple((round(rng.uniform(6.0, 20.0), 2), round(rng.uniform(1.0, 4.0), 2))
+                     for _ in range(rng.randint(2, 6)))
+        turn = (seed - 1) % (len(AUTOSCALE_RECORDS) * len(AUTOSCALE_SIGNALS))
+        sig = AUTOSCALE_SIGNALS[turn // len(AUTOSCALE_RECORDS)]
+        faults = [Fault(RECORD_SIGNAL, point=AUTOSCALE_RECORDS[turn % len(AUTOSCALE_RECORDS)], sig=sig,
+                        then=rng.choice(AUTOSCALE_RECOVERY) if sig == "SIGKILL" else "",
+                        lost=sig == "SIGKILL" and machine_lost(seed))]
+        for kind, chance in AUTOSCALE_EXTRAS:
+            extra = random.Random(f"autoscale:{kind}:{seed}")
+            if extra.random() < chance:
+                faults.append(Fault(kind, at=extra.choice(AUTOSCALE_MOMENTS), delay=round(extra.uniform(0.0, 1.0), 2),
+                                    downtime=round(extra.uniform(0.2, 1.5), 2) if kind == "redis_restart" else 0.0))
+        return cls(seed, early, late, tuple(faults), "autoscale", min_instances=rng.choice((0, 1)))
 
     def has(self, kind: str) -> Fault | None:
         return next((f for f in self.faults if f.kind == kind), None)

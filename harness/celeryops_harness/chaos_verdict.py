@@ -71,9 +71,12 @@ class TrialResult:
                 + (f" held-back {self.held_back}" if self.held_back else "")
                 + (f" canary-consuming {len(self.canary_consuming)}" if self.canary_consuming else "")
                 + (f"  verdict {'/'.join(self.verdicts) or '-'} ended {self.ending}" if self.strategy == "canary"
-                   else "") + "  "
+                   else "")
+                + (f"  ended {self.ending}" if self.strategy == "autoscale" else "") + "  "
                 f"{self.elapsed:5.1f}s  faults [{', '.join(self.faults)}]"
                 + (f"  not fired [{', '.join(self.skipped)}]" if self.skipped else "") + f"  {cmds}"
+                + (f"  stranded: {'; '.join(self.stranded)}" if self.strategy == "autoscale" and self.stranded
+                   else "")
                 + (f"  anomalies: {'; '.join(self.anomalies)}" if self.anomalies else ""))
 
 

@@ -9,7 +9,8 @@ Configured from the environment so that one module serves every broker:
   CELERYOPS_TEST_FAIL_RATE         the share of ``work`` tasks this worker fails (0 to 1, default 0): a bad release
 
 Every task run records, in the record Redis:
-  ct:run:<id>      hash: name, worker, started, finished (Redis TIME, seconds as float)
+  ct:run:<id>      hash: name, worker, started, finished (Redis TIME, seconds as float); ``sent`` too when the
+                   producer sent it with :func:`send_recorded`
   ct:runs:<id>     counter of starts (a task that ran twice shows 2)
   ct:starts        list of ids in start order;  ct:finishes  list of ids in finish order
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 import os
 import random
 import time
+import uuid
 from typing import Any
 
 import redis
@@ -70,6 +72,29 @@ def record() -> redis.Redis:
 def _now(r: redis.Redis) -> float:
     sec, usec = r.time()
     return float(sec) + float(usec) / 1e6
+
+
+redis_now = _now  # the record Redis's clock (Redis TIME), as the task records read it
+
+
+def send_recorded(task: Task[Any, Any], args: tuple[object, ...], queue: str, connection: Any,
+                  client: redis.Redis) -> str:
+    """Send ``task`` with ``args`` to ``queue`` on ``connection``, writing ``sent`` (Redis TIME of ``client``, the
+    record Redis) in ``ct:run:<id>`` first; returns the id."""
+    tid = str(uuid.uuid4())
+    client.hset(f"ct:run:{tid}", "sent", _now(client))
+    task.apply_async(args=args, task_id=tid, queue=queue, connection=connection)
+    return tid
+
+
+def records(client: redis.Redis, ids: list[str]) -> dict[str, dict[str, Any]]:
+    """id -> its ``ct:run:<id>`` fields (strings with a ``decode_responses`` client) and ``runs`` (starts, an int)."""
+    pipe = client.pipeline()
+    for tid in ids:
+        pipe.get(f"ct:runs:{tid}")
+        pipe.hgetall(f"ct:run:{tid}")
+    raw = pipe.execute()
+    return {tid: {**raw[2 * i + 1], "runs": int(raw[2 * i] or 0)} for i, tid in enumerate(ids)}
 
 
 def mark_start(task: Task[Any, Any]) -> None:

@@ -17,7 +17,9 @@ too).
 
 Instances: ``launcher`` says what an instance is (e.g. a real Celery worker of the revision, with the environment
 Cloud Run sets for the resource's kind); :meth:`~CloudRunStandIn.instances` shows the running ones by revision,
-:meth:`~CloudRunStandIn.scale` is a service's autoscaler. See :mod:`celeryops.demo.standins.cloudrun_instances`.
+:meth:`~CloudRunStandIn.scale` is a service's autoscaler. When a revision's count drops, the instances taken away are
+drawn at random (``rng``), busy or not, SIGTERM then SIGKILL ``grace`` later, as on Cloud Run. See
+:mod:`celeryops.demo.standins.cloudrun_instances`.
 
 Faults: :meth:`CloudRunStandIn.grant` limits the permissions (RPCs needing a missing one answer
 PERMISSION_DENIED, TestIamPermissions returns only the granted ones); :meth:`~CloudRunStandIn.act_as` limits the
@@ -37,6 +39,7 @@ Run standalone: ``python -m celeryops.demo.standins.cloudrun --port 8089 --seed-
 from __future__ import annotations
 
 import argparse
+import random
 from collections.abc import Iterable, Mapping
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -133,12 +136,15 @@ class Fault:
 
 class CloudRunStandIn(CloudRunModel):
     """The stand-in server. ``start()`` returns ``127.0.0.1:PORT``; use as a context manager or call ``stop()``.
-    ``launcher`` starts an instance (None: instances are bookkeeping only); ``grace``: SIGTERM to SIGKILL."""
+    ``launcher`` starts an instance (None: instances are bookkeeping only); ``grace``: SIGTERM to SIGKILL; ``rng``
+    draws the instances taken away when a revision's count drops (default: unseeded, as unpredictable as Cloud
+    Run; pass ``random.Random(seed)`` to replay the same draws)."""
 
     def __init__(self, *, rollout_seconds: float = 0.3, on_update: OnUpdate | None = None, port: int = 0,
                  host: str = "127.0.0.1", launcher: InstanceLauncher | None = None,
-                 grace: float = GRACE_SECONDS) -> None:
-        super().__init__(rollout_seconds=rollout_seconds, on_update=on_update, launcher=launcher, grace=grace)
+                 grace: float = GRACE_SECONDS, rng: random.Random | None = None) -> None:
+        super().__init__(rollout_seconds=rollout_seconds, on_update=on_update, launcher=launcher, grace=grace,
+                         rng=rng)
         self.unavailable = False
         self.refusal: tuple[grpc.StatusCode, str] | None = None  # every RPC answers this (e.g. missing scopes)
         self.faults: list[Fault] = []

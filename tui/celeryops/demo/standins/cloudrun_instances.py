@@ -13,14 +13,19 @@ for that kind: :func:`cloud_run_env`) and returns a handle that can be signalled
 It may block until the instance is up; a batch is started concurrently. If it raises, the instance failed to start
 (the stand-in fails the revision). Without a launcher (or when it returns None) an instance is bookkeeping only.
 
-Taking an instance away (:meth:`InstanceSet.take_away`): SIGTERM, then SIGKILL ``grace`` seconds later (Cloud
-Run's 10 s) if it still runs. An instance that dies by itself (OOM, a SIGKILL) is not replaced.
+Which instances go when a revision's count drops (:meth:`InstanceSet.shrink`): any of them, drawn at random. Cloud
+Run documents no order and offers no way to name the instance that goes, so a busy instance may be the one: the
+stand-in is as dangerous as Cloud Run. The draw comes from an injected ``random.Random`` (seed it for reproducible
+tests and benchmarks). Taking an instance away (:meth:`InstanceSet.take_away`): SIGTERM, then SIGKILL ``grace``
+seconds later (Cloud Run's 10 s) if it still runs, so a task still running then is lost. An instance that dies by
+itself (OOM, a SIGKILL) is not replaced.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import random
 import signal
 import threading
 import time
@@ -134,10 +139,12 @@ def allocate(count: int, shares: Sequence[tuple[str, int]]) -> dict[str, int]:
 
 @dataclass
 class InstanceSet:
-    """Every instance the stand-in started, by resource. Thread-safe; the launcher runs without any lock held."""
+    """Every instance the stand-in started, by resource. Thread-safe; the launcher runs without any lock held.
+    ``rng`` draws the instances taken away when a count drops (seed it to replay the same draws)."""
 
     launcher: InstanceLauncher | None = None
     grace: float = GRACE_SECONDS
+    rng: random.Random = field(default_factory=random.Random)
     _instances: dict[str, list[Instance]] = field(default_factory=dict)
     _numbers: dict[str, itertools.count[int]] = field(default_factory=dict)
     _timers: list[threading.Timer] = field(default_factory=list)
@@ -206,11 +213,14 @@ class InstanceSet:
         return started
 
     def shrink(self, resource: str, wanted: Mapping[str, int]) -> list[Instance]:
-        """Take away the running instances beyond ``wanted`` (a revision not in it keeps none), newest first."""
+        """Take away the running instances beyond ``wanted`` (a revision not in it keeps none): of a revision that
+        keeps some, those that go are drawn at random (``rng``), busy or not, as Cloud Run does."""
         excess: list[Instance] = []
         for revision, running in self.running(resource).items():
             keep = max(0, wanted.get(revision, 0))
-            excess += running[keep:][::-1] if keep else running[::-1]
+            if keep < len(running):
+                with self._lock:  # one draw at a time: the same seed replays the same victims
+                    excess += self.rng.sample(running, len(running) - keep)
         self.take_away(excess)
         return excess
 

@@ -7,6 +7,7 @@ service's autoscaler (:meth:`RunningResources.scale`), and the rollout threads t
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -42,10 +43,11 @@ class RunningResources:
     """The resources, their operations and the instances they run (thread-safe: one lock)."""
 
     def __init__(self, *, rollout_seconds: float = 0.3, on_update: OnUpdate | None = None,
-                 launcher: InstanceLauncher | None = None, grace: float = GRACE_SECONDS) -> None:
+                 launcher: InstanceLauncher | None = None, grace: float = GRACE_SECONDS,
+                 rng: random.Random | None = None) -> None:
         self.rollout_seconds = rollout_seconds
         self.on_update = on_update
-        self.instance_set = InstanceSet(launcher, grace)
+        self.instance_set = InstanceSet(launcher, grace, rng if rng is not None else random.Random())
         self.updates: list[tuple[str, str, str]] = []  # (resource, revision, image) of every accepted update
         self.validations: list[str] = []  # resource names of every validate_only update that passed
         self._lock = threading.RLock()
