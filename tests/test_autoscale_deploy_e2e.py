@@ -26,8 +26,8 @@ from autoscalehelp import running, scaled_pool, start, steps_of, wait_instances
 from celeryops_harness.taskapp import until, work
 from celeryops_harness.workers import wait_for
 from clihelp import CliProcess, run_cli
-from drainhelp import finished, runs, started
-from overlaphelp import WAIT, Pool, Producer, all_finished, steps, wait_consuming
+from drainhelp import enqueue, finished, runs, started
+from overlaphelp import WAIT, Pool, Producer, all_finished, steps, wait_consuming, wait_lease_orphaned
 
 pytestmark = pytest.mark.slow
 
@@ -115,6 +115,14 @@ def test_overlap_deploy_of_the_autoscalers_cohorts_kills_nothing_and_the_autosca
         autoscaler.kill()
     assert pool.fence() is None
     wait_consuming(redis_control, pool.alive(), pool.queue)
+
+    # Rolled back, the overlap's way, from the new revision and the cohort the autoscaler added beside it (both of
+    # the deployed image): every instance back on the image the deploy replaced, its largest cohort, at the count.
+    back = run_cli(["rollback", "--strategy", "overlap", "--yes", "--accept-warnings", "--json"], pool.env,
+                   cwd=pool.dir, timeout=DEPLOY_WAIT)
+    assert back.returncode == 0, back.stdout[-3000:] + back.stderr[-3000:]
+    assert running(pool) == {pool.old: 3}
+    wait_consuming(redis_control, pool.alive(pool.old), pool.queue)
 
 
 @pytest.mark.parametrize("cohorts", ["canary"], indirect=True)
@@ -226,3 +234,56 @@ def test_sigterm_to_the_deploy_puts_the_cohorts_back_and_the_next_deploy_starts_
     (only,) = running(pool).items()
     assert only[1] == 2 and only[0] not in before
     wait_consuming(redis_control, pool.alive(only[0]), pool.queue)
+
+
+# Each chain: the deploy of two cohorts SIGKILLed right after a record, then recovery commands from a teammate's
+# machine (a state dir without the journal; the last one not killed), and where the pool ends: back on the cohorts,
+# each at its count, or every instance on the new revision.
+CHAINS = {
+    "up-intent": ([("deploy", "intent:overlap_up"), ("abort", None)], "cohorts"),
+    "stopped": ([("deploy", "intent:cancel_consumers"), ("abort", None)], "cohorts"),
+    "drained": ([("deploy", "phase:drained"), ("resume", None)], "new"),
+    "retiring": ([("deploy", "phase:drained"), ("abort", "intent:overlap_revert"), ("abort", None)], "cohorts"),
+    "cutover": ([("deploy", "intent:overlap_cutover"), ("abort", None)], "new"),
+}
+
+
+@pytest.mark.parametrize("chain", sorted(CHAINS))
+def test_a_deploy_of_cohorts_killed_at_each_step_is_finished_or_undone(
+        cohorts: Pool, redis_client: redis.Redis, redis_control: Celery, chain: str) -> None:
+    """The autoscaler's two cohorts (it stopped since), then the overlap deploy SIGKILLed right after a record; abort
+    or resume from another machine (the fleet's journal in Redis) finishes or undoes it by the pool's rules: undone,
+    both cohorts are back at their counts and consume; finished, the new revision runs the pool's count alone."""
+    pool = cohorts
+    autoscaler = start(pool)
+    try:
+        before = cohorts_up(pool, autoscaler)
+        autoscaler.signal(signal.SIGINT)
+        assert autoscaler.finish() == 0, autoscaler.read_stderr()
+    finally:
+        autoscaler.kill()
+    elsewhere = {**pool.env, "CELERYOPS_STATE_DIR": str(pool.dir / "elsewhere")}
+    commands, ends = CHAINS[chain]
+    for i, (command, kill_after) in enumerate(commands):
+        env = pool.env if i == 0 else elsewhere
+        args = pool.args() if command == "deploy" else [command, "--json"]
+        result = run_cli(args, env, cwd=pool.dir, kill_after=kill_after, timeout=DEPLOY_WAIT)
+        if kill_after is not None:
+            assert result.returncode == -signal.SIGKILL, (command, result.stdout[-2000:] + result.stderr[-2000:])
+            wait_lease_orphaned(pool)
+        else:
+            assert result.returncode == 0, (command, result.stdout[-3000:] + result.stderr[-3000:])
+            assert "Traceback" not in result.stderr
+    if ends == "cohorts":
+        wait_instances(pool, lambda now: now == before, "both cohorts back at their counts")
+        alive = pool.alive()
+    else:
+        new = pool.new_revision()
+        wait_instances(pool, lambda now: now == {new: 2}, "every instance on the new revision")
+        wait_for(lambda: not any(pool.alive(rev) for rev in before), WAIT, "the cohorts' workers to be gone")
+        alive = pool.alive(new)
+    assert pool.fence() is None
+    wait_consuming(redis_control, alive, pool.queue)
+    ids = enqueue(pool.redis_url, pool.queue, 0.1, n=4)  # whoever consumes at the end runs them, once each
+    all_finished(redis_client, ids, "the tasks sent after the recovery")
+    assert all(runs(redis_client, t)["runs"] == 1 for t in ids)

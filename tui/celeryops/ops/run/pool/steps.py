@@ -224,8 +224,10 @@ async def scale_up(pool: Pool, destination: Destination, *, beside: int = 0) -> 
     plan = Plan(target=target.name, old=old, new=destination.revision, count=count, image=destination.image,
                 split_before=state.traffic, beside=beside, cohorts=tuple(olds.items()) if len(olds) > 1 else ())
     names = plan.old_names
-    each = f"{count} instance(s) each" if not beside else \
-        f"{beside} instance(s) beside {count} ({plan.peak} while judged, as many as {names} if promoted)"
+    if beside:
+        each = f"{beside} instance(s) beside {count} ({plan.peak} while judged, as many as {names} if promoted)"
+    else:
+        each = f"{count} instance(s) beside their {count}" if plan.cohorts else f"{count} instance(s) each"
     pool.step("planned", plan, f"{plan.new} will run beside {names}: {each}, {plan.highest} at the peak",
               instances=dict(olds), split=served)
     pool.emit(StageStarted(stage="overlap", detail=f"{plan.new} beside {names} on {target.name}"))
