@@ -126,7 +126,7 @@ class Scaling:
         try:
             return await uncut(self._add(run, pool, before, after, revision))
         finally:
-            await self.runner.release_lease()
+            await uncut(self.runner.release_lease())  # a stop that cancels the step still gives it back
 
     async def _add(self, run: Run, pool: Pool, before: Mapping[str, int], after: dict[str, int],
                    revision: str) -> StepOutcome:
@@ -173,7 +173,7 @@ class Scaling:
                 return StepOutcome(False, f"cohort {revision} got busy", dict(before), run.id)
             return await uncut(self._take_away(run, pool, before, revision, keep))
         finally:
-            await self.runner.release_lease()
+            await uncut(self.runner.release_lease())  # a stop that cancels the step still gives it back
 
     async def _take_away(self, run: Run, pool: Pool, before: Mapping[str, int], revision: str,
                          keep: int) -> StepOutcome:
