@@ -49,6 +49,18 @@ def cohorts_up(pool: Pool, autoscaler: CliProcess) -> dict[str, int]:
     return running(pool)
 
 
+def cohorts_left(pool: Pool) -> dict[str, int]:
+    """The autoscaler run until it split the pool into two cohorts, then stopped (SIGINT, exit 0): the cohorts."""
+    autoscaler = start(pool)
+    try:
+        before = cohorts_up(pool, autoscaler)
+        autoscaler.signal(signal.SIGINT)
+        assert autoscaler.finish() == 0, autoscaler.read_stderr()
+    finally:
+        autoscaler.kill()
+    return before
+
+
 @pytest.fixture
 def cohorts(tmp_path: Path, redis_url: str, queue_name: str, request: pytest.FixtureRequest) -> Iterator[Pool]:
     """A worker pool of one instance that the autoscaler (min 2, max 3, one task per instance) splits into two
@@ -178,13 +190,7 @@ def test_a_split_pinned_in_the_console_still_fails_the_traffic_check(cohorts: Po
     """The autoscaler's two cohorts, then someone pins another split in the Cloud console (two thirds / one third of
     three instances): not celeryops' cohorts; the deploy stops at preflight (exit 5) and changes nothing."""
     pool = cohorts
-    autoscaler = start(pool)
-    try:
-        before = cohorts_up(pool, autoscaler)
-        autoscaler.signal(signal.SIGINT)
-        assert autoscaler.finish() == 0, autoscaler.read_stderr()
-    finally:
-        autoscaler.kill()
+    before = cohorts_left(pool)
     cohort = next(rev for rev in before if rev != pool.old)
     console_split(pool.standin.address, {pool.old: 67, cohort: 33}, 3)
     wait_instances(pool, lambda now: now == {pool.old: 2, cohort: 1}, "the split pinned in the console")
@@ -255,13 +261,7 @@ def test_a_deploy_of_cohorts_killed_at_each_step_is_finished_or_undone(
     or resume from another machine (the fleet's journal in Redis) finishes or undoes it by the pool's rules: undone,
     both cohorts are back at their counts and consume; finished, the new revision runs the pool's count alone."""
     pool = cohorts
-    autoscaler = start(pool)
-    try:
-        before = cohorts_up(pool, autoscaler)
-        autoscaler.signal(signal.SIGINT)
-        assert autoscaler.finish() == 0, autoscaler.read_stderr()
-    finally:
-        autoscaler.kill()
+    before = cohorts_left(pool)
     elsewhere = {**pool.env, "CELERYOPS_STATE_DIR": str(pool.dir / "elsewhere")}
     commands, ends = CHAINS[chain]
     for i, (command, kill_after) in enumerate(commands):
