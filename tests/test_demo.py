@@ -247,10 +247,27 @@ def test_headless_demo_autoscale_sizes_the_pool_and_deploys_beside_it(tmp_path: 
     assert_nothing_left(mark, tmp_path)
 
 
-def test_demo_autoscale_with_a_two_revision_strategy_starts_nothing(tmp_path: Path) -> None:
+@pytest.mark.slow
+@pytest.mark.parametrize(("strategy", "wait"), [("overlap", 240), ("canary", 300)])
+def test_headless_demo_autoscale_deploys_with_every_strategy(tmp_path: Path, strategy: str, wait: float) -> None:
+    """``celeryops demo --autoscale --strategy overlap|canary``: the autoscaled pool (one revision, or the cohorts
+    the autoscaler added by then) is deployed the strategy's way with the autoscaler running: the new revision at
+    the pool's count beside every cohort, then every instance on it; the teardown leaves nothing behind."""
     env, mark = demo_env(tmp_path)
-    result = run_cli(["demo", "--autoscale", "--strategy", "overlap", "--headless"], env, cwd=tmp_path)
-    assert result.returncode == EXIT_USAGE and "--autoscale" in result.stderr and "Traceback" not in result.stderr
+    proc = CliProcess(["demo", "--autoscale", "--strategy", strategy, "--headless", "--json", "--speed", "10"], env,
+                      cwd=tmp_path)
+    try:
+        deployed = proc.wait_event("deployed", wait)
+        assert proc.finish(90) == 0, proc.read_stderr()
+    finally:
+        proc.kill()
+    assert deployed["exit_code"] == 0
+    assert "celeryops autoscale sizes the worker pool" in sandbox_parts(proc.events)
+    traffic = next(e for e in proc.events if e["event"] == "check" and e["id"] == "traffic" and e["status"] == "ok")
+    planned = next(e for e in proc.events if e["event"] == "overlap" and e["step"] == "planned")
+    assert sum(planned["instances"].values()) * 2 == planned["peak"], (planned, traffic["detail"])
+    cut = next(e for e in proc.events if e["event"] == "overlap" and e["step"] == "cut_over")
+    assert cut["split"] == {planned["new_revision"]: 100}
     assert_nothing_left(mark, tmp_path)
 
 

@@ -266,3 +266,30 @@ def test_old_revision_not_idle_in_time_is_never_killed(tmp_path: Path, redis_url
         assert long_task in {t for e in events if e["event"] == "poll" for t in (x["id"] for x in e["tasks"])}
     finally:
         close_pool(pool)
+
+
+def test_abort_after_the_cutover_intent_waits_for_silent_old_workers_instead_of_failing(
+        small: Pool, redis_control: Celery) -> None:
+    """Chaos seed 51: the deploy SIGKILLed right after its cutover intent, and the old revision's workers silent when
+    the operator's abort comes (reconnecting after a broker restart; here SIGSTOPped). Abort finishes the cutover: it
+    drains the old revision again, waiting for its silent workers like any drain (unknown is never empty) until they
+    answer or the evidence says they left, instead of exiting 4 with "No worker ... answered"."""
+    pool = small
+    killed = run_cli(pool.args(), pool.env, cwd=pool.dir, kill_after="intent:overlap_cutover", timeout=240)
+    assert killed.returncode == -signal.SIGKILL, killed.stdout[-2000:] + killed.stderr[-2000:]
+    orphaned(pool, pool.env)
+    old = pool.alive(pool.old)
+    for worker in old:
+        worker.signal(signal.SIGSTOP)
+    abort = CliProcess(["abort", "--json"], pool.env, cwd=pool.dir)
+    try:
+        abort.wait_event("poll", WAIT)  # drain-polling the silent old workers, not exiting 4
+        for worker in old:
+            worker.signal(signal.SIGCONT)
+        assert abort.finish(240) == 0, (abort.events[-3:], abort.read_stderr()[-3000:])
+    finally:
+        for worker in old:
+            worker.signal(signal.SIGCONT)
+        abort.kill()
+    assert next(e for e in abort.events if e["event"] == "abort")["action"] == "cutover"
+    on_new(pool, redis_control)

@@ -20,6 +20,7 @@ from celeryops.core.events import (
     DrainFinished,
     DrainStarted,
     PhaseChanged,
+    PoolStep,
     PreflightDone,
     RunFinished,
     StageStarted,
@@ -168,3 +169,24 @@ def test_a_rollback_names_the_revisions_for_what_they_are() -> None:
         else:
             assert "new revision up" in steps and "old drains" in steps, steps
     assert rows == {"deploy": ["old", "new"], "rollback": ["from", "to"]}
+
+
+def test_a_deploy_of_cohorts_shows_one_row_per_old_cohort() -> None:
+    """A pool the autoscaler split into cohorts: every old cohort has its row (its instances, share, workers), the
+    new revision one; the cohorts are drained as one, so they say the same."""
+    from celeryops.console.model import RunModel
+    from celeryops.console.screens.overlap import revision_rows
+
+    old, cohort, new = "worker-00001-old", "worker-as0101-beef", "worker-abc1234-cafe"
+    model = RunModel(kind="deploy")
+    model.apply(PoolStep(step="planned", target="worker", old_revision=old, new_revision=new, peak=6,
+                         instances={old: 2, cohort: 1}, split={old: 67, cohort: 33}))
+    model.apply(PoolStep(step="progress", target="worker", old_revision=old, new_revision=new, peak=6,
+                         instances={old: 2, cohort: 1, new: 3}, split={old: 34, cohort: 16, new: 50},
+                         workers={old: ("a", "b"), cohort: ("c",), new: ("d", "e", "f")}))
+    assert model.overlap is not None and model.overlap.count == 3
+    rows = {key: [str(c) for c in cells] for key, cells in revision_rows(model.overlap, model)}
+    assert list(rows) == ["old", f"old:{cohort}", "new"]
+    assert rows["old"][1:5] == [old, "2", "34%", "2"] and rows[f"old:{cohort}"][1:5] == [cohort, "1", "16%", "1"]
+    assert rows["new"][1:5] == [new, "3", "50%", "3"]
+    assert rows["old"][5] == rows[f"old:{cohort}"][5]

@@ -23,7 +23,7 @@ import click
 from celeryops.commands.common import FleetSpec
 from celeryops.commands.headless import RECOVERED, flag_operator, open_wiring, run_headless
 from celeryops.commands.output import Printer
-from celeryops.core.config import DEFAULT_STRATEGY, STRATEGY_KINDS, STRATEGY_NAMES
+from celeryops.core.config import DEFAULT_STRATEGY, STRATEGY_NAMES
 from celeryops.core.errors import EXIT_INTERRUPTED, EXIT_USAGE, UserError
 from celeryops.core.events import Notice
 from celeryops.core.masking import mask_url
@@ -135,17 +135,14 @@ def _progress(printer: Printer) -> Callable[[str], None]:
                    "of the new revision judged by its task outcomes, then promoted or rolled back.")
 @click.option("--autoscale", is_flag=True,
               help="A Cloud Run worker pool sized by `celeryops autoscale` (demand from Celery, idle cohorts drained "
-                   "before they are taken away; a in the console shows it), deployed with the drain strategy.")
+                   "before they are taken away; a in the console shows it), deployed with --strategy: every "
+                   "strategy deploys its cohorts.")
 def demo(speed: float, headless: bool, as_json: bool, workers: int, keep: bool, strategy: str,
          autoscale: bool) -> None:
     """Run celeryops on a local sandbox: Redis, Celery workers, Cloud Run and registry stand-ins, a git remote."""
     if as_json and not headless:
         raise UserError("--json only applies to celeryops demo --headless: nothing was started; add --headless.",
                         EXIT_USAGE)
-    if autoscale and "cloudrun-service" not in STRATEGY_KINDS.get(strategy, ()):  # two revisions side by side
-        raise UserError(f"--autoscale runs the pool as cohorts of revisions, and the {strategy} strategy starts from "
-                        f"a pool on one revision: nothing was started; use --autoscale with --strategy "
-                        f"{DEFAULT_STRATEGY}.", EXIT_USAGE)
     from celeryops.demo.sandbox import Sandbox  # the stand-ins (google-cloud-run) load only for the demo
 
     timing = Timing(speed)

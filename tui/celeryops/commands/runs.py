@@ -38,7 +38,7 @@ from celeryops.ops.journal import (
     unconfirmed_restore,
 )
 from celeryops.ops.run.interrupted import RunHolder, holder_of
-from celeryops.ops.run.recovery import RecoveryPlan, plan
+from celeryops.ops.run.recovery import RecoveryPlan
 from celeryops.ops.run.stranded import REMEDY, Stranded, last_restore, stranded, stranded_text
 
 
@@ -246,7 +246,9 @@ def gather_status(fleet_spec: FleetSpec, state_dir: str | None, fleet: str | Non
         report.notes.append(f"other unfinished runs in the local journal: {others}")
 
     if report.run is not None:
-        report.recovery = plan(report.run, None)
+        from celeryops.ops.run.kinds import planner_of  # with an open run only: status stays light otherwise
+
+        report.recovery = planner_of(report.run).recovery_plan(report.run, None)
         if redis_ok:
             report.holder = holder_of(report.run, report.lease, time.time(), fleet_spec.config().run.lease_ttl)
     if not local:

@@ -74,7 +74,7 @@ class OverlapState:
         if event.instances:
             self.instances = dict(event.instances)
             if event.step == "planned":
-                self.count = event.instances.get(self.old, 0)
+                self.count = sum(event.instances.values())  # the old revision's, or every old cohort's
         if event.split:
             self.split = dict(event.split)
         if event.workers:

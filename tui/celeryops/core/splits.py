@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from celeryops.core.canary import canary_split
+
 Split = tuple[tuple[str, int], ...]
 
 
@@ -51,4 +53,27 @@ def split_for(counts: Mapping[str, int]) -> Split:
     return tuple((rev, pct[rev]) for rev in listed)
 
 
-__all__ = ["Split", "counts_of", "split_for"]
+def exact_split(counts: Mapping[str, int]) -> Split:
+    """The instance split that runs exactly ``counts[revision]`` instances of each revision (in that order; those
+    with none left out): integer percentages that Cloud Run's division by percent (each revision its share rounded
+    down, the rest to the largest remainders) turns back into exactly those counts, for two revisions and up to 100
+    instances in all (:func:`~celeryops.core.canary.canary_split`; more revisions: :func:`split_for`, which may list
+    them in another order to stay exact)."""
+    live = [(rev, n) for rev, n in counts.items() if n > 0]
+    if not live:
+        raise ValueError("a pool runs at least one instance")
+    if len(live) == 1:
+        return ((live[0][0], 100),)
+    if len(live) == 2:
+        (old, count), (new, beside) = live
+        return canary_split(old, new, count, beside)
+    return split_for(dict(live))
+
+
+def served_counts(count: int, served: Mapping[str, int]) -> dict[str, int]:
+    """The instances each revision runs when the pool runs ``count`` divided by ``served`` (revision -> percent, in
+    the order Cloud Run lists them: its ties go to the revision listed first); revisions with none left out."""
+    return {rev: n for rev, n in counts_of(count, tuple(served.items())).items() if n > 0}
+
+
+__all__ = ["Split", "counts_of", "exact_split", "served_counts", "split_for"]

@@ -4,7 +4,7 @@
 workers all run the fence plugin (what an overlap deploy requires), with ``strategy = "overlap"`` in its config and no
 autoscaler (a worker pool runs its manual instance count). ``autoscale=True`` (``celeryops demo --autoscale``) makes it
 a worker pool sized by the real ``celeryops autoscale`` (:class:`~celeryops.demo.poolscaler.PoolScaler`, an
-``[autoscale]`` table in the config), deployed with the drain strategy.
+``[autoscale]`` table in the config), deployed with any strategy (each deploys the autoscaler's cohorts).
 
 Parts: a private Redis (:class:`~celeryops.demo.broker.DemoRedis`: ``redis-server`` or the fakeredis fallback, whose
 :attr:`Sandbox.notice` the console shows), the Cloud Run stand-in as the ``worker`` target whose instances are real
@@ -65,7 +65,8 @@ IMAGE_NAME = "demo/worker"
 HINT = (f"Press D and Enter to deploy release {RELEASE} · w watches the run · r runs · s slots · ? every action · "
         "no pause: celeryops demo --strategy overlap")
 AUTOSCALE_HINT = ("The worker pool is sized by celeryops autoscale: press a for its demand against capacity, cohorts "
-                  f"and decisions · D and Enter deploys {RELEASE} (it waits for a step in progress) · ? every action.")
+                  f"and decisions · D and Enter deploys {RELEASE}{{how}} (it waits for a step in progress) · ? every "
+                  "action.")
 SLOT_TOTALS = {"CPU": 4, "GPU": 1}
 #: The demo's ``[canary]`` table: its good release is judged and promoted in about a minute and a half at the demo's
 #: pace (speed 1: a task every 1.5 s, a third of them on the canary, ~0.2-0.3 canary tasks/s on a loaded machine).
@@ -178,12 +179,14 @@ class Sandbox:
     def handoff(self) -> DemoHandoff:
         return DemoHandoff(config=self.config, config_path=self.config_path, repo=self.repo, release=RELEASE,
                            broker_url=self.url, state_dir=self.state_dir, notice=self.notice,
-                           hint=AUTOSCALE_HINT if self.autoscale else self._hint())
+                           hint=self._hint())
 
     def _hint(self) -> str:
         from celeryops.ops.run.strategies import strategy_named
 
         how = strategy_named(self.strategy).demo  # how the strategy says a deploy goes ("": the plain hint)
+        if self.autoscale:
+            return AUTOSCALE_HINT.replace("{how}", f" {how}" if how else "")
         return (f"Press D and Enter to deploy release {RELEASE} {how} · w watches the run · ? every action." if how
                 else HINT)
 

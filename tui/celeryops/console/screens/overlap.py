@@ -112,10 +112,13 @@ def new_doing(overlap: OverlapState) -> Text:
 
 
 def revision_rows(overlap: OverlapState, model: RunModel) -> list[Row]:
-    """One row per revision; on a rollback, ``from`` the deployed one ``to`` the previous one."""
+    """One row per revision (every old cohort of a pool the autoscaler split: one row each, drained as one); on a
+    rollback, ``from`` the deployed one ``to`` the previous one."""
     rows: list[Row] = []
     back = model.kind == "rollback"
-    for role, revision, doing in (("old", overlap.old, old_doing(overlap, model)),
+    cohorts = [rev for rev in overlap.instances if rev not in (overlap.old, overlap.new)]
+    was = old_doing(overlap, model)
+    for role, revision, doing in (*(("old", rev, was) for rev in (overlap.old, *cohorts)),
                                   ("new", overlap.new, new_doing(overlap))):
         instances = overlap.instances.get(revision)
         share = overlap.split.get(revision)
@@ -124,7 +127,8 @@ def revision_rows(overlap: OverlapState, model: RunModel) -> list[Row]:
         # Once its instances were taken away, the workers the last progress named are gone.
         who = "gone" if gone else "-" if workers is None else str(len(workers))
         shown = {"old": "from", "new": "to"}[role] if back else role
-        rows.append((role, (Text(shown, style="bold"), revision or "-", "-" if instances is None else str(instances),
+        key = role if revision in (overlap.old, overlap.new) else f"old:{revision}"
+        rows.append((key, (Text(shown, style="bold"), revision or "-", "-" if instances is None else str(instances),
                             "-" if share is None else f"{share}%", who, doing)))
     return rows
 

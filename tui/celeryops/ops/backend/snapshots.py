@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from celeryops.core.config import DEFAULT_STRATEGY
 from celeryops.core.events import DrainProgress
 from celeryops.core.untrusted import MalformedRecord
 from celeryops.ops.backend import views
@@ -257,12 +256,12 @@ class Snapshots:
 
     @staticmethod
     def _recovery_view(opened: OpenRun) -> views.RunView:
-        from celeryops.ops.run.strategies import STRATEGIES  # with the first interrupted run: not on every start
+        from celeryops.ops.run.kinds import planner_of  # with the first interrupted run: not on every start
 
         run, holder = opened.run, opened.holder
-        strategy = STRATEGIES.get(run.strategy) or STRATEGIES[DEFAULT_STRATEGY]  # a newer version's: the default's
-        decided = strategy.recovery_plan(run, None)
-        choices = [views.RecoveryChoice(c.action, c.label, c.detail) for c in strategy.choices(run, decided)]
+        owner = planner_of(run)  # its kind's or its strategy's (a newer version's strategy: the default's)
+        decided = owner.recovery_plan(run, None)
+        choices = [views.RecoveryChoice(c.action, c.label, c.detail) for c in owner.choices(run, decided)]
         stopped = {w: qs for w, qs in run.stopped_consumers().items() if w != ALL_WORKERS}
         queues = sorted({q for qs in run.stopped_consumers().values() for q in qs})
         detail = (f"consumers cancelled on {len(stopped)} worker(s) for queues {', '.join(queues)}"

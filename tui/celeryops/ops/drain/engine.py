@@ -172,14 +172,18 @@ class Drain:
         members |= answered
         forgotten = set(self.forget)
         answered -= forgotten
-        if not answered:
+        # A scoped drain taken up again over workers this run stopped already (a resume, an abort finishing a
+        # cutover): silent ones are not "no worker" but members like any other (unknown is never empty), waited for
+        # until they answer or the evidence says they left (a reconnect after a broker restart, a warm shutdown).
+        resumed = self.scope is not None and bool(set(self.prior_stopped) - {BROADCAST})
+        if not answered and not resumed:
             silent = sorted(members - forgotten)
             hint = f" ({len(silent)} registered but silent: {', '.join(silent[:5])})" if silent else ""
             whose = f" {self.scope_label}" if self.scope_label else ""
             raise NoWorkers(f"No worker{whose} answered on {self.fleet.display_url}{hint}: nothing was stopped; "
                             "check that workers run against this broker (or --forget dead ones).")
         self.known = members - forgotten
-        self.baseline = await self.fleet.active_queues(sorted(answered))
+        self.baseline = await self.fleet.active_queues(sorted(answered)) if answered else {}
         if not self.queues:
             self.queues = tuple(sorted({q for qs in (*self.baseline.values(), *self.prior_stopped.values())
                                         for q in qs}))
@@ -200,8 +204,9 @@ class Drain:
                              forgotten=tuple(sorted(forgotten)))
         self.on_event(event)
         acked: set[str] = set()
-        for queue in self.queues:
-            acked |= await self.fleet.cancel_consumer(queue, self._destination(), reply=True,
+        destination = self._destination()
+        for queue in self.queues if destination != [] else ():  # nobody left in scope: never a broadcast
+            acked |= await self.fleet.cancel_consumer(queue, destination, reply=True,
                                                       expect=len(self.known) or None)
         self.on_event(ConsumersCancelled(queues=self.queues, acknowledged=tuple(sorted(acked))))
         self.policy = PolicyState(started=self.clock())

@@ -2,8 +2,9 @@
 
 They replace the drain deploy's ``traffic``, ``validate`` and ``fence`` checks and add ``mixed_versions``:
 
-- ``traffic``: every instance of the pool runs one revision (the old one), and the peak instance count the deploy
-  reaches (twice the count: quota, cost);
+- ``traffic``: every instance of the pool runs one revision (the old one), or celeryops' own cohorts (revisions of one
+  image the autoscaler added, each with an exact count: told apart from a split pinned by hand by the caller), and
+  the peak instance count the deploy reaches (twice the count: quota, cost);
 - ``validate``: Cloud Run accepts the exact update that brings the new revision up (validate only);
 - ``fence``: FAILS unless every known worker runs the fence plugin of this fleet and can be held by revision: the
   old revision's workers are told apart by it, and only they may stop;
@@ -17,13 +18,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from celery import Celery
 
 from celeryops.adapters.deploy.base import DeployError, PoolUpdate, RolloutState, role_for
+from celeryops.core.autoscale import MAX_INSTANCES_LIMIT
 from celeryops.core.canary import canary_split, run_peak
 from celeryops.core.config import Target
+from celeryops.core.splits import exact_split
 from celeryops.ops.preflight.checks import MissingPermissions, permissions_check
 from celeryops.ops.preflight.framework import Check, CheckResult, one_line
 
@@ -32,18 +35,36 @@ REVISION_SCOPE = "only_revisions"  # the fence plugin feature an overlap needs (
 
 @dataclass(frozen=True)
 class PoolView:
-    """What the checks learn about the pool (read once for all of them)."""
+    """What the checks learn about the pool (read once for all of them): its state and, when its instances are split
+    between celeryops' own cohorts, their exact counts (``cohorts``; empty otherwise)."""
 
     state: RolloutState
+    cohorts: dict[str, int] = field(default_factory=dict)
 
     @property
     def served(self) -> dict[str, int]:
         return self.state.served
 
     @property
+    def olds(self) -> dict[str, int]:
+        """The revisions the deploy moves away from, each with its instances: the one that serves every instance,
+        or the cohorts ({} when neither: a split pinned by hand)."""
+        if self.cohorts:
+            return dict(self.cohorts)
+        return {next(iter(self.served)): self.count} if len(self.served) == 1 else {}
+
+    @property
     def old(self) -> str:
-        """The one revision that serves every instance ("" when there is not exactly one)."""
-        return next(iter(self.served)) if len(self.served) == 1 else ""
+        """The one revision that serves every instance, or the cohort with the most ("" when neither)."""
+        olds = self.olds
+        return max(olds, key=lambda rev: olds[rev]) if olds else ""
+
+    @property
+    def names(self) -> str:
+        """The old revisions in words (the cohorts with their counts)."""
+        if self.cohorts:
+            return "celeryops' cohorts " + ", ".join(f"{rev} x{n}" for rev, n in self.cohorts.items())
+        return self.old
 
     @property
     def count(self) -> int:
@@ -64,6 +85,8 @@ def overlap_checks(target: Target, read_pool: Callable[[], Awaitable[PoolView]],
         ("the old revision", "the new one", "the old one")
 
     def split_of(pool: PoolView) -> tuple[tuple[str, int], ...]:
+        if pool.cohorts:
+            return exact_split({**pool.cohorts, new_revision: canary or pool.count})
         if canary:
             return canary_split(pool.old, new_revision, pool.count, canary)
         return ((pool.old, 50), (new_revision, 50))
@@ -74,9 +97,21 @@ def overlap_checks(target: Target, read_pool: Callable[[], Awaitable[PoolView]],
         if not pool.old:
             split = ", ".join(f"{rev} {pct}%" for rev, pct in pool.served.items())
             return CheckResult("traffic", "", "fail", f"the instances of {where} are split between revisions "
-                               f"({split}): an overlap deploy starts from one revision",
+                               f"({split}) that are not celeryops' own cohorts (neither the fleet's journal nor its "
+                               "autoscaler set that split): an overlap deploy starts from one revision, or from the "
+                               "cohorts of celeryops autoscale",
                                "finish or undo the deploy that split them (`celeryops status`), or route all "
                                "instances to one revision in the Cloud console, then run preflight again")
+        if new_revision in pool.cohorts:
+            return CheckResult("traffic", "", "fail", f"{new_revision} already runs as one of celeryops' cohorts of "
+                               f"{where}", f"name another revision to {alternative} to, or {alternative} with "
+                               "--strategy drain")
+        if pool.cohorts and run_peak(pool.count, canary) > MAX_INSTANCES_LIMIT:
+            return CheckResult("traffic", "", "fail", f"{where} runs {pool.count} instances as celeryops' cohorts, "
+                               f"and the {flow} would run {run_peak(pool.count, canary)} with them at the peak: exact "
+                               f"counts for several revisions hold up to {MAX_INSTANCES_LIMIT} instances in all",
+                               f"lower [autoscale] max_instances to {MAX_INSTANCES_LIMIT // 2} or less, or "
+                               f"{alternative} with --strategy drain")
         if pool.count <= 0:
             return CheckResult("traffic", "", "fail", f"{where} runs no instance (manual_instance_count 0)",
                                f"give it instances (gcloud run worker-pools update {target.resource} --instances N) "
@@ -86,14 +121,16 @@ def overlap_checks(target: Target, read_pool: Callable[[], Awaitable[PoolView]],
             "and sets it to 1 explicitly at the cutover; ")
         judged = (f" ({pool.count + canary} instances while it is judged), as many as them if it is promoted"
                   if canary else "")  # the promotion runs the overlap's peak: the highest is named
-        return CheckResult("traffic", "", "ok", f"{unset}all {pool.count} instance(s) of {where} run {pool.old}; the "
+        kept = " (each kept at its count until they are drained)" if pool.cohorts else ""
+        return CheckResult("traffic", "", "ok", f"{unset}all {pool.count} instance(s) of {where} run {pool.names}"
+                           f"{kept}; the "
                            f"{flow} runs {canary or pool.count} of {new_revision} beside them{judged}: "
                            f"{run_peak(pool.count, canary)} instances at the peak (quota, cost), then back to "
                            f"{pool.count}")
 
     async def validated() -> CheckResult:
         pool = await read_pool()
-        if not pool.old or pool.count <= 0:
+        if not pool.old or pool.count <= 0 or new_revision in pool.cohorts:
             return CheckResult("validate", "", "fail", "there is no update to validate (see the traffic check)",
                                "fix what the traffic check says, then run preflight again")
         change = PoolUpdate(image=None if rollback else image, revision="" if rollback else new_revision,
@@ -109,7 +146,7 @@ def overlap_checks(target: Target, read_pool: Callable[[], Awaitable[PoolView]],
             return CheckResult("validate", "", "fail", f"{target.name}: {one_line(str(err))}",
                                "fix what the message says, then run preflight again")
         return CheckResult("validate", "", "ok", f"Cloud Run accepted the update that runs {new_revision} beside "
-                           f"{pool.old} ({pool.count + (canary or pool.count)} instances, "
+                           f"{', '.join(pool.olds)} ({pool.count + (canary or pool.count)} instances, "
                            f"{'/'.join(str(p) for _, p in split_of(pool))}; validate only: nothing changed)")
 
     async def fence() -> CheckResult:
@@ -145,19 +182,21 @@ def overlap_checks(target: Target, read_pool: Callable[[], Awaitable[PoolView]],
                                "workers apart by their fence plugin, and stops only them",
                                "install celeryops.fence (this version) in the worker app of every worker, with the "
                                f"fleet's CELERYOPS_FLEET, or {alternative} with --strategy drain")
-        old = sorted(w for w, r in replies.items() if pool.old and r.revision == pool.old)
-        if pool.old and not old:
-            return CheckResult("fence", "", "fail", f"no worker of revision {pool.old} answered, so the old "
+        olds = pool.olds
+        old = sorted(w for w, r in replies.items() if r.revision in olds)
+        if olds and not old:
+            return CheckResult("fence", "", "fail", f"no worker of revision {', '.join(olds)} answered, so the old "
                                "revision's workers are not known", "check the pool's workers (their logs), then run "
                                "preflight again")
-        others = sorted({r.revision for r in replies.values() if r.revision != pool.old})
+        others = sorted({r.revision for r in replies.values() if r.revision not in olds})
         rest = f"; workers of {', '.join(others)} are not touched" if others else ""
         return CheckResult("fence", "", "ok", f"all {len(replies)} worker(s) run the fence plugin and report their "
-                           f"revision: {len(old)} of {pool.old or 'the old revision'} will be held{rest}")
+                           f"revision: {len(old)} of {', '.join(olds) or 'the old revision'} will be held{rest}")
 
     async def mixed() -> CheckResult:
         pool = await read_pool()
-        return CheckResult("mixed_versions", "", "warn", f"{old_one} {pool.old or '(unknown)'} and {new_one} "
+        olds = ", ".join(pool.olds) or "(unknown)"
+        return CheckResult("mixed_versions", "", "warn", f"{old_one} {olds} and {new_one} "
                            f"({image}) consume the same queues side by side until {idle} is idle: a task "
                            "sent by either version may run on the other",
                            f"keep task names and arguments compatible both ways for this {flow} (new arguments "

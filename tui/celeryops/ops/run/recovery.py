@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from celeryops.core.errors import EXIT_DEPLOY, EXIT_OK
-from celeryops.ops.journal import ALL_WORKERS, OVERLAP_UP, SCALE_POOL, Phase, Run
+from celeryops.ops.journal import ALL_WORKERS, OVERLAP_UP, Phase, Run
 
 Rollout = Literal["ready", "failed", "in_progress", "not_started", "unknown"]
 # "retire" / "cutover": a flow's of two revisions on a worker pool, carried out by its strategy (ops/run/pool/).
@@ -68,7 +68,8 @@ def deploy_state(run: Run, rollout: Rollout | None) -> Rollout | None:
     return "unknown"
 
 
-def _describe(stopped: dict[str, list[str]]) -> str:
+def describe(stopped: dict[str, list[str]]) -> str:
+    """Stopped consumers in words: their queues, on how many workers (or by broadcast)."""
     queues = sorted({q for qs in stopped.values() for q in qs})
     workers = sorted(w for w in stopped if w != ALL_WORKERS)
     where = f"{len(workers)} worker{'s' if len(workers) != 1 else ''}" if workers else "all workers"
@@ -86,8 +87,6 @@ def _target(run: Run) -> str:
 
 def plan(run: Run, rollout: Rollout | None) -> RecoveryPlan:
     """Decide recovery for ``run`` given what the deploy target reports (``rollout``; None = not checked)."""
-    if run.kind == "autoscale" and not run.finished:  # a step of the autoscaler (ops/run/scaling.py)
-        return _step_plan(run)
     if run.intents(OVERLAP_UP):  # a worker pool's revisions were changed: the pool's rules (ops/run/pool/rules.py)
         from celeryops.ops.run.pool.rules import recovery_plan
 
@@ -106,7 +105,7 @@ def plan(run: Run, rollout: Rollout | None) -> RecoveryPlan:
         return RecoveryPlan("nothing", {}, f"Run {run.id} was interrupted in {run.phase} with no consumer stopped: "
                             "there is nothing to undo; it will be marked aborted.", [ABORT], end)
 
-    what = _describe(stopped)
+    what = describe(stopped)
     if state is None or state in ("failed", "not_started"):
         why = ("no deploy was started" if state is None
                else f"the deploy to {_target(run)} {'failed' if state == 'failed' else 'never took effect'} "
@@ -121,21 +120,6 @@ def plan(run: Run, rollout: Rollout | None) -> RecoveryPlan:
     return RecoveryPlan("ask", {}, f"Run {run.id} stopped consumers ({what}) and the deploy to {_target(run)} {how}: "
                         f"nothing was touched; run `{RESUME}` once the new revision serves, or `{ABORT_RESTORE}` if "
                         "the old revision still serves.", [RESUME, ABORT_RESTORE], None)
-
-
-def _step_plan(run: Run) -> RecoveryPlan:
-    """An interrupted step of the autoscaler: ``abort`` (or ``resume``, or the next ``celeryops autoscale``) follows
-    its pool update to its end, lifts the fence and gives back the stopped consumers of the workers still there."""
-    stopped = {w: sorted(qs) for w, qs in sorted(run.stopped_consumers().items())}
-    sent = bool(run.intents(SCALE_POOL))
-    what = (f"stopped consumers ({_describe(stopped)}) of cohort {run.settings.get('revision') or '?'}"
-            if stopped else "stopped no consumer")
-    then = ("its pool update was sent: it is followed to its end (what it takes away is idle and held), " if sent
-            else "no pool update was sent: nothing is removed, ")
-    return RecoveryPlan("restore" if stopped else "nothing", stopped,
-                        f"Autoscale step {run.id} was interrupted in {run.phase} and {what}; {then}the fence is lifted "
-                        f"and the workers still there consume again (`{ABORT}`, or the next `celeryops autoscale`).",
-                        [ABORT], "aborted")
 
 
 @dataclass(frozen=True)

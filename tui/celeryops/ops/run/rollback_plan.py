@@ -217,11 +217,13 @@ def changed_since(target: Target, recorded: Recorded, now: RolloutState,
     serving = dict(now.served_split)
     if not serving or serving == dict(recorded.replaced):
         return
+    images = {r.name: r.image for r in revisions}
     if recorded.left:
-        if serving == dict(recorded.left):
+        # ... or cohorts of the image it left, which celeryops autoscale added beside it since.
+        if serving == dict(recorded.left) or (recorded.image and all(
+                images.get(rev) == recorded.image for rev in serving)):
             return
     else:
-        images = {r.name: r.image for r in revisions}
         main = now.served_split[0][0]
         if not recorded.image or images.get(main, recorded.image) == recorded.image:
             return
@@ -233,8 +235,13 @@ def changed_since(target: Target, recorded: Recorded, now: RolloutState,
 
 
 def replaced_by(start: Record) -> Split:
-    """What served the target when ``start`` began deploying it (its revisions by name, largest share first)."""
+    """What served the target when ``start`` began deploying it (its revisions by name, largest share first). A
+    deploy from celeryops' own cohorts (revisions of one image the autoscaler added) replaced that image: the cohort
+    with the most instances stands for it (going back to it runs that image on every instance)."""
     if start.intent == OVERLAP_UP:
+        plan = Plan.from_payload(start.payload)
+        if plan.cohorts:
+            return ((plan.old, 100),)
         before = start.payload.get("before") or {}
         served = before.get("served") if isinstance(before, Mapping) else None
         pairs = [(str(rev), int(pct)) for rev, pct in (served or {}).items() if rev and int(pct) > 0]

@@ -41,6 +41,7 @@ from celeryops.ops.run.pool.pool import GONE_WAIT, Ending, Pool, Words
 from celeryops.ops.run.pool.recover import taken_over
 from celeryops.ops.run.pool.rules import Destination
 from celeryops.ops.run.pool.steps import drain_revision, hold, scale_to
+from celeryops.ops.run.recovery import ABORT, Choice, RecoveryPlan, Rollout, describe, plan
 from celeryops.ops.run.runner import Runner, uncut
 
 
@@ -126,7 +127,7 @@ class Scaling:
         try:
             return await uncut(self._add(run, pool, before, after, revision))
         finally:
-            await self.runner.release_lease()
+            await uncut(self.runner.release_lease())  # a stop that cancels the step still gives it back
 
     async def _add(self, run: Run, pool: Pool, before: Mapping[str, int], after: dict[str, int],
                    revision: str) -> StepOutcome:
@@ -173,7 +174,7 @@ class Scaling:
                 return StepOutcome(False, f"cohort {revision} got busy", dict(before), run.id)
             return await uncut(self._take_away(run, pool, before, revision, keep))
         finally:
-            await self.runner.release_lease()
+            await uncut(self.runner.release_lease())  # a stop that cancels the step still gives it back
 
     async def _take_away(self, run: Run, pool: Pool, before: Mapping[str, int], revision: str,
                          keep: int) -> StepOutcome:
@@ -266,6 +267,42 @@ def _counts(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{rev} x{n}" for rev, n in sorted(counts.items())) or "no instance"
 
 
+def step_plan(run: Run) -> RecoveryPlan:
+    """What ``abort`` (or ``resume``, or the next ``celeryops autoscale``) does with an interrupted step of the
+    autoscaler: its pool update followed to its end, the fence lifted, the stopped consumers of the workers still
+    there given back."""
+    stopped = {w: sorted(qs) for w, qs in sorted(run.stopped_consumers().items())}
+    sent = bool(run.intents(SCALE_POOL))
+    what = (f"stopped consumers ({describe(stopped)}) of cohort {run.settings.get('revision') or '?'}"
+            if stopped else "stopped no consumer")
+    then = ("its pool update was sent: it is followed to its end (what it takes away is idle and held), " if sent
+            else "no pool update was sent: nothing is removed, ")
+    return RecoveryPlan("restore" if stopped else "nothing", stopped,
+                        f"Autoscale step {run.id} was interrupted in {run.phase} and {what}; {then}the fence is lifted "
+                        f"and the workers still there consume again (`{ABORT}`, or the next `celeryops autoscale`).",
+                        [ABORT], "aborted")
+
+
+class ScalingSteps:
+    """The run kind ``autoscale`` (a step of the autoscaler: :data:`celeryops.ops.run.kinds.RUN_KINDS`): ``resume``
+    and ``abort`` alike finish or undo it (:func:`recover_open_step`); its plan and the recovery view's choice say
+    so."""
+
+    async def resume(self, ctx: RunContext, run: Run) -> int:
+        return ctx.finish("aborted", EXIT_OK, await recover_open_step(ctx, run)).exit_code
+
+    async def abort(self, ctx: RunContext, run: Run, *, force_restore: bool = False) -> RecoveryPlan:
+        return RecoveryPlan("restore", {}, await recover_open_step(ctx, run))
+
+    def recovery_plan(self, run: Run, rollout: Rollout | None = None) -> RecoveryPlan:
+        return plan(run, rollout) if run.finished else step_plan(run)
+
+    def choices(self, run: Run, decided: RecoveryPlan) -> tuple[Choice, ...]:
+        return (Choice("abort", "Abort: finish or undo the step", decided.explanation),
+                Choice("resume", "Resume: finish or undo the step", "The same as abort: a step of the autoscaler is "
+                       "never taken up again; the next look of `celeryops autoscale` decides anew."))
+
+
 async def recover_open_step(ctx: RunContext, run: Run, settings: AutoscaleSettings | None = None) -> str:
     """``celeryops abort`` / ``resume`` of an autoscale step: :meth:`Scaling.recover` on its worker pool."""
     names = list(run.settings.get("targets") or [])
@@ -280,4 +317,4 @@ async def recover_open_step(ctx: RunContext, run: Run, settings: AutoscaleSettin
             await ctx.rollouts.close()
 
 
-__all__ = ["Scaling", "StepOutcome", "cohort_name", "recover_open_step"]
+__all__ = ["Scaling", "ScalingSteps", "StepOutcome", "cohort_name", "recover_open_step", "step_plan"]

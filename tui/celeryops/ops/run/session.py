@@ -22,9 +22,10 @@ from celeryops.core.errors import EXIT_BROKER, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE
 from celeryops.core.events import RunFinished
 from celeryops.ops.journal import Run
 from celeryops.ops.run.context import RunContext
+from celeryops.ops.run.kinds import owner_of
 from celeryops.ops.run.recovery import RecoveryPlan
 from celeryops.ops.run.rollback_plan import RollbackRequest
-from celeryops.ops.run.strategies import strategy_of_run, strategy_of_targets
+from celeryops.ops.run.strategies import strategy_of_targets
 
 
 @dataclass(frozen=True)
@@ -72,40 +73,28 @@ class RunSession(RunContext):
     # -- recovery: resume and abort --------------------------------------------------------------------------------
 
     async def resume(self, run: Run | None = None) -> int:
-        """Continue the fleet's interrupted run from its phase; returns the exit code. A drain-only run drains
-        again; a deploy or a rollback by its strategy's rules."""
+        """Continue the fleet's interrupted run from its phase; returns the exit code. Who carries it on is its
+        kind's or its strategy's to say (:func:`~celeryops.ops.run.kinds.owner_of`): a drain-only run drains again,
+        a step of the autoscaler is finished or undone, a deploy or a rollback goes on by its strategy's rules."""
         self.refuse_if_read_only("resume the run")
         await self.require_operator("resume the run")
         run = run or self.runner.unfinished()
         if run is None:
             raise self.runner.no_open_run("nothing was resumed",
                                           "; start one with `celeryops drain` or `celeryops deploy`")
-        if run.kind == "autoscale":  # a step of the autoscaler: finished or undone (ops/run/scaling.py)
-            return self.finish("aborted", EXIT_OK, await self._recover_step(run)).exit_code
-        if not run.release:
-            outcome, _ = await self.runner.resume(run=run)
-            return EXIT_OK if outcome == "drained" else EXIT_TIMEOUT
-        return (await strategy_of_run(run).resume(self, run)).exit_code
+        return await owner_of(run).resume(self, run)
 
     async def abort(self, run: Run | None = None, *, force_restore: bool = False) -> RecoveryPlan:
-        """Apply the recovery rules of its strategy to the fleet's unfinished run (restore what it stopped, undo
-        what it changed, mark it aborted); with no open run, the runner's (a restore that was never confirmed)."""
+        """Apply the recovery rules of its owner (:func:`~celeryops.ops.run.kinds.owner_of`: its kind's or its
+        strategy's) to the fleet's unfinished run (restore what it stopped, undo what it changed, mark it aborted);
+        with no open run, the runner's (a restore that was never confirmed)."""
         self.refuse_if_read_only("abort the run")
         await self.require_operator("abort the run")
         run = run or await asyncio.to_thread(self.runner.unfinished)
-        if run is not None and not run.finished and run.kind == "autoscale":
-            return RecoveryPlan("restore", {}, await self._recover_step(run))
         if run is not None and not run.finished:
-            return await strategy_of_run(run).abort(self, run, force_restore=force_restore)
+            return await owner_of(run).abort(self, run, force_restore=force_restore)
         decided, _ = await self.runner.abort(run=run, force_restore=force_restore)
         return decided
-
-    async def _recover_step(self, run: Run) -> str:
-        """``abort`` or ``resume`` of a step of the autoscaler: its pool update followed to its end, the fence lifted,
-        the stopped consumers of the workers still there given back (the same either way); one sentence."""
-        from celeryops.ops.run.scaling import recover_open_step
-
-        return await recover_open_step(self, run)
 
     async def rollback(self, request: RollbackRequest) -> RunFinished:
         """The targets back to what their last deploy replaced (or ``--to``), by their strategy

@@ -1,6 +1,7 @@
 """The preflight of a flow of two revisions on one worker pool: the pool's own checks (``traffic``: the pool runs
-one revision, and the peak; ``validate``: the scale-up, validate only; ``fence``: required on every worker;
-``mixed_versions``) in place of the fleet's and the release's of those ids (:mod:`celeryops.ops.preflight.overlap`).
+one revision or celeryops' own cohorts (:mod:`~celeryops.ops.run.pool.cohorts`), and the peak; ``validate``: the
+scale-up, validate only; ``fence``: required on every worker; ``mixed_versions``) in place of the fleet's and the
+release's of those ids (:mod:`celeryops.ops.preflight.overlap`).
 """
 
 from __future__ import annotations
@@ -8,12 +9,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from celeryops.adapters.deploy.base import PoolUpdate, RolloutState
+from celeryops.adapters.deploy.base import PoolUpdate
 from celeryops.core.config import Target
 from celeryops.core.events import StageStarted
 from celeryops.ops.preflight import Check
 from celeryops.ops.preflight.overlap import PoolView, overlap_checks
 from celeryops.ops.run.context import RunContext
+from celeryops.ops.run.pool.cohorts import read_cohorts
 from celeryops.ops.run.pool.pool import Pool
 from celeryops.ops.run.pool.rules import Destination, pool_target
 from celeryops.ops.run.pool.steps import new_revision_name
@@ -24,12 +26,16 @@ def _own(ctx: RunContext, target: Target, destination: Destination, *, beside: i
          rollback: bool = False) -> list[Check]:
     deployer = Pool(ctx, target, "").deployer  # one sentence when it cannot run two revisions side by side
     runner = ctx.runner
-    read: list[asyncio.Future[RolloutState]] = []
+    read: list[asyncio.Future[PoolView]] = []
+
+    async def view() -> PoolView:
+        state = await deployer.current(target)
+        return PoolView(state, await read_cohorts(ctx, target, state) or {})
 
     async def read_pool() -> PoolView:
         if not read:
-            read.append(asyncio.ensure_future(deployer.current(target)))
-        return PoolView(await asyncio.shield(read[0]))
+            read.append(asyncio.ensure_future(view()))
+        return await asyncio.shield(read[0])
 
     async def validate(change: PoolUpdate) -> None:
         await deployer.validate_pool_update(target, change)

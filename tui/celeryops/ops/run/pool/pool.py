@@ -230,18 +230,18 @@ class Pool:
 
         return by_revision(await asyncio.to_thread(plugin_workers, coord, self.runner.fleet_name))
 
-    async def queues_of(self, revision: str) -> set[str]:
-        """Every queue the live plugin workers of ``revision`` consume or hold."""
+    async def queues_of(self, *revisions: str) -> set[str]:
+        """Every queue the live plugin workers of ``revisions`` consume or hold."""
         coord = self.runner.coord
         if coord is None:
             return set()
         from celeryops.fence import plugin_workers
 
         infos = await asyncio.to_thread(plugin_workers, coord, self.runner.fleet_name)
-        return {q for info in infos.values() if info.revision == revision for q in info.queues}
+        return {q for info in infos.values() if info.revision in revisions for q in info.queues}
 
-    def scope(self, revision: str) -> Callable[[], Awaitable[set[str]]]:
-        """The workers of ``revision`` by their registry entries, expired ones too: a worker whose heartbeat
+    def scope(self, *revisions: str) -> Callable[[], Awaitable[set[str]]]:
+        """The workers of ``revisions`` by their registry entries, expired ones too: a worker whose heartbeat
         stopped is still that revision's, and leaves a drain only by the drain's evidence."""
         async def members() -> set[str]:
             coord = self.runner.coord
@@ -250,7 +250,7 @@ class Pool:
             from celeryops.fence import listed_workers
 
             infos = await asyncio.to_thread(listed_workers, coord, self.runner.fleet_name)
-            return {host for host, info in infos.items() if info.revision == revision}
+            return {host for host, info in infos.items() if info.revision in revisions}
 
         return members
 
@@ -266,15 +266,21 @@ class Pool:
         live = instances_by_revision(await asyncio.to_thread(plugin_workers, coord, self.runner.fleet_name))
         return {revision: live.get(revision, 0) for revision in revisions}
 
-    async def wait_gone(self, revision: str) -> None:
-        """Until no live worker of ``revision`` is left (taken away: they stop), at most :data:`GONE_WAIT` s."""
+    async def wait_gone(self, *revisions: str) -> None:
+        """Until no live worker of ``revisions`` is left (taken away: they stop), at most :data:`GONE_WAIT` s."""
         deadline = time.monotonic() + GONE_WAIT
-        while (left := (await self.registry()).get(revision, ())) and time.monotonic() < deadline:
+
+        async def left() -> list[str]:
+            registry = await self.registry()
+            return [name for revision in revisions for name in registry.get(revision, ())]
+
+        while (still := await left()) and time.monotonic() < deadline:
             await asyncio.sleep(0.5)
-        if left:
-            self.emit(Notice(level="warning", message=f"Workers of revision {revision} are still registered "
-                                                      f"{GONE_WAIT:g} s after their instances were taken away: "
-                                                      f"{', '.join(left)}; check the pool in the Cloud console."))
+        if still:
+            self.emit(Notice(level="warning", message=f"Workers of revision {', '.join(revisions)} are still "
+                                                      f"registered {GONE_WAIT:g} s after their instances were taken "
+                                                      f"away: {', '.join(still)}; check the pool in the Cloud "
+                                                      "console."))
 
 
 def target_of(ctx: RunContext, run: Run) -> Target:

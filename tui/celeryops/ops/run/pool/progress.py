@@ -35,7 +35,7 @@ async def ticking(pool: Pool, plan: Plan) -> AsyncIterator[None]:
 async def progress(pool: Pool, plan: Plan) -> None:
     """One ``progress`` step of ``plan``'s two revisions."""
     fleet = pool.runner.fleet
-    registry, instances, state = await asyncio.gather(pool.registry(), pool.instances(plan.old, plan.new),
+    registry, instances, state = await asyncio.gather(pool.registry(), pool.instances(*plan.revisions),
                                                       pool.state())
     new = registry.get(plan.new, ())
     observed, processed = await asyncio.gather(fleet.observe(new), fleet.processed(new)) if new else (None, {})
@@ -47,7 +47,7 @@ async def progress(pool: Pool, plan: Plan) -> None:
         rate = round(max(0, completed - pool.completed[1]) / (now - pool.completed[0]), 2)
     pool.completed = (now, completed)
     pool.step("progress", plan, instances=instances, split=state.served,
-              workers={rev: registry.get(rev, ()) for rev in (plan.old, plan.new)}, consuming=consuming,
+              workers={rev: registry.get(rev, ()) for rev in plan.revisions}, consuming=consuming,
               completed=completed, rate=rate)
 
 

@@ -42,7 +42,7 @@ from celeryops.adapters.deploy.base import DeployError, RevisionInfo, RolloutSta
 from celeryops.core.canary import canary_split, run_peak
 from celeryops.core.config import Target, strategy_refusal
 from celeryops.core.errors import EXIT_USAGE, UserError
-from celeryops.core.splits import split_for
+from celeryops.core.splits import exact_split, served_counts
 from celeryops.ops.journal import CANCEL_CONSUMERS, OVERLAP_CUTOVER, OVERLAP_REVERT, OVERLAP_UP, Run
 from celeryops.ops.run.recovery import RecoveryPlan
 
@@ -62,28 +62,15 @@ class Destination:
     image: str | None = None
 
 
-def exact_split(counts: Mapping[str, int]) -> Split:
-    """The instance split that runs exactly ``counts[revision]`` instances of each revision (in that order; those
-    with none left out): integer percentages that Cloud Run's division by percent (each revision its share rounded
-    down, the rest to the largest remainders) turns back into exactly those counts, for two revisions and up to 100
-    instances in all (:func:`~celeryops.core.canary.canary_split`; more revisions:
-    :func:`~celeryops.core.splits.split_for`, which may list them in another order to stay exact)."""
-    live = [(rev, n) for rev, n in counts.items() if n > 0]
-    if not live:
-        raise ValueError("a pool runs at least one instance")
-    if len(live) == 1:
-        return ((live[0][0], 100),)
-    if len(live) == 2:
-        (old, count), (new, beside) = live
-        return canary_split(old, new, count, beside)
-    return split_for(dict(live))
-
-
 @dataclass(frozen=True)
 class Plan:
     """What an overlap deploy does to worker pool ``target``: from revision ``old`` (all its ``count`` instances)
     to ``new`` (named up front; ``image``: the image it is made with, None when it exists already, as a rollback's
-    does), through ``count`` x 2 instances at the peak. ``split_before``: the split the pool asked for before."""
+    does), through ``count`` x 2 instances at the peak. ``split_before``: the split the pool asked for before.
+
+    ``cohorts``: a pool whose instances are split between several revisions of celeryops' own cohorts (the
+    autoscaler's: revisions of one image with exact counts) moves from all of them, each with its exact count
+    (``old`` is the one with the most instances, ``count`` their total); empty: every instance runs ``old``."""
 
     target: str
     old: str
@@ -92,6 +79,23 @@ class Plan:
     image: str | None = None
     split_before: Split = ()
     beside: int = 0  # this many instances of ``new`` beside all ``count`` of ``old`` (0: as many, the overlap's)
+    cohorts: Split = ()
+
+    @property
+    def olds(self) -> dict[str, int]:
+        """The old revisions with the instances each runs: ``old`` alone with ``count``, or the cohorts."""
+        return dict(self.cohorts) if self.cohorts else {self.old: self.count}
+
+    @property
+    def old_names(self) -> str:
+        """The old revisions in words: ``a``, ``a and b``, ``a, b and c``."""
+        names = list(self.olds)
+        return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+    @property
+    def revisions(self) -> tuple[str, ...]:
+        """Every revision of the plan: the old ones, then the new one."""
+        return (*self.olds, self.new)
 
     @property
     def new_count(self) -> int:
@@ -111,25 +115,36 @@ class Plan:
 
     @property
     def up_counts(self) -> dict[str, int]:
-        """The instances of each revision while both run: all ``count`` of the old one, ``new_count`` of the new."""
-        return {self.old: self.count, self.new: self.new_count}
+        """The instances of each revision while both run: all of the old ones' (each its own), ``new_count`` of
+        the new."""
+        return {**self.olds, self.new: self.new_count}
 
     @property
     def up_split(self) -> Split:
-        """The old revision keeps all ``count`` of its instances at ``peak``: half each (the overlap), or exactly
-        ``beside`` instances of the new one (:func:`~celeryops.core.canary.canary_split`)."""
+        """The old revisions keep all their instances at ``peak``: half each (the overlap), or exactly ``beside``
+        instances of the new one (:func:`~celeryops.core.canary.canary_split`); cohorts: the exact split of
+        :attr:`up_counts` (:func:`~celeryops.core.splits.exact_split`)."""
+        if self.cohorts:
+            return exact_split(self.up_counts)
         if self.beside:
             return canary_split(self.old, self.new, self.count, self.beside)
         return ((self.old, 50), (self.new, 50))
+
+    @property
+    def back_split(self) -> Split:
+        """The split that puts every instance back on the old revisions, each its count (the retirement's)."""
+        return exact_split(self.olds)
 
     def promoted(self) -> Plan:
         """A plan of a few new instances, promoted: the overlap's (as many new instances as old ones)."""
         return replace(self, beside=0)
 
     def payload(self, **extra: Any) -> dict[str, Any]:
+        cohorts = {"cohorts": [list(e) for e in self.cohorts]} if self.cohorts else {}
         return {"target": self.target, "old_revision": self.old, "new_revision": self.new, "count": self.count,
                 "image": self.image, "split_before": [list(e) for e in self.split_before], "peak": self.peak,
-                "split": [list(e) for e in self.up_split], "canary": self.beside, **extra}  # the journal's key: kept
+                "split": [list(e) for e in self.up_split], "canary": self.beside,  # the journal's key: kept
+                **cohorts, **extra}
 
     @classmethod
     def from_payload(cls, data: Mapping[str, Any]) -> Plan:
@@ -137,7 +152,8 @@ class Plan:
                    new=str(data.get("new_revision", "")), count=int(data.get("count") or 0),
                    image=str(data["image"]) if data.get("image") else None,
                    split_before=tuple((str(r), int(p)) for r, p in data.get("split_before") or ()),
-                   beside=int(data.get("canary") or 0))
+                   beside=int(data.get("canary") or 0),
+                   cohorts=tuple((str(r), int(n)) for r, n in data.get("cohorts") or ()))
 
 
 @dataclass(frozen=True)
@@ -150,8 +166,9 @@ class PoolNow:
     served: dict[str, int]
     revisions: dict[str, str] = field(default_factory=dict)
 
-    def serves_only(self, revision: str, count: int) -> bool:
-        return self.served == {revision: 100} and self.count == count
+    def serves_exactly(self, counts: Mapping[str, int]) -> bool:
+        """The pool runs exactly ``counts`` (revision -> instances), no other revision."""
+        return served_counts(self.count or 0, self.served) == {r: n for r, n in counts.items() if n > 0}
 
 
 def pool_now(state: RolloutState, revisions: Iterable[RevisionInfo]) -> PoolNow:
@@ -235,10 +252,10 @@ def decide(run: Run, pool: PoolNow | None, *, resume: bool, denied: DeployError 
     # never goes back: a run that stopped in between finishes the cutover too (the old revision drained again).
     if p.cutover or run.phase == "cutting_over":
         return Decision("cutover", f"Run {run.id} began moving every instance of {plan.target} to {plan.new} (the "
-                                   f"old revision {plan.old} was idle): the cutover is finished, never undone.")
+                                   f"old revision {plan.old_names} was idle): the cutover is finished, never undone.")
     if p.revert and p.revert_settled is None:
         return Decision("retire", f"Run {run.id} began retiring the new revision {plan.new}: the retirement is "
-                                  f"finished (the pool goes back to {plan.count} instance(s) of {plan.old}).")
+                                  f"finished (the pool goes back to {plan.count} instance(s) of {plan.old_names}).")
     took_effect = p.up_settled is True or pool.reconciling or (
         plan.new in pool.revisions if plan.image is not None  # a new revision: it exists once the update took
         else pool.count != plan.count or plan.new in pool.served)  # an existing one: the count or split changed
@@ -250,18 +267,18 @@ def decide(run: Run, pool: PoolNow | None, *, resume: bool, denied: DeployError 
                                    "there is nothing to undo; it will be marked aborted.")
     failed = p.up_settled is False or pool.revisions.get(plan.new) == "failed"
     if not resume:
-        restore = f"the old revision {plan.old}'s consumers are restored, then " if p.old_stopped else ""
-        return Decision("retire", f"Run {run.id} runs {plan.new} beside {plan.old}: {restore}the new revision is "
+        restore = f"the old revision {plan.old_names}'s consumers are restored, then " if p.old_stopped else ""
+        return Decision("retire", f"Run {run.id} runs {plan.new} beside {plan.old_names}: {restore}the new revision is "
                                   f"retired (held, drained, then the pool goes back to {plan.count} instance(s) of "
-                                  f"{plan.old}).")
+                                  f"{plan.old_names}).")
     if failed:
         return Decision("retire", f"The new revision {plan.new} of run {run.id} failed to start: the deploy cannot "
-                                  f"go on; it is retired and {plan.old} keeps serving.")
+                                  f"go on; it is retired and {plan.old_names} keeps serving.")
     if p.old_stopped:
-        return Decision("drain_old", f"Run {run.id} stopped the old revision {plan.old}'s consumers: it is drained "
-                                     f"again, then every instance moves to {plan.new}.")
-    return Decision("wait_new", f"Run {run.id} runs {plan.new} beside {plan.old}: once the new revision's workers "
-                                "consume, the old revision is stopped, drained and retired.")
+        return Decision("drain_old", f"Run {run.id} stopped the old revision {plan.old_names}'s consumers: it is "
+                                     f"drained again, then every instance moves to {plan.new}.")
+    return Decision("wait_new", f"Run {run.id} runs {plan.new} beside {plan.old_names}: once the new revision's "
+                                "workers consume, the old revision is stopped, drained and retired.")
 
 
 def recovery_plan(run: Run) -> RecoveryPlan:

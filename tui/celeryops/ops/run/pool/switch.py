@@ -16,6 +16,7 @@ from celeryops.adapters.deploy.base import DeployError, PoolUpdate, short_revisi
 from celeryops.core.config import Target
 from celeryops.core.errors import EXIT_DEPLOY, EXIT_OK, EXIT_TIMEOUT, UserError
 from celeryops.core.events import FleetBack, Notice, RunFinished, StageStarted, TargetDeployed, TargetRolledBack
+from celeryops.core.splits import served_counts
 from celeryops.ops.drain.engine import NoWorkers
 from celeryops.ops.journal import OVERLAP_CUTOVER, OVERLAP_REVERT, Run
 from celeryops.ops.run.context import RunContext
@@ -27,6 +28,7 @@ from celeryops.ops.run.pool.steps import (
     Drained,
     drain_old,
     drain_revision,
+    drain_revisions,
     hold,
     release,
     resumed,
@@ -75,7 +77,7 @@ async def hand_over(pool: Pool, plan: Plan, *, skip_wait: bool = False, late: st
         held = await drain_old(pool, plan)
     if held is not None:
         sentence, _done = await retire_new(pool, plan)
-        return Ending("timeout", EXIT_TIMEOUT, f"{cap(pool.words.old)} {plan.old} was not idle within "
+        return Ending("timeout", EXIT_TIMEOUT, f"{cap(pool.words.old)} {plan.old_names} was not idle within "
                       f"{pool.settings.max_wait:g} s ({held}){late}: nothing was killed, its consumers were restored; "
                       f"{sentence}")
     return await cut_over(pool, plan)
@@ -93,7 +95,7 @@ async def cut_over(pool: Pool, plan: Plan) -> Ending:
     if state.served != {plan.new: 100} or state.instance_count != plan.count:
         split = (("", 100),) if short_revision(state.latest_ready_revision) == plan.new else ((plan.new, 100),)
         pool.step("cutting_over", plan, f"every instance moves to {plan.new}: {plan.count} in all",
-                  instances=await pool.instances(plan.old, plan.new), split=state.served)
+                  instances=await pool.instances(*plan.revisions), split=state.served)
         # A rollback pins the previous revision by name: recorded as celeryops' own, so the next deploy moves on.
         owner = f"rollback run {run_id}" if w.rollback and split[0][0] else ""
         try:
@@ -103,11 +105,11 @@ async def cut_over(pool: Pool, plan: Plan) -> Ending:
                 lambda: pool.update(PoolUpdate(instance_count=plan.count, split=split, owned_by=owner)))
         except DeployError as err:
             return Ending("deploy_failed", EXIT_DEPLOY, f"Could not move every instance to {plan.new}: {err} "
-                          f"{cap(w.old)} {plan.old} is idle and held, {plan.new} consumes: nothing is lost; run "
+                          f"{cap(w.old)} {plan.old_names} is idle and held, {plan.new} consumes: nothing is lost; run "
                           "`celeryops resume` to finish the cutover.", action="ask", logs_url=err.logs_url)
-    await pool.wait_gone(plan.old)
-    pool.step("cut_over", plan, f"{plan.count} instance(s) of {plan.new} serve; {plan.old} was retired",
-              instances=await pool.instances(plan.old, plan.new), split={plan.new: 100})
+    await pool.wait_gone(*plan.olds)
+    pool.step("cut_over", plan, f"{plan.count} instance(s) of {plan.new} serve; {plan.old_names} was retired",
+              instances=await pool.instances(*plan.revisions), split={plan.new: 100})
     await pool.runner.lift_fence(run_id)
     await pool.phase("deployed")
     kind = TargetRolledBack if w.rollback else TargetDeployed  # a rollback's: "rolled_back": true, its image read
@@ -124,7 +126,7 @@ async def cut_over(pool: Pool, plan: Plan) -> Ending:
     if w.rollback:
         what = f"Rolled back ({target.name} serves revision {plan.new})"
     return Ending("deployed", EXIT_OK, f"{what} without a pause: {plan.count} instance(s) of {plan.new} serve "
-                  f"and {plan.old} was retired once idle; {len(workers)} worker(s) consume.", action="cutover",
+                  f"and {plan.old_names} was retired once idle; {len(workers)} worker(s) consume.", action="cutover",
                   targets=(deployed,))
 
 
@@ -136,12 +138,13 @@ async def finish_cutover(pool: Pool, plan: Plan) -> Ending:
     if state.served != {plan.new: 100} or state.instance_count != plan.count:
         prior = progress_of(await pool.run()).old_stopped
         w = pool.words
-        pool.emit(StageStarted(stage="drain", detail=f"{w.old} {plan.old}, before the cutover again"))
-        drained = await drain_revision(pool, plan.old, exempt=plan.new, prior=prior)
+        pool.emit(StageStarted(stage="drain", detail=f"{w.old} {plan.old_names}, before the cutover again"))
+        drained = await drain_revisions(pool, tuple(plan.olds), exempt=plan.new, prior=prior)
         if not drained.idle:
             await release(pool, drained)
             return Ending("deploy_failed", EXIT_DEPLOY, f"The cutover to {plan.new} never took effect and "
-                          f"{w.old} {plan.old} is busy again ({drained.held_by}): nothing was killed, both consume; "
+                          f"{w.old} {plan.old_names} is busy again ({drained.held_by}): nothing was killed, both "
+                          "consume; "
                           "run `celeryops resume` again later.", action="ask")
     return await cut_over(pool, plan)
 
@@ -165,13 +168,13 @@ async def retire_new(pool: Pool, plan: Plan) -> tuple[str, bool]:
     else:
         state = await pool.state()
         intent = await pool.journal.intend(run_id, OVERLAP_REVERT, plan.payload(
-            before={"count": state.instance_count, "served": state.served}, split=[[plan.old, 100]],
+            before={"count": state.instance_count, "served": state.served}, split=[list(e) for e in plan.back_split],
             count_after=plan.count))
-    pool.step("retiring", plan, f"{plan.new} is retired: {plan.old} consumes again first")
+    pool.step("retiring", plan, f"{plan.new} is retired: {plan.old_names} consumes again first")
     await pool.runner.lift_fence(run_id)
     if progress.old_stopped:
         await pool.runner.restore(run, stopped_map(progress.old_stopped))
-    pool.step("old_restored", plan, f"the workers of {plan.old} consume again")
+    pool.step("old_restored", plan, f"the workers of {plan.old_names} consume again")
     await pool.settled()  # an update still rolling out ends first (the old revision consumes meanwhile)
     drained: Drained | None = None
     if (await pool.registry()).get(plan.new) or progress.new_stopped:
@@ -188,7 +191,7 @@ async def retire_new(pool: Pool, plan: Plan) -> tuple[str, bool]:
     if drained is not None and not drained.idle and pool.keep_new_held:
         await uncut(hold(pool))  # held: it takes no task, its running ones finish
         sentence = (f"{w.new} {plan.new} is still busy ({drained.held_by}): its workers take no new "
-                    f"task and finish what they run; {plan.old} consumes; run `celeryops abort` again to "
+                    f"task and finish what they run; {plan.old_names} consumes; run `celeryops abort` again to "
                     f"finish taking {plan.new} away once they are idle.")
         pool.step("holding_new", plan, sentence)
         return sentence, False
@@ -203,22 +206,23 @@ async def retire_new(pool: Pool, plan: Plan) -> tuple[str, bool]:
         return sentence, False
     await hold(pool)  # the new revision stays held even if this process dies meanwhile
     state = await pool.state()
-    if state.served != {plan.old: 100} or state.instance_count != plan.count:
+    if served_counts(state.instance_count or 0, state.served) != plan.olds:
         try:
-            # Pinned by name, by celeryops: recorded as its own, so the next deploy moves on without asking.
-            await pool.update(PoolUpdate(instance_count=plan.count, split=((plan.old, 100),),
+            # Pinned by name, by celeryops (each old cohort at its count): recorded as its own, so the next deploy
+            # moves on without asking.
+            await pool.update(PoolUpdate(instance_count=plan.count, split=plan.back_split,
                                          owned_by=f"{w.kind} run {run_id}"))
         except DeployError as err:
             await pool.runner.lift_fence(run_id)
-            raise UserError(f"Could not put {pool.target.display} back on {plan.old}: {err} {cap(w.old)} "
+            raise UserError(f"Could not put {pool.target.display} back on {plan.old_names}: {err} {cap(w.old)} "
                             f"consumes, so does {plan.new}: nothing is lost; run `celeryops abort` again.",
                             EXIT_DEPLOY) from None
     await pool.wait_gone(plan.new)
     await pool.runner.lift_fence(run_id)
     await pool.journal.settle(intent, {"ok": True})
-    sentence = (f"{w.new} {plan.new} was retired: {plan.count} instance(s) of {plan.old} serve, "
-                f"pinned to it by name.")
-    pool.step("retired", plan, sentence, instances=await pool.instances(plan.old, plan.new), split={plan.old: 100})
+    sentence = (f"{w.new} {plan.new} was retired: {plan.count} instance(s) of {plan.old_names} serve, "
+                f"pinned to {'them' if plan.cohorts else 'it'} by name.")
+    pool.step("retired", plan, sentence, instances=await pool.instances(*plan.revisions), split=dict(plan.back_split))
     await pool.runner.advance(run_id, "aborted", reason=f"retired {plan.new}")
     return cap(sentence), True
 

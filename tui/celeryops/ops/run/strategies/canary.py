@@ -202,7 +202,7 @@ class CanaryFlow:
     def paused(self, plan: Plan) -> Ending:
         return Ending("canary_paused", EXIT_CANARY_PAUSED, f"The canary had no verdict within "
                       f"{self.settings.max_duration:g} s, so it was not promoted: {plan.new} runs "
-                      f"{plan.new_count} instance(s) beside {plan.count} of {plan.old} and both consume; run "
+                      f"{plan.new_count} instance(s) beside {plan.count} of {plan.old_names} and both consume; run "
                       "`celeryops resume` to judge it longer, or `celeryops abort` to take the canary away.",
                       action="ask")
 
@@ -226,7 +226,7 @@ class CanaryFlow:
         if recorded.verdict in ("promote", "rollback"):
             return recorded.verdict  # type: ignore[return-value]
         coord = pool.runner.coord
-        pool.emit(StageStarted(stage="canary", detail=f"{plan.new} judged against {plan.old}"))
+        pool.emit(StageStarted(stage="canary", detail=f"{plan.new} judged against {plan.old_names}"))
         collector = OutcomeCollector(pool.runner.fleet.app, registry_revisions(coord, pool.runner.fleet_name)
                                      if coord is not None else dict)
         await asyncio.to_thread(collector.start)
