@@ -27,6 +27,7 @@ from celeryops.core.findings import docs, title
 from celeryops.ops.doctor.shutdown import names
 
 KEEP = 600.0  # seconds a live finding stays shown after it was last seen
+HOARD_POLLS = 3  # polls in a row a worker must hoard (one poll catches short tasks turning over)
 TRACKED = 50_000  # task ids remembered (receipts, who holds or runs them)
 END_EVENTS = frozenset({"task-succeeded", "task-failed", "task-revoked", "task-rejected", "task-retried"})
 
@@ -51,6 +52,7 @@ class LiveFindings:
         self._left: set[str] = set()
         self._found: dict[tuple[str, str], tuple[float, Finding]] = {}
         self._last_active: dict[str, dict[str, str]] = {}  # worker -> running task id -> name, at the last poll
+        self._hoards: dict[str, int] = {}  # worker -> polls in a row it held reserved tasks behind busy processes
         self._runtimes: dict[str, dict[str, float]] = {}  # worker -> task name -> longest run (task events)
 
     # -- inputs ------------------------------------------------------------------------------------------------
@@ -163,12 +165,16 @@ class LiveFindings:
     def _hoarding(self, obs: Observation, concurrency: Mapping[str, int]) -> None:
         workers = [w for w in obs.workers.values() if w.replied]
         idle = [w for w in workers if w.active == 0 and w.queues]
+        hoards: dict[str, int] = {}
         for w in workers:
             limit = concurrency.get(w.name)
             if not limit or w.reserved == 0 or w.active < limit:
                 continue
             others = [o.name for o in idle if o.name != w.name and set(o.queues) & set(w.queues)]
             if not others:
+                continue
+            hoards[w.name] = self._hoards.get(w.name, 0) + 1
+            if hoards[w.name] < HOARD_POLLS:
                 continue
             held = sorted({t.name for t in obs.tasks if t.worker == w.name and t.state == "reserved"})
             self._add(w.name, Finding(
@@ -177,3 +183,4 @@ class LiveFindings:
                 f"{names(others)} consuming the same queue sit idle: the reserved tasks wait for {w.name}",
                 "worker_prefetch_multiplier=1 and task_acks_late=True on workers of long tasks",
                 docs("hoarding"), workers=(w.name, *sorted(others)), tasks=tuple(held)))
+        self._hoards = hoards
