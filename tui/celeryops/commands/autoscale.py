@@ -18,6 +18,7 @@ import click
 from celeryops.commands.common import FleetSpec, fleet_options, state_dir_option
 from celeryops.commands.headless import SIGNALS, flag_operator, open_wiring
 from celeryops.commands.output import Printer
+from celeryops.commands.signals import loop_signals
 from celeryops.core.errors import EXIT_USAGE, UserError
 from celeryops.core.events import Event
 from celeryops.core.scaleevents import AutoscaleLook
@@ -52,30 +53,19 @@ def autoscale(target: str | None, fleet: FleetSpec, dry_run: bool, as_json: bool
 
     async def main() -> int:
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
 
-        def on_signal(signum: int) -> None:
+        def on_signal(sig: signal.Signals) -> None:
             if not stop.is_set():
-                sys.stderr.write(f"\n{signal.Signals(signum).name}: finishing or undoing the step in progress, then "
-                                 "exiting...\n")
+                sys.stderr.write(f"\n{sig.name}: finishing or undoing the step in progress, then exiting...\n")
                 stop.set()
 
-        previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
-        for sig in SIGNALS:
-            loop.add_signal_handler(sig, on_signal, sig)
-        try:
+        with loop_signals(SIGNALS, on_signal):
             return await run_autoscaler(session, chosen, config.autoscale, stop, dry_run=dry_run)
-        finally:
-            for sig, handler in previous.items():
-                loop.remove_signal_handler(sig)
-                if handler is not None:
-                    signal.signal(sig, handler)
 
     try:
         code = asyncio.run(main())
     except UserError as err:
-        if printer.as_json and not printer.finished:
-            printer.json({"event": "error", "message": str(err), "exit_code": err.exit_code})
+        printer.error(err)
         raise
     finally:
         wiring.close()

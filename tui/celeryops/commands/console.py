@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Literal, NoReturn, cast
 import click
 
 from celeryops.commands.common import FleetSpec, fleet_options, state_dir_option
+from celeryops.commands.signals import loop_signals
 from celeryops.core.config import Config, Target
 from celeryops.core.errors import EXIT_INTERRUPTED, EXIT_USAGE, UserError
 
@@ -266,8 +267,6 @@ def run_surviving_terminal(console: App[int], backend: OpsBackend | LateBackend)
     interrupted: list[signal.Signals] = []
 
     async def main() -> int | None:
-        loop = asyncio.get_running_loop()
-
         def on_signal(sig: signal.Signals) -> None:
             if interrupted:
                 return
@@ -276,19 +275,13 @@ def run_surviving_terminal(console: App[int], backend: OpsBackend | LateBackend)
             recovery.add_done_callback(lambda _: _exit_after_grace())
             console.exit(EXIT_INTERRUPTED)
 
-        previous = {sig: signal.getsignal(sig) for sig in CONSOLE_SIGNALS}
-        for sig in CONSOLE_SIGNALS:
-            loop.add_signal_handler(sig, on_signal, sig)
-        try:
-            return await console.run_async()
-        finally:
-            if interrupted:
-                _say(f"{interrupted[0].name}: applying the recovery rules before exiting...")
-            await backend.close()  # waits for the recovery begun at the signal, or cancels what still runs
-            for sig, handler in previous.items():  # the caller's own (the demo's: tear the sandbox down)
-                loop.remove_signal_handler(sig)
-                if handler is not None:
-                    signal.signal(sig, handler)
+        with loop_signals(CONSOLE_SIGNALS, on_signal):
+            try:
+                return await console.run_async()
+            finally:
+                if interrupted:
+                    _say(f"{interrupted[0].name}: applying the recovery rules before exiting...")
+                await backend.close()  # waits for the recovery begun at the signal, or cancels what still runs
 
     try:
         code = asyncio.run(main())

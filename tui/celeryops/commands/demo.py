@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -23,6 +23,7 @@ import click
 from celeryops.commands.common import FleetSpec
 from celeryops.commands.headless import RECOVERED, flag_operator, open_wiring, run_headless
 from celeryops.commands.output import Printer
+from celeryops.commands.signals import process_signals
 from celeryops.core.config import DEFAULT_STRATEGY, STRATEGY_NAMES
 from celeryops.core.errors import EXIT_INTERRUPTED, EXIT_USAGE, UserError
 from celeryops.core.events import Notice
@@ -39,31 +40,14 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
-@contextlib.contextmanager
-def _signals_interrupt() -> Iterator[None]:
+def _signals_interrupt() -> contextlib.AbstractContextManager[None]:
     """SIGTERM and SIGHUP interrupt like Ctrl-C (so the sandbox is torn down), outside the deploy's own handlers."""
-    previous = {sig: signal.getsignal(sig) for sig in _SIGNALS}
-    for sig in _SIGNALS:
-        signal.signal(sig, _raise_interrupt)
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    return process_signals(_SIGNALS, _raise_interrupt)
 
 
-@contextlib.contextmanager
-def _signals_ignored() -> Iterator[None]:
+def _signals_ignored() -> contextlib.AbstractContextManager[None]:
     """The teardown must not be cut short by a second Ctrl-C."""
-    sigs = (signal.SIGINT, *_SIGNALS)
-    previous = {sig: signal.getsignal(sig) for sig in sigs}
-    for sig in sigs:
-        signal.signal(sig, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    return process_signals((signal.SIGINT, *_SIGNALS), signal.SIG_IGN)
 
 
 def deploy_headless(sandbox: Sandbox, printer: Printer) -> int:
@@ -163,8 +147,7 @@ def demo(speed: float, headless: bool, as_json: bool, workers: int, keep: bool, 
             printer.json({"event": "interrupted", "message": "Interrupted: the demo sandbox was torn down."})
         code = EXIT_INTERRUPTED
     except UserError as err:
-        if as_json and not printer.finished:
-            printer.json({"event": "error", "message": str(err), "exit_code": err.exit_code})
+        printer.error(err)
         raise
     finally:
         with _signals_ignored():

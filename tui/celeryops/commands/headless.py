@@ -13,6 +13,7 @@ import click
 
 from celeryops.commands.common import FleetSpec
 from celeryops.commands.output import Printer
+from celeryops.commands.signals import loop_signals
 from celeryops.core.config import Config
 from celeryops.core.errors import EXIT_INTERRUPTED, UserError
 from celeryops.ops.run.operator import FlagOperator
@@ -32,30 +33,22 @@ def run_interruptibly(main: Callable[[], Awaitable[T]]) -> tuple[T | None, bool]
 
     async def runner() -> T | None:
         nonlocal interrupted
-        loop = asyncio.get_running_loop()
         task = asyncio.ensure_future(main())
 
-        def on_signal(signum: int) -> None:
+        def on_signal(sig: signal.Signals) -> None:
             nonlocal interrupted
             if not interrupted:
                 interrupted = True
-                sys.stderr.write(f"\n{signal.Signals(signum).name}: applying the recovery rules before exiting...\n")
+                sys.stderr.write(f"\n{sig.name}: applying the recovery rules before exiting...\n")
                 task.cancel()
 
-        previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
-        for sig in SIGNALS:
-            loop.add_signal_handler(sig, on_signal, sig)
-        try:
-            return await task
-        except asyncio.CancelledError:
-            if interrupted:
-                return None
-            raise
-        finally:
-            for sig, handler in previous.items():  # the caller's own (the demo's: tear the sandbox down)
-                loop.remove_signal_handler(sig)
-                if handler is not None:
-                    signal.signal(sig, handler)
+        with loop_signals(SIGNALS, on_signal):
+            try:
+                return await task
+            except asyncio.CancelledError:
+                if interrupted:
+                    return None
+                raise
 
     result = asyncio.run(runner())
     return result, interrupted
@@ -79,8 +72,7 @@ def run_headless(wiring: Wiring, session: RunSession, printer: Printer,
         if was_interrupted or result is None:
             stuck = session.runner.left_stopped()  # the recovery could not finish (the broker stayed down)
     except UserError as err:
-        if printer.as_json and not printer.finished:
-            printer.json({"event": "error", "message": str(err), "exit_code": err.exit_code})
+        printer.error(err)
         raise
     finally:
         wiring.close()

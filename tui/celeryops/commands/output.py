@@ -9,6 +9,7 @@ from typing import Any, TextIO
 
 from celeryops.adapters.deploy.base import RolloutEvent
 from celeryops.core import events
+from celeryops.core.errors import UserError
 from celeryops.core.masking import mask_text
 from celeryops.core.wording import check_line, duration, say
 
@@ -54,6 +55,13 @@ class Printer:
                 self.finished = True
             self.stream.write(mask_text(json.dumps(data, default=str, sort_keys=False)) + "\n")
             self.stream.flush()
+
+    def error(self, err: UserError) -> None:
+        """End the ``--json`` stream with an ``error`` event (the command fails with ``err``), unless a final event
+        ended it already."""
+        with self.lock:
+            if self.as_json and not self.finished:
+                self.json({"event": "error", "message": str(err), "exit_code": err.exit_code})
 
     def text(self, event: events.Event) -> str:
         """The event's line(s) in text mode: the one wording (:mod:`celeryops.core.wording`), with what plain text
