@@ -12,7 +12,7 @@ from typing import Any
 
 from celeryops.core.autoscale import AUTOSCALE_KEYS, MAX_INSTANCES_LIMIT, AutoscaleSettings
 from celeryops.core.configcanary import parse_duration
-from celeryops.core.configcheck import integer, type_name, unknown_keys
+from celeryops.core.configcheck import integer, names, type_name, unknown_keys
 
 _DEFAULTS = AutoscaleSettings()
 #: Integer settings and the least each may be.
@@ -57,12 +57,9 @@ def validate_autoscale(table: Any, problems: list[str]) -> AutoscaleSettings:
             else:
                 values[key] = text.strip()
     if "queues" in table:
-        names = table["queues"]
-        if not isinstance(names, list) or not all(isinstance(n, str) and n.strip() for n in names):
-            problems.append("autoscale.queues must be an array of queue names such as [\"gpu\"], not "
-                            f"{type_name(names)} {names!r}.")
-        else:
-            values["queues"] = tuple(dict.fromkeys(n.strip() for n in names))
+        queues = names(table["queues"], "autoscale.queues", 'queue names such as ["gpu"]', problems)
+        if queues is not None:
+            values["queues"] = queues
     low = values.get("min_instances", _DEFAULTS.min_instances)
     high = values.get("max_instances", _DEFAULTS.max_instances)
     if low > high:

@@ -13,7 +13,7 @@ from dataclasses import fields
 from typing import Any
 
 from celeryops.core.canary import CANARY_KEYS, CanarySettings
-from celeryops.core.configcheck import integer, type_name, unknown_keys
+from celeryops.core.configcheck import integer, names, type_name, unknown_keys
 
 _UNIT = {"h": 3600.0, "m": 60.0, "s": 1.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)([hms])")
@@ -93,12 +93,10 @@ def validate_canary(table: Any, problems: list[str]) -> CanarySettings:
             if number is not None:
                 values[key] = number
     if "ignore_exceptions" in table:
-        names = table["ignore_exceptions"]
-        if not isinstance(names, list) or not all(isinstance(n, str) and n.strip() for n in names):
-            problems.append("canary.ignore_exceptions must be an array of exception type names such as "
-                            f"[\"SoftTimeLimitExceeded\"], not {type_name(names)} {names!r}.")
-        else:
-            values["ignore_exceptions"] = tuple(dict.fromkeys(n.strip() for n in names))
+        ignored = names(table["ignore_exceptions"], "canary.ignore_exceptions",
+                        'exception type names such as ["SoftTimeLimitExceeded"]', problems)
+        if ignored is not None:
+            values["ignore_exceptions"] = ignored
     look = values.get("look_interval", _DEFAULTS.look_interval)
     longest = values.get("max_duration", _DEFAULTS.max_duration)
     if look > longest and ("look_interval" in values or "max_duration" in values):

@@ -5,10 +5,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from types import UnionType
+from typing import Any, TypeVar
 
 from celeryops.core.config import did_you_mean, placeholders
+
+T = TypeVar("T")
 
 
 def template_problem(where: str, template: str, allowed: tuple[str, ...]) -> str | None:
@@ -45,34 +48,40 @@ def typed(value: Any, kind: type, where: str, problems: list[str]) -> Any:
 
 
 def number(value: Any, where: str, problems: list[str], *, from_text: bool) -> float | None:
-    if from_text and isinstance(value, str):
-        try:
-            number = float(value)
-        except ValueError:
-            problems.append(f"{where} must be a number of seconds, not {value!r}.")
-            return None
-    elif isinstance(value, bool) or not isinstance(value, int | float):
-        problems.append(f"{where} must be a number of seconds, not {type_name(value)} {value!r}.")
-        return None
-    else:
-        number = float(value)
-    if not math.isfinite(number):
+    number = _read(value, where, problems, "a number of seconds", int | float, float, from_text=from_text)
+    if number is not None and not math.isfinite(number):
         problems.append(f"{where} must be a finite number of seconds, not {value!r}.")
         return None
     return number
 
 
 def integer(value: Any, where: str, problems: list[str], *, from_text: bool) -> int | None:
+    return _read(value, where, problems, "a whole number", int, int, from_text=from_text)
+
+
+def _read(value: Any, where: str, problems: list[str], wanted: str, kinds: type | UnionType, parse: Callable[[Any], T],
+          *, from_text: bool) -> T | None:
+    """``value`` as ``parse`` reads it: one of ``kinds`` (never a boolean) or, ``from_text`` (an environment
+    variable), a string ``parse`` reads; otherwise None and a sentence saying it must be ``wanted``."""
     if from_text and isinstance(value, str):
         try:
-            return int(value.strip())
+            return parse(value)
         except ValueError:
-            problems.append(f"{where} must be a whole number, not {value!r}.")
+            problems.append(f"{where} must be {wanted}, not {value!r}.")
             return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        problems.append(f"{where} must be a whole number, not {type_name(value)} {value!r}.")
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        problems.append(f"{where} must be {wanted}, not {type_name(value)} {value!r}.")
         return None
-    return value
+    return parse(value)
+
+
+def names(value: Any, where: str, what: str, problems: list[str]) -> tuple[str, ...] | None:
+    """An array of non-empty strings (``what``: ``queue names such as ["gpu"]``), stripped, each once in its first
+    place; None (and a sentence) for anything else."""
+    if not isinstance(value, list) or not all(isinstance(n, str) and n.strip() for n in value):
+        problems.append(f"{where} must be an array of {what}, not {type_name(value)} {value!r}.")
+        return None
+    return tuple(dict.fromkeys(n.strip() for n in value))
 
 
 def type_name(value: Any) -> str:
