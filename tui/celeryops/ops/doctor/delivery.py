@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
 
 from celeryops.core.events import DoctorNote, Finding
 from celeryops.core.findings import docs, title
@@ -34,12 +35,17 @@ def _tasks_on(workers: list[WorkerFacts], keep: object) -> tuple[tuple[str, ...]
     return tuple(sorted({n for ws in found.values() for n in ws})), tuple(sorted(found))
 
 
+def _on_visibility_brokers(facts: FleetFacts) -> Iterator[tuple[WorkerFacts, float]]:
+    """The checked workers whose broker hands a message not acknowledged in time to another worker, each with its
+    visibility timeout (seconds)."""
+    for w in facts.checked:
+        if w.transport(facts.transport) in VISIBILITY_TRANSPORTS:
+            yield w, w.visibility_timeout
+
+
 def visibility_eta(facts: FleetFacts) -> list[Finding]:
     out = []
-    for w in facts.checked:
-        if w.transport(facts.transport) not in VISIBILITY_TRANSPORTS:
-            continue
-        vt = w.visibility_timeout
+    for w, vt in _on_visibility_brokers(facts):
         far = [h for h in w.scheduled if h.eta is not None and h.eta - facts.now > vt]
         if not far:
             continue
@@ -57,10 +63,7 @@ def visibility_eta(facts: FleetFacts) -> list[Finding]:
 
 def visibility_runtime(facts: FleetFacts) -> list[Finding]:
     out = []
-    for w in facts.checked:
-        if w.transport(facts.transport) not in VISIBILITY_TRANSPORTS:
-            continue
-        vt = w.visibility_timeout
+    for w, vt in _on_visibility_brokers(facts):
         longest = w.longest()
         late = [t for t in w.tasks() if t.acks_late and (t.time_limit is None or t.time_limit > vt
                                                          or longest.get(t.name, 0.0) > vt)]
