@@ -14,6 +14,26 @@ MIN_SPEED = 0.1
 MAX_SPEED = 50.0
 
 
+class _Scaled:
+    """A duration of the demo: ``seconds`` at speed 1, divided by the speed, never under ``floor``."""
+
+    def __init__(self, seconds: float, floor: float) -> None:
+        self.seconds, self.floor = seconds, floor
+
+    def __get__(self, timing: Timing, owner: type | None = None) -> float:
+        return timing.scaled(self.seconds, floor=self.floor)
+
+
+class _Span:
+    """A range of durations of the demo, (low, high) seconds at speed 1, divided by the speed."""
+
+    def __init__(self, low: float, high: float) -> None:
+        self.low, self.high = low, high
+
+    def __get__(self, timing: Timing, owner: type | None = None) -> tuple[float, float]:
+        return timing.span(self.low, self.high)
+
+
 @dataclass(frozen=True)
 class Timing:
     """Seconds for one demo speed. Ranges are (low, high) for a uniformly random duration."""
@@ -33,54 +53,19 @@ class Timing:
         return (low / self.speed, high / self.speed)
 
     # -- tasks
-    @property
-    def short_task(self) -> tuple[float, float]:
-        return self.span(0.5, 3.0)
-
-    @property
-    def long_task(self) -> tuple[float, float]:
-        """The "runs for minutes in production" tasks that a drain must wait for."""
-        return self.span(20.0, 40.0)
-
-    @property
-    def cpu_task(self) -> tuple[float, float]:
-        return self.span(4.0, 10.0)
-
-    @property
-    def gpu_task(self) -> tuple[float, float]:
-        return self.span(6.0, 12.0)
-
-    @property
-    def eta_countdown(self) -> tuple[float, float]:
-        """How far in the future the ETA (countdown) task is due: it sits in a worker's timer meanwhile."""
-        return self.span(30.0, 60.0)
-
-    @property
-    def slot_retry(self) -> float:
-        return self.scaled(4.0, floor=0.5)
+    short_task = _Span(0.5, 3.0)
+    long_task = _Span(20.0, 40.0)  # the "runs for minutes in production" tasks that a drain must wait for
+    cpu_task = _Span(4.0, 10.0)
+    gpu_task = _Span(6.0, 12.0)
+    eta_countdown = _Span(30.0, 60.0)  # how far off the ETA (countdown) task is due: it sits in a worker's timer
+    slot_retry = _Scaled(4.0, floor=0.5)
 
     # -- producer and autoscaler
-    @property
-    def produce_every(self) -> float:
-        return self.scaled(1.5, floor=0.05)
-
-    @property
-    def autoscale_every(self) -> float:
-        return self.scaled(2.0, floor=0.25)
+    produce_every = _Scaled(1.5, floor=0.05)
+    autoscale_every = _Scaled(2.0, floor=0.25)
 
     # -- drain, fence, rollout
-    @property
-    def drain_interval(self) -> float:
-        return self.scaled(2.0, floor=0.3)
-
-    @property
-    def drain_max_wait(self) -> float:
-        return self.scaled(600.0, floor=120.0)
-
-    @property
-    def fence_interval(self) -> float:
-        return self.scaled(2.0, floor=0.3)
-
-    @property
-    def rollout(self) -> float:
-        return self.scaled(3.0, floor=0.2)
+    drain_interval = _Scaled(2.0, floor=0.3)
+    drain_max_wait = _Scaled(600.0, floor=120.0)
+    fence_interval = _Scaled(2.0, floor=0.3)
+    rollout = _Scaled(3.0, floor=0.2)
