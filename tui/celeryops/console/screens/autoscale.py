@@ -12,7 +12,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import DataTable, Static
 
 from celeryops.console.fmt import since
-from celeryops.console.screens.base import ConsoleScreen, Row, refill
+from celeryops.console.screens.base import ConsoleScreen, Row, home_binding, refill
 from celeryops.console.stylesheets import screen_css
 from celeryops.console.widgets.scaleplot import ScalePlot
 from celeryops.core.errors import UserError
@@ -79,7 +79,7 @@ class AutoscaleScreen(ConsoleScreen):
     CSS_PATH = screen_css("autoscale")
     VIEW_TITLE = "autoscaler"
     BINDINGS = [
-        Binding("h,escape", "app.show_home", "Home", id="autoscale.home", tooltip="Back to the fleet."),
+        home_binding("autoscale"),
         Binding("ctrl+r", "reload", "Refresh", id="autoscale.reload", tooltip="Read the autoscaler's status now."),
     ]
 

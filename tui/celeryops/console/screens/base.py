@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from rich.cells import cell_len
 from rich.text import Text
-from textual.binding import BindingsMap
+from textual.binding import Binding, BindingsMap
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer
 
@@ -62,6 +62,11 @@ def _fitted(value: object, width: int) -> object:
     text = value.copy() if isinstance(value, Text) else Text(str(value))
     text.truncate(width, overflow="ellipsis")
     return text
+
+
+def home_binding(screen: str, keys: str = "h,escape", tooltip: str = "Back to the fleet.") -> Binding:
+    """The key of ``screen`` (its bindings' id prefix) back to the fleet: the home screen."""
+    return Binding(keys, "app.show_home", "Home", id=f"{screen}.home", tooltip=tooltip)
 
 
 class ConsoleScreen(Screen):

@@ -12,7 +12,7 @@ from textual.widgets import Static
 
 from celeryops.console.fmt import CHECK_ICON, CHECK_STYLE
 from celeryops.console.model import RunModel
-from celeryops.console.screens.base import ConsoleScreen
+from celeryops.console.screens.base import ConsoleScreen, home_binding
 from celeryops.console.stylesheets import screen_css
 
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
@@ -26,7 +26,7 @@ class PreflightScreen(ConsoleScreen):
         Binding("G", "proceed", "Go", id="preflight.go",
                 tooltip="Go ahead: stop consumers and drain, then deploy (an overlap deploy brings the new revision up "
                         "first); asks for confirmation first."),
-        Binding("h", "app.show_home", "Home", id="preflight.home", tooltip="Back to the fleet."),
+        home_binding("preflight", "h"),
     ]
 
     def __init__(self, read_only: bool) -> None:

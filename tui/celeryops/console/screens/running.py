@@ -8,13 +8,13 @@ from textual.binding import Binding
 from textual.widgets import RichLog
 
 from celeryops.console.model import LEVEL_STYLE, RunModel
-from celeryops.console.screens.base import ConsoleScreen
+from celeryops.console.screens.base import ConsoleScreen, home_binding
 
 
 def run_nav_bindings(screen: str, goes_on: str) -> list[Binding]:
     """``h`` home and ``s`` slots of a run's screen (``goes_on``: what goes on meanwhile, "the run")."""
     return [
-        Binding("h", "app.show_home", "Home", id=f"{screen}.home", tooltip=f"Back to the fleet; {goes_on} goes on."),
+        home_binding(screen, "h", f"Back to the fleet; {goes_on} goes on."),
         Binding("s", "app.show_slots", "Slots", id=f"{screen}.slots", tooltip="Slot pool: gauges, holders, waiters."),
     ]
 

@@ -13,7 +13,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import DataTable, Static
 
 from celeryops.console.fmt import gauge, left, shorten, since, slots_text
-from celeryops.console.screens.base import ConsoleScreen, Row, refill
+from celeryops.console.screens.base import ConsoleScreen, Row, home_binding, refill
 from celeryops.console.stylesheets import screen_css
 from celeryops.console.widgets.usage import UsageStrip
 from celeryops.ops.backend.views import DeviceView, PoolView, SlotHolder, SlotsView, SlotWaiter
@@ -79,7 +79,7 @@ class SlotsScreen(ConsoleScreen):
     CSS_PATH = screen_css("slots")
     VIEW_TITLE = "slots"
     BINDINGS = [
-        Binding("h,escape", "app.show_home", "Home", id="slots.home", tooltip="Back to the fleet."),
+        home_binding("slots"),
         Binding("r", "refresh", "Refresh", id="slots.refresh", tooltip="Read the slot pools now."),
     ]
 
