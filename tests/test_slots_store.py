@@ -364,6 +364,22 @@ def test_snapshot_counts_expired_contributions_out_before_anyone_reaps(redis_cli
     assert redis_client.hget(store.keys[0], "total:cpu") == "4"
 
 
+def test_more_contributions_than_one_batch_are_counted_and_reaped(redis_client: redis.Redis) -> None:
+    """Counting the totals again and reaping go over the hosts' contributions in batches of 500 (Lua's unpack has a
+    stack limit): 600 hosts add up, and the 550 whose contributions expire at once all go in one reap."""
+    store = SlotStore(redis_client)
+    for i in range(600):
+        store.contribute(f"h{i}", {"cpu": 1}, ttl=30, worker=f"celery@h{i}")
+    assert store.snapshot().usage("cpu").total == 600
+    # let 550 expire at once (rewriting their expiry, as a killed worker's would pass)
+    members = redis_client.zrange(store.keys[4], 0, -1)
+    redis_client.zadd(store.keys[4], {m: 1 for m in members if int(m.split("|")[0][1:]) >= 50})
+    store.reap()
+    assert redis_client.hget(store.keys[0], "total:cpu") == "50"
+    assert redis_client.zcard(store.keys[4]) == 50
+    assert sum(1 for f in redis_client.hkeys(store.keys[5]) if f.startswith("host:")) == 50
+
+
 def test_leases_above_a_shrunk_total_are_never_revoked(redis_client: redis.Redis) -> None:
     """A host leaves while the pool is busy beyond what is left: running leases keep their slots (renewals still
     succeed), used stays above total, new acquires wait until enough leases end."""

@@ -100,6 +100,16 @@ end
 LIB = """
 local function lib()
   local M = {}
+  -- contributions first .. first + 499 of a list (unpack has a stack limit) and their two fields in I
+  local function batch(members, first)
+    local chunk, fields = {}, {}
+    for j = first, math.min(first + 499, #members) do
+      chunk[#chunk + 1] = members[j]
+      fields[#fields + 1] = 'host:' .. members[j]
+      fields[#fields + 1] = 'hdev:' .. members[j]
+    end
+    return chunk, fields
+  end
   function M.now_ms()
     local t = call('TIME')
     return t[1] * 1000 + math.floor(t[2] / 1000)
@@ -127,12 +137,7 @@ local function lib()
     local best, sum, typs = {}, {}, {}
     local dset, dlist, dtyps = {}, {}, {}
     for i = 1, #members, 500 do
-      local fields, chunk = {}, {}
-      for j = i, math.min(i + 499, #members) do
-        chunk[#chunk + 1] = members[j]
-        fields[#fields + 1] = 'host:' .. members[j]
-        fields[#fields + 1] = 'hdev:' .. members[j]
-      end
+      local chunk, fields = batch(members, i)
       local both = call('HMGET', I, unpack(fields))
       local recs = {}
       for j = 1, #chunk do
@@ -232,12 +237,7 @@ local function lib()
     local gone = call('ZRANGEBYSCORE', C, '-inf', now)
     if #gone > 0 then
       for i = 1, #gone, 500 do
-        local chunk, fields = {}, {}
-        for j = i, math.min(i + 499, #gone) do
-          chunk[#chunk + 1] = gone[j]
-          fields[#fields + 1] = 'host:' .. gone[j]
-          fields[#fields + 1] = 'hdev:' .. gone[j]
-        end
+        local chunk, fields = batch(gone, i)
         call('HDEL', I, unpack(fields))
         call('ZREM', C, unpack(chunk))
       end
