@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from celeryops.fence.record import Platform
 from celeryops.fence.selfreport import WorkerReport
@@ -25,6 +25,7 @@ REDIS_BACKENDS = frozenset({"redis", "rediss", "sentinel", "redis+socket"})
 #: ``inspect registered`` with these items shows each task's effective options (``name [acks_late=True ...]``).
 TASK_ITEMS = ("acks_late", "reject_on_worker_lost", "time_limit", "soft_time_limit")
 _REGISTERED = re.compile(r"^(?P<name>\S+)(?: \[(?P<items>.*)\])?$")
+T = TypeVar("T")
 _TIMEDELTA = re.compile(r"^(?:(?P<days>-?\d+) days?, )?(?P<h>\d+):(?P<m>\d\d):(?P<s>\d\d(?:\.\d+)?)$")
 
 
@@ -99,6 +100,16 @@ class Held:
     runtime: float | None = None
 
 
+class _Setting(Generic[T]):
+    """A worker setting read by ``parse`` from where :meth:`WorkerFacts.setting` finds it."""
+
+    def __init__(self, report_key: str, conf_key: str, parse: Callable[[Any], T]) -> None:
+        self.report_key, self.conf_key, self.parse = report_key, conf_key, parse
+
+    def __get__(self, worker: WorkerFacts, owner: type | None = None) -> T:
+        return self.parse(worker.setting(self.report_key, self.conf_key))
+
+
 @dataclass(frozen=True)
 class WorkerFacts:
     """Everything read about one worker (``conf`` None: it did not answer ``inspect conf``)."""
@@ -116,7 +127,8 @@ class WorkerFacts:
     def checked(self) -> bool:
         return self.conf is not None or self.report is not None
 
-    def _setting(self, report_key: str, conf_key: str) -> Any:
+    def setting(self, report_key: str, conf_key: str) -> Any:
+        """A setting as the worker's plugin reports it (``report_key``), else as ``inspect conf`` shows it."""
         if self.report is not None and report_key in self.report.settings:
             return self.report.settings[report_key]
         return (self.conf or {}).get(conf_key)
@@ -137,18 +149,10 @@ class WorkerFacts:
     def remap_sigquit(self) -> bool:
         return self.report is not None and self.report.remap_sigterm.strip().upper() in ("SIGQUIT", "QUIT")
 
-    @property
-    def soft_shutdown(self) -> float | None:
-        return seconds(self._setting("soft_shutdown_timeout", "worker_soft_shutdown_timeout"))
-
-    @property
-    def soft_on_idle(self) -> bool:
-        return _truthy(self._setting("enable_soft_shutdown_on_idle", "worker_enable_soft_shutdown_on_idle"))
-
-    @property
-    def cancel_on_connection_loss(self) -> bool:
-        return _truthy(self._setting("cancel_long_running_tasks_on_connection_loss",
-                                     "worker_cancel_long_running_tasks_on_connection_loss"))
+    soft_shutdown = _Setting("soft_shutdown_timeout", "worker_soft_shutdown_timeout", seconds)
+    soft_on_idle = _Setting("enable_soft_shutdown_on_idle", "worker_enable_soft_shutdown_on_idle", _truthy)
+    cancel_on_connection_loss = _Setting("cancel_long_running_tasks_on_connection_loss",
+                                         "worker_cancel_long_running_tasks_on_connection_loss", _truthy)
 
     # -- prefetch, pool ------------------------------------------------------------------------------------------
 
@@ -157,7 +161,7 @@ class WorkerFacts:
         pool = (self.stats or {}).get("pool") or {}
         value = pool.get("max-concurrency") if isinstance(pool, Mapping) else None
         if value is None:
-            value = self._setting("concurrency", "worker_concurrency")
+            value = self.setting("concurrency", "worker_concurrency")
         try:
             return max(1, int(value))
         except (TypeError, ValueError):
@@ -216,19 +220,12 @@ class WorkerFacts:
             return str(raw)
         return str(self.report.settings.get("result_backend") or "") if self.report is not None else ""
 
-    @property
-    def result_expires(self) -> float | None:
-        return seconds(self._setting("result_expires", "result_expires"))
+    result_expires = _Setting("result_expires", "result_expires", seconds)
 
     # -- the tasks -----------------------------------------------------------------------------------------------
 
-    @property
-    def acks_late(self) -> bool:
-        return _truthy(self._setting("acks_late", "task_acks_late"))
-
-    @property
-    def reject_on_worker_lost(self) -> bool:
-        return _truthy(self._setting("reject_on_worker_lost", "task_reject_on_worker_lost"))
+    acks_late = _Setting("acks_late", "task_acks_late", _truthy)
+    reject_on_worker_lost = _Setting("reject_on_worker_lost", "task_reject_on_worker_lost", _truthy)
 
     def tasks(self) -> list[TaskSettings]:
         """Every task this worker runs, with its effective options (its own over the app's)."""
