@@ -5,12 +5,9 @@ Nothing here mocks Redis or Celery. Waiting is done on conditions with deadlines
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
 import subprocess
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,7 +19,7 @@ from celery import Celery
 from hypothesis import HealthCheck, settings
 
 from celeryops.demo.standins.redis_server import RedisServer
-from celeryops_harness.workers import WorkerProcess, control_app, wait_for
+from celeryops_harness.workers import WorkerProcess, control_app, kill_all, wait_for
 
 AMQP_HOST = "127.0.0.1:5672"
 
@@ -150,16 +147,7 @@ def start_workers(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Ca
         return batch
 
     yield start
-    # A cold shutdown takes a worker ~1.5 s: all of them at once, then each is made sure of (SIGKILL at worst).
-    for w in started:
-        w.signal(signal.SIGQUIT)
-    deadline = time.monotonic() + 3.0
-    for w in started:
-        if w.proc is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                w.proc.wait(max(0.0, deadline - time.monotonic()))
-    for w in started:
-        w.stop()
+    kill_all(started)
 
 
 __all__ = ["control_app", "wait_for"]

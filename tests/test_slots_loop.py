@@ -47,7 +47,9 @@ def park(store: SlotStore, tid: str) -> None:
 
 
 def slots_threads() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith("celeryops")]
+    """The slots' threads (heartbeat, waker) alive now. Only the slots' names: another test of this process may
+    leave a thread of its own behind (the console's event feed), which says nothing about the slots."""
+    return [t.name for t in threading.enumerate() if t.name.startswith("celeryops-slots")]
 
 
 def test_the_hub_watches_the_wake_list_and_the_timer_beats(own_redis: RedisServer) -> None:

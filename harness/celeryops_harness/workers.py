@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from celeryops.demo.standins.cloudrun import CloudRunStandIn, InstanceSpec
-from celeryops.demo.standins.workers import CeleryInstances, control_app, wait_for
+from celeryops.demo.standins.workers import CeleryInstances, control_app, kill_all, wait_for
 from celeryops.demo.standins.workers import WorkerProcess as _WorkerProcess
 
 TASK_APP = "celeryops_harness.taskapp"
 
-__all__ = ["TASK_APP", "RevisionFleet", "WorkerProcess", "control_app", "wait_for"]
+__all__ = ["TASK_APP", "RevisionFleet", "WorkerProcess", "control_app", "kill_all", "wait_for"]
 
 
 class WorkerProcess(_WorkerProcess):

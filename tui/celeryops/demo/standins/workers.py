@@ -157,6 +157,15 @@ class WorkerProcess:
             self.proc.wait(timeout=10)
 
 
+def kill_all(workers: Sequence[WorkerProcess]) -> None:
+    """SIGKILL every worker's process group at once, then reap each (teardown: nothing needs to finish; one at a
+    time, a cold shutdown took ~1.5 s a worker)."""
+    for worker in workers:
+        worker.signal(signal.SIGKILL)
+    for worker in workers:
+        worker.stop(timeout=5)
+
+
 class LaunchedWorkers:
     """What a launcher of real workers keeps: the workers it started and the revision each runs (``revision_of``, by
     node name). Thread-safe: ``_roster`` guards both and ``_stopped``, and nothing starts once stopping began."""
@@ -231,6 +240,5 @@ class CeleryInstances(LaunchedWorkers):
 
     def stop(self) -> None:
         """SIGKILL every worker's process group (teardown: nothing needs to finish) and wait for them."""
-        for worker in self._stop_launching():
-            worker.stop(timeout=5)
+        kill_all(self._stop_launching())
         self._control.close()
