@@ -27,7 +27,7 @@ lint: $(STAMP)
 test: $(STAMP)
 	@bash tools/ensure-test-services.sh
 	$(MAKE) --no-print-directory lint
-	$(BIN)/python -m pytest -q -n 4 --durations=15
+	$(BIN)/python -m pytest -q -n 6 --durations=15
 
 bench: $(STAMP)
 	@bash tools/ensure-test-services.sh

@@ -347,7 +347,7 @@ def outcomes(world: World) -> Iterator[dict[str, Outcome]]:
     app = Celery("bad-input-control", broker=world.broker.url)
     consumers, keys = _consumers(app, world.worker), _redis_state(world.broker.url)
     secured_keys = _redis_state(world.secured.url)
-    with ThreadPoolExecutor(max_workers=4) as pool:
+    with ThreadPoolExecutor(max_workers=6) as pool:
         done = {o.row.id: o for o in pool.map(lambda row: _play(world, row), ROWS)}
     done["-consumers-"] = consumers  # type: ignore[assignment]
     done["-keys-"] = keys  # type: ignore[assignment]
