@@ -141,6 +141,29 @@ def test_a_retry_is_no_redelivery() -> None:
     assert live.findings() == ()
 
 
+def test_the_copies_a_slot_task_sends_of_itself_are_no_redelivery() -> None:
+    """A task waiting for slots retries itself at the same count (the woken copy and the fallback copy, of which one
+    runs): neither copy arriving, in events or in the polls, is a redelivery; a task received twice otherwise still
+    is."""
+    from celeryops.core.events import Observation, TaskInfo, WorkerObs
+    from celeryops.ops.doctor.live import LiveFindings
+
+    live = LiveFindings()
+    live.on_task_event(_received("t1", "w@1"))
+    live.on_task_event({"type": "task-started", "uuid": "t1", "hostname": "w@1"})
+    live.on_task_event({"type": "task-retried", "uuid": "t1", "hostname": "w@1"})  # parked: no slot free
+    live.on_task_event(_received("t1", "w@2"))  # the woken copy
+    live.on_task_event({"type": "task-started", "uuid": "t1", "hostname": "w@2"})
+    live.on_task_event(_received("t1", "w@3", eta="2030-01-01T00:00:00+00:00"))  # the fallback, while w@2 runs it
+    workers = {w: WorkerObs(w, True, active=1) for w in ("w@1", "w@2", "w@3")}
+    live.observe(Observation(workers, (TaskInfo("w@2", "t1", "billing.charge", "active"),)), {})
+    live.observe(Observation(workers, (TaskInfo("w@3", "t1", "billing.charge", "active"),)), {})
+    assert live.findings() == ()
+    live.on_task_event(_received("t2", "w@1"))
+    live.on_task_event(_received("t2", "w@2"))
+    assert [f.id for f in live.findings()] == ["redelivered"]
+
+
 def test_a_task_started_on_a_worker_that_left_is_orphaned_and_what_it_never_started_is_no_redelivery() -> None:
     from celeryops.ops.doctor.live import LiveFindings
 

@@ -40,7 +40,7 @@ def summary(status: ScaleStatus | None, now: float) -> Text:
     text.append(f" · demand {point[1]} / capacity {point[2]} ({status.per_instance or 1} per instance)")
     every = settings.get("interval")
     text.append(f" · min {settings.get('min_instances', '?')} max {settings.get('max_instances', '?')}"
-                f" · every {every:g} s" if isinstance(every, int | float) else "", style="dim")
+                f" · every {every:.3g} s" if isinstance(every, int | float) else "", style="dim")
     if status.message:
         text.append(f"\n{status.message}", style="bold yellow")
     return text

@@ -3,7 +3,9 @@
 - ``redelivered``: a task id received twice (Celery task events: a second ``task-received`` with the same retry
   count; or seen held by one worker, then by another, in the console's polls), named with its likely cause: its
   first worker left holding it, its ETA lay beyond the visibility timeout, or it was running (a late-ack task past
-  the visibility timeout, or a broker connection lost under it).
+  the visibility timeout, or a broker connection lost under it). A task that retried itself without counting the
+  retry (the slots' handoff: a task waiting for slots is sent again twice, woken and as a fallback, with the same
+  retry count, and the copy that does not get the slots drops itself) is no redelivery when its copies arrive.
 - ``hoarding``: a worker holds reserved tasks while all its processes are busy and another worker that consumes the
   same queue is idle (its polls, and each worker's concurrency).
 - ``orphaned_task``: a task started on a worker that has left since (a ``worker-offline`` event, or a worker gone by
@@ -40,6 +42,7 @@ class _Seen:
     eta: bool = False
     started: bool = False
     ended: bool = False
+    copies: bool = False  # it retried itself at this retry count: more receipts of it are its own copies
 
 
 class LiveFindings:
@@ -71,14 +74,17 @@ class LiveFindings:
             seen = self._tasks.get(task_id)
             if kind == "task-received":
                 retries = int(event.get("retries") or 0)
-                if seen is not None and not seen.ended and seen.retries == retries:
+                copies = seen is not None and seen.copies and seen.retries == retries
+                if seen is not None and not seen.ended and seen.retries == retries and not copies:
                     self._redelivered(task_id, seen, worker)
                 self._remember(task_id, _Seen(worker, str(event.get("name") or (seen.name if seen else "")),
-                                              retries, eta=bool(event.get("eta"))))
+                                              retries, eta=bool(event.get("eta")), copies=copies))
             elif seen is not None and kind == "task-started":
                 seen.worker, seen.started = worker or seen.worker, True
             elif seen is not None and kind in END_EVENTS:
                 seen.ended = True
+                # a retry sent at the same count (the slots' handoff) is a copy; Celery's own retry counts one more
+                seen.copies = seen.copies or kind == "task-retried"
                 runtime = event.get("runtime")
                 if isinstance(runtime, int | float) and seen.name:
                     runs = self._runtimes.setdefault(worker or seen.worker, {})
@@ -94,10 +100,11 @@ class LiveFindings:
             for task in obs.tasks:
                 seen = self._tasks.get(task.id)
                 if seen is not None and seen.worker and seen.worker != task.worker and task.state != "scheduled" \
-                        and not seen.ended and seen.worker in obs.workers:
+                        and not seen.ended and not seen.copies and seen.worker in obs.workers:
                     self._redelivered(task.id, seen, task.worker)
                 if seen is None or seen.worker != task.worker:
-                    self._remember(task.id, _Seen(task.worker, task.name, eta=task.state == "scheduled"))
+                    self._remember(task.id, _Seen(task.worker, task.name, seen.retries if seen else 0,
+                                                  eta=task.state == "scheduled", copies=bool(seen and seen.copies)))
                 if task.state == "active":
                     self._tasks[task.id].started = True
                     active.setdefault(task.worker, {})[task.id] = task.name
