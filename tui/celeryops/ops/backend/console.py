@@ -162,13 +162,7 @@ class OpsBackend:
 
     async def autoscaler(self) -> ScaleStatus | None:
         """What the fleet's autoscaler last published (one HGET), or None (no Redis, none published)."""
-        coord = self.wiring.coord
-        if coord is None:
-            return None
-        try:
-            return await asyncio.to_thread(read_scale_status, coord, self.wiring.fleet_name)
-        except redis.RedisError:
-            return None
+        return await self.wiring.read_coord(read_scale_status)
 
     async def unfinished_run(self) -> RunView | None:
         return await asyncio.to_thread(self.snapshots.unfinished_run)
@@ -358,7 +352,6 @@ def open_backend(app: Celery, config: Config, *, read_only: bool, fleet_display:
 def _require_watcher(wiring: Wiring) -> None:
     """Watch mode: refuse in one sentence, before the console opens, a Redis user that may not read the fleet's
     published status (a worker's user); a Redis that does not answer is the console's to report."""
-    import redis
 
     assert wiring.coord is not None
     try:

@@ -169,13 +169,8 @@ class Snapshots:
                      for d in depths)
 
     async def _published(self) -> PublishedStatus | None:
-        coord = self.wiring.coord
-        if coord is None:
-            return None
-        try:
-            return await asyncio.to_thread(live_status, coord, self.wiring.fleet_name)
-        except (redis.RedisError, MalformedRecord):  # unreadable or malformed: no run is followed on its word
-            return None
+        # unreadable or malformed: no run is followed on its word
+        return await self.wiring.read_coord(live_status, MalformedRecord)
 
     async def slots(self) -> views.SlotsView | None:
         client = self.wiring.slots_client

@@ -10,7 +10,7 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import redis
 from celery import Celery
@@ -33,6 +33,9 @@ WATCH_CLIENT_NAME = "celeryops-watch"
 def named_redis(url: str, name: str | None = None) -> redis.Redis:
     return redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=5, decode_responses=True,
                                 client_name=name)
+
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -65,6 +68,17 @@ class Wiring:
             self.journal.on_warning = runner.journal_warning
         return RunSession(runner, self.config, operator, repo=repo or Path.cwd(), accept_all=accept_all,
                           accepted=frozenset((*accept, *self.config.preflight.accept)))
+
+    async def read_coord(self, read: Callable[[redis.Redis, str], T], *unreadable: type[Exception]) -> T | None:
+        """``read(coord, fleet)`` on a thread; None when there is no coordination Redis, or when it fails with a
+        Redis error or one of ``unreadable`` (what the console shows is then "nothing published")."""
+        if self.coord is None:
+            return None
+        errors: tuple[type[Exception], ...] = (redis.RedisError, *unreadable)
+        try:
+            return await asyncio.to_thread(read, self.coord, self.fleet_name)
+        except errors:
+            return None
 
     def require_login(self) -> None:
         """Raise :class:`~celeryops.ops.access.probe.LoginRefused` (and close everything) when the fleet's Redis
