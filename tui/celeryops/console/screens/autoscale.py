@@ -15,8 +15,6 @@ from celeryops.console.fmt import since
 from celeryops.console.screens.base import ConsoleScreen, Row, home_binding, refill
 from celeryops.console.stylesheets import screen_css
 from celeryops.console.widgets.scaleplot import ScalePlot
-from celeryops.core.errors import UserError
-from celeryops.core.masking import mask_text
 from celeryops.ops.fleetwide.scalestatus import ScaleStatus
 
 STATE_STYLE = {"idle": "dim", "busy": "green", "starting": "cyan", "draining": "yellow"}
@@ -115,13 +113,11 @@ class AutoscaleScreen(ConsoleScreen):
         self.set_interval(2.0, self.action_reload)
 
     def action_reload(self) -> None:
-        self.run_worker(self._load(), group="autoscale", exclusive=True)
+        self.load("autoscale", self.console.backend.autoscaler, self._show)
 
-    async def _load(self) -> None:
-        try:
-            status = await self.console.backend.autoscaler()
-        except UserError as err:
-            self.console.notify(mask_text(str(err)), severity="error", timeout=10)
+    def _show(self, status: ScaleStatus | None, error: str) -> None:
+        if error:
+            self.console.notify(error, severity="error", timeout=10)
             return
         if self._read and status == self.status:
             return

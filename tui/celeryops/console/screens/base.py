@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 from rich.cells import cell_len
 from rich.text import Text
@@ -13,6 +13,8 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer
 
 from celeryops.console.widgets.status_bar import StatusBar
+from celeryops.core.errors import UserError
+from celeryops.core.masking import mask_text
 
 if TYPE_CHECKING:
     from celeryops.console.host import ConsoleHost
@@ -20,6 +22,7 @@ if TYPE_CHECKING:
 
 
 Row = tuple[str | None, Sequence[object]]  # (row key, cells)
+T = TypeVar("T")
 
 
 def _cell_width(value: object) -> int:
@@ -104,6 +107,19 @@ class ConsoleScreen(Screen):
         if shown != self._footer_shown:
             self._footer_shown = shown
             self.refresh_bindings()
+
+    def load(self, group: str, read: Callable[[], Awaitable[T]], show: Callable[[T | None, str], None]) -> None:
+        """Read from the backend in a worker (the group's previous read is cancelled), then ``show(value, "")``, or
+        ``show(None, error)`` with the error's sentence (passwords masked) when the read was refused."""
+        async def reading() -> None:
+            try:
+                value = await read()
+            except UserError as err:
+                show(None, mask_text(str(err)))
+            else:
+                show(value, "")
+
+        self.run_worker(reading(), group=group, exclusive=True)
 
     def render_model(self, model: RunModel) -> None:
         """Show the run as the model has it now (called on every run event while this screen is on top)."""

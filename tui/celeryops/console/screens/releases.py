@@ -13,8 +13,6 @@ from celeryops.console.fmt import shorten, since
 from celeryops.console.screens.base import Row, refill
 from celeryops.console.screens.filtering import FilteredScreen
 from celeryops.console.stylesheets import screen_css
-from celeryops.core.errors import UserError
-from celeryops.core.masking import mask_text
 from celeryops.ops.backend.views import ReleasesView, ReleaseView
 
 IMAGE_TEXT = {"exists": ("✔ exists", "green"), "missing": ("✘ missing", "bold red"),
@@ -60,16 +58,10 @@ class ReleasesScreen(FilteredScreen):
         self.action_reload()
 
     def action_reload(self) -> None:
-        self.run_worker(self._load(), group="releases", exclusive=True)
+        self.load("releases", self.console.backend.releases, self._show)
 
-    async def _load(self) -> None:
-        try:
-            view = await self.console.backend.releases()
-        except UserError as err:
-            self.error = mask_text(str(err))
-            self.view = None
-        else:
-            self.error, self.view = "", view
+    def _show(self, view: ReleasesView | None, error: str) -> None:
+        self.view, self.error = view, error
         self._fill()
 
     def _shown(self) -> list[ReleaseView]:

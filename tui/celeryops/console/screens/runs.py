@@ -54,14 +54,12 @@ class RunsScreen(ConsoleScreen):
         self.action_reload()
 
     def action_reload(self) -> None:
-        self.run_worker(self._load(), group="runs", exclusive=True)
+        self.load("runs", self.console.backend.run_history, self._show)
 
-    async def _load(self) -> None:
-        try:
-            self.runs = await self.console.backend.run_history()
-        except UserError as err:
-            self.runs = ()
-            self.console.notify(mask_text(str(err)), severity="error", timeout=10)
+    def _show(self, runs: tuple[RunRecordView, ...] | None, error: str) -> None:
+        self.runs = runs or ()
+        if error:
+            self.console.notify(error, severity="error", timeout=10)
         self._fill()
 
     def _fill(self) -> None:
