@@ -71,7 +71,7 @@ class Runner(RunnerBase):
         open_run = self.unfinished()
         if self.coord is not None and not take_over:
             holder = await (self._after_steps() if self.waits_for_steps  # a step of the autoscaler is waited for
-                            else asyncio.to_thread(read_lease, self.coord, self.fleet_name))
+                            else self.lease_holder())
             if holder is not None:
                 raise LeaseHeld(self.fleet_name, holder)
             open_run = self.unfinished()

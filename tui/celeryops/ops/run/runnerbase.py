@@ -167,15 +167,68 @@ class RunnerBase:
             with contextlib.suppress(redis.RedisError):
                 await asyncio.to_thread(lease.release)
 
+    @property
+    def _who(self) -> str:
+        """This process, as it says that it waits for the fleet."""
+        return f"{current_user()}@{socket.gethostname()} pid {os.getpid()}"
+
+    async def lease_holder(self) -> LeaseInfo | None:
+        """The fleet's lease holder (read in Redis: ``redis.RedisError`` when it does not answer). A lease whose
+        holder is gone (orphaned) and whose run has ended in the journal (its process died between the run's last
+        record and giving the lease back) holds nothing any more: it is dropped first, from any machine, said once,
+        and the run's published status says how it ended. A live holder's lease, or an orphaned one of a run still
+        open, stays."""
+        assert self.coord is not None
+        holder = await asyncio.to_thread(read_lease, self.coord, self.fleet_name)
+        ended = await asyncio.to_thread(self._ended, holder.run_id) if holder and holder.orphaned else None
+        if holder is None or ended is None:
+            return holder
+        if await asyncio.to_thread(drop_dead_lease, self.coord, self.fleet_name, holder.run_id):
+            self.emit(Notice(level="info", message=f"Run {holder.run_id} had ended ({ended.phase}), but its process "
+                                                   f"was gone before it gave the fleet's lease back "
+                                                   f"({holder.describe()}): the lease is dropped."))
+            await asyncio.to_thread(self._publish_end, ended)
+        return await asyncio.to_thread(read_lease, self.coord, self.fleet_name)
+
+    def _ended(self, run_id: str) -> Run | None:
+        """Run ``run_id`` if it has ended, as this journal or the fleet's copy (any machine's run) says; None when it
+        is open, neither knows it, or they cannot be read."""
+        try:
+            run = self.journal.get(run_id)
+        except UserError:  # an unknown run, or a journal that cannot be read: not known to have ended
+            return None
+        if run.finished:
+            return run
+        store = self.journal.fleet_copy.store_for(self.fleet_name)
+        try:
+            held = store.read(run_id) if store is not None else None
+        except (redis.RedisError, UserError):
+            return None
+        return held.run if held is not None and held.run.finished else None
+
+    def _publish_end(self, run: Run) -> None:
+        """The fleet's published status, where it still shows ``run`` (ended) in an earlier phase: its end."""
+        from celeryops.ops.fleetwide.publish import read_status
+
+        assert self.coord is not None
+        with contextlib.suppress(redis.RedisError, UserError):
+            published = read_status(self.coord, self.fleet_name)
+            if published is None or published.run_id != run.id or published.phase == run.phase:
+                return
+            pub = Publisher(self.coord, self.fleet_name, run_id=run.id, owner=run.user, host=run.host,
+                            release=run.release, started_at=run.created, phase=run.phase, kind=run.kind)
+            pub.phase(run.phase)
+            pub.flush(True)
+
     async def _after_steps(self) -> LeaseInfo | None:
         """The fleet's lease holder once no live step of the autoscaler holds it: meanwhile this run waits (it says
         so once, and asks the autoscaler to start no new step), up to :data:`STEP_PATIENCE`."""
         assert self.coord is not None
-        who = f"{current_user()}@{socket.gethostname()} pid {os.getpid()}"
+        who = self._who
         deadline = time.monotonic() + STEP_PATIENCE
         said = False
         while True:
-            holder = await asyncio.to_thread(read_lease, self.coord, self.fleet_name)
+            holder = await self.lease_holder()
             if (holder is None or holder.orphaned or time.monotonic() > deadline
                     or not await asyncio.to_thread(self._is_step, holder.run_id)):
                 if said and holder is not None:

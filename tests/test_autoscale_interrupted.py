@@ -1,0 +1,72 @@
+"""``celeryops autoscale`` interrupted at the edges of a step (issue 36; what the autoscale chaos trials found): the
+real CLI, the stand-in's worker pool of real fence-plugin Celery workers, one real Redis.
+
+A step killed right after its last record leaves its lease behind, orphaned: the next autoscaler (of this machine or
+a teammate's) drops it, since its run has ended, and goes on."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+import redis
+
+from autoscalehelp import running, scaled_pool, start, status_json
+from celeryops.ops.fleetwide.lease import read_lease
+from celeryops.ops.journal import FleetStore, Journal, Run, journal_path, merge_open
+from clihelp import run_cli
+from overlaphelp import WAIT, Pool
+
+pytestmark = pytest.mark.slow
+
+
+def lease_of(pool: Pool) -> object:
+    client = redis.Redis.from_url(pool.redis_url, decode_responses=True)
+    try:
+        return read_lease(client, "default")
+    finally:
+        client.close()
+
+
+def open_runs(pool: Pool) -> list[str]:
+    """The fleet's open runs as the journal says (this machine's and those the fleet's Redis holds open)."""
+    state = Path(pool.env["CELERYOPS_STATE_DIR"])
+    local: list[Run] = []
+    if journal_path(state).exists():
+        with Journal(state_dir=state, read_only=True) as journal:
+            local = journal.unfinished_runs("default")
+    client = redis.Redis.from_url(pool.redis_url, decode_responses=True)
+    try:
+        runs, _ended = merge_open(local, FleetStore(client, "default"))
+    finally:
+        client.close()
+    return [f"{r.id} ({r.phase})" for r in runs]
+
+
+@pytest.mark.parametrize("machine", ["this", "teammate"])
+def test_a_step_killed_after_its_last_record_leaves_no_lease_for_good(tmp_path: Path, redis_url: str,
+                                                                      queue_name: str, machine: str) -> None:
+    """SIGKILL right after a scale-in's ``phase:done``: the step had ended (one idle instance taken away) but its
+    lease stays, its process gone. The next autoscaler (from a teammate's machine: a fresh state dir, the run read
+    from the fleet's copy of the journal) drops it in one sentence and goes on; no lease is left."""
+    with scaled_pool(tmp_path, redis_url, queue_name, count=2, min_instances=1, tasks_per_instance=1) as pool:
+        killed = run_cli(["autoscale", "--json"], pool.env, cwd=pool.dir, kill_after="phase:done", timeout=WAIT * 2)
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+        assert running(pool) == {pool.old: 1}
+        assert lease_of(pool) is not None and not open_runs(pool)
+        if machine == "teammate":
+            pool.env = {**pool.env, "CELERYOPS_STATE_DIR": str(tmp_path / "teammate")}
+        proc = start(pool)
+        try:
+            said = proc.wait_event("notice", WAIT, where=lambda e: "lease is dropped" in e["message"])
+            assert "had ended" in said["message"]
+            proc.wait_event("autoscale", WAIT, where=lambda e: e["action"] == "hold")
+            proc.signal(signal.SIGINT)
+            assert proc.finish() == 0, proc.read_stderr()
+        finally:
+            proc.kill()
+        assert lease_of(pool) is None
+        shown = status_json(pool).get("run")  # the dead step's published status no longer shows it scaling
+        assert shown is None or shown["phase"] == "done", shown
+        assert not [e for e in proc.events if e["event"] == "autoscale" and "orphaned" in e["reason"]]
