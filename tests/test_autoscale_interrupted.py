@@ -2,7 +2,8 @@
 real CLI, the stand-in's worker pool of real fence-plugin Celery workers, one real Redis.
 
 A step killed right after its last record leaves its lease behind, orphaned: the next autoscaler (of this machine or
-a teammate's) drops it, since its run has ended, and goes on."""
+a teammate's) drops it, since its run has ended, and goes on. SIGINT right after a step's first records (``created``,
+``phase:stopping``) closes its run, gives the lease back, and exits 0."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ from pathlib import Path
 
 import pytest
 import redis
+from celery import Celery
 
 from autoscalehelp import running, scaled_pool, start, status_json
 from celeryops.ops.fleetwide.lease import read_lease
 from celeryops.ops.journal import FleetStore, Journal, Run, journal_path, merge_open
 from clihelp import run_cli
-from overlaphelp import WAIT, Pool
+from overlaphelp import WAIT, Pool, wait_consuming
 
 pytestmark = pytest.mark.slow
 
@@ -70,3 +72,20 @@ def test_a_step_killed_after_its_last_record_leaves_no_lease_for_good(tmp_path: 
         shown = status_json(pool).get("run")  # the dead step's published status no longer shows it scaling
         assert shown is None or shown["phase"] == "done", shown
         assert not [e for e in proc.events if e["event"] == "autoscale" and "orphaned" in e["reason"]]
+
+
+@pytest.mark.parametrize("point", ["created", "phase:stopping"])
+def test_sigint_right_after_a_steps_first_record_closes_its_run(tmp_path: Path, redis_url: str, queue_name: str,
+                                                                redis_control: Celery, point: str) -> None:
+    """SIGINT right after a scale-in's ``created`` (the lease being taken) or ``phase:stopping`` (no consumer
+    stopped yet): exit 0 with the step's run closed, no lease and no fence left, nothing removed, every worker
+    consuming."""
+    with scaled_pool(tmp_path, redis_url, queue_name, count=2, min_instances=1, tasks_per_instance=1) as pool:
+        stopped = run_cli(["autoscale", "--json"], pool.env, cwd=pool.dir, kill_after=f"SIGINT@{point}",
+                          timeout=WAIT * 2)
+        assert stopped.returncode == 0, stopped.stderr
+        assert lease_of(pool) is None
+        assert pool.fence() is None
+        assert not open_runs(pool)
+        assert running(pool) == {pool.old: 2}
+        wait_consuming(redis_control, pool.alive(), pool.queue)

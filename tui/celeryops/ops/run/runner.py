@@ -88,6 +88,16 @@ class Runner(RunnerBase):
                 raise LeaseHeld(self.fleet_name, holder, taking_over=holder.run_id)
             if open_run is not None:
                 await self.abort(run=open_run)
+        # Journalled and under the lease as one: an interruption (Ctrl-C, a stop) lands after both, and the run
+        # then ends "not started" with the lease given back (no run left open, no lease held by nobody).
+        opening = asyncio.ensure_future(self._create_holding(release, settings, take_over))
+        try:
+            return await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            await uncut(self._not_started(opening))
+            raise
+
+    async def _create_holding(self, release: str | None, settings: dict[str, Any], take_over: bool) -> Run:
         run = await self.journal.aio.create_run(fleet=self.fleet_name, broker=self.fleet.broker_url, release=release,
                                                 settings=settings)
         try:
@@ -96,6 +106,18 @@ class Runner(RunnerBase):
             await self.journal.aio.advance(run.id, "aborted", reason=f"not started: {exc}")
             raise
         return run
+
+    async def _not_started(self, opening: asyncio.Future[Run]) -> None:
+        """A run interrupted while it was being opened: once opened, it ends aborted and its lease is given back
+        (one that could not be opened has ended already)."""
+        try:
+            run = await opening
+        except Exception:  # refused or failed: it changed nothing and ended itself
+            return
+        try:
+            await self.advance(run.id, "aborted", reason="not started: interrupted")
+        finally:
+            await self.release_lease()
 
     async def _drain_holding(self, run: Run, queues: tuple[str, ...], settings: DrainSettings,
                              forget: tuple[str, ...], keep_lease: bool) -> Outcome:
