@@ -3,7 +3,8 @@ real CLI, the stand-in's worker pool of real fence-plugin Celery workers, one re
 
 A step killed right after its last record leaves its lease behind, orphaned: the next autoscaler (of this machine or
 a teammate's) drops it, since its run has ended, and goes on. SIGINT right after a step's first records (``created``,
-``phase:stopping``) closes its run, gives the lease back, and exits 0."""
+``phase:stopping``) closes its run, gives the lease back, and exits 0. A deploy started while a scale-out's cohort
+rolls out waits for the step and deploys."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ from celery import Celery
 from autoscalehelp import running, scaled_pool, start, status_json
 from celeryops.ops.fleetwide.lease import read_lease
 from celeryops.ops.journal import FleetStore, Journal, Run, journal_path, merge_open
-from clihelp import run_cli
-from overlaphelp import WAIT, Pool, wait_consuming
+from celeryops_harness.taskapp import sleep, until
+from clihelp import CliProcess, run_cli
+from drainhelp import runs
+from overlaphelp import WAIT, Pool, all_finished, wait_consuming
 
 pytestmark = pytest.mark.slow
 
@@ -89,3 +92,34 @@ def test_sigint_right_after_a_steps_first_record_closes_its_run(tmp_path: Path, 
         assert not open_runs(pool)
         assert running(pool) == {pool.old: 2}
         wait_consuming(redis_control, pool.alive(), pool.queue)
+
+
+def test_a_deploy_started_while_a_cohort_rolls_out_waits_for_the_step(tmp_path: Path, redis_url: str,
+                                                                       queue_name: str,
+                                                                       redis_client: redis.Redis) -> None:
+    """A scale-out's update takes a while to roll out; a deploy started meanwhile waits for the step (it says so)
+    instead of refusing the pool that is "still rolling out", then deploys at the count in force; every task runs
+    once."""
+    with scaled_pool(tmp_path, redis_url, queue_name, min_instances=1, max_instances=3,
+                     tasks_per_instance=1) as pool:
+        pool.standin.slow_next_rollout("worker", 6)
+        proc = start(pool)
+        try:
+            proc.wait_event("autoscale", WAIT)
+            with until.app.connection_for_write(redis_url) as conn:
+                ids = [sleep.apply_async(args=(1.0, "demand"), queue=pool.queue, connection=conn).id
+                       for _ in range(3)]
+            proc.wait_event("autoscale_step", WAIT, where=lambda e: e["step"] == "adding")
+            deploy = CliProcess([*pool.args()[:3], "drain", *pool.args()[4:]], pool.env, cwd=pool.dir)
+            try:
+                deploy.wait_event("notice", WAIT, where=lambda e: "a step of the autoscaler" in e["message"])
+                assert deploy.finish(WAIT * 2) == 0, deploy.read_stderr() + str(deploy.events[-3:])
+            finally:
+                deploy.kill()
+            all_finished(redis_client, ids, "the tasks to run")
+            proc.signal(signal.SIGINT)
+            assert proc.finish() == 0, proc.read_stderr()
+        finally:
+            proc.kill()
+        assert all(runs(redis_client, t)["runs"] == 1 for t in ids)
+        assert [e for e in deploy.events if e["event"] == "deployed"]

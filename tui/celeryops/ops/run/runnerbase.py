@@ -12,12 +12,13 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import redis
 
 from celeryops.adapters.fleet import Fleet
+from celeryops.core.aio import cancel_and_wait
 from celeryops.core.errors import EXIT_BROKER, EXIT_FAILURE, ReadOnlyRefused, UserError
 from celeryops.core.events import DrainProgress, Event, Notice, PhaseChanged
 from celeryops.core.identity import current_user
@@ -242,6 +243,39 @@ class RunnerBase:
                                                        "fleet: waiting for it to end (the autoscaler starts no new "
                                                        "step meanwhile)."))
             await asyncio.sleep(0.5)
+
+    @contextlib.asynccontextmanager
+    async def going_first(self) -> AsyncIterator[None]:
+        """Around a run's preflight: a live step of the autoscaler that holds the fleet is waited for first (the
+        pool update it sent ends with it), and the autoscaler is told that this run waits for the fleet, so that it
+        starts no new step while the checks look: they see the pool as the run will find it. The word is withdrawn
+        when the block raises; else it is left to expire (the run takes the lease next)."""
+        if self.coord is None or not self.waits_for_steps or self.read_only:
+            yield
+            return
+        with contextlib.suppress(redis.RedisError):
+            await self._after_steps()
+        keeper = asyncio.ensure_future(self._keep_wanting())
+        try:
+            yield
+        except BaseException:
+            await self.drop_want()
+            raise
+        finally:
+            await cancel_and_wait(keeper)
+
+    async def _keep_wanting(self) -> None:
+        assert self.coord is not None
+        while True:
+            with contextlib.suppress(redis.RedisError):
+                await asyncio.to_thread(want_fleet, self.coord, self.fleet_name, self._who, self.settings.lease_ttl)
+            await asyncio.sleep(max(0.2, self.settings.lease_ttl / 3))
+
+    async def drop_want(self) -> None:
+        """This process no longer waits for the fleet (a run that ended at its preflight)."""
+        if self.coord is not None:
+            with contextlib.suppress(redis.RedisError):
+                await asyncio.to_thread(drop_want, self.coord, self.fleet_name, self._who)
 
     def _is_step(self, run_id: str) -> bool:
         """Whether ``run_id`` is a step of the autoscaler: as its published status says (also in the moment between
