@@ -16,6 +16,7 @@ import redis
 from celery import Celery
 
 from autoscalehelp import running, scaled_pool, start, status_json
+from celeryops.core.namespace import fleet_key
 from celeryops.ops.fleetwide.lease import read_lease
 from celeryops.ops.journal import FleetStore, Journal, Run, journal_path, merge_open
 from celeryops_harness.taskapp import sleep, until
@@ -75,6 +76,36 @@ def test_a_step_killed_after_its_last_record_leaves_no_lease_for_good(tmp_path: 
         shown = status_json(pool).get("run")  # the dead step's published status no longer shows it scaling
         assert shown is None or shown["phase"] == "done", shown
         assert not [e for e in proc.events if e["event"] == "autoscale" and "orphaned" in e["reason"]]
+
+
+def test_a_step_killed_on_another_machine_is_recovered_once_its_lease_expires(
+        tmp_path: Path, redis_url: str, queue_name: str, redis_control: Celery) -> None:
+    """SIGKILL in a scale-in's drain, on what looks like another machine (the lease names another host, its
+    heartbeat still fresh): the next autoscaler cannot take the step over at once and waits; once the lease's
+    heartbeat expired it finishes or undoes the step (rather than waiting for the orphaned lease for good)."""
+    with scaled_pool(tmp_path, redis_url, queue_name, count=2, min_instances=1, tasks_per_instance=1) as pool:
+        killed = run_cli(["autoscale", "--json"], pool.env, cwd=pool.dir, kill_after="phase:draining",
+                         timeout=WAIT * 2)
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+        client = redis.Redis.from_url(pool.redis_url, decode_responses=True)
+        try:  # the holder ran elsewhere and its last heartbeat was just now
+            record = fleet_key("default", "lease")
+            client.hset(record, "host", "another-machine")
+            client.set(fleet_key("default", "lease", "alive"), client.hget(record, "token") or "", px=6000)
+        finally:
+            client.close()
+        proc = start(pool)
+        try:
+            proc.wait_event("autoscale_step", WAIT, where=lambda e: e["step"] == "recovered")
+            proc.wait_event("autoscale", WAIT, where=lambda e: e["action"] != "wait")
+            proc.signal(signal.SIGINT)
+            assert proc.finish() == 0, proc.read_stderr()
+        finally:
+            proc.kill()
+        waits = [e["reason"] for e in proc.events if e["event"] == "autoscale" and e["action"] == "wait"]
+        assert waits and "alive" in waits[0]  # it waited while the holder could still be running
+        assert lease_of(pool) is None and pool.fence() is None and not open_runs(pool)
+        wait_consuming(redis_control, pool.alive(), pool.queue)
 
 
 @pytest.mark.parametrize("point", ["created", "phase:stopping"])

@@ -202,6 +202,9 @@ class Autoscaler:
         if coord is not None:
             with contextlib.suppress(redis.RedisError):
                 holder = await runner.lease_holder()  # a dead process's lease of an ended run is dropped
+                if holder is not None and holder.orphaned and not self.dry_run:
+                    await self.recover()  # its own open step, of a process gone (any machine): finished or undone
+                    holder = await runner.lease_holder()
                 if holder is not None:
                     return (f"Run {holder.run_id} holds the fleet ({holder.describe()}): the autoscaler waits for "
                             "it and changes nothing meanwhile.")
