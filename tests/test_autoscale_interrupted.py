@@ -50,23 +50,30 @@ def open_runs(pool: Pool) -> list[str]:
     return [f"{r.id} ({r.phase})" for r in runs]
 
 
-@pytest.mark.parametrize("machine", ["this", "teammate"])
+@pytest.mark.parametrize("then", ["autoscale", "teammate's autoscale", "teammate's abort"])
 def test_a_step_killed_after_its_last_record_leaves_no_lease_for_good(tmp_path: Path, redis_url: str,
-                                                                      queue_name: str, machine: str) -> None:
+                                                                      queue_name: str, then: str) -> None:
     """SIGKILL right after a scale-in's ``phase:done``: the step had ended (one idle instance taken away) but its
-    lease stays, its process gone. The next autoscaler (from a teammate's machine: a fresh state dir, the run read
-    from the fleet's copy of the journal) drops it in one sentence and goes on; no lease is left."""
+    lease stays, its process gone. The next autoscaler, or ``abort`` (from a teammate's machine: a fresh state dir,
+    the run read from the fleet's copy of the journal), drops it in one sentence; the autoscaler goes on, abort exits
+    0; no lease is left."""
     with scaled_pool(tmp_path, redis_url, queue_name, count=2, min_instances=1, tasks_per_instance=1) as pool:
         killed = run_cli(["autoscale", "--json"], pool.env, cwd=pool.dir, kill_after="phase:done", timeout=WAIT * 2)
         assert killed.returncode == -signal.SIGKILL, killed.stderr
         assert running(pool) == {pool.old: 1}
         assert lease_of(pool) is not None and not open_runs(pool)
-        if machine == "teammate":
+        if then.startswith("teammate"):
             pool.env = {**pool.env, "CELERYOPS_STATE_DIR": str(tmp_path / "teammate")}
+        if then.endswith("abort"):
+            aborted = run_cli(["abort", "--json"], pool.env, cwd=pool.dir)
+            assert aborted.returncode == 0, aborted.stdout + aborted.stderr
+            assert "lease is dropped" in aborted.stdout and "had ended (done)" in aborted.stdout
+            assert lease_of(pool) is None
+            return
         proc = start(pool)
         try:
             said = proc.wait_event("notice", WAIT, where=lambda e: "lease is dropped" in e["message"])
-            assert "had ended" in said["message"]
+            assert "had ended (done)" in said["message"]
             proc.wait_event("autoscale", WAIT, where=lambda e: e["action"] == "hold")
             proc.signal(signal.SIGINT)
             assert proc.finish() == 0, proc.read_stderr()

@@ -17,6 +17,8 @@ from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
+import redis
+
 from celeryops.adapters.taskevents import TaskWatch, start_watch
 from celeryops.core.config import DrainSettings
 from celeryops.core.errors import EXIT_FAILURE, BrokerUnreachable, UserError
@@ -280,6 +282,9 @@ class Runner(RunnerBase):
             latest = await asyncio.to_thread(self.journal.latest_ended, self.fleet_name)
             lost = await self.stranded(latest)
             if not lost or latest is None:
+                dropped = await self._ended_lease_dropped()
+                if dropped:  # the process of a run that had ended died holding the lease: nothing else to do
+                    return RecoveryPlan("nothing", {}, dropped), None
                 raise self.no_open_run("nothing was changed")
             return await self._restore_stranded(latest, lost)
         await self._refuse_if_live(run, "abort it")
@@ -306,6 +311,16 @@ class Runner(RunnerBase):
                 await asyncio.to_thread(pub.flush, True)
                 await self._drop_dead_lease(run.id)
         return decided, restored
+
+    async def _ended_lease_dropped(self) -> str:
+        """``abort`` with no run open: the fleet's lease dropped if its run has ended and its holder is gone (the
+        sentence that says so), else ""."""
+        if self.coord is None:
+            return ""
+        try:
+            return await self.drop_ended_lease(await asyncio.to_thread(read_lease, self.coord, self.fleet_name))
+        except redis.RedisError:
+            return ""
 
     async def restore(self, run: Run, restore: Mapping[str, Iterable[str]]) -> ConsumersRestored:
         """Give ``run``'s stopped consumers ``restore`` (worker -> queues) back: written ahead, confirmed, settled."""

@@ -181,15 +181,24 @@ class RunnerBase:
         open, stays."""
         assert self.coord is not None
         holder = await asyncio.to_thread(read_lease, self.coord, self.fleet_name)
+        said = await self.drop_ended_lease(holder)
+        if not said:
+            return holder
+        self.emit(Notice(level="info", message=said))
+        return await asyncio.to_thread(read_lease, self.coord, self.fleet_name)
+
+    async def drop_ended_lease(self, holder: LeaseInfo | None) -> str:
+        """The lease of ``holder`` dropped if it is orphaned and its run has ended (see :meth:`lease_holder`):
+        the sentence that says so, else ""."""
+        assert self.coord is not None
         ended = await asyncio.to_thread(self._ended, holder.run_id) if holder and holder.orphaned else None
         if holder is None or ended is None:
-            return holder
-        if await asyncio.to_thread(drop_dead_lease, self.coord, self.fleet_name, holder.run_id):
-            self.emit(Notice(level="info", message=f"Run {holder.run_id} had ended ({ended.phase}), but its process "
-                                                   f"was gone before it gave the fleet's lease back "
-                                                   f"({holder.describe()}): the lease is dropped."))
-            await asyncio.to_thread(self._publish_end, ended)
-        return await asyncio.to_thread(read_lease, self.coord, self.fleet_name)
+            return ""
+        if not await asyncio.to_thread(drop_dead_lease, self.coord, self.fleet_name, holder.run_id):
+            return ""
+        await asyncio.to_thread(self._publish_end, ended)
+        return (f"Run {holder.run_id} had ended ({ended.phase}), but its process was gone before it gave the "
+                f"fleet's lease back ({holder.describe()}): the lease is dropped.")
 
     def _ended(self, run_id: str) -> Run | None:
         """Run ``run_id`` if it has ended, as this journal or the fleet's copy (any machine's run) says; None when it
