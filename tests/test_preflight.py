@@ -4,6 +4,7 @@ run against real git repositories and the registry stand-in."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -477,10 +478,34 @@ async def test_a_worker_pool_without_instances_fails_preflight_before_anything_s
             await deployer.close()
         assert res.status == "fail"
         assert res.detail == ("gpu: Cloud Run worker pool gpu in p/europe-west1 has scaling.manual_instance_count = 0, "
-                              "so its new revision would run no instance and no worker would consume: nothing was "
-                              "changed; give it instances (`gcloud run worker-pools update gpu --instances N "
-                              "--project p --region europe-west1`) and deploy again.")
+                              "so its new revision would run no instance and no worker would consume")
+        assert res.remedy == ("give it instances (`gcloud run worker-pools update gpu --instances N --project p "
+                              "--region europe-west1`) and deploy again")
         assert server.validations == [] and server.resource("gpu").generation == 1
+
+
+async def test_a_target_still_rolling_out_is_one_finding_and_its_remedy(cloudrun: CloudRunStandIn) -> None:
+    """Cloud Run refuses the update while the target rolls out: the finding and the refusal's own remedy, so that
+    the preflight's sentence says "nothing was changed" once."""
+    deployer = CloudRunDeployer(read_retry=1.0)
+    target = cr_target(cloudrun)
+    cloudrun.slow_next_rollout("worker", 30.0)
+    rolling = asyncio.create_task(deployer.deploy(target, "app:2", lambda e: None))
+    try:
+        for _ in range(600):  # until the update is sent (30 s at most)
+            if cloudrun.updates:
+                break
+            await asyncio.sleep(0.05)
+        res = await run_one(validate_check([(target, deployer, "app:3")]))
+        assert res.status == "fail"
+        assert res.detail.startswith("web: Cloud Run service worker in p/europe-west1 is still rolling out revision ")
+        assert "nothing was changed" not in res.detail
+        assert res.remedy == "wait until it finished and deploy again"
+    finally:
+        rolling.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await rolling
+        await deployer.close()
 
 
 async def test_permissions_remedy_names_the_role_of_each_missing_permission() -> None:

@@ -38,7 +38,7 @@ from celeryops.core.scaleevents import AutoscaleLook, AutoscaleStep, AutoscaleSt
 from celeryops.ops.autoscale.demand import PoolReader, PoolView
 from celeryops.ops.autoscale.policy import Decision, Look, Memory, Trace, decide
 from celeryops.ops.autoscale.refusals import refusals
-from celeryops.ops.fleetwide.lease import LeaseHeld, fleet_wanted, read_lease
+from celeryops.ops.fleetwide.lease import LeaseHeld, fleet_wanted
 from celeryops.ops.fleetwide.scalestatus import ScaleStatus, publish_scale_status, read_scale_status
 from celeryops.ops.run.context import RunContext
 from celeryops.ops.run.scaling import Scaling, StepOutcome, nonzero, recover_open_step
@@ -201,7 +201,10 @@ class Autoscaler:
         coord = runner.coord
         if coord is not None:
             with contextlib.suppress(redis.RedisError):
-                holder = await asyncio.to_thread(read_lease, coord, runner.fleet_name)
+                holder = await runner.lease_holder()  # a dead process's lease of an ended run is dropped
+                if holder is not None and holder.orphaned and not self.dry_run:
+                    await self.recover()  # its own open step, of a process gone (any machine): finished or undone
+                    holder = await runner.lease_holder()
                 if holder is not None:
                     return (f"Run {holder.run_id} holds the fleet ({holder.describe()}): the autoscaler waits for "
                             "it and changes nothing meanwhile.")

@@ -38,7 +38,7 @@ from celeryops.adapters.deploy.base import (
 from celeryops.adapters.gitrepo import GitRepo
 from celeryops.adapters.registry import ImageRegistry, ManifestProbe
 from celeryops.core.config import Target
-from celeryops.ops.preflight.framework import Check, CheckResult, one_line
+from celeryops.ops.preflight.framework import Check, CheckResult, one_line, refusal
 
 MissingPermissions = Callable[[], Awaitable[Sequence[str]]]
 Clock = Callable[[], datetime]
@@ -312,13 +312,13 @@ def validate_check(pairs: Sequence[tuple[Target, Deployer, str]], *, check_id: s
                 problems.append(f"{target.name}: Cloud Run refused the update (validate only): "
                                 f"{outcome.permission} is missing")
                 remedies.append(f"grant {outcome.role or role_for(outcome.permission)} to the account celeryops "
-                                "runs as")
+                                "runs as, then run preflight again")
             elif isinstance(outcome, BaseException):
-                problems.append(f"{target.name}: {one_line(str(outcome))}")
-                remedies.append("fix what the message says")
+                said, todo = refusal(str(outcome))
+                problems.append(f"{target.name}: {said}")
+                remedies.append(todo)
         if problems:
-            return CheckResult(check_id, title, "fail", "; ".join(problems),
-                               "; ".join(dict.fromkeys(remedies)) + ", then run preflight again")
+            return CheckResult(check_id, title, "fail", "; ".join(problems), "; ".join(dict.fromkeys(remedies)))
         names = ", ".join(t.name for t, _, _ in chosen)
         return CheckResult(check_id, title, "ok", f"Cloud Run accepted the update of {names} (validate only: "
                            "nothing changed)")

@@ -95,6 +95,16 @@ def one_line(text: str) -> str:
     return mask_text(" ".join(text.split()))
 
 
+def refusal(text: str) -> tuple[str, str]:
+    """A refusal's sentence (``X: nothing was changed; do Y.``) as a failed check's finding ``X`` and remedy ``do
+    Y`` (the preflight's verdict says that nothing was changed itself, once); a sentence without its own remedy:
+    itself, and "fix what the message says"."""
+    said, _, todo = one_line(text).partition(": nothing was changed; ")
+    if todo:
+        return said, todo.rstrip(".")
+    return said.rstrip("."), "fix what the message says, then run preflight again"
+
+
 def _failure_from_exception(check: Check, exc: BaseException) -> CheckResult:
     detail = getattr(exc, "detail", None)
     remedy = getattr(exc, "remedy", None)

@@ -28,7 +28,7 @@ from celeryops.core.canary import canary_split, run_peak
 from celeryops.core.config import Target
 from celeryops.core.splits import exact_split
 from celeryops.ops.preflight.checks import MissingPermissions, permissions_check
-from celeryops.ops.preflight.framework import Check, CheckResult, one_line
+from celeryops.ops.preflight.framework import Check, CheckResult, refusal
 
 REVISION_SCOPE = "only_revisions"  # the fence plugin feature an overlap needs (celeryops.fence.record.FEATURES)
 
@@ -143,8 +143,8 @@ def overlap_checks(target: Target, read_pool: Callable[[], Awaitable[PoolView]],
                                    f"(validate only): {err.permission} is missing",
                                    f"grant {err.role or role_for(err.permission)} to the account celeryops runs as, "
                                    "then run preflight again")
-            return CheckResult("validate", "", "fail", f"{target.name}: {one_line(str(err))}",
-                               "fix what the message says, then run preflight again")
+            said, todo = refusal(str(err))
+            return CheckResult("validate", "", "fail", f"{target.name}: {said}", todo)
         return CheckResult("validate", "", "ok", f"Cloud Run accepted the update that runs {new_revision} beside "
                            f"{', '.join(pool.olds)} ({pool.count + (canary or pool.count)} instances, "
                            f"{'/'.join(str(p) for _, p in split_of(pool))}; validate only: nothing changed)")

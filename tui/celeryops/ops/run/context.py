@@ -146,6 +146,8 @@ class RunContext:
         return await GitRepo(self.repo).ls_remote(self.config.release.remote, release) or ""
 
     async def preflight(self, checks: list[Check]) -> PreflightReport:
+        """The checks, once a step of the autoscaler that holds the fleet has ended (the pool it changes settled):
+        the autoscaler starts no new step while they look (:meth:`RunnerBase.going_first`)."""
         self.emit(PhaseChanged("preflight", "checking before anything changes"))
 
         def on_check(event: PreflightEvent) -> None:
@@ -156,7 +158,11 @@ class RunContext:
                 self.emit(CheckUpdate(result.id, result.title, result.status, result.detail, result.remedy,
                                       accepted=is_accepted(result, self.accept_all, self.accepted)))
 
-        return await run_checks(checks, on_check)
+        async with self.runner.going_first():  # a step of the autoscaler ends first; it starts none meanwhile
+            report = await run_checks(checks, on_check)
+        if report.failed:
+            await self.runner.drop_want()
+        return report
 
     async def review(self, report: PreflightReport, *, unreachable_exit: int) -> RunFinished | None:
         """None: the operator said go. Else the run ends here, having touched nothing."""

@@ -17,6 +17,8 @@ from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
+import redis
+
 from celeryops.adapters.taskevents import TaskWatch, start_watch
 from celeryops.core.config import DrainSettings
 from celeryops.core.errors import EXIT_FAILURE, BrokerUnreachable, UserError
@@ -71,7 +73,7 @@ class Runner(RunnerBase):
         open_run = self.unfinished()
         if self.coord is not None and not take_over:
             holder = await (self._after_steps() if self.waits_for_steps  # a step of the autoscaler is waited for
-                            else asyncio.to_thread(read_lease, self.coord, self.fleet_name))
+                            else self.lease_holder())
             if holder is not None:
                 raise LeaseHeld(self.fleet_name, holder)
             open_run = self.unfinished()
@@ -88,6 +90,16 @@ class Runner(RunnerBase):
                 raise LeaseHeld(self.fleet_name, holder, taking_over=holder.run_id)
             if open_run is not None:
                 await self.abort(run=open_run)
+        # Journalled and under the lease as one: an interruption (Ctrl-C, a stop) lands after both, and the run
+        # then ends "not started" with the lease given back (no run left open, no lease held by nobody).
+        opening = asyncio.ensure_future(self._create_holding(release, settings, take_over))
+        try:
+            return await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            await uncut(self._not_started(opening))
+            raise
+
+    async def _create_holding(self, release: str | None, settings: dict[str, Any], take_over: bool) -> Run:
         run = await self.journal.aio.create_run(fleet=self.fleet_name, broker=self.fleet.broker_url, release=release,
                                                 settings=settings)
         try:
@@ -96,6 +108,18 @@ class Runner(RunnerBase):
             await self.journal.aio.advance(run.id, "aborted", reason=f"not started: {exc}")
             raise
         return run
+
+    async def _not_started(self, opening: asyncio.Future[Run]) -> None:
+        """A run interrupted while it was being opened: once opened, it ends aborted and its lease is given back
+        (one that could not be opened has ended already)."""
+        try:
+            run = await opening
+        except Exception:  # refused or failed: it changed nothing and ended itself
+            return
+        try:
+            await self.advance(run.id, "aborted", reason="not started: interrupted")
+        finally:
+            await self.release_lease()
 
     async def _drain_holding(self, run: Run, queues: tuple[str, ...], settings: DrainSettings,
                              forget: tuple[str, ...], keep_lease: bool) -> Outcome:
@@ -258,6 +282,9 @@ class Runner(RunnerBase):
             latest = await asyncio.to_thread(self.journal.latest_ended, self.fleet_name)
             lost = await self.stranded(latest)
             if not lost or latest is None:
+                dropped = await self._ended_lease_dropped()
+                if dropped:  # the process of a run that had ended died holding the lease: nothing else to do
+                    return RecoveryPlan("nothing", {}, dropped), None
                 raise self.no_open_run("nothing was changed")
             return await self._restore_stranded(latest, lost)
         await self._refuse_if_live(run, "abort it")
@@ -284,6 +311,16 @@ class Runner(RunnerBase):
                 await asyncio.to_thread(pub.flush, True)
                 await self._drop_dead_lease(run.id)
         return decided, restored
+
+    async def _ended_lease_dropped(self) -> str:
+        """``abort`` with no run open: the fleet's lease dropped if its run has ended and its holder is gone (the
+        sentence that says so), else ""."""
+        if self.coord is None:
+            return ""
+        try:
+            return await self.drop_ended_lease(await asyncio.to_thread(read_lease, self.coord, self.fleet_name))
+        except redis.RedisError:
+            return ""
 
     async def restore(self, run: Run, restore: Mapping[str, Iterable[str]]) -> ConsumersRestored:
         """Give ``run``'s stopped consumers ``restore`` (worker -> queues) back: written ahead, confirmed, settled."""

@@ -12,12 +12,13 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import redis
 
 from celeryops.adapters.fleet import Fleet
+from celeryops.core.aio import cancel_and_wait
 from celeryops.core.errors import EXIT_BROKER, EXIT_FAILURE, ReadOnlyRefused, UserError
 from celeryops.core.events import DrainProgress, Event, Notice, PhaseChanged
 from celeryops.core.identity import current_user
@@ -167,15 +168,77 @@ class RunnerBase:
             with contextlib.suppress(redis.RedisError):
                 await asyncio.to_thread(lease.release)
 
+    @property
+    def _who(self) -> str:
+        """This process, as it says that it waits for the fleet."""
+        return f"{current_user()}@{socket.gethostname()} pid {os.getpid()}"
+
+    async def lease_holder(self) -> LeaseInfo | None:
+        """The fleet's lease holder (read in Redis: ``redis.RedisError`` when it does not answer). A lease whose
+        holder is gone (orphaned) and whose run has ended in the journal (its process died between the run's last
+        record and giving the lease back) holds nothing any more: it is dropped first, from any machine, said once,
+        and the run's published status says how it ended. A live holder's lease, or an orphaned one of a run still
+        open, stays."""
+        assert self.coord is not None
+        holder = await asyncio.to_thread(read_lease, self.coord, self.fleet_name)
+        said = await self.drop_ended_lease(holder)
+        if not said:
+            return holder
+        self.emit(Notice(level="info", message=said))
+        return await asyncio.to_thread(read_lease, self.coord, self.fleet_name)
+
+    async def drop_ended_lease(self, holder: LeaseInfo | None) -> str:
+        """The lease of ``holder`` dropped if it is orphaned and its run has ended (see :meth:`lease_holder`):
+        the sentence that says so, else ""."""
+        assert self.coord is not None
+        ended = await asyncio.to_thread(self._ended, holder.run_id) if holder and holder.orphaned else None
+        if holder is None or ended is None:
+            return ""
+        if not await asyncio.to_thread(drop_dead_lease, self.coord, self.fleet_name, holder.run_id):
+            return ""
+        await asyncio.to_thread(self._publish_end, ended)
+        return (f"Run {holder.run_id} had ended ({ended.phase}), but its process was gone before it gave the "
+                f"fleet's lease back ({holder.describe()}): the lease is dropped.")
+
+    def _ended(self, run_id: str) -> Run | None:
+        """Run ``run_id`` if it has ended, as this journal or the fleet's copy (any machine's run) says; None when it
+        is open, neither knows it, or they cannot be read."""
+        try:
+            run = self.journal.get(run_id)
+        except UserError:  # an unknown run, or a journal that cannot be read: not known to have ended
+            return None
+        if run.finished:
+            return run
+        store = self.journal.fleet_copy.store_for(self.fleet_name)
+        try:
+            held = store.read(run_id) if store is not None else None
+        except (redis.RedisError, UserError):
+            return None
+        return held.run if held is not None and held.run.finished else None
+
+    def _publish_end(self, run: Run) -> None:
+        """The fleet's published status, where it still shows ``run`` (ended) in an earlier phase: its end."""
+        from celeryops.ops.fleetwide.publish import read_status
+
+        assert self.coord is not None
+        with contextlib.suppress(redis.RedisError, UserError):
+            published = read_status(self.coord, self.fleet_name)
+            if published is None or published.run_id != run.id or published.phase == run.phase:
+                return
+            pub = Publisher(self.coord, self.fleet_name, run_id=run.id, owner=run.user, host=run.host,
+                            release=run.release, started_at=run.created, phase=run.phase, kind=run.kind)
+            pub.phase(run.phase)
+            pub.flush(True)
+
     async def _after_steps(self) -> LeaseInfo | None:
         """The fleet's lease holder once no live step of the autoscaler holds it: meanwhile this run waits (it says
         so once, and asks the autoscaler to start no new step), up to :data:`STEP_PATIENCE`."""
         assert self.coord is not None
-        who = f"{current_user()}@{socket.gethostname()} pid {os.getpid()}"
+        who = self._who
         deadline = time.monotonic() + STEP_PATIENCE
         said = False
         while True:
-            holder = await asyncio.to_thread(read_lease, self.coord, self.fleet_name)
+            holder = await self.lease_holder()
             if (holder is None or holder.orphaned or time.monotonic() > deadline
                     or not await asyncio.to_thread(self._is_step, holder.run_id)):
                 if said and holder is not None:
@@ -189,6 +252,39 @@ class RunnerBase:
                                                        "fleet: waiting for it to end (the autoscaler starts no new "
                                                        "step meanwhile)."))
             await asyncio.sleep(0.5)
+
+    @contextlib.asynccontextmanager
+    async def going_first(self) -> AsyncIterator[None]:
+        """Around a run's preflight: a live step of the autoscaler that holds the fleet is waited for first (the
+        pool update it sent ends with it), and the autoscaler is told that this run waits for the fleet, so that it
+        starts no new step while the checks look: they see the pool as the run will find it. The word is withdrawn
+        when the block raises; else it is left to expire (the run takes the lease next)."""
+        if self.coord is None or not self.waits_for_steps or self.read_only:
+            yield
+            return
+        with contextlib.suppress(redis.RedisError):
+            await self._after_steps()
+        keeper = asyncio.ensure_future(self._keep_wanting())
+        try:
+            yield
+        except BaseException:
+            await self.drop_want()
+            raise
+        finally:
+            await cancel_and_wait(keeper)
+
+    async def _keep_wanting(self) -> None:
+        assert self.coord is not None
+        while True:
+            with contextlib.suppress(redis.RedisError):
+                await asyncio.to_thread(want_fleet, self.coord, self.fleet_name, self._who, self.settings.lease_ttl)
+            await asyncio.sleep(max(0.2, self.settings.lease_ttl / 3))
+
+    async def drop_want(self) -> None:
+        """This process no longer waits for the fleet (a run that ended at its preflight)."""
+        if self.coord is not None:
+            with contextlib.suppress(redis.RedisError):
+                await asyncio.to_thread(drop_want, self.coord, self.fleet_name, self._who)
 
     def _is_step(self, run_id: str) -> bool:
         """Whether ``run_id`` is a step of the autoscaler: as its published status says (also in the moment between

@@ -155,8 +155,8 @@ class Scaling:
         try:
             self._step("draining", run, f"the workers of cohort {revision} stop taking tasks and are confirmed "
                        "idle; every other cohort consumes", revision, count)
-            await pool.phase("stopping")
             try:
+                await pool.phase("stopping")  # interrupted from here on: given back, the run ends aborted
                 drained = await drain_revision(pool, revision, phases=True)
             except asyncio.CancelledError:
                 await uncut(self._give_back(pool, "interrupted"))
