@@ -24,7 +24,10 @@ pytestmark = [pytest.mark.amqp, pytest.mark.slow]
 def test_a_worker_whose_pidbox_queue_vanished_with_a_broker_restart_is_unconfirmed_not_gone(
         amqp_vhost: str, amqp_url: str, redis_url: str, start_workers: Any, queue_name: str) -> None:
     url = amqp_url
-    (worker,) = start_workers(url, queues=[queue_name])
+    # AMQP heartbeats every few seconds: the broker's close of the connection reaches a stopped worker as bytes it
+    # reads once it runs again, but under load its loop was seen to take more than a minute to notice; a heartbeat
+    # it cannot send tells it at the next heartbeat check.
+    (worker,) = start_workers(url, queues=[queue_name], env={"CELERYOPS_TEST_BROKER_HEARTBEAT": "4"})
     name = worker.nodename
     pidbox = f"{name}.celery.pidbox"
     app = control_app(url)
@@ -44,7 +47,7 @@ def test_a_worker_whose_pidbox_queue_vanished_with_a_broker_restart_is_unconfirm
             assert asyncio.run(gone_now(fleet, [name], [], None, since)) == {}
         finally:
             os.killpg(worker.pid, signal.SIGCONT)
-        wait_for(lambda: asyncio.run(fresh.queue_consumers([pidbox])) == {pidbox: 1}, 60,
+        wait_for(lambda: asyncio.run(fresh.queue_consumers([pidbox])) == {pidbox: 1}, 120,
                  "the worker to reconnect and declare its pidbox queue again")
     finally:
         fleet.close()

@@ -56,6 +56,8 @@ app.conf.update(
 if os.environ.get("CELERYOPS_TEST_KEYPREFIX"):
     app.conf.broker_transport_options = {**app.conf.broker_transport_options,
                                          "global_keyprefix": os.environ["CELERYOPS_TEST_KEYPREFIX"]}
+if os.environ.get("CELERYOPS_TEST_BROKER_HEARTBEAT"):  # AMQP heartbeats: a dead connection found within seconds
+    app.conf.broker_heartbeat = float(os.environ["CELERYOPS_TEST_BROKER_HEARTBEAT"])
 if os.environ.get("CELERYOPS_TEST_CONTROL_EXCHANGE"):
     app.conf.control_exchange = os.environ["CELERYOPS_TEST_CONTROL_EXCHANGE"]
 
