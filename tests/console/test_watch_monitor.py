@@ -117,12 +117,14 @@ async def test_watch_between_runs_lists_workers_with_reads_only(
                 assert isinstance(home, HomeScreen)
                 deadline = time.monotonic() + 60
 
-                def listings() -> int:
+                def sent(verb: str) -> int:
                     return sum(1 for r in owned_by(list(monitor.records), WATCH_CLIENT_NAME)
-                               if str(r["command"]).lower().startswith("smembers"))
+                               if str(r["command"]).lower().startswith(verb))
 
-                while not (home.fleet is not None and home.fleet.workers and listings() >= 4):  # several polls
-                    assert time.monotonic() < deadline, "the watcher never listed the worker"
+                # several polls, and the published status read (on a loaded machine it came after 4 listings)
+                while not (home.fleet is not None and home.fleet.workers and sent("smembers") >= 4
+                           and sent("hgetall") >= 1):
+                    assert time.monotonic() < deadline, "the watcher never listed the worker and read the status"
                     await pilot.pause(0.1)
                 assert home.fleet is not None and home.fleet.run is None
                 assert [(w.name, w.observed) for w in home.fleet.workers] == [(worker.nodename, False)]

@@ -23,6 +23,7 @@ from celeryops.core.errors import EXIT_BROKER, EXIT_FAILURE, ReadOnlyRefused, Us
 from celeryops.core.events import DrainProgress, Event, Notice, PhaseChanged
 from celeryops.core.identity import current_user
 from celeryops.core.runsettings import RunSettings
+from celeryops.core.untrusted import MalformedRecord
 from celeryops.fence import FenceStore
 from celeryops.ops.drain.engine import Drain
 from celeryops.ops.drain.runfence import RunFence
@@ -262,7 +263,8 @@ class RunnerBase:
         if self.coord is None or not self.waits_for_steps or self.read_only:
             yield
             return
-        with contextlib.suppress(redis.RedisError):
+        # a Redis that does not answer, or a lease it holds that is malformed: the checks say so, as a failed check
+        with contextlib.suppress(redis.RedisError, MalformedRecord):
             await self._after_steps()
         keeper = asyncio.ensure_future(self._keep_wanting())
         try:
