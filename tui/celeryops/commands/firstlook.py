@@ -33,7 +33,8 @@ if TYPE_CHECKING:  # asyncio and pickle load after the fork: the child starts so
 
 Send = Callable[[str, object, "BaseException | None"], None]
 
-_HEADER = struct.Struct("!I")  # each frame: its length, then a pickled (part, value, error)
+_HEADER = struct.Struct("!I")  # each frame: its length, then the part's name, NUL, and the pickled (value, error)
+_SEP = b"\0"
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class FirstLook:
     until the child sent it or ended); :meth:`close` gives up on the parts not taken and ends the child."""
 
     def __init__(self, pid: int, fd: int) -> None:
-        self.seen: object | None = None  # the child's last message: what the next polls go on from
+        self._seen: bytes | None = None  # the child's last message, still pickled: what the next polls go on from
         self.taken_any = False
         self._pid = pid  # 0 once reaped
         self._fd: int | None = fd
@@ -82,6 +83,19 @@ class FirstLook:
         os.close(wfd)
         return cls(pid, rfd)
 
+    @property
+    def seen(self) -> object | None:
+        """What the next polls go on from, as the child sent it last (None: not sent). Unpickled only when asked: its
+        type is the backend's (:class:`~celeryops.ops.backend.snapshots.Seen`), whose modules (Celery, redis-py, the
+        ops layer: ~0.3 s of one core) would otherwise load on the event loop while the fleet waits to be drawn;
+        the backend asks for it once it has loaded them."""
+        import pickle
+
+        try:
+            return None if self._seen is None else pickle.loads(self._seen)[0]
+        except Exception:  # it does not unpickle here: the next polls start afresh
+            return None
+
     async def take(self, part: str) -> Taken | None:
         """``part`` as the child read it, the first time it is asked for; None when it was taken before, the child
         did not send it, or the first look was closed."""
@@ -107,12 +121,14 @@ class FirstLook:
 
         try:
             while (frame := await asyncio.to_thread(self._frame)) is not None:
-                try:
-                    part, value, error = pickle.loads(frame)
-                except Exception:  # a part that does not unpickle here (an error type with other arguments)
-                    continue
+                name, _, data = frame.partition(_SEP)
+                part = name.decode("ascii", "replace")
                 if part == "seen":
-                    self.seen = value
+                    self._seen = data
+                    continue
+                try:
+                    value, error = pickle.loads(data)
+                except Exception:  # a part that does not unpickle here (an error type with other arguments)
                     continue
                 future = self._parts.setdefault(part, asyncio.get_running_loop().create_future())
                 if not future.done():
@@ -199,7 +215,7 @@ def _child(rfd: int, wfd: int, read: Callable[[Send], None]) -> None:
             os.dup2(quiet, fd)
 
         def send(part: str, value: object, error: BaseException | None) -> None:
-            data = pickle.dumps((part, value, error))
+            data = part.encode("ascii") + _SEP + pickle.dumps((value, error))
             view = memoryview(_HEADER.pack(len(data)) + data)
             while view:
                 view = view[os.write(wfd, view):]

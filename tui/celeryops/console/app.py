@@ -235,8 +235,13 @@ class ConsoleApp(App[int]):
             self._report(err)
         finally:
             # Off while the console starts (commands.console.open_console), its first poll included: loading the
-            # ops layer under a GC that walks Textual's fresh objects costs ~18 % more. Back on once it is done.
-            gc.enable()
+            # ops layer under a GC that walks Textual's fresh objects costs ~18 % more. Back on once it is done, what
+            # the start allocated (modules, classes, widgets: it lives as long as the console) moved out of the
+            # collector's sight first: its first full pass would otherwise walk all of it (~30 ms) just as the
+            # fleet is drawn, and every full pass after it again.
+            if not gc.isenabled():
+                gc.freeze()
+                gc.enable()
             self._polling = False
             self._poll_timer = self.set_timer(self.poll_interval, self.poll_now)
 
