@@ -84,6 +84,7 @@ def open_console(fleet: FleetSpec, *, start: Start = "home", read_only: bool = F
     console = make_app(backend, read_only=read_only, start=start, release=release)
     if isinstance(backend, LateBackend):
         backend.on_failure = lambda err: console.exit(err.exit_code)
+        backend.on_opened = console.poll_now
     code = run_surviving_terminal(console, backend)
     if isinstance(backend, LateBackend) and backend.failure is not None:
         raise backend.failure
@@ -100,8 +101,10 @@ class LateBackend:
 
     With a ``first_look`` (:mod:`celeryops.commands.firstlook`: read by a child process while the console started),
     the first call for the fleet, the slot pool and the unfinished run each gets the child's part, as the backend's
-    first poll would have returned it (or raised); the backend is then opened in the background (its imports in a
-    thread: the fleet is on screen, the console stays responsive) and goes on from what the child saw."""
+    first poll would have returned it (or raised), but for the doctor's findings; the backend is then opened in the
+    background (its imports in a thread: the fleet is on screen, the console stays responsive), goes on from what
+    the child saw, and :attr:`on_opened` has the console poll it at once (the findings, seconds before the next
+    poll)."""
 
     def __init__(self, opener: Callable[[], OpsBackend], *, imports: tuple[str, ...] = (), read_only: bool,
                  fleet_display: str, first_look: FirstLook | None = None,
@@ -110,6 +113,7 @@ class LateBackend:
         self.fleet_display = fleet_display
         self.failure: UserError | None = None
         self.on_failure: Callable[[UserError], object] = lambda err: None
+        self.on_opened: Callable[[], object] = lambda: None  # after a first look: the console polls again at once
         self._opener = opener
         self._imports = imports
         self._look = first_look
@@ -146,6 +150,8 @@ class LateBackend:
                 look.close()
         if look is not None and look.seen is not None:
             backend.snapshots.go_on_from(cast("Seen", look.seen))
+        if look is not None and look.taken_any and not self._closing:  # the doctor's findings were not in it
+            asyncio.get_running_loop().call_soon(self.on_opened)
         return backend
 
     async def _first(self, part: str) -> Taken | None:

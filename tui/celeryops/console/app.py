@@ -219,7 +219,7 @@ class ConsoleApp(App[int]):
     # -- fleet polling (one at a time; the next is scheduled when the previous finished) -------------------------
 
     def poll_now(self) -> None:
-        if self._polling:
+        if self._polling or not self.is_running:  # not running: the console is closing (or not open yet)
             return
         self._polling = True
         if self._poll_timer is not None:

@@ -1,6 +1,9 @@
 """The console's first look at its fleet: what the home view shows first (the fleet, the slot pool, an unfinished
-run), read by :class:`~celeryops.ops.backend.snapshots.Snapshots` exactly as the console backend's first poll reads
-it, over a wiring of its own, then what its next polls go on from (:class:`~celeryops.ops.backend.snapshots.Seen`).
+run), read by :class:`~celeryops.ops.backend.snapshots.Snapshots` as the console backend's first poll reads it, over
+a wiring of its own, then what its next polls go on from (:class:`~celeryops.ops.backend.snapshots.Seen`). All but
+the doctor's findings: reading the workers' settings takes an inspect round of its own and the doctor's modules, and
+the fleet is what the operator waits for; the console polls again as soon as its own backend is open, findings
+included (:class:`~celeryops.commands.console.LateBackend`).
 
 ``celeryops`` reads it in a process of its own while Textual starts (``commands.console.FirstLook``), on another
 core: the console's first frame does not wait for it, and the fleet does not wait for the ops layer to load in the
@@ -36,7 +39,7 @@ def read_first_look(app: Celery, config: Config, send: Send) -> None:
     as the console backend would raise it; anything else propagates (the console then reads that part itself)."""
     wiring = wire(app, config, client_name=CONSOLE_CLIENT_NAME)  # as the console backend's (open_backend)
     try:
-        snapshots = Snapshots(wiring)
+        snapshots = Snapshots(wiring, doctor=False)
         reads: tuple[tuple[Part, Callable[[], Awaitable[object]]], ...] = (
             ("fleet", lambda: snapshots.fleet(None, None)),
             ("slots", snapshots.slots),

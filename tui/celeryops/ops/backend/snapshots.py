@@ -17,7 +17,6 @@ import redis
 from celeryops.core.events import DrainProgress
 from celeryops.core.untrusted import MalformedRecord
 from celeryops.ops.backend import views
-from celeryops.ops.backend.findings import FleetFindings
 from celeryops.ops.backend.watch import live_status, published_progress, summary_from_status
 from celeryops.ops.fleetwide.brokersafety import assess_all, safety_targets
 from celeryops.ops.fleetwide.lease import LeaseInfo, read_lease
@@ -29,6 +28,7 @@ from celeryops.ops.run.stranded import stranded
 SAFETY_EVERY = 30.0  # seconds between two reads of the broker's eviction policy and persistence
 
 if TYPE_CHECKING:
+    from celeryops.ops.backend.findings import FleetFindings
     from celeryops.ops.run.wiring import Wiring
     from celeryops.slots.snapshot import PoolSnapshot, Snapshot
 
@@ -47,6 +47,7 @@ class Snapshots:
     wiring: Wiring
     queues: set[str] = field(default_factory=set)  # every queue seen so far (their depths are shown)
     read_only: bool = False  # watch mode: between runs, list the workers from cheap reads, broadcast nothing
+    doctor: bool = True  # the doctor's findings and the live ones (False: a first look, which shows the fleet first)
     _history: dict[str, deque[int]] = field(default_factory=dict)
     _safety: tuple[float, views.BrokerSafetyView | None] | None = None  # (read at, view): read again after SAFETY_EVERY
     _findings: FleetFindings | None = None  # the doctor's findings and the live ones (made at the first poll)
@@ -54,6 +55,8 @@ class Snapshots:
     @property
     def findings(self) -> FleetFindings:
         if self._findings is None:
+            from celeryops.ops.backend.findings import FleetFindings  # the doctor: not on a first look's path
+
             self._findings = FleetFindings(self.wiring, read_only=self.read_only)
         return self._findings
 
@@ -68,10 +71,11 @@ class Snapshots:
             self._history[key] = deque((*values, *mine), maxlen=60)
 
     async def fleet(self, own: views.RunSummary | None, own_progress: DrainProgress | None) -> views.FleetView:
-        view = await self._fleet(own, own_progress)
+        view = dataclasses.replace(await self._fleet(own, own_progress), broker_safety=await self.broker_safety())
+        if not self.doctor:
+            return view
         found, note = await self.findings.current()
-        return dataclasses.replace(view, broker_safety=await self.broker_safety(), findings=found,
-                                   findings_note=note)
+        return dataclasses.replace(view, findings=found, findings_note=note)
 
     def close(self) -> None:
         if self._findings is not None:
@@ -119,7 +123,8 @@ class Snapshots:
             self.queues.update(run_queues(latest))
         obs = await fleet.observe(await fleet.members())
         gone = {name for name, live in (await fleet.heartbeats()).items() if not live}
-        self.findings.observe(obs, gone)
+        if self.doctor:
+            self.findings.observe(obs, gone)
         workers = tuple(views.WorkerView(w.name, w.state, w.queues, w.active, w.reserved, w.scheduled, w.plugin)
                         for w in obs.workers.values())
         lost = stranded(latest, {w.name: w.queues for w in obs.workers.values() if w.replied})
@@ -153,7 +158,8 @@ class Snapshots:
                                interrupted=interrupted)
 
     async def _from_progress(self, progress: DrainProgress, run: views.RunSummary | None) -> views.FleetView:
-        self.findings.observe_progress(progress)
+        if self.doctor:
+            self.findings.observe_progress(progress)
         workers = tuple(views.WorkerView(w.name, w.state, w.queues, w.active, w.reserved, w.scheduled, w.plugin)
                         for w in progress.workers.values())
         return views.FleetView(workers=workers, queues=await self._queue_views(workers), tasks=progress.tasks, run=run)
