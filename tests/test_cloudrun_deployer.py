@@ -618,8 +618,9 @@ def test_ready_means_the_terminal_condition_succeeded() -> None:
 
 
 def test_the_end_of_a_deploy_prints_each_targets_logs_beside_revision_url_and_console() -> None:
-    result = DeployResult("web", "app:2", f"{SERVICE}/revisions/worker-00002-abc", f"{SERVICE}/revisions/worker-1",
-                          url="https://worker-1.run.app", console_url="https://console/run", logs_url="https://logs/x")
+    result = DeployResult("web", image="app:2", revision=f"{SERVICE}/revisions/worker-00002-abc",
+                          previous_revision=f"{SERVICE}/revisions/worker-1", url="https://worker-1.run.app",
+                          console_url="https://console/run", logs_url="https://logs/x")
     deployed = TargetDeployed(**result.summary())
     text = Printer(as_json=False).text(deployed)
     assert text.splitlines() == ["  web: revision worker-00002-abc  https://worker-1.run.app",

@@ -4,9 +4,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
+from typing import ClassVar
+
+from celeryops.core.settingsrecord import SettingsRecord
 
 #: The settings of the ``[autoscale]`` table, in the order the README documents them.
 AUTOSCALE_KEYS = ("target", "min_instances", "max_instances", "interval", "idle_after", "tasks_per_instance",
@@ -17,9 +18,9 @@ MAX_INSTANCES_LIMIT = 100
 
 
 @dataclass(frozen=True)
-class AutoscaleSettings:
+class AutoscaleSettings(SettingsRecord):
     """How ``celeryops autoscale`` sizes a Cloud Run worker pool (defaults documented in the README's
-    "Autoscaling").
+    "Autoscaling"); journaled with an autoscale step and published with its status (:meth:`to_dict`).
 
     ``target``: the ``[[targets]]`` entry to scale ("": the only one). ``min_instances`` / ``max_instances``: the
     bounds of the pool's instance count (0 lets an idle pool go to zero). ``interval``: seconds between looks.
@@ -42,19 +43,7 @@ class AutoscaleSettings:
     drain_timeout: float = 120.0
     slot_resource: str = ""
 
-    def to_dict(self) -> dict[str, object]:
-        """As journaled with an autoscale step and published with its status."""
-        return {f.name: list(getattr(self, f.name)) if f.name == "queues" else getattr(self, f.name)
-                for f in fields(self)}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, object]) -> AutoscaleSettings:
-        """The settings :meth:`to_dict` wrote (unknown keys left out, missing ones at their defaults)."""
-        known = {f.name for f in fields(cls)}
-        values: dict[str, Any] = {k: v for k, v in data.items() if k in known}
-        if "queues" in values:
-            values["queues"] = tuple(str(q) for q in values["queues"] or ())
-        return cls(**values)
+    LIST_FIELDS: ClassVar[tuple[str, ...]] = ("queues",)
 
 
 __all__ = ["AUTOSCALE_KEYS", "MAX_INSTANCES_LIMIT", "AutoscaleSettings"]

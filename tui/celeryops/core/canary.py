@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import ClassVar
+
+from celeryops.core.settingsrecord import SettingsRecord
 
 #: The settings of the ``[canary]`` table, in the order the README documents them.
 CANARY_KEYS = ("min_tasks", "max_duration", "instances", "margin", "min_effect", "alpha", "confidence",
@@ -17,8 +19,9 @@ CANARY_KEYS = ("min_tasks", "max_duration", "instances", "margin", "min_effect",
 
 
 @dataclass(frozen=True)
-class CanarySettings:
-    """How a canary is run and judged (defaults documented in the README's "Canary settings").
+class CanarySettings(SettingsRecord):
+    """How a canary is run and judged (defaults documented in the README's "Canary settings"); journaled with a
+    canary run (:meth:`to_dict`: its resume judges by the settings it started with).
 
     ``min_tasks``: canary tasks that must complete before it can be promoted. ``max_duration``: seconds; a look at
     or past it that neither promotes nor rolls back is inconclusive and pauses the run for the operator.
@@ -45,25 +48,13 @@ class CanarySettings:
     look_interval: float = 30.0
     ignore_exceptions: tuple[str, ...] = ()
 
+    LIST_FIELDS: ClassVar[tuple[str, ...]] = ("ignore_exceptions",)
+
     @property
     def max_looks(self) -> int:
         """The looks planned over ``max_duration`` (one every ``look_interval``, the last one at the end): the
         rollback test's alpha is split over these."""
         return max(1, math.ceil(self.max_duration / self.look_interval - 1e-9))
-
-    def to_dict(self) -> dict[str, object]:
-        """As journaled with a canary run (its resume judges by the settings it started with)."""
-        return {f.name: list(getattr(self, f.name)) if f.name == "ignore_exceptions" else getattr(self, f.name)
-                for f in fields(self)}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, object]) -> CanarySettings:
-        """The settings a canary run journaled (unknown keys left out, missing ones at their defaults)."""
-        known = {f.name: f.type for f in fields(cls)}
-        values: dict[str, Any] = {k: v for k, v in data.items() if k in known}
-        if "ignore_exceptions" in values:
-            values["ignore_exceptions"] = tuple(str(x) for x in values["ignore_exceptions"] or ())
-        return cls(**values)
 
 
 def run_peak(count: int, canary: int = 0) -> int:

@@ -236,9 +236,11 @@ class FleetBack(Event):
 
 
 @dataclass(frozen=True)
-class TargetDeployed(Event):
-    """Where a deployed target's result is: its revision, its URL (services), its Cloud Run console link and the
-    revision's logs."""
+class DeployedRevision:
+    """Where a deployed target's result is: the ``revision`` (and ``image``) that serves it, the
+    ``previous_revision`` that served it before, its URL (services), its Cloud Run console link and the revision's
+    logs. A deployer's result (:class:`celeryops.adapters.deploy.base.DeployResult`) names the revisions in full,
+    the ``target`` event (:class:`TargetDeployed`) by their short names."""
 
     target: str
     revision: str = ""
@@ -247,6 +249,12 @@ class TargetDeployed(Event):
     image: str = ""
     previous_revision: str = ""
     logs_url: str = ""
+
+
+@dataclass(frozen=True)
+class TargetDeployed(Event, DeployedRevision):
+    """Where a deployed target's result is (``--json`` event ``target``; revisions by their short names)."""
+
     kind: str = field(init=False, default="target")
 
 

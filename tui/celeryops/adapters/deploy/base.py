@@ -34,6 +34,7 @@ from celeryops.adapters.deploy.wording import (
 )
 from celeryops.core.config import Target
 from celeryops.core.errors import EXIT_DEPLOY, UserError
+from celeryops.core.events import DeployedRevision
 
 __all__ = ["PERMISSION_ROLES", "REASON_LIMIT", "REVISION_PERMISSIONS", "CommandOutput", "ConditionChanged",
            "DeployError", "DeployResult", "Deployer", "Outcome", "PollTrouble", "PoolDeployer", "PoolUpdate",
@@ -224,19 +225,13 @@ class PoolUpdate:
 
 
 @dataclass(frozen=True)
-class DeployResult:
-    """A finished deploy: the image now serves as ``revision`` (Cloud Run) on target ``target``; ``url`` is a
-    service's URL, ``console_url`` the Cloud console page of the target's revisions, ``logs_url`` the revision's
-    logs (all empty for commands)."""
+class DeployResult(DeployedRevision):
+    """A finished deploy: ``image`` now serves as ``revision`` (Cloud Run, its full name) on target ``target``;
+    ``url`` is a service's URL, ``console_url`` the Cloud console page of the target's revisions, ``logs_url`` the
+    revision's logs (all empty for commands); ``operation``: Cloud Run's long-running operation. The same fields as
+    the ``target`` event (:meth:`summary`), plus the operation."""
 
-    target: str
-    image: str
-    revision: str = ""
-    previous_revision: str = ""
     operation: str = ""
-    url: str = ""
-    console_url: str = ""
-    logs_url: str = ""
 
     def summary(self) -> dict[str, str]:
         """What the operator needs at the end of a deploy (the ``targets`` of the final JSON event)."""

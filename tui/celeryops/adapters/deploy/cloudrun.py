@@ -282,8 +282,9 @@ class CloudRunDeployer(CloudRunCalls):
                                     split=split, new_revision=False, route=True)
         full = f"{target.resource_path}/revisions/{main}"
         found = await self._revision(clients, full)
-        return DeployResult(target.name, found.image if found is not None else "", full, previous, operation,
-                            url=watched.url, console_url=target.console_url,
+        return DeployResult(target.name, image=found.image if found is not None else "", revision=full,
+                            previous_revision=previous, operation=operation, url=watched.url,
+                            console_url=target.console_url,
                             logs_url=(found.log_uri if found is not None else "") or logs_link(
                                 target.kind, target.project, target.region, target.resource, full))
 

@@ -296,7 +296,8 @@ class CloudRunCalls:
                     if served and (count is None or state.instance_count == count):
                         on_progress(RolloutReady(target.name, state.latest_ready_revision if new_revision else ""))
                         revision = state.latest_ready_revision
-                        return DeployResult(target.name, image, revision, before.latest_ready_revision, operation,
+                        return DeployResult(target.name, image=image, revision=revision,
+                                            previous_revision=before.latest_ready_revision, operation=operation,
                                             url=state.uri, console_url=target.console_url,
                                             logs_url=await self._logs_url(clients, target, revision))
                     if split is None and state.pinned:  # pinned meanwhile (someone else's update)

@@ -94,7 +94,7 @@ class CommandDeployer:
                               f"{proc.returncode}{_last(tail)}: fix the command or the target and deploy again.",
                               code="EXIT_STATUS")
         on_progress(RolloutReady(target.name, ""))
-        return DeployResult(target.name, image)
+        return DeployResult(target.name, image=image)
 
     async def _terminate(self, proc: asyncio.subprocess.Process) -> None:
         if proc.returncode is not None:

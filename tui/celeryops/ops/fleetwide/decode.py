@@ -4,6 +4,7 @@ every event of a run) back into the same typed event, for watchers on any machin
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import fields
 from typing import Any
 
 from celeryops.adapters.deploy.base import (
@@ -22,6 +23,7 @@ from celeryops.core.events import (
     CheckUpdate,
     ConsumersCancelled,
     ConsumersRestored,
+    DeployedRevision,
     DrainFinished,
     DrainProgress,
     DrainStarted,
@@ -79,8 +81,7 @@ def _phase(data: Data) -> Event | None:
 
 def _target(data: Data) -> TargetDeployed:
     kind = TargetRolledBack if data.get("rolled_back") else TargetDeployed
-    return kind(**{k: str(data.get(k, "")) for k in ("target", "revision", "url", "console_url", "image",
-                                                      "previous_revision", "logs_url")})
+    return kind(**{f.name: str(data.get(f.name, "")) for f in fields(DeployedRevision)})
 
 
 def _finished(data: Data) -> Event:
