@@ -6,6 +6,7 @@ Configured from the environment so that one module serves every broker:
   CELERYOPS_TEST_CONTROL_EXCHANGE  remote-control exchange name (isolates test sessions sharing one RabbitMQ)
   CELERYOPS_TEST_PREFETCH          worker_prefetch_multiplier (default 1)
   CELERYOPS_TEST_KEYPREFIX         the Redis transport's global_keyprefix (default: none)
+  CELERYOPS_TEST_ACKS_LATE         1: task_acks_late and task_reject_on_worker_lost (default: Celery's, acks early)
   CELERYOPS_TEST_FAIL_RATE         the share of ``work`` tasks this worker fails (0 to 1, default 0): a bad release
 
 Every task run records, in the record Redis:
@@ -53,6 +54,9 @@ app.conf.update(
     task_send_sent_event=False,
     broker_transport_options={"visibility_timeout": 3600},
 )
+if os.environ.get("CELERYOPS_TEST_ACKS_LATE") == "1":  # acknowledged once run: a task cut short goes back to the queue
+    app.conf.task_acks_late = True
+    app.conf.task_reject_on_worker_lost = True
 if os.environ.get("CELERYOPS_TEST_KEYPREFIX"):
     app.conf.broker_transport_options = {**app.conf.broker_transport_options,
                                          "global_keyprefix": os.environ["CELERYOPS_TEST_KEYPREFIX"]}
