@@ -44,8 +44,11 @@ class CliRun:
     def __init__(self, args: list[str], env: dict[str, str], cwd: Path,
                  on_event: Callable[[dict[str, Any]], None] = lambda e: None, kill_after: str | None = None) -> None:
         cmd = [sys.executable, "-m", "celeryops_harness.killcli", kill_after] if kill_after else CLI
-        self.proc = subprocess.Popen([*cmd, *args], env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     stdin=subprocess.DEVNULL, text=True)
+        # A command that outlives its wait gets SIGABRT first: the fault handler then writes every thread's stack to
+        # its stderr, which the trial reports (where it hung), before the SIGKILL.
+        self.proc = subprocess.Popen([*cmd, *args], env={**env, "PYTHONFAULTHANDLER": "1"}, cwd=cwd,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                     text=True)
         self.events: list[dict[str, Any]] = []
         self._on_event = on_event
         self._stderr: list[str] = []
@@ -73,8 +76,12 @@ class CliRun:
         try:
             rc = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = self.proc.wait(10)
+            self.proc.send_signal(signal.SIGABRT)
+            try:
+                rc = self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                rc = self.proc.wait(10)
         for t in self._threads:
             t.join(10)
         return rc

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import redis
 
+from celeryops.core.aio import wait_event
 from celeryops.core.autoscale import AutoscaleSettings
 from celeryops.core.config import Target
 from celeryops.core.errors import EXIT_OK, EXIT_USAGE, UserError
@@ -89,8 +90,7 @@ class Autoscaler:
                     if looked is not None and looked[0].action in ("out", "in") and not self.dry_run \
                             and not stop.is_set():
                         await self.act(*looked, stop)
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), self.settings.interval)
+                    await wait_event(stop, self.settings.interval)
             finally:
                 watcher.cancel()
         finally:

@@ -18,7 +18,6 @@ Reader side (``read_status``, ``read_events``): reads only (HGETALL, XRANGE), so
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import threading
@@ -30,7 +29,7 @@ from typing import Any, Final, cast
 
 import redis
 
-from celeryops.core.aio import cancel_and_wait
+from celeryops.core.aio import cancel_and_wait, wait_event
 from celeryops.core.events import RunKind
 from celeryops.core.masking import mask_text
 from celeryops.core.namespace import fleet_key
@@ -288,11 +287,7 @@ class Publisher:
         keepalive = max(self.interval, self.ttl / 3)
         backoff = self.interval
         while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=keepalive)
-                touch = False
-            except TimeoutError:
-                touch = True
+            touch = not await wait_event(self._wake, keepalive)
             self._wake.clear()
             ok = await asyncio.to_thread(self.flush, touch)
             if self._closing:
@@ -300,8 +295,7 @@ class Publisher:
             if ok:
                 backoff = self.interval
                 assert self._hurry is not None
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._hurry.wait(), timeout=self.interval)
+                await wait_event(self._hurry, self.interval)
                 self._hurry.clear()
             else:
                 self._wake.set()  # retry what is pending

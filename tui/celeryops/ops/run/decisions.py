@@ -92,7 +92,8 @@ class Decisions:
                 self._forget(waiter)
                 return None
             try:
-                await asyncio.wait_for(waiter, left)
+                async with asyncio.timeout(left):  # not wait_for: on 3.11 it may swallow a cancellation (a Ctrl-C)
+                    await waiter
             except TimeoutError:
                 self._forget(waiter)
                 return self.poll()
