@@ -68,7 +68,9 @@ class CliProcess:
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise TimeoutError(f"no {kind!r} event within {timeout}s; got {[e['event'] for e in self.events]}")
+                last = [{k: v for k, v in e.items() if k != "_at"} for e in self.events[-2:]]
+                raise TimeoutError(f"no {kind!r} event within {timeout}s; got {[e['event'] for e in self.events]}; "
+                                   f"the last: {str(last)[:1500]}")
             try:
                 event = self.next_event(remaining)
             except queue.Empty:
