@@ -125,7 +125,7 @@ async def test_x_mid_overlap_retires_the_new_revision(tmp_path: Path, redis_url:
     """X while the old revision drains: the confirmation says what happens, then the old revision consumes again
     and the new one is retired: the pool is back on the old revision, nothing was killed."""
     gate = f"{queue_name}:long"
-    with running_pool(tmp_path, redis_url, queue_name, interval=0.3) as pool:
+    with running_pool(tmp_path, redis_url, queue_name, interval=0.3, max_wait=150) as pool:  # see the first test
         with hold.app.connection_for_write(redis_url) as conn:
             long_id = hold.apply_async(args=(gate,), queue=queue_name, connection=conn).id
         backend = overlap_backend(pool)
@@ -160,7 +160,7 @@ async def test_watcher_follows_an_overlap_run_by_another_process(tmp_path: Path,
     """`celeryops deploy --strategy overlap --json` in another process, a read-only console following it: the
     watcher's overlap screen shows both revisions from the published events, without X or F."""
     gate = f"{queue_name}:long"
-    with running_pool(tmp_path, redis_url, queue_name, interval=0.3) as pool:
+    with running_pool(tmp_path, redis_url, queue_name, interval=0.3, max_wait=150) as pool:  # see the first test
         with hold.app.connection_for_write(redis_url) as conn:
             long_id = hold.apply_async(args=(gate,), queue=queue_name, connection=conn).id
         wait_for(lambda: started(redis_client, [long_id]), WAIT, "the long task to start")
