@@ -168,7 +168,7 @@ class TrialFleet:
         with self._lock:
             self.workers.append(worker)
             self.revision[worker.nodename] = spec.revision
-        worker.wait_ready(self.app, timeout=60)
+        worker.wait_ready(self.app, timeout=150)  # a loaded CI machine took over 60 s
         return TrialInstance(self, worker)
 
     def _worker(self, cloud_run: dict[str, str], revision: str = "") -> WorkerProcess:
