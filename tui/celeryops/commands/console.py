@@ -148,8 +148,9 @@ class LateBackend:
             if look is not None:  # its parts not taken by now would be older than what the backend reads
                 self._look = None
                 look.close()
-        if look is not None and look.seen is not None:
-            backend.snapshots.go_on_from(cast("Seen", look.seen))
+        seen = look.seen if look is not None else None  # unpickled here, once (the backend's modules are loaded)
+        if seen is not None:
+            backend.snapshots.go_on_from(cast("Seen", seen))
         if look is not None and look.taken_any and not self._closing:  # the doctor's findings were not in it
             asyncio.get_running_loop().call_soon(self.on_opened)
         return backend
