@@ -12,9 +12,11 @@ the list in bulk (one BRPOP to wait, then LRANGE + DEL in one MULTI for everythi
 BRPOP and one kombu message per reply, and told apart by their ticket header, as kombu does.
 
 The request message is the one ``kombu.pidbox.Mailbox._publish`` builds (method, arguments, destination, ticket,
-reply_to, clock and expires headers), published with kombu on the mailbox's fanout exchange, so a worker sees no
-difference but the reply route. Replies are decoded with kombu's serialization registry and the app's
-``accept_content``.
+reply_to, clock and expires headers), published with kombu on the mailbox's fanout exchange
+(``<control_exchange>.pidbox``, declared as ``Mailbox`` declares it), so a worker sees no difference but the reply
+route. ``kombu.pidbox`` itself is not imported: loading it scans every installed package's entry points
+(``kombu.matcher``, ~30 ms), the largest part of a command's first round. Replies are decoded with kombu's
+serialization registry and the app's ``accept_content``.
 """
 
 from __future__ import annotations
@@ -58,13 +60,21 @@ class RedisRound:
         self._lock = threading.Lock()
         self._conn: Any = None
         self._producer: Any = None
-        self._mailbox: Any = None
+        # What celery's Control gives its Mailbox: the fanout exchange, one Lamport clock for the process's rounds
+        # (carried in the "clock" header, adjusted by the replies'), the app's task_serializer (kombu's rounds use it).
+        from kombu.clocks import LamportClock
+        from kombu.entity import Exchange
+
+        exchange: Any = Exchange  # kombu is untyped
+        self._exchange = exchange(f"{app.conf.control_exchange}.pidbox", type="fanout", durable=False,
+                                  delivery_mode="transient")
+        self._clock = LamportClock()
+        self._serializer = str(app.conf.task_serializer or "json")
         self._client: redis.Redis | None = None
         self._client_timeout = 0.0
         self._late = False  # a round ended before every addressed worker replied: late replies may land in the list
         self._accept = _kombu_serialization().prepare_accept_content(list(app.conf.accept_content or ["json"]))
         self._json_ok = "application/json" in self._accept
-        self._serializer = "json"
 
     # -- connection ---------------------------------------------------------------------------------------------
 
@@ -76,8 +86,6 @@ class RedisRound:
             conn = self.app.connection_for_write()
             conn.ensure_connection(max_retries=1)
             self._conn = conn
-            self._mailbox = self.app.control.mailbox(conn)
-            self._serializer = self._mailbox.serializer or "json"  # as kombu's rounds: the app's task_serializer
             self._producer = producer_cls(conn.default_channel, auto_declare=False)
         if self._client is None or self._client_timeout < timeout + 5:
             if self._client is not None:
@@ -105,14 +113,14 @@ class RedisRound:
                     self._conn.release()
                 except Exception:  # a connection that already broke: nothing left to release
                     pass
-                self._conn = self._producer = self._mailbox = None
+                self._conn = self._producer = None
         finally:
             if locked:
                 self._lock.release()
 
     def _reset(self) -> None:
         """After an error: drop the held connection (the next round opens a fresh one)."""
-        conn, self._conn, self._producer, self._mailbox = self._conn, None, None, None
+        conn, self._conn, self._producer = self._conn, None, None
         if conn is not None:
             try:
                 conn.release()
@@ -138,7 +146,6 @@ class RedisRound:
 
     def _round(self, requests: Sequence[Request], timeout: float) -> list[dict[str, Any]]:
         producer, client = self._ensure(timeout)
-        mailbox = self._mailbox
         tickets = [uuid.uuid4().hex for _ in requests]
         by_ticket: dict[str, dict[str, Any]] = {t: {} for t in tickets}
         waiting: dict[str, set[str] | None] = {
@@ -150,8 +157,8 @@ class RedisRound:
                        "destination": list(req.destination) if req.destination is not None else None,
                        "pattern": None, "matcher": None, "ticket": ticket,
                        "reply_to": {"exchange": "", "routing_key": self.reply_key}}
-            producer.publish(message, exchange=mailbox.exchange.name, declare=[mailbox.exchange],
-                             headers={"clock": mailbox.clock.forward(), "expires": expires},
+            producer.publish(message, exchange=self._exchange.name, declare=[self._exchange],
+                             headers={"clock": self._clock.forward(), "expires": expires},
                              serializer=self._serializer, retry=True)
         key = self.keyprefix + self.reply_key
         deadline = time.monotonic() + timeout
@@ -183,7 +190,7 @@ class RedisRound:
             if ticket not in by_ticket:
                 return False
             if headers.get("clock"):
-                self._mailbox.clock.adjust(headers["clock"])
+                self._clock.adjust(headers["clock"])
             props = envelope.get("properties") or {}
             body = envelope.get("body")
             if props.get("body_encoding") == "base64":
