@@ -90,6 +90,8 @@ PRIVATE = (
     Private(LINUX_DRIVER, "_loop", "attribute", "reads", TERMINAL),
     # Read-only screens drop their dangerous bindings
     Private("textual.screen.Screen", "_bindings", "attribute", "reads and writes", f"{CONSOLE}/screens/base.py"),
+    # The footer rebuilt only when its keys changed (Footer.bindings_changed's rule, less the same-keys rebuilds)
+    Private("textual.widgets.Footer", "_bindings_ready", "attribute", "writes", f"{CONSOLE}/widgets/footer.py"),
     # The bench turns each frame into terminal bytes, as a real terminal's app does
     Private("textual.app.App", "_display", "method", "overrides", BENCH, ("screen", "renderable")),
     Private("textual._compositor", "CompositorUpdate", "module", "imports", BENCH),
