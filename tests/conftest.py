@@ -38,6 +38,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "celeryops"))
 _worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
 os.environ.setdefault("CELERYOPS_STATE_DIR",
                       str(Path(os.environ.get("TMPDIR", "/tmp")) / f"celeryops-test-state-{os.getpid()}-{_worker}"))
+# ... and its cache (the console's parsed stylesheets, console/csscache.py): each test process starts cold.
+os.environ["XDG_CACHE_HOME"] = str(Path(os.environ.get("TMPDIR", "/tmp"))
+                                   / f"celeryops-test-cache-{os.getpid()}-{_worker}")
 
 
 @pytest.fixture(scope="session")

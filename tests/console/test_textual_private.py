@@ -92,6 +92,9 @@ PRIVATE = (
     Private("textual.screen.Screen", "_bindings", "attribute", "reads and writes", f"{CONSOLE}/screens/base.py"),
     # The footer rebuilt only when its keys changed (Footer.bindings_changed's rule, less the same-keys rebuilds)
     Private("textual.widgets.Footer", "_bindings_ready", "attribute", "writes", f"{CONSOLE}/widgets/footer.py"),
+    # Parsed stylesheets kept from one start to the next (console/csscache.py)
+    Private("textual.css.stylesheet.Stylesheet", "_parse_cache", "attribute", "reads", f"{CONSOLE}/csscache.py"),
+    Private("textual.css.stylesheet.Stylesheet", "_variables", "attribute", "reads", f"{CONSOLE}/csscache.py"),
     # The bench turns each frame into terminal bytes, as a real terminal's app does
     Private("textual.app.App", "_display", "method", "overrides", BENCH, ("screen", "renderable")),
     Private("textual._compositor", "CompositorUpdate", "module", "imports", BENCH),

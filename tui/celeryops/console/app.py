@@ -26,6 +26,7 @@ from celeryops.console.confirmations import (
     restore_again_question,
     rollback_question,
 )
+from celeryops.console.csscache import load_parsed_css
 from celeryops.console.messages import DrainUpdated, FleetUpdated, OpsEvent, SlotsUpdated, to_message
 from celeryops.console.model import RunModel, View
 from celeryops.console.navigation import RUN_VIEWS, key_commands, run_screen, showing
@@ -88,6 +89,7 @@ class ConsoleApp(App[int]):
         self._painted = asyncio.Event()
         self.size_hint: tuple[int, int] | None = None
         self.theme = "textual-dark"
+        load_parsed_css(self.stylesheet)  # the rules an earlier start parsed (console/csscache.py)
         if not animate:
             self.animation_level = "none"
 

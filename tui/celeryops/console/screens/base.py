@@ -12,6 +12,7 @@ from textual.binding import Binding, BindingsMap
 from textual.screen import Screen
 from textual.widgets import DataTable
 
+from celeryops.console.csscache import keep_parsed_css
 from celeryops.console.widgets.footer import ConsoleFooter
 from celeryops.console.widgets.status_bar import StatusBar
 from celeryops.core.errors import UserError
@@ -128,3 +129,4 @@ class ConsoleScreen(Screen):
     def on_screen_resume(self) -> None:
         self.render_model(self.console.model)
         self.console.sync_view()
+        self.call_after_refresh(keep_parsed_css, self.app.stylesheet)  # this screen's CSS, for the next start
