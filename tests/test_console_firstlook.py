@@ -24,6 +24,7 @@ from typing import Any
 
 from celery import Celery
 
+from celeryops.commands.firstlook import CPU_PRESSURE_LIMIT, core_free
 from celeryops.core.config import Config
 from celeryops.core.errors import EXIT_BROKER
 from celeryops.ops.backend.console import open_backend
@@ -213,3 +214,16 @@ def test_each_part_is_served_once_and_what_the_child_could_not_send_is_read_here
     assert found["slow_fleet"] == "first" and found["slow_slots"] is None and found["slow_gone"]
     assert found["closed_in"] < 10
     assert found["with_a_thread"] is None
+
+
+def test_a_core_counts_as_free_by_cpu_pressure_where_linux_keeps_it() -> None:
+    """The fork's gate: no child while as many tasks run as there are cores, nor on one core; then CPU pressure
+    (the share of the last 10 s some task waited for a core) decides where the kernel keeps it, else the 1-minute
+    load average. A burst that ended leaves the load average high for a minute but the pressure low: a child."""
+    assert not core_free(1, 0, 0.0, 0.0)
+    assert not core_free(2, 2, 0.0, 0.0)  # busy now, whatever the averages say
+    assert core_free(2, 1, 1.6, 1.05)  # the load average of a burst that is over; nothing waited since
+    assert not core_free(2, 1, CPU_PRESSURE_LIMIT, 0.2)  # tasks waited for a core a tenth of the time
+    assert core_free(2, None, None, 0.5)  # not Linux: the load average alone
+    assert not core_free(2, 1, None, 1.0)
+    assert core_free(4, 3, None, 2.9)

@@ -189,17 +189,43 @@ class FirstLook:
 
 def spare_core() -> bool:
     """A core is free now and has been of late: fewer tasks run than there are cores (Linux: the running count of
-    /proc/loadavg, this process included) and the 1-minute load average leaves a core idle. A child on a busy machine
-    would take its time from the console's own first frame."""
-    cores = os.cpu_count() or 1
-    if cores < 2 or os.getloadavg()[0] >= cores - 1:
+    /proc/loadavg, this process included), and tasks have seldom waited for a core in the last ten seconds (Linux's
+    CPU pressure, /proc/pressure/cpu; where it is not kept, the 1-minute load average leaves a core idle). A child on
+    a busy machine would take its time from the console's own first frame."""
+    return core_free(os.cpu_count() or 1, _procs_running(), _cpu_pressure(), os.getloadavg()[0])
+
+
+#: The share of the last ten seconds (%) in which some task waited for a core, below which a core counts as free.
+CPU_PRESSURE_LIMIT = 10.0
+
+
+def core_free(cores: int, running: int | None, pressure: float | None, load: float) -> bool:
+    """:func:`spare_core`'s rule: ``running`` tasks now (None: unknown), CPU ``pressure`` (the "some" avg10 share, %;
+    None: not kept), the 1-minute ``load`` average. The pressure is preferred to the load average: a burst a minute
+    ago (the previous command, a build) holds the load average above a core for a minute after the cores are idle
+    again, while the pressure says whether anything has waited for one since."""
+    if cores < 2 or (running is not None and running >= cores):
         return False
+    if pressure is not None:
+        return pressure < CPU_PRESSURE_LIMIT
+    return load < cores - 1
+
+
+def _procs_running() -> int | None:
     try:
         with open("/proc/loadavg") as fh:
-            running = int(fh.read().split()[3].split("/")[0])
+            return int(fh.read().split()[3].split("/")[0])
     except (OSError, ValueError, IndexError):
-        return True  # not Linux: the load average alone
-    return running < cores
+        return None  # not Linux
+
+
+def _cpu_pressure() -> float | None:
+    try:
+        with open("/proc/pressure/cpu") as fh:
+            some = fh.readline().split()  # "some avg10=1.60 avg60=2.09 avg300=1.50 total=..."
+        return float(some[1].removeprefix("avg10=")) if some[0] == "some" else None
+    except (OSError, ValueError, IndexError):
+        return None  # not Linux, or a kernel without pressure stall information
 
 
 def _child(rfd: int, wfd: int, read: Callable[[Send], None]) -> None:
@@ -250,4 +276,5 @@ def read_for(fleet: FleetSpec, state_dir: str | None, send: Send) -> None:
     read_first_look(fleet.celery_app(), config, send)
 
 
-__all__ = ["FirstLook", "Send", "Taken", "first_look_for_home", "read_for"]
+__all__ = ["CPU_PRESSURE_LIMIT", "FirstLook", "Send", "Taken", "core_free", "first_look_for_home", "read_for",
+           "spare_core"]
