@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +27,7 @@ from celery import Celery
 
 from celeryops.commands.firstlook import CPU_PRESSURE_LIMIT, core_free
 from celeryops.core.config import Config
-from celeryops.core.errors import EXIT_BROKER
+from celeryops.core.errors import EXIT_BROKER, EXIT_USAGE
 from celeryops.ops.backend.console import open_backend
 from celeryops.ops.backend.firstlook import read_first_look
 from celeryops_harness.workers import WorkerProcess
@@ -227,3 +228,48 @@ def test_a_core_counts_as_free_by_cpu_pressure_where_linux_keeps_it() -> None:
     assert core_free(2, None, None, 0.5)  # not Linux: the load average alone
     assert not core_free(2, 1, None, 1.0)
     assert core_free(4, 3, None, 2.9)
+
+
+SETTINGS = """
+import json, os, select, sys
+from celeryops.commands.common import FleetSpec
+from celeryops.commands.firstlook import FirstLook, read_for
+from celeryops.core.errors import UserError
+
+spec = FleetSpec(broker=sys.argv[1])
+look = FirstLook.start(lambda send: read_for(spec, None, send))
+assert look is not None
+select.select([look._fd], [], [], 60)  # the child's configuration is in
+out = {}
+try:
+    out["settings"] = look.settings()
+except UserError as err:
+    out["error"] = [str(err), err.exit_code]
+try:
+    spec.config({"state_dir": None})
+    out["here"] = None
+except UserError as err:
+    out["here"] = [str(err), err.exit_code]
+look.close()
+print(json.dumps(out))
+"""
+
+
+def test_the_console_takes_the_configuration_as_the_child_loaded_it(tmp_path: Path) -> None:
+    """The console loads Textual while the child loads the configuration: it opens on the child's (the fleet's
+    name, the broker), and does not open on a configuration the child could not load, with the same sentence it
+    would have said itself."""
+    def run(cwd: Path) -> dict[str, Any]:
+        env = {**os.environ, "CELERYOPS_FLEET": "payments"}
+        out = subprocess.run([sys.executable, "-c", SETTINGS, "redis://u:pw@127.0.0.1:1/0"], capture_output=True,
+                             text=True, timeout=120, cwd=cwd, env=env)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+    good = run(tmp_path)
+    assert good == {"settings": ["payments", "redis://u:pw@127.0.0.1:1/0"], "here": None}
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "celeryops.toml").write_text("[drain\ninterval = 5\n")
+    found = run(bad)
+    assert found["error"] == found["here"] and found["error"][1] == EXIT_USAGE

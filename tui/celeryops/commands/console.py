@@ -20,13 +20,13 @@ import click
 
 from celeryops.commands.common import FleetSpec, fleet_options, state_dir_option
 from celeryops.commands.signals import loop_signals
-from celeryops.core.config import Config, Target
 from celeryops.core.errors import EXIT_INTERRUPTED, EXIT_USAGE, UserError
 
 if TYPE_CHECKING:
     from textual.app import App
 
     from celeryops.commands.firstlook import FirstLook, Taken
+    from celeryops.core.config import Config, Target
     from celeryops.ops.backend import views
     from celeryops.ops.backend.console import OpsBackend
     from celeryops.ops.backend.snapshots import Seen
@@ -62,13 +62,25 @@ def open_console(fleet: FleetSpec, *, start: Start = "home", read_only: bool = F
     # passes meanwhile find next to nothing and cost ~7 % of the start's CPU (~18 % of loading the ops layer after
     # the first frame). Back on once the first poll is done (ConsoleApp._poll), or when the console ends before.
     gc.disable()
-    cfg = config or fleet.config({"state_dir": state_dir})
-    url = fleet.plain_broker_url()
+    # Textual writes each frame to the terminal from a thread of its own: with Python's default switch interval it
+    # waited up to 5 ms, often 10, for the interpreter while the event loop went on with the start (the first frame
+    # reached the terminal ~11 ms after it was ready). The console's threads hand over in 1 ms.
+    sys.setswitchinterval(0.001)
+    read = first_look is not None and config is None  # the child reads the configuration (commands.firstlook)
+    if not read:  # a configuration that does not load is reported before Textual loads
+        config = config or fleet.config({"state_dir": state_dir})
     from celeryops.console.app import make_app  # Textual loads only for the console
+    settings = first_look.settings() if read and first_look is not None else None  # raises the child's UserError
+    if settings is not None:  # as the child loaded it: this process loads it when the backend opens
+        fleet_name, url = settings
+    else:
+        config = config or fleet.config({"state_dir": state_dir})
+        fleet_name, url = config.run.fleet, fleet.plain_broker_url()
 
     def opened() -> OpsBackend:
         from celeryops.ops.backend.console import open_backend
 
+        cfg = config or fleet.config({"state_dir": state_dir})
         return open_backend(fleet.celery_app(), cfg, read_only=read_only, fleet_display=fleet.app_path or "",
                             state_dir=cfg.state_dir, drain=drain, targets=targets, repo=Path(repo) if repo else None,
                             rollback=rollback)
@@ -80,7 +92,7 @@ def open_console(fleet: FleetSpec, *, start: Start = "home", read_only: bool = F
         from celeryops.core.masking import mask_url
 
         backend = LateBackend(opened, imports=("celeryops.ops.backend.console",), read_only=read_only,
-                              fleet_display=f"{cfg.run.fleet} @ {mask_url(url)}", first_look=first_look)
+                              fleet_display=f"{fleet_name} @ {mask_url(url)}", first_look=first_look)
     console = make_app(backend, read_only=read_only, start=start, release=release)
     if isinstance(backend, LateBackend):
         backend.on_failure = lambda err: console.exit(err.exit_code)

@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from celeryops.core.errors import UserError
+
 if TYPE_CHECKING:  # asyncio and pickle load after the fork: the child starts sooner, with less to copy
     import asyncio
 
@@ -111,6 +113,30 @@ class FirstLook:
         self.taken_any = self.taken_any or found is not None
         return found
 
+    def settings(self) -> tuple[str, str | None] | None:
+        """The configuration as the child loaded it (the fleet's name, the plain broker URL or None for a Celery
+        app), if it is in already: the console loads Textual meanwhile, and need not load the configuration before
+        its first frame. Raises the :class:`UserError` the child's load ended with (the configuration is wrong: the
+        console does not open). None when it is not in yet (a busy machine) or not as sent: the console loads it."""
+        import pickle
+        import select
+
+        if self._closed or self._fd is None or not select.select([self._fd], [], [], 0)[0]:
+            return None
+        frame = self._frame()  # the child's first frame, written at once (under PIPE_BUF): whole if any of it is in
+        name, _, data = (frame or b"").partition(_SEP)
+        try:
+            value, error = pickle.loads(data)
+        except Exception:
+            value, error = None, None
+        if name != b"config" or (error is None and not _is_settings(value)):
+            self.close()  # not the protocol this process speaks: no part of it is used
+            return None
+        if error is not None:
+            self.close()
+            raise error
+        return value  # type: ignore[no-any-return]
+
     def asked(self, parts: tuple[str, ...]) -> bool:
         """Every one of ``parts`` was asked for (and served, or known missing)."""
         return all(p in self._taken for p in parts)
@@ -185,6 +211,11 @@ class FirstLook:
             if fd is not None:
                 with contextlib.suppress(OSError):
                     os.close(fd)
+
+
+def _is_settings(value: object) -> bool:
+    return (isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str)
+            and (value[1] is None or isinstance(value[1], str)))
 
 
 def spare_core() -> bool:
@@ -266,10 +297,18 @@ def first_look_for_home(fleet: FleetSpec, state_dir: str | None) -> FirstLook | 
 
 
 def read_for(fleet: FleetSpec, state_dir: str | None, send: Send) -> None:
-    """In the first look's child: the fleet's first look, read as the console backend would read it (nothing when
-    the configuration names a Celery app: the console imports it first)."""
-    config = fleet.config({"state_dir": state_dir})
-    if fleet.plain_broker_url() is None:
+    """In the first look's child: the configuration first (the fleet's name and plain broker URL, or the
+    :class:`UserError` that loading it ended with: :meth:`FirstLook.settings`), then the fleet's first look, read as
+    the console backend would read it (nothing when the configuration names a Celery app: the console imports it
+    first)."""
+    try:
+        config = fleet.config({"state_dir": state_dir})
+        url = fleet.plain_broker_url()
+    except UserError as err:
+        send("config", None, err)
+        return
+    send("config", (config.run.fleet, url), None)
+    if url is None:
         return
     from celeryops.ops.backend.firstlook import read_first_look
 
