@@ -3,7 +3,7 @@
 Textual parses every stylesheet the console uses (its widgets' default CSS, ``styles/*.tcss``) at each start:
 ~30 ms of the ~90 ms from Textual's start to the first frame (about a tenth of the whole start, imports
 included). What a parse gives depends on the CSS text, where it was read from, and the theme's variables only,
-so the rules parsed at one start are kept in the user's cache folder (``textual-css.pickle``, 0600) and
+so the rules parsed at one start are kept in the user's cache folder (``textual-css-<installation>.pickle``, 0600) and
 handed to the next start's stylesheet, as Python keeps compiled modules: it then parses only what changed (a
 different text is a different key) and unpickles the rest (~3 ms).
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +31,18 @@ import textual
 from textual.css.model import RuleSet
 from textual.css.stylesheet import Stylesheet
 
+from celeryops.console.stylesheets import styles_dir
+
 _kept: dict[Path, frozenset[Any]] = {}  # cache file -> the parse keys it holds (as read or written here)
 _PARSER = ("__init__.py", "css/model.py", "css/parse.py", "css/styles.py", "css/_styles_builder.py")
 
 
 def cache_file() -> Path:
-    """Where the parsed stylesheets are kept: the user's cache folder (``$XDG_CACHE_HOME/celeryops`` on Linux)."""
-    return Path(platformdirs.user_cache_dir("celeryops", appauthor=False)) / "textual-css.pickle"
+    """Where the parsed stylesheets are kept: the user's cache folder (``$XDG_CACHE_HOME/celeryops`` on Linux), a
+    file per installation of celeryops (by where its ``styles/`` are: two checkouts or virtualenvs never take turns
+    rewriting one file, nor load each other's rules)."""
+    where = zlib.crc32(str(styles_dir()).encode())
+    return Path(platformdirs.user_cache_dir("celeryops", appauthor=False)) / f"textual-css-{where:08x}.pickle"
 
 
 def textual_build() -> tuple[object, ...]:
