@@ -106,8 +106,10 @@ def open_console(fleet: FleetSpec, *, start: Start = "home", read_only: bool = F
 class LateBackend:
     """The console's backend, opened when the console first calls it: after its first frame, since the console
     makes no backend call before. ``imports`` (Celery, kombu, redis-py and the ops layer: ~0.35 s of CPU) are
-    imported on the event loop (the same imports in a thread cost ~20 % more CPU, and the fleet showed later); then
-    ``opener`` (the journal, the Redis clients: it may wait on a disk) runs in a thread. A failure to open (a
+    imported on the event loop where nothing else could show the fleet (the same imports in a thread cost ~20 % more
+    CPU), in a thread where a first look may (a child's fleet that came while they loaded on the event loop waited
+    for them: ~0.4 s late, in 2 starts of 8 once the console's first frame came sooner); then ``opener`` (the
+    journal, the Redis clients: it may wait on a disk) runs in a thread. A failure to open (a
     :class:`UserError`: say, the broker URL names an unknown transport) is kept in :attr:`failure` and handed to
     :attr:`on_failure` (the console exits; the caller reports it); every call then raises it.
 
@@ -151,7 +153,7 @@ class LateBackend:
         look = self._look
         try:
             for name in self._imports:
-                if look is not None and look.taken_any:  # the first look is on screen: the console stays responsive
+                if look is not None:  # a child's part may come (or is on screen): the event loop stays free for it
                     await asyncio.to_thread(importlib.import_module, name)
                 else:  # the fleet waits for them: on the event loop, where they cost least
                     importlib.import_module(name)
@@ -270,7 +272,7 @@ class LateBackend:
 
 
 WARM_AFTER = 0.25  # seconds from the first look's last part to opening the backend: the console draws them first
-FIRST_LOOK_PATIENCE = 0.15  # seconds a first call waits for the first look's part before the backend opens too
+FIRST_LOOK_PATIENCE = 0.3  # seconds a first call waits for the first look's part before the backend opens too
 PARTS = ("fleet", "slots", "unfinished")  # the first look's parts (celeryops.ops.backend.firstlook.PARTS)
 
 
