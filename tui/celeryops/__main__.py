@@ -1,3 +1,3 @@
-from celeryops.cli import main
+from celeryops.launch import main
 
 main()

@@ -8,6 +8,7 @@ from ``COMMAND_TABLE`` (module and the first paragraph of the help, from which c
 
 from __future__ import annotations
 
+import gc
 import importlib
 import importlib.util
 import sys
@@ -134,6 +135,7 @@ class _Main(click.Group):
 def main(ctx: click.Context, fleet: FleetSpec, state_dir: str | None) -> None:
     """Drain, deploy and recover Celery fleets safely. Without a command: the console's home view."""
     if ctx.invoked_subcommand is not None:
+        gc.enable()  # off while the command line loaded (celeryops.launch); the console keeps it off for its start
         # `celeryops --broker URL status`: the flags given before the command are its defaults (its own win), so a
         # flag is never dropped in favour of $CELERY_BROKER_URL or the config.
         given = {"app_path": fleet.app_path, "broker": fleet.broker, "config_path": fleet.config_path,
