@@ -29,6 +29,7 @@ import sys
 import tempfile
 import termios
 import time
+import tomllib
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -225,7 +226,7 @@ def console_start_once(broker: str, names: list[str], state_dir: str, timeout: f
     env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": str(SIZE[0]), "LINES": str(SIZE[1]),
            **checkout_env(checkout)}
     env.pop("NO_COLOR", None)
-    cmd = [*celeryops_cli(), "--broker", broker, "--state-dir", state_dir]
+    cmd = [*celeryops_cli(checkout), "--broker", broker, "--state-dir", state_dir]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True,
                             close_fds=True)
@@ -255,8 +256,15 @@ def console_start_once(broker: str, names: list[str], state_dir: str, timeout: f
         os.close(master)
 
 
-def celeryops_cli() -> list[str]:
+def celeryops_cli(checkout: Path | None = None) -> list[str]:
+    """This environment's ``celeryops`` script; for another checkout, its own entry point (its pyproject's
+    ``[project.scripts]``: the script here names this checkout's, which an older checkout may not have)."""
     script = Path(sys.executable).parent / "celeryops"
+    if checkout is not None:
+        with open(checkout / "pyproject.toml", "rb") as fh:
+            module, _, func = tomllib.load(fh)["project"]["scripts"]["celeryops"].partition(":")
+        return [sys.executable, "-c", f"import sys; from {module} import {func}; sys.argv[0] = 'celeryops'; "
+                                      f"sys.exit({func}())"]
     return [str(script)] if script.exists() else [sys.executable, "-m", "celeryops"]
 
 
