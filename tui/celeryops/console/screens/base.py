@@ -84,24 +84,8 @@ class ConsoleScreen(Screen):
         super().__init__(**kwargs)
         self.read_only = read_only
         self._footer_shown: tuple[object, ...] | None = None  # see refresh_footer
-        self.add_class(*self.size_classes())  # the first Resize then changes no class: one restyle of it all less
         if read_only and self.DANGEROUS:
             self._bindings = BindingsMap(b for _, b in self._bindings if b.action.split("(")[0] not in self.DANGEROUS)
-
-    def size_classes(self) -> set[str]:
-        """The breakpoint classes (``-narrow``/``-wide``, ``-short``/``-tall``: ``ConsoleApp``) that Textual gives the
-        screen at its first Resize, for the terminal's size now (Textual's rule: the highest breakpoint the size
-        reaches); none outside a running app."""
-        try:
-            app = self.app
-            width, height = app.size
-        except Exception:  # not created inside a running app (no size to go by): Textual's Resize sets them
-            return set()
-        found: set[str] = set()
-        for size, points in ((width, self.HORIZONTAL_BREAKPOINTS or app.HORIZONTAL_BREAKPOINTS),
-                             (height, self.VERTICAL_BREAKPOINTS or app.VERTICAL_BREAKPOINTS)):
-            found.update(next(([name] for point, name in sorted(points or [], reverse=True) if size >= point), []))
-        return found
 
     @property
     def console(self) -> ConsoleHost:
