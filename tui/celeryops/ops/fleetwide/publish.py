@@ -172,6 +172,9 @@ class Publisher:
             "updated_at": repr(now), "progress": "{}", "kind": kind,
         }
         self._lock = threading.Lock()
+        # One flush at a time: a flush begun later (close's last one) writes its newer state after an earlier one,
+        # which may still be in its thread (the writer cancelled mid-flush), instead of that one's older state last.
+        self._flushing = threading.Lock()
         self._events: deque[dict[str, str]] = deque(maxlen=max_pending_events)
         self._progress: str | None = None  # pending progress JSON (latest wins)
         self._dirty_status = True
@@ -238,6 +241,10 @@ class Publisher:
     # -- writing -----------------------------------------------------------------------------------------------
     def flush(self, touch: bool = False) -> bool:
         """Write what is pending now (sync). False if Redis failed: nothing pending is lost, try again later."""
+        with self._flushing:
+            return self._flush(touch)
+
+    def _flush(self, touch: bool) -> bool:
         with self._lock:
             if not (self._dirty_status or self._events or self._progress is not None or touch):
                 return True
