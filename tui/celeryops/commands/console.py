@@ -66,21 +66,24 @@ def open_console(fleet: FleetSpec, *, start: Start = "home", read_only: bool = F
     # waited up to 5 ms, often 10, for the interpreter while the event loop went on with the start (the first frame
     # reached the terminal ~11 ms after it was ready). The console's threads hand over in 1 ms.
     sys.setswitchinterval(0.001)
-    read = first_look is not None and config is None  # the child reads the configuration (commands.firstlook)
-    if not read:  # a configuration that does not load is reported before Textual loads
-        config = config or fleet.config({"state_dir": state_dir})
+    def configured() -> Config:
+        return config or fleet.config({"state_dir": state_dir})
+
+    if first_look is None:  # a configuration that does not load is reported before Textual loads
+        config = configured()
     from celeryops.console.app import make_app  # Textual loads only for the console
-    settings = first_look.settings() if read and first_look is not None else None  # raises the child's UserError
-    if settings is not None:  # as the child loaded it: this process loads it when the backend opens
-        fleet_name, url = settings
-    else:
-        config = config or fleet.config({"state_dir": state_dir})
-        fleet_name, url = config.run.fleet, fleet.plain_broker_url()
+    # The first look's child loaded the configuration meanwhile (commands.firstlook; raises the UserError its load
+    # ended with): this process then loads its own when the backend opens, after the first frame.
+    settings = first_look.settings() if first_look is not None and config is None else None
+    if settings is None:
+        config = configured()
+        settings = config.run.fleet, fleet.plain_broker_url()
+    fleet_name, url = settings
 
     def opened() -> OpsBackend:
         from celeryops.ops.backend.console import open_backend
 
-        cfg = config or fleet.config({"state_dir": state_dir})
+        cfg = configured()
         return open_backend(fleet.celery_app(), cfg, read_only=read_only, fleet_display=fleet.app_path or "",
                             state_dir=cfg.state_dir, drain=drain, targets=targets, repo=Path(repo) if repo else None,
                             rollback=rollback)
@@ -108,7 +111,7 @@ class LateBackend:
     makes no backend call before. ``imports`` (Celery, kombu, redis-py and the ops layer: ~0.35 s of CPU) are
     imported on the event loop where nothing else could show the fleet (the same imports in a thread cost ~20 % more
     CPU), in a thread where a first look may (a child's fleet that came while they loaded on the event loop waited
-    for them: ~0.4 s late, in 2 starts of 8 once the console's first frame came sooner); then ``opener`` (the
+    for them: ~0.4 s late, in 3 traced starts of 8 once the console's first frame came sooner); then ``opener`` (the
     journal, the Redis clients: it may wait on a disk) runs in a thread. A failure to open (a
     :class:`UserError`: say, the broker URL names an unknown transport) is kept in :attr:`failure` and handed to
     :attr:`on_failure` (the console exits; the caller reports it); every call then raises it.

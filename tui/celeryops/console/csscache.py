@@ -52,10 +52,10 @@ def textual_build() -> tuple[object, ...]:
     return str(root), *((name, (st := os.stat(root / name)).st_size, st.st_mtime_ns) for name in _PARSER)
 
 
-def load_parsed_css(stylesheet: Stylesheet, path: Path | None = None) -> int:
+def load_parsed_css(stylesheet: Stylesheet) -> int:
     """Hand ``stylesheet`` the rules kept by an earlier start (for its theme variables); returns how many sources'
     rules it got (0: none kept, or not usable here)."""
-    path = path or cache_file()
+    path = cache_file()
     try:
         with open(path, "rb") as fh:
             kept = pickle.load(fh)
@@ -73,11 +73,11 @@ def load_parsed_css(stylesheet: Stylesheet, path: Path | None = None) -> int:
     return len(usable)
 
 
-def keep_parsed_css(stylesheet: Stylesheet, path: Path | None = None) -> bool:
+def keep_parsed_css(stylesheet: Stylesheet) -> bool:
     """Write what ``stylesheet`` has parsed, when it holds rules the file does not (a first start, a screen's CSS
     seen for the first time, a changed text); returns whether it wrote. Best-effort: a folder that cannot be written
     leaves the next start to parse."""
-    path = path or cache_file()
+    path = cache_file()
     keys = frozenset(stylesheet._parse_cache.keys())
     if keys <= _kept.get(path, frozenset()):
         return False
