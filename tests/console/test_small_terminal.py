@@ -7,7 +7,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from pilothelp import type_filter
+from pilothelp import type_filter, until_true
 from test_pilot import deploy_backend, press, settle  # the Pilot tests' helpers (tests/console is on sys.path)
 from textual.widgets import DataTable, Footer, Static
 from textual.widgets._footer import FooterKey
@@ -160,3 +160,24 @@ async def test_watch_says_when_the_published_status_stops(app_factory: Any) -> N
         screen._show_title(app.model)
         await settle(pilot)
         assert "no update for 2 minutes" in str(title.render())
+
+
+async def test_a_table_refitted_to_a_narrower_terminal_drops_the_scrollbar_it_no_longer_needs(
+        app_factory: Any) -> None:
+    """The autoscaler's cohorts at 140 columns, then 100: the revision column is cut to the narrower table, which
+    then needs no horizontal scrollbar, and the table (``height: auto``) is as tall as its header and rows again.
+    Textual left the scrollbar of the wider rows in place, one line more, until the next resize."""
+    from test_snapshots import autoscale_backend, keys, tables_settled
+
+    app = app_factory(autoscale_backend())
+    async with app.run_test(size=(140, 30)) as pilot:
+        await keys("a")(pilot)
+        cohorts = app.screen.query_one("#cohorts", DataTable)
+        wide = cohorts.virtual_size.width
+        await pilot.resize_terminal(100, 30)
+        await until_true(pilot, lambda: cohorts.virtual_size.width < wide, "the cohorts refitted to 100 columns")
+        await tables_settled(pilot)
+        assert cohorts.virtual_size.width <= cohorts.scrollable_content_region.width, "the refitted rows overflow"
+        assert not cohorts.show_horizontal_scrollbar
+        rows = cohorts.row_count + 1  # and the header
+        await until_true(pilot, lambda: cohorts.size.height == rows, f"the cohorts {rows} lines high")

@@ -90,6 +90,8 @@ PRIVATE = (
     Private(LINUX_DRIVER, "_loop", "attribute", "reads", TERMINAL),
     # Read-only screens drop their dangerous bindings
     Private("textual.screen.Screen", "_bindings", "attribute", "reads and writes", f"{CONSOLE}/screens/base.py"),
+    # A refilled table shows or hides its scrollbars as its content's size changes (screens/base.py, refill)
+    Private(DATATABLE, "_refresh_scrollbars", "method", "calls", f"{CONSOLE}/screens/base.py", ()),
     # Parsed stylesheets kept from one start to the next (console/csscache.py)
     Private("textual.css.stylesheet.Stylesheet", "_parse_cache", "attribute", "reads", f"{CONSOLE}/csscache.py"),
     Private("textual.css.stylesheet.Stylesheet", "_variables", "attribute", "reads", f"{CONSOLE}/csscache.py"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, ClassVar, TypeVar
+from weakref import WeakSet
 
 from rich.cells import cell_len
 from rich.text import Text
@@ -54,10 +55,26 @@ def refill(table: DataTable, rows: Sequence[Row], fit: str | None = None) -> Non
         column.content_width = width
     for key, cells in rows:
         table.add_row(*cells, key=key)
+    _scrollbars_follow(table)
     if cursor_key is not None and cursor_key in table.rows:
         table.move_cursor(row=table.get_row_index(cursor_key), scroll=False)
     if scroll_y:
         table.call_after_refresh(table.scroll_to, y=scroll_y, animate=False)
+
+
+_FOLLOWED: WeakSet[DataTable] = WeakSet()
+
+
+def _scrollbars_follow(table: DataTable) -> None:
+    """Have ``table`` show or hide its scrollbars whenever its content's size changes.
+
+    Textual decides a table's scrollbars when its region or container changes, and when only the content's size
+    changes, not always: content that shrank to fit (the rows refilled after a resize to a narrower terminal, or
+    filled before the table's first layout) could keep a horizontal scrollbar it no longer needs, and a table of
+    ``height: auto`` then stays one line taller than its rows."""
+    if table not in _FOLLOWED:
+        _FOLLOWED.add(table)
+        table.watch(table, "virtual_size", lambda: table._refresh_scrollbars(), init=False)
 
 
 def _fitted(value: object, width: int) -> object:
