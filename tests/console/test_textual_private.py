@@ -92,6 +92,8 @@ PRIVATE = (
     Private("textual.screen.Screen", "_bindings", "attribute", "reads and writes", f"{CONSOLE}/screens/base.py"),
     # A refilled table shows or hides its scrollbars as its content's size changes (screens/base.py, refill)
     Private(DATATABLE, "_refresh_scrollbars", "method", "calls", f"{CONSOLE}/screens/base.py", ()),
+    # The footer rebuilt only when its keys changed (Footer.bindings_changed's rule, less the same-keys rebuilds)
+    Private("textual.widgets.Footer", "_bindings_ready", "attribute", "writes", f"{CONSOLE}/widgets/footer.py"),
     # Parsed stylesheets kept from one start to the next (console/csscache.py)
     Private("textual.css.stylesheet.Stylesheet", "_parse_cache", "attribute", "reads", f"{CONSOLE}/csscache.py"),
     Private("textual.css.stylesheet.Stylesheet", "_variables", "attribute", "reads", f"{CONSOLE}/csscache.py"),

@@ -11,9 +11,10 @@ from rich.cells import cell_len
 from rich.text import Text
 from textual.binding import Binding, BindingsMap
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer
+from textual.widgets import DataTable
 
 from celeryops.console.csscache import keep_parsed_css
+from celeryops.console.widgets.footer import ConsoleFooter
 from celeryops.console.widgets.status_bar import StatusBar
 from celeryops.core.errors import UserError
 from celeryops.core.masking import mask_text
@@ -111,8 +112,8 @@ class ConsoleScreen(Screen):
     def status_bar(self) -> StatusBar:
         return StatusBar(self.console.backend.fleet_display, self.read_only, self.VIEW_TITLE)
 
-    def footer(self) -> Footer:
-        return Footer(show_command_palette=True)
+    def footer(self) -> ConsoleFooter:
+        return ConsoleFooter(show_command_palette=True)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         return not (action in self.DANGEROUS and self.read_only)
