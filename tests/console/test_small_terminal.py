@@ -9,6 +9,7 @@ from typing import Any
 
 from pilothelp import type_filter, until_true
 from test_pilot import deploy_backend, press, settle  # the Pilot tests' helpers (tests/console is on sys.path)
+from test_snapshots import autoscale_backend, keys, tables_settled
 from textual.widgets import DataTable, Footer, Static
 from textual.widgets._footer import FooterKey
 
@@ -167,8 +168,6 @@ async def test_a_table_refitted_to_a_narrower_terminal_drops_the_scrollbar_it_no
     """The autoscaler's cohorts at 140 columns, then 100: the revision column is cut to the narrower table, which
     then needs no horizontal scrollbar, and the table (``height: auto``) is as tall as its header and rows again.
     Textual left the scrollbar of the wider rows in place, one line more, until the next resize."""
-    from test_snapshots import autoscale_backend, keys, tables_settled
-
     app = app_factory(autoscale_backend())
     async with app.run_test(size=(140, 30)) as pilot:
         await keys("a")(pilot)

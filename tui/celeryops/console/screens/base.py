@@ -75,7 +75,7 @@ def _scrollbars_follow(table: DataTable) -> None:
     ``height: auto`` then stays one line taller than its rows."""
     if table not in _FOLLOWED:
         _FOLLOWED.add(table)
-        table.watch(table, "virtual_size", lambda: table._refresh_scrollbars(), init=False)
+        table.watch(table, "virtual_size", table._refresh_scrollbars, init=False)
 
 
 def _fitted(value: object, width: int) -> object:
